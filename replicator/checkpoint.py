@@ -1,0 +1,200 @@
+"""Checkpoint files: versioned JSON, written atomically, never ahead of what the sink acknowledged.
+
+A write goes to a temporary file (mode 0600), is fsync'd, the current file becomes ``<name>.backup``,
+and the temporary file is renamed into place; the directory is fsync'd last. A crash between the two
+renames leaves only the backup, which :meth:`CheckpointStore.load` then reads: it is older, never newer,
+than the truth, so replay from it is safe (replay is idempotent).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bson.timestamp import Timestamp
+
+from .errors import CheckpointError, CheckpointLocked
+from .events import Position, ts_from_json, ts_to_json
+from .extjson import from_jsonable, to_jsonable
+
+FORMAT = "mcdc-checkpoint"
+VERSION = 1
+
+
+@dataclass
+class SnapshotProgress:
+    """The snapshot's state: ``none`` (not started), ``in_progress`` or ``done``.
+
+    ``plan`` is the partition list (JSON form, see source.partitions) fixed when the snapshot started, so a
+    resumed run copies exactly the partitions not in ``done``. ``prepared`` lists target namespaces whose
+    collection (with options) was already created.
+    """
+
+    status: str = "none"
+    plan: list[dict[str, Any]] = field(default_factory=list)
+    done: set[str] = field(default_factory=set)
+    prepared: set[str] = field(default_factory=set)
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
+@dataclass
+class Checkpoint:
+    """In-memory form of one checkpoint file."""
+
+    source_id: str
+    position: Position = field(default_factory=Position)
+    snapshot: SnapshotProgress = field(default_factory=SnapshotProgress)
+    updated_at: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "source": self.source_id,
+            "updated_at": self.updated_at,
+            "position": {
+                "resume_token": to_jsonable(self.position.resume_token)
+                if self.position.resume_token is not None
+                else None,
+                "cluster_time": ts_to_json(self.position.cluster_time),
+            },
+            "snapshot": {
+                "status": self.snapshot.status,
+                "plan": self.snapshot.plan,
+                "done": sorted(self.snapshot.done),
+                "prepared": sorted(self.snapshot.prepared),
+                "started_at": self.snapshot.started_at,
+                "finished_at": self.snapshot.finished_at,
+            },
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Checkpoint:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError("not an mcdc checkpoint")
+        if data.get("version") != VERSION:
+            raise ValueError(f"checkpoint version {data.get('version')!r} is not supported (expected {VERSION})")
+        pos = data.get("position") or {}
+        token = pos.get("resume_token")
+        snap = data.get("snapshot") or {}
+        return cls(
+            source_id=str(data["source"]),
+            position=Position(
+                resume_token=from_jsonable(token) if token is not None else None,
+                cluster_time=ts_from_json(pos.get("cluster_time")),
+            ),
+            snapshot=SnapshotProgress(
+                status=str(snap.get("status", "none")),
+                plan=list(snap.get("plan") or []),
+                done=set(snap.get("done") or []),
+                prepared=set(snap.get("prepared") or []),
+                started_at=snap.get("started_at"),
+                finished_at=snap.get("finished_at"),
+            ),
+            updated_at=float(data.get("updated_at") or 0.0),
+        )
+
+    @property
+    def cluster_time(self) -> Timestamp | None:
+        return self.position.cluster_time
+
+
+class CheckpointStore:
+    """Reads and atomically writes one checkpoint file, and holds its lock."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.backup = path.with_name(path.name + ".backup")
+        self._lock_fd: int | None = None
+
+    def load(self) -> Checkpoint | None:
+        """The saved checkpoint, or None when there is none yet."""
+        for candidate in (self.path, self.backup):
+            try:
+                text = candidate.read_text()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise CheckpointError(f"checkpoint {candidate} cannot be read: {exc.strerror}") from None
+            try:
+                return Checkpoint.from_json(json.loads(text))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CheckpointError(
+                    f"checkpoint {candidate} is corrupt ({exc}); fix or remove it (a previous copy may be "
+                    f"in {self.backup.name})"
+                ) from None
+        return None
+
+    def save(self, checkpoint: Checkpoint) -> None:
+        checkpoint.updated_at = time.time()
+        payload = json.dumps(checkpoint.to_json(), indent=1, sort_keys=True).encode()
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, payload)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if self.path.exists():
+                os.replace(self.path, self.backup)
+            os.replace(tmp, self.path)
+            _fsync_dir(self.path.parent)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise CheckpointError(f"checkpoint {self.path} cannot be written: {exc.strerror}") from None
+
+    def check_writable(self) -> None:
+        """Fail before any work starts when the checkpoint's directory cannot take a file."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            raise CheckpointError(
+                f"checkpoint directory {self.path.parent} cannot be created: {exc.strerror}"
+            ) from None
+        if not os.access(self.path.parent, os.W_OK) or (self.path.exists() and not os.access(self.path, os.W_OK)):
+            raise CheckpointError(f"checkpoint {self.path} is not writable")
+        if self.path.is_dir():
+            raise CheckpointError(f"checkpoint {self.path} is a directory")
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold an exclusive lock on ``<checkpoint>.lock`` for the duration; a second holder fails at once."""
+        self.check_writable()
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise CheckpointLocked(
+                    f"checkpoint {self.path} is in use by another mcdc process; not starting a second run"
+                ) from None
+            raise CheckpointError(f"cannot lock checkpoint {self.path}: {exc.strerror}") from None
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,187 @@
+"""Frozen settings and their one resolution path: flags > MCDC_* environment > TOML file > defaults.
+
+Every default lives here. Nothing else reads the environment or the config file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .filters import Renamer, Selection
+from .uri import check_mongo_uri, host_set, is_mongo_uri, redact
+
+SNAPSHOT_MODES = ("initial", "always", "never", "when_needed")
+FULL_DOCUMENT_MODES = ("updateLookup", "whenAvailable", "required", "default")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything one mcdc run needs. Build it with :func:`resolve`; pass it to constructors."""
+
+    source: str
+    target: str = ""
+    checkpoint: Path | None = None
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    rename: tuple[str, ...] = ()
+    workers: int = 4
+    # snapshot: a collection with more documents than this is split into _id ranges of about this size
+    partition_docs: int = 50_000
+    batch_docs: int = 1_000
+    batch_bytes: int = 8 * 1024 * 1024
+    queue_batches: int = 4  # per snapshot worker: bounded read-ahead
+    snapshot: str = "initial"
+    snapshot_only: bool = False
+    drop_target: bool = False
+    full_document: str = "updateLookup"
+    # replay: events applied per bulk_write, and the bound of the stream read-ahead
+    replay_batch: int = 1_000
+    max_queue_events: int = 8_192
+    # retries (Debezium's defaults: 1 s initial, 120 s max, 16 attempts; -1 = forever, 0 = never)
+    retry_initial_s: float = 1.0
+    retry_max_s: float = 120.0
+    max_retries: int = 16
+    connect_timeout_s: float = 10.0
+    json_output: bool = False
+    progress: bool = True
+    verify_sample: int = 5  # differing _ids listed per namespace
+    selection: Selection = field(default_factory=Selection, compare=False)
+    renamer: Renamer = field(default_factory=Renamer, compare=False)
+
+    def checkpoint_path(self) -> Path:
+        """The checkpoint file: --checkpoint, else one per (source, target) pair under the state dir."""
+        if self.checkpoint is not None:
+            return self.checkpoint
+        key = "|".join(sorted(host_set(self.source))) + "->" + redact(self.target)
+        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+        base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+        return base / "mcdc" / f"checkpoint-{digest}.json"
+
+
+_FIELDS = {f.name: f for f in fields(Settings) if f.name not in ("selection", "renamer")}
+_TUPLE_FIELDS = {"include", "exclude", "rename"}
+_BOOL_FIELDS = {"snapshot_only", "drop_target", "json_output", "progress"}
+_INT_FIELDS = {
+    "workers",
+    "partition_docs",
+    "batch_docs",
+    "batch_bytes",
+    "queue_batches",
+    "replay_batch",
+    "max_queue_events",
+    "max_retries",
+    "verify_sample",
+}
+_FLOAT_FIELDS = {"retry_initial_s", "retry_max_s", "connect_timeout_s"}
+
+
+def _coerce(name: str, value: Any, origin: str) -> Any:
+    flag = "--" + name.replace("_", "-")
+    try:
+        if name in _TUPLE_FIELDS:
+            if isinstance(value, str):
+                return tuple(v for v in value.split(",") if v) if origin == "env" else (value,)
+            return tuple(str(v) for v in value)
+        if name in _BOOL_FIELDS:
+            if isinstance(value, str):
+                if value.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if value.lower() in ("0", "false", "no", "off", ""):
+                    return False
+                raise ValueError(value)
+            return bool(value)
+        if name in _INT_FIELDS:
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return int(value)
+        if name in _FLOAT_FIELDS:
+            return float(value)
+        if name == "checkpoint":
+            return Path(value).expanduser()
+        return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{flag} ({origin}) has an invalid value {value!r}") from None
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    """Read a config file: top-level keys named like the long flags (dashes or underscores)."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    out = {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if name not in _FIELDS:
+            raise ConfigError(f"config file {path}: unknown setting {key!r}")
+        out[name] = _coerce(name, value, "config file")
+    return out
+
+
+def load_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out = {}
+    for name in _FIELDS:
+        value = env.get("MCDC_" + name.upper())
+        if value is not None:
+            out[name] = _coerce(name, value, f"MCDC_{name.upper()}")
+    return out
+
+
+def resolve(
+    flags: Mapping[str, Any],
+    *,
+    env: Mapping[str, str] | None = None,
+    config_file: Path | None = None,
+    need_target: bool = True,
+) -> Settings:
+    """Merge flags (only those the user set: None means unset), MCDC_* variables and a TOML file."""
+    merged: dict[str, Any] = {}
+    if config_file is not None:
+        merged.update(load_toml(config_file))
+    merged.update(load_env(os.environ if env is None else env))
+    merged.update({k: _coerce(k, v, "flag") for k, v in flags.items() if v is not None and v != ()})
+    if not merged.get("source"):
+        raise ConfigError("no source: pass --source URI (or set MCDC_SOURCE)")
+    settings = Settings(**merged)
+    return validate(settings, need_target=need_target)
+
+
+def validate(s: Settings, *, need_target: bool = True) -> Settings:
+    """Check values and cross-field rules; returns the settings with selection/renamer compiled."""
+    check_mongo_uri(s.source, "--source")
+    if need_target:
+        if not s.target:
+            raise ConfigError("no target: pass --target URI (or set MCDC_TARGET)")
+        if is_mongo_uri(s.target):
+            check_mongo_uri(s.target, "--target")
+            if host_set(s.source) & host_set(s.target) and not s.rename:
+                raise ConfigError(f"target {redact(s.target)} is the source server; replicate to a different server")
+    if s.snapshot not in SNAPSHOT_MODES:
+        raise ConfigError(f"--snapshot must be one of {', '.join(SNAPSHOT_MODES)}, got {s.snapshot!r}")
+    if s.full_document not in FULL_DOCUMENT_MODES:
+        raise ConfigError(f"--full-document must be one of {', '.join(FULL_DOCUMENT_MODES)}")
+    for name in ("workers", "partition_docs", "batch_docs", "batch_bytes", "queue_batches", "replay_batch"):
+        if getattr(s, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+    if s.max_retries < -1:
+        raise ConfigError("--max-retries must be -1 (forever), 0 (never) or a positive count")
+    selection = Selection.from_patterns(s.include, s.exclude)
+    renamer = Renamer.from_rules(s.rename)
+    return _replace(s, selection=selection, renamer=renamer)
+
+
+def _replace(s: Settings, **changes: Any) -> Settings:
+    from dataclasses import replace
+
+    return replace(s, **changes)

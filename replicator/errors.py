@@ -1,0 +1,63 @@
+"""The exception hierarchy.
+
+Every error a user can cause or fix derives from :class:`McdcError`; the CLI prints its message on one
+line and exits with its ``exit_code``. Anything else is a bug and keeps its traceback.
+
+::
+
+    McdcError                      exit 2 unless stated
+    ├── ConfigError                bad flag, bad regex, bad rename, bad TOML, source == target
+    ├── ConnectionFailed           source/target unreachable or refusing us
+    ├── TopologyError              e.g. a standalone source without --snapshot-only
+    ├── CheckpointError            unreadable, corrupt or unwritable checkpoint
+    │   └── CheckpointLocked       another run holds the checkpoint (exit 3)
+    ├── HistoryLost                resume position fell off the oplog (exit 4)
+    ├── SinkError                  the sink refused a write it cannot retry
+    └── VerifyMismatch             verify found differences (exit 1)
+"""
+
+from __future__ import annotations
+
+
+class McdcError(Exception):
+    """Base of every error that is the user's to fix; carries the process exit code."""
+
+    exit_code = 2
+
+
+class ConfigError(McdcError):
+    """Invalid configuration: a flag, environment variable or config file value."""
+
+
+class ConnectionFailed(McdcError):
+    """A server could not be reached, or refused the credentials."""
+
+
+class TopologyError(McdcError):
+    """The source's topology cannot give what the command needs."""
+
+
+class CheckpointError(McdcError):
+    """The checkpoint file cannot be read, parsed or written."""
+
+
+class CheckpointLocked(CheckpointError):
+    """Another mcdc process holds the lock on this checkpoint."""
+
+    exit_code = 3
+
+
+class HistoryLost(McdcError):
+    """The saved stream position is no longer in the source's oplog."""
+
+    exit_code = 4
+
+
+class SinkError(McdcError):
+    """A sink rejected a write that retrying cannot fix."""
+
+
+class VerifyMismatch(McdcError):
+    """Source and target differ."""
+
+    exit_code = 1

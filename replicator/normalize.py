@@ -1,0 +1,90 @@
+"""Raw change-stream documents -> :class:`ChangeEvent`; the only reader of raw change documents.
+
+Documents (fullDocument, documentKey, updatedFields) are passed through as the raw BSON the server sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from .events import ChangeEvent, Namespace, Op, Position, Transaction, UpdateDescription
+
+#: One table maps change-stream operation types to ops.
+OPERATION_TYPES: dict[str, Op] = {
+    "insert": Op.INSERT,
+    "update": Op.UPDATE,
+    "replace": Op.REPLACE,
+    "delete": Op.DELETE,
+    "create": Op.CREATE,
+    "drop": Op.DROP,
+    "dropDatabase": Op.DROP_DATABASE,
+    "rename": Op.RENAME,
+    "createIndexes": Op.CREATE_INDEXES,
+    "dropIndexes": Op.DROP_INDEXES,
+    "modify": Op.MODIFY,
+    "invalidate": Op.INVALIDATE,
+}
+
+#: Events that describe sharding internals, never replayed.
+IGNORED_TYPES = frozenset(
+    {"shardCollection", "reshardCollection", "refineCollectionShardKey", "migrateLastChunkFromShard"}
+)
+
+
+def normalize_change(raw: Mapping[str, Any]) -> ChangeEvent | None:
+    """Turn one change-stream document into a ChangeEvent, or None for events mcdc does not replay."""
+    op_type = raw["operationType"]
+    op = OPERATION_TYPES.get(op_type)
+    if op is None:
+        if op_type in IGNORED_TYPES:
+            return None
+        raise ValueError(f"unknown change stream operationType {op_type!r}")
+    ns_doc = raw.get("ns")
+    ns = Namespace(ns_doc["db"], ns_doc.get("coll")) if ns_doc is not None else Namespace("")
+    update = None
+    if op is Op.UPDATE:
+        desc = raw.get("updateDescription")
+        if desc is not None:
+            update = UpdateDescription(
+                updated_fields=desc.get("updatedFields") or {},
+                removed_fields=tuple(desc.get("removedFields") or ()),
+                truncated_arrays=tuple((t["field"], int(t["newSize"])) for t in (desc.get("truncatedArrays") or ())),
+            )
+    to = None
+    if op is Op.RENAME:
+        to_doc = raw.get("to") or (raw.get("operationDescription") or {}).get("to")
+        if to_doc is not None:
+            to = Namespace(to_doc["db"], to_doc["coll"])
+    txn = None
+    if raw.get("txnNumber") is not None and raw.get("lsid") is not None:
+        txn = Transaction(raw["lsid"], int(raw["txnNumber"]))
+    wall = raw.get("wallTime")
+    return ChangeEvent(
+        op=op,
+        ns=ns,
+        key=raw.get("documentKey"),
+        document=raw.get("fullDocument"),
+        update=update,
+        ddl=raw.get("operationDescription"),
+        to=to,
+        position=Position(resume_token=raw["_id"], cluster_time=raw.get("clusterTime")),
+        wall_time_ms=_millis(wall),
+        txn=txn,
+    )
+
+
+def snapshot_read(ns: Namespace, document: Mapping[str, Any]) -> ChangeEvent:
+    """A document copied by the snapshot, as a READ event."""
+    return ChangeEvent(op=Op.READ, ns=ns, document=document)
+
+
+def _millis(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:  # pymongo decodes BSON dates as naive UTC
+            value = value.replace(tzinfo=UTC)
+        return int(value.timestamp() * 1000)
+    return int(value)  # DatetimeMS

@@ -1,0 +1,184 @@
+"""The loop: bounded queues between readers and the sink, workers, and checkpointing after acks.
+
+Two flows, both ``source -> normalize -> transform -> sink -> checkpoint``:
+
+* :func:`copy_partitions` copies snapshot partitions with ``workers`` concurrent workers. Each worker
+  reads one partition ahead into a queue of ``queue_batches`` batches, so memory is bounded by
+  workers x queue_batches x batch_bytes whatever the collection size. A partition is marked done only
+  after the sink acknowledged its last batch.
+* :func:`replay` reads the change stream ahead into a bounded queue (a slow sink slows the reader) and
+  applies batches in order, moving the checkpoint to a batch's position only after the sink acked it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from bson.timestamp import Timestamp
+
+from .events import ChangeEvent, Namespace, Position
+from .normalize import snapshot_read
+from .progress import Reporter
+from .sinks.base import Sink
+from .source.changestream import Batch, ChangeStreamReader
+from .source.connection import Client
+from .source.partitions import Partition
+from .source.snapshot import read_partition
+
+Transform = Callable[[ChangeEvent], ChangeEvent | None]
+_DONE = object()
+
+
+@dataclass(frozen=True)
+class CopyLimits:
+    workers: int
+    batch_docs: int
+    batch_bytes: int
+    queue_batches: int
+
+
+async def copy_partitions(
+    client: Client,
+    sink: Sink,
+    partitions: Sequence[Partition],
+    *,
+    limits: CopyLimits,
+    rename: Callable[[Namespace], Namespace],
+    on_done: Callable[[Partition, int], Awaitable[None]],
+    reporter: Reporter,
+) -> int:
+    """Copy partitions with concurrent workers; returns the number of documents written."""
+    todo: asyncio.Queue[Partition] = asyncio.Queue()
+    for part in sorted(partitions, key=lambda p: -p.estimated_docs):  # biggest first: shorter tail
+        todo.put_nowait(part)
+    copied = 0
+
+    async def worker() -> None:
+        nonlocal copied
+        while True:
+            try:
+                part = todo.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            docs = await _copy_one(client, sink, part, limits, rename(part.ns), reporter)
+            copied += docs
+            await on_done(part, docs)
+
+    async with asyncio.TaskGroup() as group:
+        for _ in range(min(limits.workers, len(partitions)) or 1):
+            group.create_task(worker())
+    return copied
+
+
+async def _copy_one(
+    client: Client, sink: Sink, part: Partition, limits: CopyLimits, ns: Namespace, reporter: Reporter
+) -> int:
+    queue: asyncio.Queue[object] = asyncio.Queue(maxsize=limits.queue_batches)
+
+    async def read() -> None:
+        async for docs in read_partition(client, part, batch_docs=limits.batch_docs, batch_bytes=limits.batch_bytes):
+            await queue.put(docs)
+        await queue.put(_DONE)
+
+    written = 0
+    reader = asyncio.create_task(read())
+    try:
+        while True:
+            item = await _next(queue, reader)
+            if item is _DONE:
+                break
+            assert isinstance(item, list)
+            await sink.write([snapshot_read(ns, doc) for doc in item])
+            written += len(item)
+            reporter.snapshot_advance(str(part.ns), len(item))
+        await reader
+    finally:
+        if not reader.done():
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+    return written
+
+
+async def _next(queue: asyncio.Queue[object], producer: asyncio.Task[None]) -> object:
+    """The next queued item; re-raises the producer's error instead of waiting forever."""
+    getter = asyncio.ensure_future(queue.get())
+    done, _ = await asyncio.wait({getter, producer}, return_when=asyncio.FIRST_COMPLETED)
+    if getter in done:
+        return getter.result()
+    getter.cancel()
+    producer.result()  # raises the reader's exception
+    return await queue.get()  # the producer finished normally: its items are queued
+
+
+@dataclass
+class ReplayResult:
+    events: int = 0
+    batches: int = 0
+    last_time: Timestamp | None = None
+
+
+async def replay(
+    reader: ChangeStreamReader,
+    sink: Sink,
+    *,
+    until: Timestamp | None,
+    transform: Transform,
+    on_ack: Callable[[Position, bool], Awaitable[None]],
+    reporter: Reporter,
+    queue_batches: int,
+) -> ReplayResult:
+    """Apply change batches in order until the stream passed ``until`` (None: until cancelled).
+
+    ``on_ack(position, final)`` is awaited after each batch the sink acknowledged."""
+    queue: asyncio.Queue[object] = asyncio.Queue(maxsize=max(queue_batches, 1))
+    result = ReplayResult()
+
+    async def read() -> None:
+        async for batch in reader.batches(until=until):
+            await queue.put(batch)
+        await queue.put(_DONE)
+
+    producer = asyncio.create_task(read())
+    try:
+        while True:
+            item = await _next(queue, producer)
+            if item is _DONE:
+                break
+            assert isinstance(item, Batch)
+            events = [e for e in map(transform, item.events) if e is not None]
+            if events:
+                await sink.write(events)
+            result.events += len(events)
+            result.batches += 1
+            if item.events and item.events[-1].position is not None:
+                result.last_time = item.events[-1].position.cluster_time or result.last_time
+            reporter.replay_advance(len(events), result.last_time)
+            if item.position:
+                await on_ack(item.position, False)
+        await producer
+    finally:
+        if not producer.done():
+            producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await producer
+    return result
+
+
+class Throttle:
+    """True at most once per ``every_s`` seconds (checkpoint saves during a fast replay)."""
+
+    def __init__(self, every_s: float) -> None:
+        self._every = every_s
+        self._last = 0.0
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if now - self._last >= self._every:
+            self._last = now
+            return True
+        return False

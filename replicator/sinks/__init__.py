@@ -1,0 +1,1 @@
+"""Sinks: where events are written. See :mod:`replicator.sinks.base` for the contract."""

@@ -1,0 +1,64 @@
+"""The sink contract. Plug-ins import this module, events, errors and config; never the pipeline.
+
+A sink receives batches of :class:`~replicator.events.ChangeEvent` in source order:
+
+* ``await sink.start()`` before the first write (or ``async with sink:``).
+* ``await sink.write(batch)`` returns once every event of the batch is durably acknowledged by the
+  destination; the pipeline checkpoints only after that. It raises on failure, and must then have
+  acknowledged nothing it was not sure of (re-delivery after a restart is expected: at-least-once).
+  Events of one document keep their order. A transaction's events (same ``txn``) arrive in one batch.
+* ``await sink.flush()`` forces out anything buffered; ``await sink.close()`` flushes and releases.
+* ``prepare(specs)`` (before a snapshot) and ``finish_snapshot(specs)`` (after it) let a sink that keeps
+  schema recreate collections, views and indexes; sinks without a schema leave the defaults.
+
+Concurrency: the snapshot calls ``write`` from several workers at once, each with batches of one
+namespace; the stream replay calls it from one task.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from types import TracebackType
+
+from ..events import ChangeEvent, CollectionSpec, Namespace
+
+
+class Sink(ABC):
+    """Base class of every sink."""
+
+    #: URI scheme(s) this sink answers to, e.g. ("mongodb", "mongodb+srv").
+    schemes: tuple[str, ...] = ()
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Connect; raise ConnectionFailed with a one-line reason when the destination is unreachable."""
+
+    @abstractmethod
+    async def write(self, batch: Sequence[ChangeEvent]) -> None:
+        """Deliver a batch; return only when all of it is acknowledged."""
+
+    async def flush(self) -> None:  # noqa: B027 - optional hook
+        """Deliver anything buffered."""
+
+    async def close(self) -> None:
+        """Flush and release resources."""
+        await self.flush()
+
+    async def existing(self, namespaces: Sequence[Namespace]) -> list[Namespace]:
+        """Which of these destination namespaces already hold data (so a fresh snapshot would mix)."""
+        return []
+
+    async def prepare(self, specs: Sequence[CollectionSpec], *, drop_existing: bool) -> None:  # noqa: B027
+        """Create destination collections (with options) and views before a snapshot copies data."""
+
+    async def finish_snapshot(self, specs: Sequence[CollectionSpec]) -> None:  # noqa: B027
+        """Build what is cheaper to build after the data, such as secondary indexes."""
+
+    async def __aenter__(self) -> Sink:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()

@@ -1,0 +1,154 @@
+"""Schema on a MongoDB target: collections with their options, views, indexes, and replayed DDL."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import bson
+from pymongo import AsyncMongoClient
+from pymongo.errors import OperationFailure
+
+from ..events import ChangeEvent, CollectionSpec, Namespace, Op
+from ..source.catalog import clean_index, clean_options
+from ..source.connection import DICT_CODEC
+
+log = logging.getLogger("mcdc.sink.mongo")
+
+NAMESPACE_EXISTS = 48
+NAMESPACE_NOT_FOUND = 26
+INDEX_NOT_FOUND = 27
+INDEX_CONFLICTS = frozenset({85, 86})  # IndexOptionsConflict, IndexKeySpecsConflict
+_ID_INDEX = "_id_"
+
+
+def same_index(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
+    """Index specs are equal when their BSON is: key order and value types matter."""
+    if a is None or b is None:
+        return a is b
+    return bson.encode(a) == bson.encode(b)
+
+
+def _create_command(ns: Namespace, options: Mapping[str, Any]) -> dict[str, Any]:
+    cmd: dict[str, Any] = {"create": ns.coll}
+    cmd.update(clean_options({k: v for k, v in options.items() if k not in ("idIndex", "viewPipeline")}))
+    if "viewPipeline" in options:  # change events name a view's pipeline so
+        cmd["pipeline"] = options["viewPipeline"]
+    return cmd
+
+
+class MongoSchema:
+    """Creates and reconciles collections, views and indexes on the target, and replays DDL events."""
+
+    def __init__(self, client: AsyncMongoClient[Any], *, index_concurrency: int = 4) -> None:
+        self._client = client
+        self._index_slots = asyncio.Semaphore(index_concurrency)
+
+    async def create(self, ns: Namespace, options: Mapping[str, Any]) -> None:
+        try:
+            await self._client[ns.db].command(_create_command(ns, options), codec_options=DICT_CODEC)
+        except OperationFailure as exc:
+            if exc.code != NAMESPACE_EXISTS:
+                raise
+
+    async def has_data(self, ns: Namespace) -> bool:
+        coll = self._client[ns.db][ns.coll or ""]
+        return await coll.find_one({}, {"_id": 1}) is not None
+
+    async def prepare(self, specs: Sequence[CollectionSpec], *, drop_existing: bool) -> None:
+        """Collections first (with their options), then views in dependency order."""
+        for spec in specs:
+            if drop_existing:
+                await self._client[spec.ns.db].drop_collection(spec.ns.coll or "")
+            if not spec.is_view:
+                await self.create(spec.ns, spec.options)
+        pending = [s for s in specs if s.is_view]
+        created = {str(s.ns) for s in specs if not s.is_view}
+        while pending:
+            ready = [v for v in pending if f"{v.ns.db}.{v.options.get('viewOn')}" not in {str(p.ns) for p in pending}]
+            for view in ready or pending:  # a cycle cannot exist on the source; `or` guards anyway
+                await self.create(view.ns, view.options)
+                created.add(str(view.ns))
+            pending = [v for v in pending if str(v.ns) not in created]
+
+    async def reconcile_indexes(self, specs: Sequence[CollectionSpec]) -> None:
+        """Make each target collection's indexes match the spec: build missing ones (all of a
+        collection's in one createIndexes, so the server scans once), rebuild changed ones, drop extra."""
+        await asyncio.gather(*(self._reconcile_one(s) for s in specs if not s.is_view))
+
+    async def _reconcile_one(self, spec: CollectionSpec) -> None:
+        async with self._index_slots:
+            coll = self._client[spec.ns.db].get_collection(spec.ns.coll or "", codec_options=DICT_CODEC)
+            current = {ix["name"]: clean_index(ix) for ix in await (await coll.list_indexes()).to_list()}
+            wanted = {ix["name"]: dict(ix) for ix in spec.indexes}
+            for name, ix in current.items():
+                if name != _ID_INDEX and not same_index(wanted.get(name), ix):
+                    await coll.drop_index(name)
+            missing = [ix for name, ix in wanted.items() if name != _ID_INDEX and not same_index(current.get(name), ix)]
+            if missing:
+                await self.create_indexes(spec.ns, missing)
+
+    async def create_indexes(self, ns: Namespace, indexes: Sequence[Mapping[str, Any]]) -> None:
+        specs = [clean_index(ix) for ix in indexes]
+        db = self._client[ns.db]
+        try:
+            await db.command({"createIndexes": ns.coll, "indexes": specs}, codec_options=DICT_CODEC)
+            return
+        except OperationFailure as exc:
+            if len(specs) == 1 and exc.code not in INDEX_CONFLICTS:
+                log.warning("index %s on %s not created: %s", specs[0].get("name"), ns, exc.details or exc)
+                return
+            if len(specs) == 1:  # same name, other definition: the source's newer definition wins
+                await db[ns.coll or ""].drop_index(specs[0]["name"])
+                await db.command({"createIndexes": ns.coll, "indexes": specs}, codec_options=DICT_CODEC)
+                return
+        for spec in specs:  # one failed: build them one by one so the others still exist
+            await self.create_indexes(ns, [spec])
+
+    async def apply(self, event: ChangeEvent) -> None:
+        """Replay one DDL event idempotently (replaying it twice leaves the same state)."""
+        ns, ddl = event.ns, event.ddl or {}
+        db = self._client[ns.db]
+        try:
+            if event.op is Op.CREATE:
+                await self.create(ns, ddl)
+            elif event.op is Op.DROP:
+                await db.drop_collection(ns.coll or "")
+            elif event.op is Op.DROP_DATABASE:
+                await self._client.drop_database(ns.db)
+            elif event.op is Op.RENAME and event.to is not None:
+                await self._client.admin.command(
+                    {"renameCollection": str(ns), "to": str(event.to), "dropTarget": True},
+                    codec_options=DICT_CODEC,
+                )
+            elif event.op is Op.CREATE_INDEXES:
+                await self.create_indexes(ns, ddl.get("indexes") or [])
+            elif event.op is Op.DROP_INDEXES:
+                for ix in ddl.get("indexes") or []:
+                    await self._drop_index(ns, ix["name"])
+            elif event.op is Op.MODIFY:
+                await self._coll_mod(ns, ddl)
+        except OperationFailure as exc:
+            if exc.code != NAMESPACE_NOT_FOUND:
+                raise
+
+    async def _drop_index(self, ns: Namespace, name: str) -> None:
+        try:
+            await self._client[ns.db][ns.coll or ""].drop_index(name)
+        except OperationFailure as exc:
+            if exc.code not in (INDEX_NOT_FOUND, NAMESPACE_NOT_FOUND):
+                raise
+
+    async def _coll_mod(self, ns: Namespace, ddl: Mapping[str, Any]) -> None:
+        cmd: dict[str, Any] = {"collMod": ns.coll}
+        cmd.update({k: v for k, v in ddl.items() if k not in ("viewOn", "viewPipeline")})
+        if "viewPipeline" in ddl:
+            cmd.update(viewOn=ddl.get("viewOn"), pipeline=ddl["viewPipeline"])
+        try:
+            await self._client[ns.db].command(cmd, codec_options=DICT_CODEC)
+        except OperationFailure as exc:
+            if exc.code == NAMESPACE_NOT_FOUND:
+                raise
+            log.warning("collMod on %s not replayed: %s", ns, exc.details or exc)

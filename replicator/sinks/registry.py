@@ -1,0 +1,44 @@
+"""Finding a sink for a target URI: built-in schemes first, then ``mcdc.sinks`` entry points.
+
+A plug-in package registers ``scheme = "package.module:SinkClass"`` under the ``mcdc.sinks`` entry-point
+group; the class is called with the target URI and the run's Settings (``cls(uri, settings)``).
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from typing import Any
+
+from ..config import Settings
+from ..errors import ConfigError
+from ..uri import redact
+from .base import Sink
+
+
+def scheme_of(uri: str) -> str:
+    if uri in ("-", "stdout"):
+        return "stdout"
+    head, sep, _ = uri.partition(":")
+    return head.lower() if sep else uri.lower()
+
+
+def open_sink(settings: Settings) -> Sink:
+    """A sink for ``settings.target`` (not started yet)."""
+    uri = settings.target
+    scheme = scheme_of(uri)
+    if scheme in ("mongodb", "mongodb+srv"):
+        from .mongo import MongoSink
+
+        return MongoSink(uri, timeout_s=settings.connect_timeout_s)
+    if scheme == "memory":
+        from .memory import MemorySink
+
+        return MemorySink()
+    for ep in entry_points(group="mcdc.sinks"):
+        if ep.name == scheme:
+            factory: Any = ep.load()
+            sink = factory(uri, settings)
+            if not isinstance(sink, Sink):
+                raise ConfigError(f"plug-in sink {ep.value!r} for {scheme}:// is not a replicator Sink")
+            return sink
+    raise ConfigError(f"no sink for target {redact(uri)!r}: unknown scheme {scheme!r}")

@@ -1,0 +1,1 @@
+"""Reading the source: connections, the catalog, snapshot partitions and change streams."""

@@ -1,0 +1,67 @@
+"""The source catalog: selected collections and views with their options and indexes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pymongo import AsyncMongoClient
+from pymongo.asynchronous.database import AsyncDatabase
+
+from ..events import CollectionSpec, Namespace
+from ..filters import Selection
+from .connection import DICT_CODEC
+
+#: listIndexes fields the server assigns; everything else is the index's definition.
+_SERVER_INDEX_FIELDS = ("v", "ns")
+
+
+def clean_index(spec: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in spec.items() if k not in _SERVER_INDEX_FIELDS}
+
+
+def clean_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Options as create() takes them back (clusteredIndex comes back with a version field)."""
+    out = dict(options)
+    clustered = out.get("clusteredIndex")
+    if isinstance(clustered, Mapping):
+        out["clusteredIndex"] = {k: v for k, v in clustered.items() if k != "v"}
+    return out
+
+
+async def list_databases(client: AsyncMongoClient[Any], selection: Selection) -> list[str]:
+    names = await client.list_database_names()
+    return sorted(n for n in names if selection.database(n))
+
+
+async def describe(client: AsyncMongoClient[Any], selection: Selection) -> list[CollectionSpec]:
+    """Every selected collection and view, collections first, in a stable order."""
+    specs: list[CollectionSpec] = []
+    for db_name in await list_databases(client, selection):
+        db = client.get_database(db_name, codec_options=DICT_CODEC)
+        cursor = await db.list_collections()
+        for info in await cursor.to_list():
+            ns = Namespace(db_name, info["name"])
+            if selection(ns):
+                specs.append(await _spec(db, ns, info))
+    specs.sort(key=lambda s: (s.is_view, s.ns.db, s.ns.coll or ""))
+    return specs
+
+
+async def describe_one(client: AsyncMongoClient[Any], ns: Namespace) -> CollectionSpec | None:
+    """The spec of one namespace, or None when it does not exist (anymore)."""
+    db = client.get_database(ns.db, codec_options=DICT_CODEC)
+    cursor = await db.list_collections(filter={"name": ns.coll})
+    infos = await cursor.to_list()
+    if not infos:
+        return None
+    return await _spec(db, ns, infos[0])
+
+
+async def _spec(db: AsyncDatabase[Any], ns: Namespace, info: Mapping[str, Any]) -> CollectionSpec:
+    kind = info.get("type", "collection")
+    indexes: tuple[dict[str, Any], ...] = ()
+    if kind != "view":
+        index_cursor = await db[info["name"]].list_indexes()
+        indexes = tuple(clean_index(ix) for ix in await index_cursor.to_list())
+    return CollectionSpec(ns=ns, kind=kind, options=clean_options(info.get("options") or {}), indexes=indexes)

@@ -1,0 +1,167 @@
+"""The source's change stream: opened at a Position, read as bounded batches of ChangeEvents.
+
+A batch never ends inside a multi-document transaction (events sharing lsid + txnNumber), so a sink can
+apply a transaction as one unit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from bson.timestamp import Timestamp
+from pymongo.asynchronous.change_stream import AsyncChangeStream
+from pymongo.errors import OperationFailure
+
+from ..errors import HistoryLost
+from ..events import ChangeEvent, Position
+from ..filters import SYSTEM_DATABASES
+from ..normalize import normalize_change
+from .connection import DICT_CODEC, Client
+
+#: Server codes meaning "that resume point is gone from the oplog".
+HISTORY_LOST_CODES = frozenset({136, 280, 286})
+_SYSTEM_FILTER = {"$match": {"ns.db": {"$nin": sorted(SYSTEM_DATABASES)}}}
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Events read together, and the stream position after them (the post-batch resume token when the
+    server sent no event, so an idle stream's checkpoint still moves)."""
+
+    events: list[ChangeEvent]
+    position: Position
+    caught_up: bool  # the server had nothing more when this batch ended
+
+
+async def current_time(client: Client) -> Timestamp:
+    """The source's latest operation time, a cluster-wide "now"."""
+    reply = await client.admin.command("ping", codec_options=DICT_CODEC)
+    ts = reply.get("operationTime") or (reply.get("$clusterTime") or {}).get("clusterTime")
+    if ts is None:
+        raise RuntimeError("the source did not report an operation time")
+    return ts  # type: ignore[no-any-return]
+
+
+class ChangeStreamReader:
+    """Reads the whole deployment's change stream (all databases but admin, local and config)."""
+
+    def __init__(self, client: Client, *, full_document: str, batch_size: int, max_await_ms: int = 500) -> None:
+        self.client = client
+        self._full_document = full_document
+        self._batch_size = batch_size
+        self._max_await_ms = max_await_ms
+        self._stream: AsyncChangeStream[Any] | None = None
+
+    async def open(self, start: Position) -> None:
+        kwargs: dict[str, Any] = {
+            "batch_size": self._batch_size,
+            "max_await_time_ms": self._max_await_ms,
+            "show_expanded_events": True,
+        }
+        if self._full_document != "default":
+            kwargs["full_document"] = self._full_document
+        if start.resume_token is not None:
+            kwargs["resume_after"] = start.resume_token
+        elif start.cluster_time is not None:
+            kwargs["start_at_operation_time"] = start.cluster_time
+        try:
+            self._stream = await self.client.watch([_SYSTEM_FILTER], **kwargs)
+        except OperationFailure as exc:
+            raise _history_error(exc, start) or exc from None
+
+    async def position_now(self) -> Position:
+        """Open at "now" and return the stream's starting position (its post-batch resume token)."""
+        start = await current_time(self.client)
+        await self.open(Position(cluster_time=start))
+        assert self._stream is not None
+        token = self._stream.resume_token
+        return Position(resume_token=_plain(token), cluster_time=start)
+
+    async def close(self) -> None:
+        if self._stream is not None:
+            await self._stream.close()
+            self._stream = None
+
+    async def batches(self, *, until: Timestamp | None = None) -> AsyncIterator[Batch]:
+        """Yield batches until the stream has passed ``until`` (None: forever).
+
+        Stops after the first batch for which the server had nothing more once it had reached
+        ``until``, or when an event later than ``until`` arrives (that event is not yielded).
+        """
+        stream = self._stream
+        assert stream is not None, "open() first"
+        pending: ChangeEvent | None = None
+        while True:
+            events: list[ChangeEvent] = []
+            caught_up = False
+            passed = False
+            if pending is not None:
+                events.append(pending)
+                pending = None
+            while True:
+                try:
+                    raw = await stream.try_next()
+                except OperationFailure as exc:
+                    raise _history_error(exc, None) or exc from None
+                if raw is None:
+                    token_time = token_timestamp(stream.resume_token)
+                    # a token we can read must have reached `until`; one we cannot read means "now"
+                    caught_up = until is None or token_time is None or token_time >= until
+                    if caught_up or events:
+                        break
+                    continue
+                event = normalize_change(raw)
+                if event is None:
+                    continue
+                ts = event.position.cluster_time if event.position else None
+                if until is not None and ts is not None and ts > until:
+                    if events and events[-1].txn is not None and event.txn == events[-1].txn:
+                        events.append(event)  # finish the transaction we are in
+                        continue
+                    passed = True
+                    pending = event
+                    break
+                if len(events) >= self._batch_size and (events[-1].txn is None or event.txn != events[-1].txn):
+                    pending = event
+                    break
+                events.append(event)
+            if events:
+                position = events[-1].position or Position()
+            else:
+                position = Position(resume_token=_plain(stream.resume_token))
+            yield Batch(events=events, position=position, caught_up=caught_up)
+            if until is not None and (passed or caught_up):
+                return
+
+
+def token_timestamp(token: Any) -> Timestamp | None:
+    """The cluster time inside a MongoDB resume token (KeyString: 0x82 then seconds and increment as
+    big-endian uint32), or None when the token is in another format."""
+    data = token.get("_data") if token is not None else None
+    if not isinstance(data, str) or len(data) < 18 or not data.startswith("82"):
+        return None
+    try:
+        return Timestamp(int(data[2:10], 16), int(data[10:18], 16))
+    except ValueError:
+        return None
+
+
+def _plain(token: Any) -> Any:
+    if token is None:
+        return None
+    return dict(token.items()) if hasattr(token, "raw") else token
+
+
+def _history_error(exc: OperationFailure, start: Position | None) -> HistoryLost | None:
+    if exc.code not in HISTORY_LOST_CODES and "resume point may no longer be in the oplog" not in str(exc):
+        return None
+    where = ""
+    if start is not None and start.cluster_time is not None:
+        where = f" (saved position {start.cluster_time.as_datetime():%Y-%m-%d %H:%M:%S} UTC)"
+    return HistoryLost(
+        f"the checkpoint's position{where} is no longer in the source's oplog: the events since then are "
+        "gone. Re-run with --snapshot always (or --snapshot when_needed) to copy the data again, and "
+        "enlarge the oplog (replSetResizeOplog) so the next gap fits"
+    )

@@ -1,0 +1,86 @@
+"""Connecting to MongoDB with raw-BSON codec options, and telling what kind of deployment it is."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bson.binary import UuidRepresentation
+from bson.codec_options import CodecOptions, DatetimeConversion
+from bson.raw_bson import RawBSONDocument
+from pymongo import AsyncMongoClient
+from pymongo.errors import ConfigurationError, OperationFailure, PyMongoError
+
+from ..errors import ConnectionFailed
+from ..uri import redact
+
+#: Documents stay raw bytes; dates outside Python's range survive; UUIDs stay Binary with their subtype.
+RAW_CODEC = CodecOptions(
+    document_class=RawBSONDocument,
+    datetime_conversion=DatetimeConversion.DATETIME_AUTO,
+    uuid_representation=UuidRepresentation.UNSPECIFIED,
+)
+#: For small metadata documents (catalog, index specs) that code inspects.
+DICT_CODEC: CodecOptions[dict[str, Any]] = CodecOptions(
+    document_class=dict,
+    datetime_conversion=DatetimeConversion.DATETIME_AUTO,
+    uuid_representation=UuidRepresentation.UNSPECIFIED,
+)
+
+Client = AsyncMongoClient[RawBSONDocument]
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What ``hello`` says about a deployment."""
+
+    kind: str  # "replicaset" | "sharded" | "standalone"
+    set_name: str | None
+    process_id: str | None
+    max_wire_version: int
+
+    @property
+    def has_change_streams(self) -> bool:
+        return self.kind != "standalone"
+
+
+def make_client(uri: str, *, timeout_s: float = 10.0) -> Client:
+    """An AsyncMongoClient that returns raw BSON documents. Does no I/O."""
+    try:
+        return AsyncMongoClient(
+            uri,
+            document_class=RawBSONDocument,
+            datetime_conversion=DatetimeConversion.DATETIME_AUTO,
+            uuidRepresentation="unspecified",
+            serverSelectionTimeoutMS=int(timeout_s * 1000),
+            connectTimeoutMS=int(timeout_s * 1000),
+            appname="mcdc",
+            connect=False,
+        )
+    except (ConfigurationError, ValueError, TypeError) as exc:
+        raise ConnectionFailed(f"cannot use {redact(uri)}: {redact(str(exc))}") from None
+
+
+async def probe(client: Client, uri: str, role: str) -> ServerInfo:
+    """Ping the server and classify it; a failure becomes a one-line ConnectionFailed."""
+    try:
+        hello = await client.admin.command("hello", codec_options=DICT_CODEC)
+    except OperationFailure as exc:
+        raise ConnectionFailed(f"{role} {redact(uri)} refused us: {redact(str(exc.details or exc))}") from None
+    except PyMongoError as exc:
+        reason = redact(str(exc)).split(", Timeout:")[0].split(" (configured timeouts")[0]
+        raise ConnectionFailed(f"{role} {redact(uri)} is unreachable: {reason}") from None
+    if hello.get("msg") == "isdbgrid":
+        kind = "sharded"
+    elif hello.get("setName"):
+        kind = "replicaset"
+    else:
+        kind = "standalone"
+    topology = hello.get("topologyVersion") or {}
+    pid = topology.get("processId")
+    return ServerInfo(
+        kind=kind,
+        set_name=hello.get("setName"),
+        process_id=str(pid) if pid is not None else None,
+        max_wire_version=int(hello.get("maxWireVersion", 0)),
+    )

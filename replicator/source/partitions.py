@@ -1,0 +1,169 @@
+"""Snapshot partitions: plain, picklable ``_id`` ranges that split a collection for parallel copying.
+
+MongoDB compares values of different types by *type bracket* (MinKey < null < numbers < strings <
+objects < binary < ObjectId < bool < date < timestamp < MaxKey), and a range query such as
+``{_id: {$gte: 5}}`` only matches its own bracket. So ranges never span brackets: a collection's ``_id``
+order is cut where the bracket changes and every ``partition_docs`` keys inside a bracket, and each range
+is queried with ``$type`` plus its bounds. A last catch-all partition takes every ``_id`` type that no
+range names, so documents of a type that appeared after planning are never missed.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from bson.binary import Binary
+from bson.datetime_ms import DatetimeMS
+from bson.decimal128 import Decimal128
+from bson.int64 import Int64
+from bson.max_key import MaxKey
+from bson.min_key import MinKey
+from bson.objectid import ObjectId
+from bson.timestamp import Timestamp
+from pymongo.asynchronous.collection import AsyncCollection
+
+from ..events import Namespace
+from ..extjson import from_jsonable, to_jsonable
+
+#: bracket name -> the $type aliases it covers, in BSON order.
+BRACKETS: dict[str, tuple[str, ...]] = {
+    "minKey": ("minKey",),
+    "null": ("null",),
+    "number": ("double", "int", "long", "decimal"),
+    "string": ("string", "symbol"),
+    "object": ("object",),
+    "binData": ("binData",),
+    "objectId": ("objectId",),
+    "bool": ("bool",),
+    "date": ("date",),
+    "timestamp": ("timestamp",),
+    "maxKey": ("maxKey",),
+}
+ALL = "*"  # a whole collection in one partition
+OTHER = "other"  # every _id type no range of the plan names
+
+
+def bracket_of(value: Any) -> str | None:
+    """The type bracket of a decoded ``_id`` value; None for types not in BRACKETS."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float, Int64, Decimal128)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if value is None:
+        return "null"
+    if isinstance(value, ObjectId):
+        return "objectId"
+    if isinstance(value, (bytes, Binary)):
+        return "binData"
+    if isinstance(value, (datetime.datetime, DatetimeMS)):
+        return "date"
+    if isinstance(value, Timestamp):
+        return "timestamp"
+    if isinstance(value, MinKey):
+        return "minKey"
+    if isinstance(value, MaxKey):
+        return "maxKey"
+    if isinstance(value, Mapping):
+        return "object"
+    return None
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One ``_id`` range of one collection: ``lower`` inclusive, ``upper`` exclusive, None = open.
+
+    ``index`` orders the partitions of a namespace; ``(ns, index)`` identifies it in the checkpoint.
+    """
+
+    ns: Namespace
+    index: int
+    bracket: str  # a BRACKETS key, ALL or OTHER
+    lower: Any = None
+    upper: Any = None
+    excluded: tuple[str, ...] = ()  # for OTHER: the brackets the plan's ranges cover
+    estimated_docs: int = 0
+
+    @property
+    def id(self) -> str:
+        return f"{self.ns}#{self.index}"
+
+    def query(self) -> dict[str, Any]:
+        """The find() filter that selects exactly this partition's documents."""
+        if self.bracket == ALL:
+            return {}
+        if self.bracket == OTHER:
+            types = [t for b in self.excluded for t in BRACKETS[b]]
+            return {"_id": {"$not": {"$type": types}}} if types else {}
+        cond: dict[str, Any] = {"$type": list(BRACKETS[self.bracket])}
+        if self.lower is not None:
+            cond["$gte"] = self.lower
+        if self.upper is not None:
+            if self.lower is None:
+                # "not >= upper" rather than "< upper": NaN sorts first among numbers but is not "< x"
+                cond["$not"] = {"$gte": self.upper}
+            else:
+                cond["$lt"] = self.upper
+        return {"_id": cond}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "db": self.ns.db,
+            "coll": self.ns.coll,
+            "index": self.index,
+            "bracket": self.bracket,
+            "lower": to_jsonable(self.lower) if self.lower is not None else None,
+            "upper": to_jsonable(self.upper) if self.upper is not None else None,
+            "excluded": list(self.excluded),
+            "estimated_docs": self.estimated_docs,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Partition:
+        return cls(
+            ns=Namespace(data["db"], data["coll"]),
+            index=int(data["index"]),
+            bracket=str(data["bracket"]),
+            lower=from_jsonable(data["lower"]) if data.get("lower") is not None else None,
+            upper=from_jsonable(data["upper"]) if data.get("upper") is not None else None,
+            excluded=tuple(data.get("excluded") or ()),
+            estimated_docs=int(data.get("estimated_docs") or 0),
+        )
+
+
+async def plan_collection(coll: AsyncCollection[Any], ns: Namespace, partition_docs: int) -> list[Partition]:
+    """Split one collection. Small collections are one partition; larger ones are cut by a sorted scan
+    of ``_id`` keys (an index-only read), every ``partition_docs`` keys and at each bracket change."""
+    estimated = await coll.estimated_document_count()
+    if estimated <= partition_docs:
+        return [Partition(ns, 0, ALL, estimated_docs=estimated)]
+    ranges: list[tuple[str, Any, int]] = []  # (bracket, lower bound or None, docs)
+    current: str | None = None
+    count = 0
+    cursor = coll.find({}, {"_id": 1}, batch_size=10_000).sort("_id", 1)
+    async for doc in cursor:
+        value = doc["_id"]
+        bracket = bracket_of(value)
+        if bracket is None:
+            continue  # left to the OTHER partition
+        if bracket != current:
+            ranges.append((bracket, None, 0))
+            current, count = bracket, 0
+        elif count >= partition_docs:
+            ranges.append((bracket, value, 0))
+            count = 0
+        count += 1
+        b, lo, n = ranges[-1]
+        ranges[-1] = (b, lo, n + 1)
+    parts: list[Partition] = []
+    for i, (bracket, lower, docs) in enumerate(ranges):
+        nxt = ranges[i + 1] if i + 1 < len(ranges) else None
+        upper = nxt[1] if nxt is not None and nxt[0] == bracket else None
+        parts.append(Partition(ns, len(parts), bracket, lower, upper, estimated_docs=docs))
+    covered = tuple(dict.fromkeys(p.bracket for p in parts))
+    parts.append(Partition(ns, len(parts), OTHER, excluded=covered))
+    return parts

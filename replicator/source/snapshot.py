@@ -1,0 +1,38 @@
+"""Reading one snapshot partition as bounded batches of raw documents."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from bson.raw_bson import RawBSONDocument
+
+from .connection import Client
+from .partitions import Partition
+
+
+async def read_partition(
+    client: Client, partition: Partition, *, batch_docs: int, batch_bytes: int
+) -> AsyncIterator[list[RawBSONDocument]]:
+    """Yield the partition's documents in batches of at most ``batch_docs`` documents and about
+    ``batch_bytes`` bytes (a single larger document is its own batch). Documents stay raw BSON."""
+    coll = client[partition.ns.db][partition.ns.coll or ""]
+    cursor = coll.find(partition.query(), batch_size=batch_docs, no_cursor_timeout=False)
+    batch: list[RawBSONDocument] = []
+    size = 0
+    try:
+        async for doc in cursor:
+            doc_size = len(doc.raw)
+            if batch and (len(batch) >= batch_docs or size + doc_size > batch_bytes):
+                yield batch
+                batch, size = [], 0
+            batch.append(doc)
+            size += doc_size
+        if batch:
+            yield batch
+    finally:
+        await cursor.close()
+
+
+def batch_nbytes(batch: list[Any]) -> int:
+    return sum(len(d.raw) for d in batch)

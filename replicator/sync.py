@@ -1,0 +1,259 @@
+"""``mcdc sync`` and ``mcdc catch-up``: snapshot (when needed) then change replay up to "now".
+
+The order of a sync, each step checkpointed so a killed run resumes where it stopped:
+
+1. capture the change stream position (before anything is read), plan partitions, save
+   ``snapshot.status = in_progress``;
+2. create target collections and views, copy partitions (each marked done after the sink acked it),
+   save ``copied``;
+3. replay changes up to the source's time at the end of the copy, deferring index DDL;
+4. reconcile indexes with the source's current catalog (secondary indexes are built after the data),
+   save ``done``;
+5. replay up to the source's time once more (index DDL now applied) and exit.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .checkpoint import Checkpoint, CheckpointStore, SnapshotProgress
+from .config import Settings
+from .errors import ConfigError, HistoryLost, TopologyError
+from .events import Position
+from .filters import make_transform, rename_spec
+from .pipeline import CopyLimits, Throttle, copy_partitions, replay
+from .progress import Reporter
+from .sinks.base import Sink
+from .sinks.registry import open_sink
+from .source import catalog
+from .source.changestream import ChangeStreamReader, current_time
+from .source.connection import Client, ServerInfo, make_client, probe
+from .source.partitions import Partition, plan_collection
+from .uri import host_set, redact
+
+
+@dataclass
+class Summary:
+    """What a run did; printed as a table or, with --json, as JSON."""
+
+    command: str
+    source: str
+    target: str
+    checkpoint: str
+    collections: int = 0
+    documents: int = 0
+    events: int = 0
+    snapshot: str = "skipped"
+    elapsed_s: float = 0.0
+    position: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def source_identity(info: ServerInfo, uri: str) -> str:
+    """What ties a checkpoint to its source: the replica set name, else the host list."""
+    if info.set_name:
+        return f"rs:{info.set_name}"
+    return "hosts:" + ",".join(sorted(host_set(uri)))
+
+
+class SyncJob:
+    """One sync or catch-up run. Construct with Settings; ``await run()``."""
+
+    def __init__(self, settings: Settings, reporter: Reporter, *, command: str = "sync") -> None:
+        self.s = settings
+        self.reporter = reporter
+        self.command = command
+        self.store = CheckpointStore(settings.checkpoint_path())
+        self.summary = Summary(
+            command=command,
+            source=redact(settings.source),
+            target=redact(settings.target),
+            checkpoint=str(self.store.path),
+        )
+        self._save_throttle = Throttle(1.0)
+
+    async def run(self) -> Summary:
+        started = time.monotonic()
+        with self.store.locked():
+            client = make_client(self.s.source, timeout_s=self.s.connect_timeout_s)
+            try:
+                info = await probe(client, self.s.source, "source")
+                sink = open_sink(self.s)
+                await sink.start()
+                try:
+                    await self._run(client, info, sink)
+                finally:
+                    await sink.close()
+            finally:
+                await client.close()
+        self.summary.elapsed_s = round(time.monotonic() - started, 3)
+        return self.summary
+
+    async def _run(self, client: Client, info: ServerInfo, sink: Sink) -> None:
+        s = self.s
+        if not info.has_change_streams and not s.snapshot_only:
+            raise TopologyError(
+                f"source {redact(s.source)} is a standalone server: it has no change stream, so writes made "
+                "during the copy would be lost. Convert it to a one-member replica set, or pass "
+                "--snapshot-only to copy anyway"
+            )
+        identity = source_identity(info, s.source)
+        cp = self.store.load()
+        if cp is not None and cp.source_id != identity:
+            raise ConfigError(
+                f"checkpoint {self.store.path} belongs to source {cp.source_id!r}, not {identity!r}; "
+                "pass another --checkpoint"
+            )
+        if self.command == "catch-up" and cp is None:
+            raise ConfigError(f"no checkpoint at {self.store.path}: run mcdc sync first (or pass --checkpoint)")
+        if s.snapshot_only:
+            self.reporter.warn("--snapshot-only: writes made to the source during the copy are not replayed")
+        reader = ChangeStreamReader(client, full_document=s.full_document, batch_size=s.replay_batch)
+        try:
+            cp = await self._snapshot_if_needed(client, reader, sink, cp, identity)
+            if s.snapshot_only:
+                return
+            if cp.snapshot.status == "copied":
+                await self._replay(reader, sink, cp, skip_index_ddl=True)
+                specs = [rename_spec(x, s.renamer) for x in await catalog.describe(client, s.selection)]
+                self.reporter.info(f"building indexes on {len(specs)} collections")
+                await sink.finish_snapshot(specs)
+                cp.snapshot.status = "done"
+                cp.snapshot.finished_at = time.time()
+                self.store.save(cp)
+            await self._replay(reader, sink, cp, skip_index_ddl=False)
+        finally:
+            await reader.close()
+        self.summary.position = {
+            "cluster_time": str(cp.position.cluster_time) if cp.position.cluster_time else None,
+        }
+
+    async def _snapshot_if_needed(
+        self, client: Client, reader: ChangeStreamReader, sink: Sink, cp: Checkpoint | None, identity: str
+    ) -> Checkpoint:
+        s = self.s
+        status = cp.snapshot.status if cp is not None else "none"
+        if status in ("in_progress", "copied"):
+            self.reporter.info(f"resuming the snapshot recorded in {self.store.path}")
+            assert cp is not None
+            return await self._copy(client, sink, cp, fresh=False)
+        fresh = (
+            s.snapshot_only
+            or s.snapshot == "always"
+            or (s.snapshot in ("initial", "when_needed") and (cp is None or not cp.position))
+        )
+        if cp is not None and not fresh and s.snapshot == "when_needed":
+            try:  # the saved position must still be in the oplog, or the data is copied again
+                await reader.open(cp.position)
+                await reader.close()
+            except HistoryLost as exc:
+                self.reporter.warn(f"{exc}; taking a new snapshot (--snapshot when_needed)")
+                fresh = True
+        if not fresh:
+            if cp is None:
+                position = await reader.position_now()
+                await reader.close()
+                cp = Checkpoint(identity, position=position)
+                self.store.save(cp)
+                self.reporter.info("no snapshot (--snapshot never): replicating from now")
+            return cp
+        position = Position()
+        if not s.snapshot_only:
+            position = await reader.position_now()
+            await reader.close()
+        specs = await catalog.describe(client, s.selection)
+        targets = [rename_spec(x, s.renamer) for x in specs]
+        drop = s.drop_target or (cp is not None and status == "done")
+        if not drop:
+            busy = await sink.existing([t.ns for t in targets if not t.is_view])
+            if busy:
+                names = ", ".join(str(ns) for ns in busy[:5]) + (" ..." if len(busy) > 5 else "")
+                raise ConfigError(
+                    f"the target already holds data in {names}; pass --drop-target to replace it, "
+                    "or --snapshot never to only replay changes"
+                )
+        plan: list[Partition] = []
+        for spec in specs:
+            if not spec.is_view:
+                coll = client[spec.ns.db][spec.ns.coll or ""]
+                plan.extend(await plan_collection(coll, spec.ns, s.partition_docs))
+        cp = Checkpoint(
+            identity,
+            position=position,
+            snapshot=SnapshotProgress(status="in_progress", plan=[p.to_json() for p in plan], started_at=time.time()),
+        )
+        self.store.save(cp)
+        self.reporter.info(
+            f"snapshot of {len(targets)} namespaces in {len(plan)} partitions"
+            + (f", stream position captured at {position.cluster_time}" if position else "")
+        )
+        await sink.prepare(targets, drop_existing=drop)
+        cp.snapshot.prepared = {str(t.ns) for t in targets}
+        return await self._copy(client, sink, cp, fresh=True)
+
+    async def _copy(self, client: Client, sink: Sink, cp: Checkpoint, *, fresh: bool) -> Checkpoint:
+        s = self.s
+        if cp.snapshot.status == "in_progress":
+            if not fresh:  # a resumed run: create what the killed run had not created yet
+                specs = [rename_spec(x, s.renamer) for x in await catalog.describe(client, s.selection)]
+                await sink.prepare([t for t in specs if str(t.ns) not in cp.snapshot.prepared], drop_existing=False)
+            plan = [Partition.from_json(p) for p in cp.snapshot.plan]
+            todo = [p for p in plan if p.id not in cp.snapshot.done]
+            totals: dict[str, int] = {}
+            for p in plan:
+                totals[str(p.ns)] = totals.get(str(p.ns), 0) + p.estimated_docs
+            self.reporter.snapshot_totals(totals)
+            for p in plan:
+                if p.id in cp.snapshot.done:
+                    self.reporter.snapshot_advance(str(p.ns), p.estimated_docs)
+
+            async def done(part: Partition, docs: int) -> None:
+                cp.snapshot.done.add(part.id)
+                self.store.save(cp)
+
+            self.summary.documents += await copy_partitions(
+                client,
+                sink,
+                todo,
+                limits=CopyLimits(s.workers, s.batch_docs, s.batch_bytes, s.queue_batches),
+                rename=s.renamer,
+                on_done=done,
+                reporter=self.reporter,
+            )
+            self.summary.collections = len({p.ns for p in plan})
+            cp.snapshot.status = "copied"
+            self.store.save(cp)
+            self.summary.snapshot = "completed" if fresh else "resumed"
+        return cp
+
+    async def _replay(self, reader: ChangeStreamReader, sink: Sink, cp: Checkpoint, *, skip_index_ddl: bool) -> None:
+        until = await current_time(reader.client)
+        await reader.open(cp.position)
+        transform = make_transform(self.s.selection, self.s.renamer, skip_index_ddl=skip_index_ddl)
+
+        async def ack(position: Position, final: bool) -> None:
+            cp.position = Position(
+                resume_token=position.resume_token or cp.position.resume_token,
+                cluster_time=position.cluster_time or cp.position.cluster_time,
+            )
+            if final or self._save_throttle():
+                self.store.save(cp)
+
+        try:
+            result = await replay(
+                reader,
+                sink,
+                until=until,
+                transform=transform,
+                on_ack=ack,
+                reporter=self.reporter,
+                queue_batches=max(self.s.max_queue_events // self.s.replay_batch, 1),
+            )
+        finally:
+            await reader.close()
+        self.store.save(cp)
+        self.summary.events += result.events
