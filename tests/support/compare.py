@@ -1,0 +1,70 @@
+"""An independent, byte-exact picture of a server's user data, for asserting two servers are identical.
+
+Deliberately does not use replicator.verify: the tests check mcdc with code that shares nothing with it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import bson
+import pymongo
+from bson.codec_options import CodecOptions, DatetimeConversion
+from bson.raw_bson import RawBSONDocument
+
+RAW: CodecOptions[RawBSONDocument] = CodecOptions(
+    document_class=RawBSONDocument, datetime_conversion=DatetimeConversion.DATETIME_AUTO
+)
+SYSTEM = {"admin", "local", "config"}
+
+
+def server_state(uri: str) -> dict[str, Any]:
+    """{namespace: {"kind", "options", "indexes", "docs": {encoded _id: raw bytes}}} of every user namespace."""
+    client: pymongo.MongoClient[RawBSONDocument] = pymongo.MongoClient(
+        uri, document_class=RawBSONDocument, datetime_conversion=DatetimeConversion.DATETIME_AUTO
+    )
+    out: dict[str, Any] = {}
+    try:
+        for db_name in client.list_database_names():
+            if db_name in SYSTEM:
+                continue
+            db = client.get_database(db_name, codec_options=RAW)
+            for info in db.list_collections():
+                name = info["name"]
+                if name.startswith("system."):
+                    continue
+                entry: dict[str, Any] = {"kind": info.get("type"), "options": bson.encode(info["options"])}
+                if info.get("type") != "view":
+                    indexes = {}
+                    for ix in db[name].list_indexes():
+                        spec = {k: v for k, v in ix.items() if k not in ("v", "ns")}
+                        indexes[spec["name"]] = bson.encode(spec)
+                    entry["indexes"] = indexes
+                    entry["docs"] = {bson.encode({"_id": d["_id"]}, codec_options=RAW): d.raw for d in db[name].find()}
+                out[f"{db_name}.{name}"] = entry
+    finally:
+        client.close()
+    return out
+
+
+def assert_identical(source_uri: str, target_uri: str) -> dict[str, Any]:
+    """Assert both servers hold the same namespaces, options, indexes and documents (byte for byte)."""
+    src, dst = server_state(source_uri), server_state(target_uri)
+    assert sorted(src) == sorted(dst), f"namespaces differ: {sorted(set(src) ^ set(dst))}"
+    for ns, want in src.items():
+        got = dst[ns]
+        assert got["kind"] == want["kind"], ns
+        assert bson.decode(got["options"]) == bson.decode(want["options"]) and got["options"] == want["options"], (
+            f"{ns} options: {bson.decode(want['options'])} != {bson.decode(got['options'])}"
+        )
+        if want["kind"] == "view":
+            continue
+        assert got["indexes"] == want["indexes"], f"{ns} indexes: {sorted(want['indexes'])} vs {sorted(got['indexes'])}"
+        missing = want["docs"].keys() - got["docs"].keys()
+        extra = got["docs"].keys() - want["docs"].keys()
+        changed = [k for k in want["docs"].keys() & got["docs"].keys() if want["docs"][k] != got["docs"][k]]
+        assert not (missing or extra or changed), (
+            f"{ns}: {len(missing)} missing, {len(extra)} extra, {len(changed)} changed, e.g. "
+            f"{[bson.decode(k) for k in [*missing, *extra, *changed][:3]]}"
+        )
+    return src
