@@ -206,26 +206,19 @@ def verify(
         flags.pop(key)
     _setup_logging(verbose)
 
-    async def go() -> dict[str, Any]:
+    async def go() -> bool:
         from .verify import verify as run_verify
 
         report = await run_verify(_settings(flags, config))
-        data = report.to_json()
-        if not json_output:
+        if json_output:
+            _emit(report.to_json(), True)
+        else:
             for line in report.lines():
                 typer.echo(line)
-        else:
-            _emit(data, True)
-        if not report.ok:
-            raise VerifyMismatch(f"{len(report.differences)} differences")
-        return data
+        return report.ok
 
-    try:
-        _run(go)
-    except typer.Exit as exc:
-        if exc.exit_code == VerifyMismatch.exit_code:
-            raise typer.Exit(1) from None
-        raise
+    if not _run(go):
+        raise typer.Exit(VerifyMismatch.exit_code)
 
 
 @app.command()

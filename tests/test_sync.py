@@ -61,7 +61,7 @@ async def test_refuses_to_mix_into_a_target_holding_data(source_uri: str, target
     with pymongo.MongoClient(source_uri) as src, pymongo.MongoClient(target_uri) as dst:
         src.db.c.insert_one({"_id": 1, "v": "source"})
         dst.db.c.insert_one({"_id": 2, "v": "stale"})
-    with pytest.raises(ConfigError, match="already holds data in db.c"):
+    with pytest.raises(ConfigError, match=r"already holds data in db\.c"):
         await run_job(source_uri, target_uri, tmp_path / "cp.json")
     await run_job(source_uri, target_uri, tmp_path / "cp.json", drop_target=True)
     assert_identical(source_uri, target_uri)

@@ -1,0 +1,132 @@
+"""The command line: help with examples, one-line errors with non-zero exits, no tracebacks, no secrets."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pymongo
+import pytest
+from typer.testing import CliRunner
+
+from replicator.checkpoint import CheckpointStore
+from replicator.cli import app
+
+runner = CliRunner()
+COMMANDS = ["sync", "catch-up", "verify", "version"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help_with_an_example(command: str) -> None:
+    result = runner.invoke(app, [command, "--help"])
+    assert result.exit_code == 0
+    assert "Example" in result.output and "mcdc " + command in result.output
+
+
+def _mcdc(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "replicator.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _assert_one_line_error(result: subprocess.CompletedProcess[str], code: int, *fragments: str) -> None:
+    assert result.returncode == code, (result.returncode, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("mcdc: error:")]
+    assert len(errors) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+
+
+def test_unreachable_source_with_credentials_redacted(tmp_path: Path) -> None:
+    result = _mcdc(
+        "sync", "--source", "mongodb://admin:hunter2@127.0.0.1:1/?directConnection=true&serverSelectionTimeoutMS=300",
+        "--target", "mongodb://127.0.0.1:2", "--checkpoint", str(tmp_path / "cp.json"), "--no-progress",
+    )  # fmt: skip
+    _assert_one_line_error(result, 2, "source", "unreachable", "***@127.0.0.1:1")
+    assert "hunter2" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--source", "localhost:27017", "--target", "mongodb://b"], "--source must be a mongodb://"),
+        (["--source", "mongodb://a", "--target", "mongodb://b", "--include", "(unclosed"], "regular expression"),
+        (["--source", "mongodb://a:1", "--target", "mongodb://a:1"], "is the source server"),
+        (["--source", "mongodb://a", "--target", "mongodb://b", "--snapshot", "maybe"], "--snapshot must be one of"),
+        (["--source", "mongodb://a:bad_port", "--target", "mongodb://b"], "malformed"),
+    ],
+)
+def test_bad_input(args: list[str], fragment: str, tmp_path: Path) -> None:
+    result = _mcdc("sync", *args, "--checkpoint", str(tmp_path / "cp.json"))
+    _assert_one_line_error(result, 2, fragment)
+
+
+@pytest.mark.integration
+def test_corrupt_checkpoint(source_uri: str, target_uri: str, tmp_path: Path) -> None:
+    cp = tmp_path / "cp.json"
+    cp.write_text('{"format": "mcdc-checkpoint", "version": 1, "position": ')
+    result = _mcdc("catch-up", "--source", source_uri, "--target", target_uri, "--checkpoint", str(cp))
+    _assert_one_line_error(result, 2, "is corrupt")
+    assert cp.read_text().endswith('"position": ')  # left as it was for the user to inspect
+
+
+@pytest.mark.integration
+def test_catch_up_without_checkpoint(source_uri: str, target_uri: str, tmp_path: Path) -> None:
+    result = _mcdc("catch-up", "-s", source_uri, "-t", target_uri, "-c", str(tmp_path / "none.json"))
+    _assert_one_line_error(result, 2, "run mcdc sync first")
+
+
+@pytest.mark.integration
+def test_overlapping_catch_up_exits_at_once(source_uri: str, target_uri: str, tmp_path: Path) -> None:
+    cp = tmp_path / "cp.json"
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.insert_one({"_id": 1})
+    first = _mcdc("sync", "-s", source_uri, "-t", target_uri, "-c", str(cp), "--no-progress")
+    assert first.returncode == 0, first.stderr
+    with CheckpointStore(cp).locked():  # as a running catch-up would hold it
+        second = _mcdc("catch-up", "-s", source_uri, "-t", target_uri, "-c", str(cp))
+    _assert_one_line_error(second, 3, "in use by another mcdc process")
+    third = _mcdc("catch-up", "-s", source_uri, "-t", target_uri, "-c", str(cp), "--json")
+    assert third.returncode == 0, third.stderr
+    assert json.loads(third.stdout)["command"] == "catch-up"
+
+
+@pytest.mark.integration
+def test_config_file_and_env(source_uri: str, target_uri: str, tmp_path: Path) -> None:
+    cfg = tmp_path / "mcdc.toml"
+    cfg.write_text(f'source = "{source_uri}"\ntarget = "{target_uri}"\nworkers = 2\n')
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.insert_one({"_id": 1})
+    result = _mcdc("sync", "--config", str(cfg), "-c", str(tmp_path / "cp.json"), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["documents"] == 1
+
+
+@pytest.mark.integration
+def test_verify_exit_codes_after_sync(source_uri: str, target_uri: str, tmp_path: Path) -> None:
+    from tests.support.corpus import load_corpus
+
+    with pymongo.MongoClient(source_uri) as client:
+        load_corpus(client, mixed_count=500)
+    synced = _mcdc("sync", "-s", source_uri, "-t", target_uri, "-c", str(tmp_path / "cp.json"), "--no-progress")
+    assert synced.returncode == 0, synced.stderr
+    same = _mcdc("verify", "-s", source_uri, "-t", target_uri)
+    assert same.returncode == 0, same.stdout + same.stderr
+    with pymongo.MongoClient(target_uri) as client:
+        # a change undone leaves the same bytes: not a difference
+        doc = client.corpus.mixed_ids.find_one({"_id": {"$type": "string"}})
+        assert doc is not None
+        client.corpus.mixed_ids.update_one({"_id": doc["_id"]}, {"$set": {"probe": 1}})
+        client.corpus.mixed_ids.update_one({"_id": doc["_id"]}, {"$unset": {"probe": ""}})
+        # one byte of one document: "3" -> "4"
+        client.corpus_other.things.update_one({"_id": 3}, {"$set": {"v": "4"}})
+    differs = _mcdc("verify", "-s", source_uri, "-t", target_uri, "--json")
+    assert differs.returncode == 1
+    report = json.loads(differs.stdout)
+    assert [(d["ns"], d["kind"], d["ids"]) for d in report["differences"]] == [
+        ("corpus_other.things", "changed", ['{"$numberInt": "3"}'])
+    ]
