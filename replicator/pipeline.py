@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from bson.timestamp import Timestamp
 
@@ -24,13 +25,19 @@ from .events import ChangeEvent, Namespace, Position
 from .normalize import snapshot_read
 from .progress import Reporter
 from .sinks.base import Sink
-from .source.changestream import Batch, ChangeStreamReader
+from .source.changestream import Batch
 from .source.connection import Client
 from .source.partitions import Partition
 from .source.snapshot import read_partition
 
 Transform = Callable[[ChangeEvent], ChangeEvent | None]
 _DONE = object()
+
+
+class BatchSource(Protocol):
+    """Anything that yields change batches up to a cluster time (a change stream reader, a test fake)."""
+
+    def batches(self, *, until: Timestamp | None = None) -> AsyncIterator[Batch]: ...
 
 
 @dataclass(frozen=True)
@@ -123,7 +130,7 @@ class ReplayResult:
 
 
 async def replay(
-    reader: ChangeStreamReader,
+    reader: BatchSource,
     sink: Sink,
     *,
     until: Timestamp | None,

@@ -79,7 +79,7 @@ class MongoSink(Sink):
 
     def __init__(self, uri: str, *, timeout_s: float = 10.0) -> None:
         self.uri = uri
-        self._client = make_client(uri, timeout_s=timeout_s)
+        self._client = make_client(uri, timeout_s=timeout_s, durable_writes=True)
         self._schema = MongoSchema(self._client)
         self._transactions = True
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs
 
 from bson.binary import UuidRepresentation
 from bson.codec_options import CodecOptions, DatetimeConversion
@@ -44,8 +45,20 @@ class ServerInfo:
         return self.kind != "standalone"
 
 
-def make_client(uri: str, *, timeout_s: float = 10.0) -> Client:
-    """An AsyncMongoClient that returns raw BSON documents. Does no I/O."""
+def uri_options(uri: str) -> set[str]:
+    """The lower-cased option names in a URI's query string."""
+    query = uri.split("?", 1)[1] if "?" in uri else ""
+    return {key.lower() for key in parse_qs(query, keep_blank_values=True)}
+
+
+def make_client(uri: str, *, timeout_s: float = 10.0, durable_writes: bool = False) -> Client:
+    """An AsyncMongoClient that returns raw BSON documents. Does no I/O.
+
+    ``durable_writes``: unless the URI sets its own write concern, writes wait for a journaled majority,
+    so what the checkpoint records as acknowledged survives a target crash."""
+    extra: dict[str, Any] = {}
+    if durable_writes and not uri_options(uri) & {"w", "journal", "wtimeoutms"}:
+        extra = {"w": "majority", "journal": True}
     try:
         return AsyncMongoClient(
             uri,
@@ -56,6 +69,7 @@ def make_client(uri: str, *, timeout_s: float = 10.0) -> Client:
             connectTimeoutMS=int(timeout_s * 1000),
             appname="mcdc",
             connect=False,
+            **extra,
         )
     except (ConfigurationError, ValueError, TypeError) as exc:
         raise ConnectionFailed(f"cannot use {redact(uri)}: {redact(str(exc))}") from None

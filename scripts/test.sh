@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Set up a virtualenv with mcdc and its dev tools (PyPI only), then run the linters and the test suite.
+# The integration tests start their own MongoDB-compatible servers (SecantusDB); to run them against a
+# real mongod replica set instead, export MCDC_TEST_SOURCE_URI and MCDC_TEST_TARGET_URI (their user
+# databases are dropped!).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${MCDC_VENV:-.venv}"
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+"$VENV/bin/python" -m ruff check .
+"$VENV/bin/python" -m ruff format --check .
+"$VENV/bin/python" -m mypy
+"$VENV/bin/python" -m pytest "$@"

@@ -1,0 +1,108 @@
+"""Raw change documents -> ChangeEvent, and ChangeEvent -> idempotent MongoDB writes."""
+
+from __future__ import annotations
+
+import datetime
+
+import bson
+import pytest
+from bson.raw_bson import RawBSONDocument
+from bson.timestamp import Timestamp
+from pymongo import DeleteOne, ReplaceOne, UpdateOne
+
+from replicator.events import ChangeEvent, Namespace, Op, Transaction
+from replicator.normalize import OPERATION_TYPES, normalize_change
+from replicator.sinks.mongo import _segments, write_ops
+from replicator.source.changestream import token_timestamp
+
+
+def raw(doc: dict[str, object]) -> RawBSONDocument:
+    return RawBSONDocument(bson.encode(doc))
+
+
+BASE = {
+    "_id": {"_data": "82"},
+    "clusterTime": Timestamp(100, 2),
+    "wallTime": datetime.datetime(2026, 1, 1),
+    "ns": {"db": "shop", "coll": "orders"},
+}
+
+
+def test_every_operation_type_maps_to_one_op() -> None:
+    assert len(set(OPERATION_TYPES.values())) == len(OPERATION_TYPES)
+    for name in OPERATION_TYPES:
+        event = normalize_change(raw({**BASE, "operationType": name, "documentKey": {"_id": 1}}))
+        assert event is not None and event.op is OPERATION_TYPES[name]
+    assert normalize_change(raw({**BASE, "operationType": "shardCollection"})) is None
+    with pytest.raises(ValueError, match="unknown change stream operationType"):
+        normalize_change(raw({**BASE, "operationType": "teleport"}))
+
+
+def test_update_with_transaction_keeps_raw_values() -> None:
+    doc = {
+        **BASE,
+        "operationType": "update",
+        "documentKey": {"_id": bson.Int64(7)},
+        "updateDescription": {
+            "updatedFields": {"a.b": bson.Decimal128("1.10"), "n": -0.0},
+            "removedFields": ["gone"],
+            "truncatedArrays": [{"field": "arr", "newSize": 2}],
+        },
+        "lsid": {"id": bson.Binary(b"\x01" * 16, 4)},
+        "txnNumber": bson.Int64(3),
+    }
+    event = normalize_change(raw(doc))
+    assert event is not None and event.update is not None and event.txn is not None
+    assert event.update.removed_fields == ("gone",)
+    assert event.update.truncated_arrays == (("arr", 2),)
+    assert isinstance(event.update.updated_fields, RawBSONDocument)
+    assert event.txn.txn_number == 3 and event.wall_time_ms == 1767225600000
+    assert event.position is not None and event.position.cluster_time == Timestamp(100, 2)
+
+
+def test_rename_target() -> None:
+    event = normalize_change(raw({**BASE, "operationType": "rename", "to": {"db": "shop", "coll": "old"}}))
+    assert event is not None and event.to == Namespace("shop", "old")
+
+
+def test_write_ops_are_idempotent_forms() -> None:
+    ns = Namespace("d", "c")
+    full = ChangeEvent(Op.UPDATE, ns, key={"_id": 1}, document={"_id": 1, "a": 2})
+    assert [type(o) for o in write_ops(full)] == [ReplaceOne]
+    ins = ChangeEvent(Op.INSERT, ns, key={"_id": 1}, document={"_id": 1})
+    assert write_ops(ins)[0]._upsert is True  # type: ignore[union-attr]
+    from replicator.events import UpdateDescription
+
+    delta = ChangeEvent(
+        Op.UPDATE, ns, key={"_id": 1},
+        update=UpdateDescription({"x": 1}, removed_fields=("y",), truncated_arrays=(("arr", 1),)),
+    )  # fmt: skip
+    ops = write_ops(delta)
+    assert [type(o) for o in ops] == [UpdateOne, UpdateOne]
+    assert ops[0]._doc == {"$push": {"arr": {"$each": [], "$slice": 1}}}  # type: ignore[union-attr]
+    assert ops[1]._doc == {"$set": {"x": 1}, "$unset": {"y": ""}}  # type: ignore[union-attr]
+    assert [type(o) for o in write_ops(ChangeEvent(Op.DELETE, ns, key={"_id": 1}))] == [DeleteOne]
+
+
+def test_segments_keep_transactions_and_ddl_whole() -> None:
+    ns = Namespace("d", "c")
+    t1 = Transaction({"id": b"a"}, 1)
+    t2 = Transaction({"id": b"a"}, 2)
+    events = [
+        ChangeEvent(Op.INSERT, ns, key={"_id": 1}),
+        ChangeEvent(Op.INSERT, ns, key={"_id": 2}, txn=t1),
+        ChangeEvent(Op.UPDATE, ns, key={"_id": 3}, txn=t1),
+        ChangeEvent(Op.INSERT, ns, key={"_id": 4}, txn=t2),
+        ChangeEvent(Op.DROP, ns),
+        ChangeEvent(Op.INSERT, ns, key={"_id": 5}),
+        ChangeEvent(Op.DELETE, ns, key={"_id": 6}),
+    ]
+    assert [(kind, len(evs)) for kind, evs in _segments(events)] == [
+        ("plain", 1), ("txn", 2), ("txn", 1), ("ddl", 1), ("plain", 2),
+    ]  # fmt: skip
+
+
+def test_resume_token_time() -> None:
+    assert token_timestamp({"_data": "8265A1B2C3000000042B0229"}) == Timestamp(0x65A1B2C3, 4)
+    assert token_timestamp({"_data": "3b00000010"}) is None
+    assert token_timestamp(None) is None

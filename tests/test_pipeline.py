@@ -1,0 +1,97 @@
+"""The pipeline with in-memory parts: ordering, bounded read-ahead, and acks only after the sink."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+import pytest
+from bson.timestamp import Timestamp
+
+from replicator.events import ChangeEvent, Namespace, Op, Position
+from replicator.filters import Renamer, Selection, make_transform
+from replicator.pipeline import replay
+from replicator.progress import LogReporter
+from replicator.sinks.memory import MemorySink
+from replicator.source.changestream import Batch
+
+NS = Namespace("db", "c")
+
+
+def _event(i: int) -> ChangeEvent:
+    pos = Position(resume_token={"_data": f"{i:04d}"}, cluster_time=Timestamp(1000, i))
+    return ChangeEvent(Op.INSERT, NS, key={"_id": i}, document={"_id": i}, position=pos)
+
+
+class FakeStream:
+    def __init__(self, batches: list[list[int]]) -> None:
+        self._batches = batches
+        self.read = 0
+
+    async def batches(self, *, until: Timestamp | None = None) -> AsyncIterator[Batch]:
+        for ids in self._batches:
+            self.read += 1
+            events = [_event(i) for i in ids]
+            yield Batch(events=events, position=events[-1].position or Position(), caught_up=False)
+
+
+async def test_replay_acks_in_order_after_the_sink() -> None:
+    sink = MemorySink()
+    acked: list[Position] = []
+
+    async def ack(pos: Position, final: bool) -> None:
+        assert len(sink.events) >= int(str(pos.resume_token["_data"] if pos.resume_token else 0)) + 1
+        acked.append(pos)
+
+    result = await replay(
+        FakeStream([[0, 1], [2], [3, 4, 5]]), sink, until=None, transform=make_transform(Selection(), Renamer()),
+        on_ack=ack, reporter=LogReporter(), queue_batches=1,
+    )  # fmt: skip
+    assert [e.document_key["_id"] for e in sink.events] == [0, 1, 2, 3, 4, 5]
+    assert [p.cluster_time for p in acked] == [Timestamp(1000, 1), Timestamp(1000, 2), Timestamp(1000, 5)]
+    assert result.events == 6 and result.last_time == Timestamp(1000, 5)
+
+
+async def test_a_failed_write_is_never_acked() -> None:
+    class FailSecond(MemorySink):
+        async def write(self, batch: Sequence[ChangeEvent]) -> None:
+            if self.batches == 1:
+                raise ConnectionError("target went away")
+            await super().write(batch)
+
+    sink = FailSecond()
+    acked: list[Position] = []
+
+    async def ack(pos: Position, final: bool) -> None:
+        acked.append(pos)
+
+    with pytest.raises(ConnectionError):
+        await replay(
+            FakeStream([[0], [1], [2]]), sink, until=None, transform=make_transform(Selection(), Renamer()),
+            on_ack=ack, reporter=LogReporter(), queue_batches=1,
+        )  # fmt: skip
+    assert [p.cluster_time for p in acked] == [Timestamp(1000, 0)]
+
+
+async def test_slow_sink_bounds_read_ahead() -> None:
+    gate = asyncio.Event()
+
+    class Slow(MemorySink):
+        async def write(self, batch: Sequence[ChangeEvent]) -> None:
+            await gate.wait()
+            await super().write(batch)
+
+    stream = FakeStream([[i] for i in range(50)])
+
+    async def ack(pos: Position, final: bool) -> None:
+        pass
+
+    task = asyncio.create_task(
+        replay(stream, Slow(), until=None, transform=make_transform(Selection(), Renamer()), on_ack=ack,
+               reporter=LogReporter(), queue_batches=2)
+    )  # fmt: skip
+    await asyncio.sleep(0.05)
+    assert stream.read <= 4  # one being written, two queued, one waiting to be queued
+    gate.set()
+    result = await task
+    assert result.events == 50
