@@ -138,10 +138,12 @@ async def replay(
     on_ack: Callable[[Position, bool], Awaitable[None]],
     reporter: Reporter,
     queue_batches: int,
+    after_write: Callable[[Sequence[ChangeEvent]], Awaitable[None]] | None = None,
 ) -> ReplayResult:
     """Apply change batches in order until the stream passed ``until`` (None: until cancelled).
 
-    ``on_ack(position, final)`` is awaited after each batch the sink acknowledged."""
+    ``after_write(events)`` (the batch as read, before transform) runs once the sink acknowledged the
+    batch, and ``on_ack(position, final)`` after that."""
     queue: asyncio.Queue[object] = asyncio.Queue(maxsize=max(queue_batches, 1))
     result = ReplayResult()
 
@@ -160,6 +162,8 @@ async def replay(
             events = [e for e in map(transform, item.events) if e is not None]
             if events:
                 await sink.write(events)
+            if after_write is not None:
+                await after_write(item.events)
             result.events += len(events)
             result.batches += 1
             if item.events and item.events[-1].position is not None:

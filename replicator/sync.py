@@ -15,13 +15,14 @@ The order of a sync, each step checkpointed so a killed run resumes where it sto
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .checkpoint import Checkpoint, CheckpointStore, SnapshotProgress
 from .config import Settings
 from .errors import ConfigError, HistoryLost, TopologyError
-from .events import Position
+from .events import ChangeEvent, Namespace, Op, Position
 from .filters import make_transform, rename_spec
 from .pipeline import CopyLimits, Throttle, copy_partitions, replay
 from .progress import Reporter
@@ -118,14 +119,14 @@ class SyncJob:
             if s.snapshot_only:
                 return
             if cp.snapshot.status == "copied":
-                await self._replay(reader, sink, cp, skip_index_ddl=True)
+                await self._replay(reader, sink, cp, snapshot_window=True)
                 specs = [rename_spec(x, s.renamer) for x in await catalog.describe(client, s.selection)]
                 self.reporter.info(f"building indexes on {len(specs)} collections")
                 await sink.finish_snapshot(specs)
                 cp.snapshot.status = "done"
                 cp.snapshot.finished_at = time.time()
                 self.store.save(cp)
-            await self._replay(reader, sink, cp, skip_index_ddl=False)
+            await self._replay(reader, sink, cp, snapshot_window=False)
         finally:
             await reader.close()
         self.summary.position = {
@@ -180,7 +181,8 @@ class SyncJob:
         for spec in specs:
             if not spec.is_view:
                 coll = client[spec.ns.db][spec.ns.coll or ""]
-                plan.extend(await plan_collection(coll, spec.ns, s.partition_docs))
+                capped = bool(spec.options.get("capped"))
+                plan.extend(await plan_collection(coll, spec.ns, s.partition_docs, capped=capped))
         cp = Checkpoint(
             identity,
             position=position,
@@ -194,6 +196,10 @@ class SyncJob:
         await sink.prepare(targets, drop_existing=drop)
         cp.snapshot.prepared = {str(t.ns) for t in targets}
         return await self._copy(client, sink, cp, fresh=True)
+
+    def _limits(self) -> CopyLimits:
+        s = self.s
+        return CopyLimits(s.workers, s.batch_docs, s.batch_bytes, s.queue_batches)
 
     async def _copy(self, client: Client, sink: Sink, cp: Checkpoint, *, fresh: bool) -> Checkpoint:
         s = self.s
@@ -230,10 +236,16 @@ class SyncJob:
             self.summary.snapshot = "completed" if fresh else "resumed"
         return cp
 
-    async def _replay(self, reader: ChangeStreamReader, sink: Sink, cp: Checkpoint, *, skip_index_ddl: bool) -> None:
+    async def _replay(self, reader: ChangeStreamReader, sink: Sink, cp: Checkpoint, *, snapshot_window: bool) -> None:
+        """Replay from the checkpoint up to the source's current time.
+
+        In the snapshot window (changes made while the copy ran), index DDL waits for the index build
+        at the end, and a collection renamed into the selection is copied again from the source: the
+        snapshot may have listed it under its old name and read nothing, and the events after the
+        rename then converge on the fresh copy."""
         until = await current_time(reader.client)
         await reader.open(cp.position)
-        transform = make_transform(self.s.selection, self.s.renamer, skip_index_ddl=skip_index_ddl)
+        transform = make_transform(self.s.selection, self.s.renamer, skip_index_ddl=snapshot_window)
 
         async def ack(position: Position, final: bool) -> None:
             cp.position = Position(
@@ -243,17 +255,33 @@ class SyncJob:
             if final or self._save_throttle():
                 self.store.save(cp)
 
+        async def recopy_renamed(events: Sequence[ChangeEvent]) -> None:
+            for event in events:
+                if event.op is Op.RENAME and event.to is not None and self.s.selection(event.to):
+                    await self._recopy(reader.client, sink, event.to)
+
         try:
             result = await replay(
-                reader,
-                sink,
-                until=until,
-                transform=transform,
-                on_ack=ack,
-                reporter=self.reporter,
+                reader, sink, until=until, transform=transform, on_ack=ack, reporter=self.reporter,
                 queue_batches=max(self.s.max_queue_events // self.s.replay_batch, 1),
-            )
+                after_write=recopy_renamed if snapshot_window else None,
+            )  # fmt: skip
         finally:
             await reader.close()
         self.store.save(cp)
         self.summary.events += result.events
+
+    async def _recopy(self, client: Client, sink: Sink, ns: Namespace) -> None:
+        spec = await catalog.describe_one(client, ns)
+        if spec is None or spec.is_view:  # renamed again or dropped since: later events say so
+            return
+        self.reporter.info(f"{ns} was renamed during the snapshot: copying it again")
+        coll = client[ns.db][ns.coll or ""]
+        plan = await plan_collection(coll, ns, self.s.partition_docs, capped=bool(spec.options.get("capped")))
+
+        async def done(part: Partition, docs: int) -> None:
+            pass
+
+        self.summary.documents += await copy_partitions(
+            client, sink, plan, limits=self._limits(), rename=self.s.renamer, on_done=done, reporter=self.reporter
+        )

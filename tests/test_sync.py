@@ -113,3 +113,26 @@ async def test_sync_while_source_takes_writes(source_uri: str, target_uri: str, 
     state = assert_identical(source_uri, target_uri)
     assert "live.scratch_renamed" not in state and "live.scratch" not in state
     assert "touched_1" in state["live.big"]["indexes"]
+
+
+class RenameWhenCopyStarts(LogReporter):
+    """Renames a source collection after mcdc listed it and before it reads it: the worst moment."""
+
+    def __init__(self, uri: str) -> None:
+        super().__init__()
+        self.uri = uri
+
+    def snapshot_totals(self, totals: dict[str, int]) -> None:
+        super().snapshot_totals(totals)
+        with pymongo.MongoClient(self.uri) as client:
+            client.live.before.rename("after")
+            client.live.after.insert_one({"_id": "post-rename"})
+
+
+async def test_collection_renamed_mid_snapshot_is_not_lost(source_uri: str, target_uri: str, tmp_path: Path) -> None:
+    with pymongo.MongoClient(source_uri) as client:
+        client.live.before.insert_many([{"_id": i, "v": i} for i in range(500)])
+    settings = resolve({"source": source_uri, "target": target_uri, "checkpoint": tmp_path / "cp.json"}, env={})
+    await SyncJob(settings, RenameWhenCopyStarts(source_uri)).run()
+    state = assert_identical(source_uri, target_uri)
+    assert len(state["live.after"]["docs"]) == 501

@@ -135,11 +135,16 @@ class Partition:
         )
 
 
-async def plan_collection(coll: AsyncCollection[Any], ns: Namespace, partition_docs: int) -> list[Partition]:
+async def plan_collection(
+    coll: AsyncCollection[Any], ns: Namespace, partition_docs: int, *, capped: bool = False
+) -> list[Partition]:
     """Split one collection. Small collections are one partition; larger ones are cut by a sorted scan
-    of ``_id`` keys (an index-only read), every ``partition_docs`` keys and at each bracket change."""
+    of ``_id`` keys (an index-only read), every ``partition_docs`` keys and at each bracket change.
+
+    A capped collection is never split: one reader in natural order keeps its insertion order, which
+    decides what it evicts next."""
     estimated = await coll.estimated_document_count()
-    if estimated <= partition_docs:
+    if estimated <= partition_docs or capped:
         return [Partition(ns, 0, ALL, estimated_docs=estimated)]
     ranges: list[tuple[str, Any, int]] = []  # (bracket, lower bound or None, docs)
     current: str | None = None
