@@ -15,7 +15,8 @@ import typer
 from . import __version__
 from .config import Settings, resolve
 from .errors import McdcError, VerifyMismatch
-from .progress import Reporter, make_reporter
+from .progress import make_reporter
+from .sync import Summary, SyncJob
 from .uri import redact
 
 T = TypeVar("T")
@@ -91,33 +92,26 @@ def _run(make: Callable[[], Awaitable[T]]) -> T:
         raise typer.Exit(130) from None
 
 
-def _emit(data: dict[str, Any], as_json: bool, reporter: Reporter | None = None) -> None:
-    if as_json:
-        sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
-        return
-    lines = [f"{k}: {v}" for k, v in data.items() if v not in (None, {}, [])]
-    typer.echo("\n".join(lines), err=False)
+def _emit_json(data: dict[str, Any]) -> None:
+    sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
 def _replicate(command: str, flags: dict[str, Any], config: Path | None, verbose: bool) -> None:
     _setup_logging(verbose)
 
-    async def go() -> dict[str, Any]:
-        from .sync import SyncJob
-
+    async def go() -> Summary:
         settings = _settings(flags, config)
         reporter = make_reporter(settings.progress and not settings.json_output)
         try:
-            summary = await SyncJob(settings, reporter, command=command).run()
+            return await SyncJob(settings, reporter, command=command).run()
         finally:
             reporter.close()
-        return summary.to_json()
 
-    try:
-        summary = _run(go)
-    except typer.Exit:
-        raise
-    _emit(summary, bool(flags.get("json_output")))
+    summary = _run(go)
+    if flags.get("json_output"):
+        _emit_json(summary.to_json())
+    else:
+        typer.echo("\n".join(summary.lines()))
 
 
 @app.command(
@@ -211,7 +205,7 @@ def verify(
 
         report = await run_verify(_settings(flags, config))
         if json_output:
-            _emit(report.to_json(), True)
+            _emit_json(report.to_json())
         else:
             for line in report.lines():
                 typer.echo(line)

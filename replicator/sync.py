@@ -53,6 +53,23 @@ class Summary:
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
+    def lines(self) -> list[str]:
+        """The summary a person reads at the end of a run."""
+        return [
+            f"{self.command} finished in {self.elapsed_s:.1f} s: {self.collections} collections, "
+            f"{self.documents} documents copied (snapshot {self.snapshot}), {self.events} change events replayed",
+            f"source {self.source} -> target {self.target}",
+            f"checkpoint {self.checkpoint}, position {self.position.get('cluster_time') or '-'}",
+        ]
+
+
+def _refuse_same_server(source: ServerInfo, sink: Sink, settings: Settings) -> None:
+    """The host-name check in config misses aliases (a DNS name and its IP): compare server identities."""
+    target = getattr(sink, "server", None)
+    same = isinstance(target, ServerInfo) and target.process_id and target.process_id == source.process_id
+    if same and not settings.rename:
+        raise ConfigError(f"target {redact(settings.target)} is the source server; replicate to a different server")
+
 
 def source_identity(info: ServerInfo, uri: str) -> str:
     """What ties a checkpoint to its source: the replica set name, else the host list."""
@@ -86,6 +103,7 @@ class SyncJob:
                 sink = open_sink(self.s)
                 await sink.start()
                 try:
+                    _refuse_same_server(info, sink, self.s)
                     await self._run(client, info, sink)
                 finally:
                     await sink.close()
@@ -116,17 +134,17 @@ class SyncJob:
         reader = ChangeStreamReader(client, full_document=s.full_document, batch_size=s.replay_batch)
         try:
             cp = await self._snapshot_if_needed(client, reader, sink, cp, identity)
-            if s.snapshot_only:
-                return
             if cp.snapshot.status == "copied":
-                await self._replay(reader, sink, cp, snapshot_window=True)
+                if not s.snapshot_only:
+                    await self._replay(reader, sink, cp, snapshot_window=True)
                 specs = [rename_spec(x, s.renamer) for x in await catalog.describe(client, s.selection)]
                 self.reporter.info(f"building indexes on {len(specs)} collections")
                 await sink.finish_snapshot(specs)
                 cp.snapshot.status = "done"
                 cp.snapshot.finished_at = time.time()
                 self.store.save(cp)
-            await self._replay(reader, sink, cp, snapshot_window=False)
+            if not s.snapshot_only:
+                await self._replay(reader, sink, cp, snapshot_window=False)
         finally:
             await reader.close()
         self.summary.position = {

@@ -136,3 +136,29 @@ async def test_collection_renamed_mid_snapshot_is_not_lost(source_uri: str, targ
     await SyncJob(settings, RenameWhenCopyStarts(source_uri)).run()
     state = assert_identical(source_uri, target_uri)
     assert len(state["live.after"]["docs"]) == 501
+
+
+async def test_standalone_source_needs_snapshot_only(
+    source_uri: str, target_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A standalone has no change stream (the test server always acts as a replica set, so its hello
+    answer is rewritten to a standalone's)."""
+    import replicator.sync as sync_module
+    from replicator.errors import TopologyError
+    from replicator.source.connection import ServerInfo
+
+    real_probe = sync_module.probe
+
+    async def standalone_probe(*args: Any) -> ServerInfo:
+        info = await real_probe(*args)
+        return ServerInfo("standalone", None, info.process_id, info.max_wire_version)
+
+    monkeypatch.setattr(sync_module, "probe", standalone_probe)
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.insert_many([{"_id": i, "x": -i} for i in range(100)])
+        client.db.c.create_index("x", unique=True)
+    with pytest.raises(TopologyError, match="standalone server.*--snapshot-only"):
+        await run_job(source_uri, target_uri, tmp_path / "cp.json")
+    summary = await run_job(source_uri, target_uri, tmp_path / "cp.json", snapshot_only=True)
+    assert summary["documents"] == 100 and summary["events"] == 0
+    assert_identical(source_uri, target_uri)

@@ -19,7 +19,7 @@ from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.errors import BulkWriteError, OperationFailure
 
 from ..events import ChangeEvent, CollectionSpec, Namespace, Op
-from ..source.connection import make_client, probe
+from ..source.connection import ServerInfo, make_client, probe
 from .base import Sink
 from .mongo_schema import MongoSchema
 
@@ -82,10 +82,11 @@ class MongoSink(Sink):
         self._client = make_client(uri, timeout_s=timeout_s, durable_writes=True)
         self._schema = MongoSchema(self._client)
         self._transactions = True
+        self.server: ServerInfo | None = None
 
     async def start(self) -> None:
-        info = await probe(self._client, self.uri, "target")
-        self._transactions = info.kind != "standalone"
+        self.server = await probe(self._client, self.uri, "target")
+        self._transactions = self.server.kind != "standalone"
 
     async def close(self) -> None:
         await self._client.close()
