@@ -11,11 +11,13 @@ from typing import Annotated, Any, TypeVar
 
 import orjson
 import typer
+from pymongo.errors import PyMongoError
 
 from . import __version__
 from .config import Settings, resolve
 from .errors import McdcError, VerifyMismatch
 from .progress import make_reporter
+from .source.connection import server_message
 from .sync import Summary, SyncJob
 from .uri import redact
 
@@ -87,6 +89,12 @@ def _run(make: Callable[[], Awaitable[T]]) -> T:
     except McdcError as exc:
         typer.echo(f"mcdc: error: {redact(str(exc))}", err=True)
         raise typer.Exit(exc.exit_code) from None
+    except PyMongoError as exc:
+        # a server refusal (permissions, a dropped connection that outlived the retries, ...): one line;
+        # --verbose logs the traceback for a bug report
+        logging.getLogger("mcdc").debug("server error", exc_info=True)
+        typer.echo(f"mcdc: error: MongoDB: {server_message(exc)} (--verbose shows where)", err=True)
+        raise typer.Exit(2) from None
     except KeyboardInterrupt:
         typer.echo("mcdc: interrupted; the checkpoint holds the last acknowledged position", err=True)
         raise typer.Exit(130) from None

@@ -102,19 +102,19 @@ class RichReporter:
         for ns, total in totals.items():
             if ns not in self._tasks:
                 self._tasks[ns] = self._progress.add_task(ns, total=max(total, 0), rate="")
-                self._started[ns] = time.monotonic()
 
     def snapshot_advance(self, ns: str, docs: int) -> None:
         task = self._tasks.get(ns)
         if task is None:
             self.snapshot_totals({ns: 0})
             task = self._tasks[ns]
+        started = self._started.setdefault(ns, time.monotonic())  # rate from the first batch, not the plan
         self._progress.advance(task, docs)
         done = self._progress.tasks[task].completed
         total = self._progress.tasks[task].total or 0
         if done > total:
             self._progress.update(task, total=done)
-        rate = done / max(time.monotonic() - self._started[ns], 1e-6)
+        rate = done / max(time.monotonic() - started, 1e-3)
         self._progress.update(task, rate=f"{rate:,.0f} docs/s")
 
     def replay_advance(self, events: int, last: Timestamp | None) -> None:

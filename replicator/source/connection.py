@@ -51,6 +51,14 @@ def uri_options(uri: str) -> set[str]:
     return {key.lower() for key in parse_qs(query, keep_blank_values=True)}
 
 
+def server_message(exc: PyMongoError) -> str:
+    """A server error in one redacted line: its message and code name, without the reply's noise."""
+    details = getattr(exc, "details", None) or {}
+    message = details.get("errmsg") or str(exc).split(", full error:")[0]
+    code = details.get("codeName")
+    return redact(f"{message} ({code})" if code else message)
+
+
 def make_client(uri: str, *, timeout_s: float = 10.0, durable_writes: bool = False) -> Client:
     """An AsyncMongoClient that returns raw BSON documents. Does no I/O.
 
@@ -80,7 +88,7 @@ async def probe(client: Client, uri: str, role: str) -> ServerInfo:
     try:
         hello = await client.admin.command("hello", codec_options=DICT_CODEC)
     except OperationFailure as exc:
-        raise ConnectionFailed(f"{role} {redact(uri)} refused us: {redact(str(exc.details or exc))}") from None
+        raise ConnectionFailed(f"{role} {redact(uri)} refused us: {server_message(exc)}") from None
     except PyMongoError as exc:
         reason = redact(str(exc)).split(", Timeout:")[0].split(" (configured timeouts")[0]
         raise ConnectionFailed(f"{role} {redact(uri)} is unreachable: {reason}") from None
