@@ -157,7 +157,7 @@ async def test_standalone_source_needs_snapshot_only(
     with pymongo.MongoClient(source_uri) as client:
         client.db.c.insert_many([{"_id": i, "x": -i} for i in range(100)])
         client.db.c.create_index("x", unique=True)
-    with pytest.raises(TopologyError, match="standalone server.*--snapshot-only"):
+    with pytest.raises(TopologyError, match=r"standalone server.*--snapshot-only"):
         await run_job(source_uri, target_uri, tmp_path / "cp.json")
     summary = await run_job(source_uri, target_uri, tmp_path / "cp.json", snapshot_only=True)
     assert summary["documents"] == 100 and summary["events"] == 0

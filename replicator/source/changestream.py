@@ -6,6 +6,7 @@ apply a transaction as one unit.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,9 @@ from .connection import DICT_CODEC, Client
 
 #: Server codes meaning "that resume point is gone from the oplog".
 HISTORY_LOST_CODES = frozenset({136, 280, 286})
+#: "unknown field" / "unrecognized option" answers to an option the server predates.
+_UNKNOWN_OPTION_CODES = frozenset({9, 40415})
+log = logging.getLogger("mcdc.source")
 _SYSTEM_FILTER = {"$match": {"ns.db": {"$nin": sorted(SYSTEM_DATABASES)}}}
 
 
@@ -69,7 +73,15 @@ class ChangeStreamReader:
         try:
             self._stream = await self.client.watch([_SYSTEM_FILTER], **kwargs)
         except OperationFailure as exc:
-            raise _history_error(exc, start) or exc from None
+            if exc.code not in _UNKNOWN_OPTION_CODES or not kwargs.pop("show_expanded_events", False):
+                raise _history_error(exc, start) or exc from None
+            # before MongoDB 6.0 there are no create/createIndexes/modify events: indexes and options are
+            # still reconciled from the catalog at the end of a snapshot
+            log.warning("the source does not support showExpandedEvents (MongoDB < 6.0): index DDL is not streamed")
+            try:
+                self._stream = await self.client.watch([_SYSTEM_FILTER], **kwargs)
+            except OperationFailure as retry_exc:
+                raise _history_error(retry_exc, start) or retry_exc from None
 
     async def position_now(self) -> Position:
         """Open at "now" and return the stream's starting position (its post-batch resume token)."""

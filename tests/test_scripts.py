@@ -1,0 +1,54 @@
+"""Smoke tests of scripts/: the demo and the benchmark run end to end on their own local servers."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SCRIPT_TIMEOUT_S = 120
+
+
+def run_script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``scripts/<name>`` from the repository root with this interpreter; output captured as text."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / name), *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SCRIPT_TIMEOUT_S,
+        check=False,
+    )
+
+
+def test_bench_sync_small_run_prints_a_ratio() -> None:
+    result = run_script("bench_sync.py", "--docs", "2000", "--workers", "2")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert re.search(r"^ratio mcdc/baseline\s+\d+\.\d\d", result.stdout, re.MULTILINE), result.stdout
+    assert re.search(r"^(PASS|FAIL)  peak RSS < 300 MB$", result.stdout, re.MULTILINE), result.stdout
+    assert "mcdc sync --source" in result.stdout
+
+
+def test_demo_syncs_catches_up_and_verifies(tmp_path: Path) -> None:
+    workdir = tmp_path / "demo"
+    result = run_script("demo.py", "--workdir", str(workdir))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "identical: the target is a byte-exact copy" in result.stdout
+    assert (workdir / "checkpoint.json").is_file()
+
+
+def test_demo_refuses_to_wipe_a_directory_it_did_not_make(tmp_path: Path) -> None:
+    (tmp_path / "precious.txt").write_text("keep me")
+    result = run_script("demo.py", "--workdir", str(tmp_path))
+    assert result.returncode != 0
+    assert "not made by this demo" in result.stderr
+    assert (tmp_path / "precious.txt").read_text() == "keep me"
