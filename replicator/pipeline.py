@@ -17,7 +17,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar, cast
 
 from bson.timestamp import Timestamp
 
@@ -32,6 +32,7 @@ from .source.snapshot import read_partition
 
 Transform = Callable[[ChangeEvent], ChangeEvent | None]
 _DONE = object()
+T = TypeVar("T")
 
 
 class BatchSource(Protocol):
@@ -84,42 +85,46 @@ async def copy_partitions(
 async def _copy_one(
     client: Client, sink: Sink, part: Partition, limits: CopyLimits, ns: Namespace, reporter: Reporter
 ) -> int:
-    queue: asyncio.Queue[object] = asyncio.Queue(maxsize=limits.queue_batches)
-
-    async def read() -> None:
-        async for docs in read_partition(client, part, batch_docs=limits.batch_docs, batch_bytes=limits.batch_bytes):
-            await queue.put(docs)
-        await queue.put(_DONE)
-
     written = 0
-    reader = asyncio.create_task(read())
-    try:
-        while True:
-            item = await _next(queue, reader)
-            if item is _DONE:
-                break
-            assert isinstance(item, list)
-            await sink.write([snapshot_read(ns, doc) for doc in item])
-            written += len(item)
-            reporter.snapshot_advance(str(part.ns), len(item))
-        await reader
-    finally:
-        if not reader.done():
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+    docs_batches = read_partition(client, part, batch_docs=limits.batch_docs, batch_bytes=limits.batch_bytes)
+    async for docs in read_ahead(docs_batches, limits.queue_batches):
+        await sink.write([snapshot_read(ns, doc) for doc in docs])
+        written += len(docs)
+        reporter.snapshot_advance(str(part.ns), len(docs))
     return written
 
 
-async def _next(queue: asyncio.Queue[object], producer: asyncio.Task[None]) -> object:
-    """The next queued item; re-raises the producer's error instead of waiting forever."""
-    getter = asyncio.ensure_future(queue.get())
-    done, _ = await asyncio.wait({getter, producer}, return_when=asyncio.FIRST_COMPLETED)
-    if getter in done:
-        return getter.result()
-    getter.cancel()
-    producer.result()  # raises the reader's exception
-    return await queue.get()  # the producer finished normally: its items are queued
+async def read_ahead(source: AsyncIterator[T], maxsize: int) -> AsyncIterator[T]:
+    """Iterate ``source`` from a separate task through a queue of ``maxsize`` items: reading overlaps the
+    consumer's writes, and runs ahead of them by at most ``maxsize`` items (backpressure). The source's
+    error is raised here; leaving the loop early cancels the reading task."""
+    queue: asyncio.Queue[object] = asyncio.Queue(maxsize=max(maxsize, 1))
+
+    async def pump() -> None:
+        async for item in source:
+            await queue.put(item)
+        await queue.put(_DONE)
+
+    producer = asyncio.create_task(pump())
+    try:
+        while True:
+            getter = asyncio.ensure_future(queue.get())
+            await asyncio.wait({getter, producer}, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():  # the producer ended first: with an error, or after queueing its last items
+                getter.cancel()
+                producer.result()
+                item = await queue.get()
+            else:
+                item = getter.result()
+            if item is _DONE:
+                break
+            yield cast(T, item)
+        await producer
+    finally:
+        if not producer.done():
+            producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await producer
 
 
 @dataclass
@@ -144,39 +149,20 @@ async def replay(
 
     ``after_write(events)`` (the batch as read, before transform) runs once the sink acknowledged the
     batch, and ``on_ack(position, final)`` after that."""
-    queue: asyncio.Queue[object] = asyncio.Queue(maxsize=max(queue_batches, 1))
     result = ReplayResult()
-
-    async def read() -> None:
-        async for batch in reader.batches(until=until):
-            await queue.put(batch)
-        await queue.put(_DONE)
-
-    producer = asyncio.create_task(read())
-    try:
-        while True:
-            item = await _next(queue, producer)
-            if item is _DONE:
-                break
-            assert isinstance(item, Batch)
-            events = [e for e in map(transform, item.events) if e is not None]
-            if events:
-                await sink.write(events)
-            if after_write is not None:
-                await after_write(item.events)
-            result.events += len(events)
-            result.batches += 1
-            if item.events and item.events[-1].position is not None:
-                result.last_time = item.events[-1].position.cluster_time or result.last_time
-            reporter.replay_advance(len(events), result.last_time)
-            if item.position:
-                await on_ack(item.position, False)
-        await producer
-    finally:
-        if not producer.done():
-            producer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await producer
+    async for batch in read_ahead(reader.batches(until=until), queue_batches):
+        events = [e for e in map(transform, batch.events) if e is not None]
+        if events:
+            await sink.write(events)
+        if after_write is not None:
+            await after_write(batch.events)
+        result.events += len(events)
+        result.batches += 1
+        if batch.events and batch.events[-1].position is not None:
+            result.last_time = batch.events[-1].position.cluster_time or result.last_time
+        reporter.replay_advance(len(events), result.last_time)
+        if batch.position:
+            await on_ack(batch.position, False)
     return result
 
 
