@@ -55,3 +55,10 @@ def test_json_round_trip_keeps_bound_types() -> None:
     doc_bound = Partition(NS, 5, "object", lower=RawBSONDocument(bson.encode({"b": 1, "a": 2})))
     back = Partition.from_json(doc_bound.to_json())
     assert list(back.lower) == ["b", "a"]  # field order survives
+
+
+def test_partitions_pickle_for_worker_processes() -> None:
+    import pickle
+
+    p = Partition(NS, 2, "objectId", lower=ObjectId(), upper=None, estimated_docs=10)
+    assert pickle.loads(pickle.dumps(p)) == p

@@ -162,3 +162,27 @@ async def test_standalone_source_needs_snapshot_only(
     summary = await run_job(source_uri, target_uri, tmp_path / "cp.json", snapshot_only=True)
     assert summary["documents"] == 100 and summary["events"] == 0
     assert_identical(source_uri, target_uri)
+
+
+async def test_include_and_rename_then_verify(source_uri: str, target_uri: str, tmp_path: Path) -> None:
+    from replicator.verify import verify
+
+    with pymongo.MongoClient(source_uri) as client:
+        client.shop.orders.insert_many([{"_id": i} for i in range(50)])
+        client.shop.orders.create_index("x", name="by_x")
+        client.shop.create_collection("open_orders", viewOn="orders", pipeline=[{"$match": {"_id": {"$lt": 5}}}])
+        client.shop.tmp_scratch.insert_one({"_id": 1})
+        client.crm.people.insert_one({"_id": 1})
+    flags: dict[str, Any] = {"include": (r"shop\..*",), "exclude": (r"shop\.tmp_.*",), "rename": ("shop=shop_v2",)}
+    await run_job(source_uri, target_uri, tmp_path / "cp.json", **flags)
+    with pymongo.MongoClient(source_uri) as client:
+        client.shop.orders.insert_one({"_id": "late"})
+    await run_job(source_uri, target_uri, tmp_path / "cp.json", command="catch-up", **flags)
+    with pymongo.MongoClient(target_uri) as client:
+        assert "shop_v2" in client.list_database_names() and "crm" not in client.list_database_names()
+        assert sorted(client.shop_v2.list_collection_names()) == ["open_orders", "orders"]
+        assert client.shop_v2.orders.count_documents({}) == 51
+        assert "by_x" in client.shop_v2.orders.index_information()
+    settings = resolve({"source": source_uri, "target": target_uri, **flags}, env={})
+    report = await verify(settings)
+    assert report.ok, report.lines()
