@@ -63,6 +63,10 @@ DropTarget = Annotated[
 PartitionDocs = Annotated[
     int | None, typer.Option("--partition-docs", help="Split collections into _id ranges of this many documents.")
 ]
+Split = Annotated[
+    str | None,
+    typer.Option("--split", help="Split large collections into _id ranges: auto (when index-bounded), always, never."),
+]
 BatchDocs = Annotated[int | None, typer.Option("--batch-docs", help="Documents per write batch. [default: 1000]")]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log debug details.")]
 
@@ -138,6 +142,7 @@ def sync(
     snapshot_only: SnapshotOnly = None,
     drop_target: DropTarget = None,
     partition_docs: PartitionDocs = None,
+    split: Split = None,
     batch_docs: BatchDocs = None,
     config: ConfigOpt = None,
     json_output: JsonOpt = None,

@@ -18,6 +18,7 @@ from .filters import Renamer, Selection
 from .uri import check_mongo_uri, host_set, is_mongo_uri, redact
 
 SNAPSHOT_MODES = ("initial", "always", "never", "when_needed")
+SPLIT_MODES = ("auto", "always", "never")
 FULL_DOCUMENT_MODES = ("updateLookup", "whenAvailable", "required", "default")
 
 
@@ -34,6 +35,8 @@ class Settings:
     workers: int = 4
     # snapshot: a collection with more documents than this is split into _id ranges of about this size
     partition_docs: int = 50_000
+    # split large collections into _id ranges: auto (when a range read is index-bounded), always, never
+    split: str = "auto"
     batch_docs: int = 1_000
     batch_bytes: int = 8 * 1024 * 1024
     queue_batches: int = 4  # per snapshot worker: bounded read-ahead
@@ -169,6 +172,8 @@ def validate(s: Settings, *, need_target: bool = True) -> Settings:
                 raise ConfigError(f"target {redact(s.target)} is the source server; replicate to a different server")
     if s.snapshot not in SNAPSHOT_MODES:
         raise ConfigError(f"--snapshot must be one of {', '.join(SNAPSHOT_MODES)}, got {s.snapshot!r}")
+    if s.split not in SPLIT_MODES:
+        raise ConfigError(f"--split must be one of {', '.join(SPLIT_MODES)}, got {s.split!r}")
     if s.full_document not in FULL_DOCUMENT_MODES:
         raise ConfigError(f"--full-document must be one of {', '.join(FULL_DOCUMENT_MODES)}")
     for name in ("workers", "partition_docs", "batch_docs", "batch_bytes", "queue_batches", "replay_batch"):

@@ -17,7 +17,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from bson.timestamp import Timestamp
 
@@ -59,10 +59,12 @@ async def copy_partitions(
     on_done: Callable[[Partition, int], Awaitable[None]],
     reporter: Reporter,
 ) -> int:
-    """Copy partitions with concurrent workers; returns the number of documents written."""
+    """Copy partitions with ``workers`` concurrent readers sharing ``workers`` write slots, so a last big
+    partition still writes with all of them. Returns the number of documents written."""
     todo: asyncio.Queue[Partition] = asyncio.Queue()
     for part in sorted(partitions, key=lambda p: -p.estimated_docs):  # biggest first: shorter tail
         todo.put_nowait(part)
+    slots = asyncio.Semaphore(limits.workers)
     copied = 0
 
     async def worker() -> None:
@@ -72,7 +74,7 @@ async def copy_partitions(
                 part = todo.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            docs = await _copy_one(client, sink, part, limits, rename(part.ns), reporter)
+            docs = await _copy_one(client, sink, part, limits, rename(part.ns), reporter, slots)
             copied += docs
             await on_done(part, docs)
 
@@ -83,14 +85,46 @@ async def copy_partitions(
 
 
 async def _copy_one(
-    client: Client, sink: Sink, part: Partition, limits: CopyLimits, ns: Namespace, reporter: Reporter
+    client: Client,
+    sink: Sink,
+    part: Partition,
+    limits: CopyLimits,
+    ns: Namespace,
+    reporter: Reporter,
+    slots: asyncio.Semaphore,
 ) -> int:
+    """Read one partition ahead and write its batches, several at once unless its order matters."""
     written = 0
-    docs_batches = read_partition(client, part, batch_docs=limits.batch_docs, batch_bytes=limits.batch_bytes)
-    async for docs in read_ahead(docs_batches, limits.queue_batches):
-        await sink.write([snapshot_read(ns, doc) for doc in docs])
+    in_flight: set[asyncio.Task[None]] = set()
+    most = 1 if part.ordered else limits.workers
+
+    async def write(docs: list[Any]) -> None:
+        nonlocal written
+        try:
+            await sink.write([snapshot_read(ns, doc) for doc in docs])
+        finally:
+            slots.release()
         written += len(docs)
         reporter.snapshot_advance(str(part.ns), len(docs))
+
+    async def settle(until_below: int) -> None:
+        while len(in_flight) >= until_below and in_flight:
+            done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+            in_flight.difference_update(done)
+            for task in done:
+                task.result()  # a failed write fails the partition
+
+    batches = read_partition(client, part, batch_docs=limits.batch_docs, batch_bytes=limits.batch_bytes)
+    try:
+        async for docs in read_ahead(batches, limits.queue_batches):
+            await settle(most)
+            await slots.acquire()
+            in_flight.add(asyncio.create_task(write(docs)))
+        await settle(1)
+    finally:
+        for task in in_flight:
+            task.cancel()
+        await asyncio.gather(*in_flight, return_exceptions=True)
     return written
 
 

@@ -131,7 +131,7 @@ class SyncJob:
             raise ConfigError(f"no checkpoint at {self.store.path}: run mcdc sync first (or pass --checkpoint)")
         if s.snapshot_only:
             self.reporter.warn("--snapshot-only: writes made to the source during the copy are not replayed")
-        reader = ChangeStreamReader(client, full_document=s.full_document, batch_size=s.replay_batch)
+        reader = ChangeStreamReader(client, full_document=s.full_document, batch_size=s.replay_batch, max_await_ms=200)
         try:
             cp = await self._snapshot_if_needed(client, reader, sink, cp, identity)
             if cp.snapshot.status == "copied":
@@ -200,7 +200,7 @@ class SyncJob:
             if not spec.is_view:
                 coll = client[spec.ns.db][spec.ns.coll or ""]
                 capped = bool(spec.options.get("capped"))
-                plan.extend(await plan_collection(coll, spec.ns, s.partition_docs, capped=capped))
+                plan.extend(await plan_collection(coll, spec.ns, s.partition_docs, capped=capped, split=s.split))
         cp = Checkpoint(
             identity,
             position=position,
@@ -295,7 +295,8 @@ class SyncJob:
             return
         self.reporter.info(f"{ns} was renamed during the snapshot: copying it again")
         coll = client[ns.db][ns.coll or ""]
-        plan = await plan_collection(coll, ns, self.s.partition_docs, capped=bool(spec.options.get("capped")))
+        capped = bool(spec.options.get("capped"))
+        plan = await plan_collection(coll, ns, self.s.partition_docs, capped=capped, split=self.s.split)
 
         async def done(part: Partition, docs: int) -> None:
             pass

@@ -247,7 +247,9 @@ class _Verifier:
 
     async def _documents(self, src: Namespace, dst: Namespace, ns: str) -> list[Difference]:
         async with self.slots:  # planning scans the _id index: one reader like a partition
-            plan = await plan_collection(self.source[src.db][src.coll or ""], src, self.s.partition_docs)
+            plan = await plan_collection(
+                self.source[src.db][src.coll or ""], src, self.s.partition_docs, split=self.s.split
+            )
         parts = await asyncio.gather(*(self._partition(p, dst) for p in plan))
         total = DocumentDiff(self.s.verify_sample)
         for part in parts:  # in plan order, so the sampled _ids do not depend on timing

@@ -35,8 +35,9 @@ def _checkpoint(path: Path) -> dict[str, Any] | None:
 
 def _sync_args(source: str, target: str, cp: Path) -> list[str]:
     return mcdc(
-        "sync", "--source", source, "--target", target, "--checkpoint", str(cp), "--partition-docs", "1500",
-        "--batch-docs", "100", "--workers", "2", "--no-progress", "--json",
+        "sync", "--source", source, "--target", target, "--checkpoint", str(cp),
+        "--partition-docs", "1500", "--split", "always", "--batch-docs", "100", "--workers", "2",
+        "--no-progress", "--json",
     )  # fmt: skip
 
 

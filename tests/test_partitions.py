@@ -62,3 +62,15 @@ def test_partitions_pickle_for_worker_processes() -> None:
 
     p = Partition(NS, 2, "objectId", lower=ObjectId(), upper=None, estimated_docs=10)
     assert pickle.loads(pickle.dumps(p)) == p
+
+
+def test_index_bounded_plans_are_recognised() -> None:
+    from replicator.source.partitions import _uses_index
+
+    mongod_classic = {"winningPlan": {"stage": "FETCH", "inputStage": {"stage": "IXSCAN", "indexName": "_id_"}}}
+    mongod_sbe = {"winningPlan": {"queryPlan": {"stage": "FETCH", "inputStage": {"stage": "IXSCAN"}}}}
+    clustered = {"winningPlan": {"stage": "CLUSTERED_IXSCAN"}}
+    mongos = {"winningPlan": {"stage": "SINGLE_SHARD", "shards": [{"winningPlan": {"stage": "IXSCAN"}}]}}
+    collscan = {"winningPlan": {"stage": "COLLSCAN"}, "rejectedPlans": [{"stage": "IXSCAN"}]}
+    assert all(_uses_index(p) for p in (mongod_classic, mongod_sbe, clustered, mongos))
+    assert not _uses_index(collscan)

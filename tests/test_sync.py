@@ -28,7 +28,7 @@ async def run_job(source: str, target: str, checkpoint: Path, command: str = "sy
 async def test_sync_copies_every_bson_type_byte_exact(source_uri: str, target_uri: str, tmp_path: Path) -> None:
     with pymongo.MongoClient(source_uri) as client:
         info = load_corpus(client)
-    summary = await run_job(source_uri, target_uri, tmp_path / "cp.json", partition_docs=500, workers=3)
+    summary = await run_job(source_uri, target_uri, tmp_path / "cp.json", partition_docs=500, workers=3, split="always")
     assert summary["snapshot"] == "completed"
     state = assert_identical(source_uri, target_uri)
     assert (
@@ -106,7 +106,7 @@ async def test_sync_while_source_takes_writes(source_uri: str, target_uri: str, 
     writer = asyncio.create_task(_workload(source_uri, stop))
     await asyncio.sleep(0.3)
     cp = tmp_path / "cp.json"
-    await run_job(source_uri, target_uri, cp, partition_docs=1000, batch_docs=100, workers=2)
+    await run_job(source_uri, target_uri, cp, partition_docs=1000, batch_docs=100, workers=2, split="always")
     stop.set()
     await writer
     await run_job(source_uri, target_uri, cp, command="catch-up")

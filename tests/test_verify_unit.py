@@ -204,7 +204,9 @@ def pair(source_uri: str, target_uri: str) -> Iterator[tuple[pymongo.MongoClient
 
 def settings(source_uri: str, target_uri: str, **flags: Any) -> Settings:
     # partition_docs=4 splits the collection into several bracketed _id ranges, as a big one would be
-    return resolve({"source": source_uri, "target": target_uri, "partition_docs": 4, **flags}, env={})
+    return resolve(
+        {"source": source_uri, "target": target_uri, "partition_docs": 4, "split": "always", **flags}, env={}
+    )
 
 
 def kinds(report: VerifyReport) -> list[tuple[str, str]]:

@@ -84,12 +84,13 @@ class ChangeStreamReader:
                 raise _history_error(retry_exc, start) or retry_exc from None
 
     async def position_now(self) -> Position:
-        """Open at "now" and return the stream's starting position (its post-batch resume token)."""
+        """The stream's position now: the post-batch resume token of a stream opened without a start
+        (cheaper than startAtOperationTime, which makes the server seek its oplog), with the operation
+        time read just before it, so the position is never later than the token."""
         start = await current_time(self.client)
-        await self.open(Position(cluster_time=start))
+        await self.open(Position())
         assert self._stream is not None
-        token = self._stream.resume_token
-        return Position(resume_token=_plain(token), cluster_time=start)
+        return Position(resume_token=_plain(self._stream.resume_token), cluster_time=start)
 
     async def close(self) -> None:
         if self._stream is not None:

@@ -4,8 +4,7 @@ MongoDB compares values of different types by *type bracket* (MinKey < null < nu
 objects < binary < ObjectId < bool < date < timestamp < MaxKey), and a range query such as
 ``{_id: {$gte: 5}}`` only matches its own bracket. So ranges never span brackets: a collection's ``_id``
 order is cut where the bracket changes and every ``partition_docs`` keys inside a bracket, and each range
-is queried with ``$type`` plus its bounds. A last catch-all partition takes every ``_id`` type that no
-range names, so documents of a type that appeared after planning are never missed.
+is queried with ``$type`` plus its bounds. A catch-all partition takes the ``_id`` types no bracket names.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from bson.min_key import MinKey
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.errors import OperationFailure
 
 from ..events import Namespace
 from ..extjson import from_jsonable, to_jsonable
@@ -87,6 +87,7 @@ class Partition:
     upper: Any = None
     excluded: tuple[str, ...] = ()  # for OTHER: the brackets the plan's ranges cover
     estimated_docs: int = 0
+    ordered: bool = False  # insertion order matters (capped): one writer, batches in read order
 
     @property
     def id(self) -> str:
@@ -120,6 +121,7 @@ class Partition:
             "upper": to_jsonable(self.upper) if self.upper is not None else None,
             "excluded": list(self.excluded),
             "estimated_docs": self.estimated_docs,
+            "ordered": self.ordered,
         }
 
     @classmethod
@@ -132,29 +134,63 @@ class Partition:
             upper=from_jsonable(data["upper"]) if data.get("upper") is not None else None,
             excluded=tuple(data.get("excluded") or ()),
             estimated_docs=int(data.get("estimated_docs") or 0),
+            ordered=bool(data.get("ordered")),
         )
 
 
+async def ranges_use_index(coll: AsyncCollection[Any]) -> bool:
+    """Is a range of ``_id`` read through an index, so that N partitions cost one pass and not N?
+
+    True on MongoDB (the ``_id`` index or a clustered index bounds the scan). A server whose plan for a
+    range is a collection scan would read the whole collection once per partition: then it is not split.
+    """
+    command = {"find": coll.name, "filter": {"_id": {"$gte": 0, "$lt": 1}}}
+    try:  # queryPlanner verbosity: plan the query without running it
+        plan = await coll.database.command("explain", command, verbosity="queryPlanner")
+    except OperationFailure:
+        return True  # explain refused (permissions): assume the index, as every MongoDB has one on _id
+    return _uses_index(plan.get("queryPlanner", plan))
+
+
+def _uses_index(node: Any) -> bool:
+    if isinstance(node, Mapping):
+        stage = node.get("stage")
+        if isinstance(stage, str) and any(s in stage for s in ("IXSCAN", "IDHACK")):
+            return True
+        return any(_uses_index(v) for k, v in node.items() if k != "rejectedPlans")
+    if isinstance(node, list):
+        return any(_uses_index(v) for v in node)
+    return False
+
+
 async def plan_collection(
-    coll: AsyncCollection[Any], ns: Namespace, partition_docs: int, *, capped: bool = False
+    coll: AsyncCollection[Any], ns: Namespace, partition_docs: int, *, capped: bool = False, split: str = "auto"
 ) -> list[Partition]:
     """Split one collection. Small collections are one partition; larger ones are cut by a sorted scan
     of ``_id`` keys (an index-only read), every ``partition_docs`` keys and at each bracket change.
 
+    Every document that exists when the scan runs is in one of the ranges, and documents inserted later
+    come through the change stream (its position was captured before), so the catch-all OTHER partition
+    is only needed for ``_id`` types the scan saw but BRACKETS does not name.
+
     A capped collection is never split: one reader in natural order keeps its insertion order, which
-    decides what it evicts next."""
+    decides what it evicts next. ``split``: "auto" also keeps whole a collection whose ranges would each
+    be a collection scan; "always" splits regardless; "never" does not split."""
     estimated = await coll.estimated_document_count()
-    if estimated <= partition_docs or capped:
-        return [Partition(ns, 0, ALL, estimated_docs=estimated)]
+    whole = estimated <= partition_docs or capped or split == "never"
+    if whole or (split == "auto" and not await ranges_use_index(coll)):
+        return [Partition(ns, 0, ALL, estimated_docs=estimated, ordered=capped)]
     ranges: list[tuple[str, Any, int]] = []  # (bracket, lower bound or None, docs)
     current: str | None = None
     count = 0
+    unknown = 0
     cursor = coll.find({}, {"_id": 1}, batch_size=10_000).sort("_id", 1)
     async for doc in cursor:
         value = doc["_id"]
         bracket = bracket_of(value)
         if bracket is None:
-            continue  # left to the OTHER partition
+            unknown += 1
+            continue
         if bracket != current:
             ranges.append((bracket, None, 0))
             current, count = bracket, 0
@@ -164,11 +200,14 @@ async def plan_collection(
         count += 1
         b, lo, n = ranges[-1]
         ranges[-1] = (b, lo, n + 1)
+    if not ranges:
+        return [Partition(ns, 0, ALL, estimated_docs=unknown)]
     parts: list[Partition] = []
     for i, (bracket, lower, docs) in enumerate(ranges):
         nxt = ranges[i + 1] if i + 1 < len(ranges) else None
         upper = nxt[1] if nxt is not None and nxt[0] == bracket else None
         parts.append(Partition(ns, len(parts), bracket, lower, upper, estimated_docs=docs))
-    covered = tuple(dict.fromkeys(p.bracket for p in parts))
-    parts.append(Partition(ns, len(parts), OTHER, excluded=covered))
+    if unknown:
+        covered = tuple(dict.fromkeys(p.bracket for p in parts))
+        parts.append(Partition(ns, len(parts), OTHER, excluded=covered, estimated_docs=unknown))
     return parts
