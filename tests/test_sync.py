@@ -186,3 +186,19 @@ async def test_include_and_rename_then_verify(source_uri: str, target_uri: str, 
     settings = resolve({"source": source_uri, "target": target_uri, **flags}, env={})
     report = await verify(settings)
     assert report.ok, report.lines()
+
+
+async def test_views_on_views_and_collection_options(source_uri: str, target_uri: str, tmp_path: Path) -> None:
+    with pymongo.MongoClient(source_uri) as client:
+        db = client.opts
+        db.create_collection("base", validator={"n": {"$type": "int"}}, validationLevel="strict")
+        db.base.insert_many([{"_id": i, "n": i} for i in range(20)])
+        db.create_collection("a_second", viewOn="z_first", pipeline=[{"$match": {"n": {"$lt": 5}}}])
+        db.create_collection("z_first", viewOn="base", pipeline=[{"$project": {"n": 1}}])
+        db.base.create_index([("n", -1)], name="n_desc", sparse=True)
+        db.base.create_index([("exp", 1)], name="ttl", expireAfterSeconds=3600)
+    await run_job(source_uri, target_uri, tmp_path / "cp.json")
+    state = assert_identical(source_uri, target_uri)
+    assert state["opts.a_second"]["kind"] == "view" and {"n_desc", "ttl"} <= set(state["opts.base"]["indexes"])
+    with pymongo.MongoClient(target_uri) as client:
+        assert [d["_id"] for d in client.opts.a_second.find().sort("_id", 1)] == [0, 1, 2, 3, 4]

@@ -65,13 +65,12 @@ class MongoSchema:
             if not spec.is_view:
                 await self.create(spec.ns, spec.options)
         pending = [s for s in specs if s.is_view]
-        created = {str(s.ns) for s in specs if not s.is_view}
-        while pending:
-            ready = [v for v in pending if f"{v.ns.db}.{v.options.get('viewOn')}" not in {str(p.ns) for p in pending}]
-            for view in ready or pending:  # a cycle cannot exist on the source; `or` guards anyway
+        while pending:  # a view on a view waits for the view it reads
+            waiting = {str(v.ns) for v in pending}
+            ready = [v for v in pending if f"{v.ns.db}.{v.options.get('viewOn')}" not in waiting] or pending
+            for view in ready:
                 await self.create(view.ns, view.options)
-                created.add(str(view.ns))
-            pending = [v for v in pending if str(v.ns) not in created]
+            pending = [v for v in pending if v not in ready]
 
     async def reconcile_indexes(self, specs: Sequence[CollectionSpec]) -> None:
         """Make each target collection's indexes match the spec: build missing ones (all of a
