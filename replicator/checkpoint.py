@@ -1,9 +1,9 @@
 """Checkpoint files: versioned JSON, written atomically, never ahead of what the sink acknowledged.
 
-A write goes to a temporary file (mode 0600), is fsync'd, the current file becomes ``<name>.backup``,
-and the temporary file is renamed into place; the directory is fsync'd last. A crash between the two
-renames leaves only the backup, which :meth:`CheckpointStore.load` then reads: it is older, never newer,
-than the truth, so replay from it is safe (replay is idempotent).
+A write goes to a temporary file (mode 0600) and is fsync'd; the current file is hard-linked to
+``<name>.backup`` (the previous version, for a person to fall back on), and the temporary file is renamed
+over the current one; the directory is fsync'd last. Every step is atomic, so at any instant the file is
+either the old or the new version, whole.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -118,21 +119,24 @@ class CheckpointStore:
 
     def load(self) -> Checkpoint | None:
         """The saved checkpoint, or None when there is none yet."""
-        for candidate in (self.path, self.backup):
-            try:
-                text = candidate.read_text()
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                raise CheckpointError(f"checkpoint {candidate} cannot be read: {exc.strerror}") from None
-            try:
-                return Checkpoint.from_json(json.loads(text))
-            except (ValueError, KeyError, TypeError) as exc:
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            if self.backup.exists():  # deleted by hand? starting over silently from the backup would surprise
                 raise CheckpointError(
-                    f"checkpoint {candidate} is corrupt ({exc}); fix or remove it (a previous copy may be "
-                    f"in {self.backup.name})"
+                    f"checkpoint {self.path} is missing but {self.backup.name} exists: rename the backup to "
+                    "resume from it, or delete it to start over"
                 ) from None
-        return None
+            return None
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint {self.path} cannot be read: {exc.strerror}") from None
+        try:
+            return Checkpoint.from_json(json.loads(text))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(
+                f"checkpoint {self.path} is corrupt ({exc}); fix or remove it (the previous version is "
+                f"{self.backup.name})"
+            ) from None
 
     def save(self, checkpoint: Checkpoint) -> None:
         checkpoint.updated_at = time.time()
@@ -147,13 +151,24 @@ class CheckpointStore:
             finally:
                 os.close(fd)
             if self.path.exists():
-                os.replace(self.path, self.backup)
+                self._keep_backup()
             os.replace(tmp, self.path)
             _fsync_dir(self.path.parent)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise CheckpointError(f"checkpoint {self.path} cannot be written: {exc.strerror}") from None
+
+    def _keep_backup(self) -> None:
+        """Point ``<name>.backup`` at the current version without a moment where neither file exists."""
+        staged = self.backup.with_name(f".{self.backup.name}.{os.getpid()}.tmp")
+        with contextlib.suppress(FileNotFoundError):
+            staged.unlink()
+        try:
+            os.link(self.path, staged)
+        except OSError:  # a file system without hard links
+            shutil.copy2(self.path, staged)
+        os.replace(staged, self.backup)
 
     def check_writable(self) -> None:
         """Fail before any work starts when the checkpoint's directory cannot take a file."""

@@ -99,9 +99,12 @@ class RichReporter:
         self._progress.console.print("warning: " + redact(message), style="yellow", markup=False)
 
     def snapshot_totals(self, totals: dict[str, int]) -> None:
-        for ns, total in totals.items():
-            if ns not in self._tasks:
-                self._tasks[ns] = self._progress.add_task(ns, total=max(total, 0), rate="")
+        for ns, total in totals.items():  # 0: not counted (yet)
+            task = self._tasks.get(ns)
+            if task is None:
+                self._tasks[ns] = self._progress.add_task(ns, total=total or None, rate="")
+            elif total:
+                self._progress.update(task, total=max(total, self._progress.tasks[task].completed))
 
     def snapshot_advance(self, ns: str, docs: int) -> None:
         task = self._tasks.get(ns)
@@ -111,8 +114,8 @@ class RichReporter:
         started = self._started.setdefault(ns, time.monotonic())  # rate from the first batch, not the plan
         self._progress.advance(task, docs)
         done = self._progress.tasks[task].completed
-        total = self._progress.tasks[task].total or 0
-        if done > total:
+        total = self._progress.tasks[task].total
+        if total is not None and done > total:  # documents inserted since the count
             self._progress.update(task, total=done)
         rate = done / max(time.monotonic() - started, 1e-3)
         self._progress.update(task, rate=f"{rate:,.0f} docs/s")

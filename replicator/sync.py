@@ -14,6 +14,7 @@ The order of a sync, each step checkpointed so a killed run resumes where it sto
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from .sinks.registry import open_sink
 from .source import catalog
 from .source.changestream import ChangeStreamReader, current_time
 from .source.connection import Client, ServerInfo, make_client, probe
-from .source.partitions import Partition, plan_collection
+from .source.partitions import ALL, Partition, plan_collection
 from .uri import host_set, redact
 
 
@@ -215,6 +216,22 @@ class SyncJob:
         cp.snapshot.prepared = {str(t.ns) for t in targets}
         return await self._copy(client, sink, cp, fresh=True)
 
+    async def _report_totals(self, client: Client, plan: list[Partition], done: set[str]) -> None:
+        """Progress totals, alongside the copy: a collection kept whole was not counted when planned
+        (a count can be a full scan), so count it here without holding up the copy."""
+        totals: dict[str, int] = {}
+        uncounted: set[Namespace] = set()
+        for p in plan:
+            totals[str(p.ns)] = totals.get(str(p.ns), 0) + p.estimated_docs
+            if p.bracket == ALL and not p.estimated_docs:
+                uncounted.add(p.ns)
+            if p.id in done:
+                self.reporter.snapshot_advance(str(p.ns), p.estimated_docs)
+        self.reporter.snapshot_totals(totals)
+        for ns in sorted(uncounted, key=str):
+            count = await client[ns.db][ns.coll or ""].estimated_document_count()
+            self.reporter.snapshot_totals({str(ns): count})
+
     def _limits(self) -> CopyLimits:
         s = self.s
         return CopyLimits(s.workers, s.batch_docs, s.batch_bytes, s.queue_batches)
@@ -227,27 +244,18 @@ class SyncJob:
                 await sink.prepare([t for t in specs if str(t.ns) not in cp.snapshot.prepared], drop_existing=False)
             plan = [Partition.from_json(p) for p in cp.snapshot.plan]
             todo = [p for p in plan if p.id not in cp.snapshot.done]
-            totals: dict[str, int] = {}
-            for p in plan:
-                totals[str(p.ns)] = totals.get(str(p.ns), 0) + p.estimated_docs
-            self.reporter.snapshot_totals(totals)
-            for p in plan:
-                if p.id in cp.snapshot.done:
-                    self.reporter.snapshot_advance(str(p.ns), p.estimated_docs)
+            counting = asyncio.create_task(self._report_totals(client, plan, cp.snapshot.done))
 
             async def done(part: Partition, docs: int) -> None:
                 cp.snapshot.done.add(part.id)
                 self.store.save(cp)
 
-            self.summary.documents += await copy_partitions(
-                client,
-                sink,
-                todo,
-                limits=CopyLimits(s.workers, s.batch_docs, s.batch_bytes, s.queue_batches),
-                rename=s.renamer,
-                on_done=done,
-                reporter=self.reporter,
-            )
+            try:
+                self.summary.documents += await copy_partitions(
+                    client, sink, todo, limits=self._limits(), rename=s.renamer, on_done=done, reporter=self.reporter
+                )
+            finally:
+                counting.cancel()
             self.summary.collections = len({p.ns for p in plan})
             cp.snapshot.status = "copied"
             self.store.save(cp)

@@ -56,10 +56,12 @@ def test_previous_version_kept_as_backup(tmp_path: Path) -> None:
     store.save(cp)
     backup = json.loads(store.backup.read_text())
     assert backup["snapshot"]["done"] == ["db.c#0"]
-    # a crash between the two renames leaves only the backup: load falls back to it (older, never newer)
+    current = store.load()
+    assert current is not None and current.snapshot.done == {"db.c#0", "db.c#1"}
+    # a checkpoint deleted by hand while its backup remains: say so rather than resume from the backup
     store.path.unlink()
-    loaded = store.load()
-    assert loaded is not None and loaded.snapshot.done == {"db.c#0"}
+    with pytest.raises(CheckpointError, match=r"missing but cp\.json\.backup exists"):
+        store.load()
 
 
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path: Path) -> None:

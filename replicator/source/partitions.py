@@ -176,10 +176,12 @@ async def plan_collection(
     A capped collection is never split: one reader in natural order keeps its insertion order, which
     decides what it evicts next. ``split``: "auto" also keeps whole a collection whose ranges would each
     be a collection scan; "always" splits regardless; "never" does not split."""
+    if capped or split == "never" or (split == "auto" and not await ranges_use_index(coll)):
+        # not counted: on some servers a count is a full scan, and a whole collection does not need it
+        return [Partition(ns, 0, ALL, ordered=capped)]
     estimated = await coll.estimated_document_count()
-    whole = estimated <= partition_docs or capped or split == "never"
-    if whole or (split == "auto" and not await ranges_use_index(coll)):
-        return [Partition(ns, 0, ALL, estimated_docs=estimated, ordered=capped)]
+    if estimated <= partition_docs:
+        return [Partition(ns, 0, ALL, estimated_docs=estimated)]
     ranges: list[tuple[str, Any, int]] = []  # (bracket, lower bound or None, docs)
     current: str | None = None
     count = 0
