@@ -111,16 +111,16 @@ def _emit_json(data: dict[str, Any]) -> None:
 def _replicate(command: str, flags: dict[str, Any], config: Path | None, verbose: bool) -> None:
     _setup_logging(verbose)
 
-    async def go() -> Summary:
+    async def go() -> tuple[Summary, bool]:
         settings = _settings(flags, config)
         reporter = make_reporter(settings.progress and not settings.json_output)
         try:
-            return await SyncJob(settings, reporter, command=command).run()
+            return await SyncJob(settings, reporter, command=command).run(), settings.json_output
         finally:
             reporter.close()
 
-    summary = _run(go)
-    if flags.get("json_output"):
+    summary, as_json = _run(go)
+    if as_json:
         _emit_json(summary.to_json())
     else:
         typer.echo("\n".join(summary.lines()))

@@ -78,9 +78,12 @@ async def copy_partitions(
             copied += docs
             await on_done(part, docs)
 
-    async with asyncio.TaskGroup() as group:
-        for _ in range(min(limits.workers, len(partitions)) or 1):
-            group.create_task(worker())
+    try:
+        async with asyncio.TaskGroup() as group:
+            for _ in range(min(limits.workers, len(partitions)) or 1):
+                group.create_task(worker())
+    except ExceptionGroup as failed:  # the first failure stopped the others: report it, not the group
+        raise failed.exceptions[0] from None
     return copied
 
 

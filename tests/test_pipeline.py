@@ -95,3 +95,35 @@ async def test_slow_sink_bounds_read_ahead() -> None:
     gate.set()
     result = await task
     assert result.events == 50
+
+
+async def test_snapshot_failure_surfaces_as_the_error_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed write stops the copy with that error (not an ExceptionGroup the CLI cannot print)."""
+    import replicator.pipeline as pipeline
+    from replicator.source.partitions import ALL, Partition
+
+    async def fake_read(client: object, part: Partition, **_: int) -> AsyncIterator[list[dict[str, int]]]:
+        for i in range(3):
+            yield [{"_id": part.index * 10 + i}]
+
+    monkeypatch.setattr(pipeline, "read_partition", fake_read)
+    parts = [Partition(NS, i, ALL) for i in range(4)]
+    done: list[str] = []
+
+    async def on_done(part: Partition, docs: int) -> None:
+        done.append(part.id)
+
+    limits = pipeline.CopyLimits(workers=2, batch_docs=1, batch_bytes=1 << 20, queue_batches=1)
+    ok = MemorySink()
+    copied = await pipeline.copy_partitions(
+        None, ok, parts, limits=limits, rename=lambda ns: ns, on_done=on_done, reporter=LogReporter()
+    )  # type: ignore[arg-type]
+    assert copied == 12 and sorted(done) == [p.id for p in parts]
+    assert sorted(e.document_key["_id"] for e in ok.events) == sorted(p * 10 + i for p in range(4) for i in range(3))
+    done.clear()
+    with pytest.raises(ConnectionError, match="injected failure"):
+        await pipeline.copy_partitions(
+            None, MemorySink(fail_writes=1), parts, limits=limits, rename=lambda ns: ns, on_done=on_done,
+            reporter=LogReporter(),
+        )  # type: ignore[arg-type]  # fmt: skip
+    assert len(done) < len(parts)  # the failed partition was never marked done
