@@ -125,8 +125,26 @@ class MongoSink(Sink):
                     await self._bulk(ns, ops, session)
 
     async def _bulk(self, ns: Namespace, ops: list[WriteOp], session: AsyncClientSession | None) -> None:
+        """One ordered bulk_write; a delta update the target's document cannot take is skipped and the
+        rest of the batch applied.
+
+        That happens when the target's copy is ahead of the event (it came from a snapshot read or a
+        full-document lookup made later than the event): ``$set`` of ``a.b`` on a document whose ``a``
+        has since become a number. The events that made it ahead follow, so skipping converges. Inside
+        a transaction nothing is skipped: the server aborts it and the error stands."""
         coll = self._client[ns.db][ns.coll or ""]
-        await coll.bulk_write(ops, ordered=True, bypass_document_validation=True, session=session)
+        start = 0
+        while start < len(ops):
+            try:
+                await coll.bulk_write(ops[start:], ordered=True, bypass_document_validation=True, session=session)
+                return
+            except BulkWriteError as exc:
+                error = exc.details["writeErrors"][0]
+                failed = start + int(error["index"])
+                if session is not None or not _skippable(ops[failed], error):
+                    raise
+                log.warning("skipped a delta update on %s the target cannot apply: %s", ns, error.get("errmsg"))
+                start = failed + 1
 
     async def _apply_transaction(self, events: Sequence[ChangeEvent]) -> None:
         try:
@@ -153,6 +171,15 @@ class MongoSink(Sink):
                 raise
             retry = [ReplaceOne({"_id": _id_of(docs[e["index"]])}, docs[e["index"]], upsert=True) for e in errors]
             await coll.bulk_write(retry, ordered=False, bypass_document_validation=True)
+
+
+#: Errors of a delta update against a document that moved on: PathNotViable, TypeMismatch, BadValue,
+#: ConflictingUpdateOperators, and "cannot apply $push to a non-array" (DollarPrefixedFieldName is not one).
+_STALE_DELTA_CODES = frozenset({2, 14, 28, 40})
+
+
+def _skippable(op: WriteOp, error: dict[str, Any]) -> bool:
+    return isinstance(op, UpdateOne) and error.get("code") in _STALE_DELTA_CODES
 
 
 def _id_of(doc: Any) -> Any:
