@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bson.timestamp import Timestamp
-
 from .errors import CheckpointError, CheckpointLocked
 from .events import Position, ts_from_json, ts_to_json
 from .extjson import from_jsonable, to_jsonable
@@ -103,10 +101,6 @@ class Checkpoint:
             ),
             updated_at=float(data.get("updated_at") or 0.0),
         )
-
-    @property
-    def cluster_time(self) -> Timestamp | None:
-        return self.position.cluster_time
 
 
 class CheckpointStore:

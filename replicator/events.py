@@ -48,11 +48,6 @@ class Namespace:
     db: str
     coll: str | None = None
 
-    @classmethod
-    def parse(cls, text: str) -> Namespace:
-        db, _, coll = text.partition(".")
-        return cls(db, coll or None)
-
     def __str__(self) -> str:
         return f"{self.db}.{self.coll}" if self.coll is not None else self.db
 

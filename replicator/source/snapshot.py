@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 from bson.raw_bson import RawBSONDocument
 
@@ -32,7 +31,3 @@ async def read_partition(
             yield batch
     finally:
         await cursor.close()
-
-
-def batch_nbytes(batch: list[Any]) -> int:
-    return sum(len(d.raw) for d in batch)
