@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -15,11 +17,12 @@ from pymongo.errors import PyMongoError
 
 from . import __version__
 from .config import Settings, resolve
-from .errors import McdcError, VerifyMismatch
+from .errors import ConfigError, McdcError, VerifyMismatch
+from .logs import setup_logging
 from .progress import make_reporter
 from .source.connection import server_message
 from .sync import Summary, SyncJob
-from .uri import redact
+from .uri import check_mongo_uri, redact
 
 T = TypeVar("T")
 
@@ -76,14 +79,12 @@ def _settings(flags: dict[str, Any], config: Path | None, *, need_target: bool =
     return resolve(flags, config_file=config, need_target=need_target)
 
 
-def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    if not verbose:
-        logging.getLogger("pymongo").setLevel(logging.WARNING)
+def _setup_logging(verbose: bool, fmt: str | None = None) -> None:
+    try:
+        setup_logging(fmt or os.environ.get("MCDC_LOG_FORMAT") or "text", verbose)
+    except McdcError as exc:
+        typer.echo(f"mcdc: error: {exc}", err=True)
+        raise typer.Exit(exc.exit_code) from None
 
 
 def _run(make: Callable[[], Awaitable[T]]) -> T:
@@ -226,6 +227,136 @@ def verify(
 
     if not _run(go):
         raise typer.Exit(VerifyMismatch.exit_code)
+
+
+LogFormat = Annotated[str | None, typer.Option("--log-format", help="text | json (one JSON object per line).")]
+
+
+@app.command(
+    epilog="Example:\n\n  mcdc tail --source mongodb://src/?replicaSet=rs0 --target mongodb://dst "
+    "--checkpoint /var/lib/mcdc/live.json --metrics-port 9464 --log-format json",
+)
+def tail(
+    source: Source = None,
+    target: Target = None,
+    checkpoint: CheckpointOpt = None,
+    include: Include = None,
+    exclude: Exclude = None,
+    rename: Rename = None,
+    start_at: Annotated[
+        str | None,
+        typer.Option("--start-at", help="Without a checkpoint: start here (ISO-8601 time or SECONDS,INCREMENT)."),
+    ] = None,
+    snapshot: Snapshot = None,
+    workers: Workers = None,
+    on_history_lost: Annotated[
+        str | None, typer.Option("--on-history-lost", help="fail | resnapshot, when the position left the oplog.")
+    ] = None,
+    max_retries: Annotated[
+        int | None, typer.Option("--max-retries", help="-1 forever, 0 never, N attempts in a row. [default: 16]")
+    ] = None,
+    retry_initial_s: Annotated[
+        float | None, typer.Option("--retry-initial-delay", help="Seconds before the first retry. [default: 1]")
+    ] = None,
+    retry_max_s: Annotated[
+        float | None, typer.Option("--retry-max-delay", help="Longest wait between retries. [default: 120]")
+    ] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option("--metrics-port", help="Serve Prometheus /metrics and /health on this port.")
+    ] = None,
+    metrics_host: Annotated[
+        str | None, typer.Option("--metrics-host", help="Address to bind the metrics port. [default: 127.0.0.1]")
+    ] = None,
+    log_format: LogFormat = None,
+    config: ConfigOpt = None,
+    json_output: JsonOpt = None,
+    progress: ProgressOpt = None,
+    verbose: Verbose = False,
+) -> None:
+    """Live replication: follow the source from the checkpoint until SIGINT/SIGTERM, then flush, save
+    the checkpoint and exit 0.
+
+    Starts from the checkpoint's resume token; else --start-at; else a snapshot as --snapshot says (or
+    now with --snapshot never). Reconnects with backoff through elections, restarts and outages of the
+    source or the target; nothing is skipped (events after the checkpoint are applied again,
+    idempotently).
+    """
+    flags = dict(locals())
+    for key in ("config", "verbose"):
+        flags.pop(key)
+    _setup_logging(verbose, log_format)
+
+    async def go() -> tuple[Summary, bool]:
+        from .metrics import Metrics, serve
+
+        settings = _settings(flags, config)
+        stop = asyncio.Event()
+        task = asyncio.current_task()
+
+        def on_signal() -> None:
+            if stop.is_set() and task is not None:
+                task.cancel()  # a second signal: stop now; the checkpoint is still consistent
+            stop.set()
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal)
+        metrics = Metrics()
+        metrics.set_info(version=__version__, source=redact(settings.source), target=redact(settings.target))
+        server = None
+        if settings.metrics_port is not None:
+            try:
+                server = await serve(metrics, settings.metrics_port, settings.metrics_host)
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: {exc.strerror}"
+                ) from None
+        reporter = make_reporter(settings.progress and not settings.json_output)
+        try:
+            job = SyncJob(settings, reporter, command="tail", stop=stop, metrics=metrics)
+            return await job.run(), settings.json_output
+        finally:
+            reporter.close()
+            if server is not None:
+                server.close()
+                await server.wait_closed()
+
+    try:
+        summary, as_json = _run(go)
+    except asyncio.CancelledError:
+        raise typer.Exit(130) from None
+    if as_json:
+        _emit_json(summary.to_json())
+    else:
+        typer.echo("\n".join(summary.lines()))
+
+
+@app.command(
+    epilog="Example:\n\n  mcdc status --checkpoint /var/lib/mcdc/live.json --source mongodb://src/?replicaSet=rs0",
+)
+def status(
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="The checkpoint file to read.")],
+    source: Annotated[
+        str | None, typer.Option("--source", "-s", help="Measure lag against this source's current time.")
+    ] = None,
+    json_output: JsonOpt = None,
+) -> None:
+    """Print a checkpoint's position, age, lag and snapshot state (reads the file; changes nothing)."""
+
+    async def go() -> dict[str, Any]:
+        from .status import checkpoint_status
+
+        if source is not None:
+            check_mongo_uri(source, "--source")
+        return await checkpoint_status(checkpoint, source)
+
+    data = _run(go)
+    if json_output:
+        _emit_json(data)
+    else:
+        from .status import status_lines
+
+        typer.echo("\n".join(status_lines(data)))
 
 
 @app.command()

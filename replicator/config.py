@@ -10,8 +10,11 @@ import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from bson.timestamp import Timestamp
 
 from .errors import ConfigError
 from .filters import Renamer, Selection
@@ -19,6 +22,29 @@ from .uri import check_mongo_uri, host_set, is_mongo_uri, redact
 
 SNAPSHOT_MODES = ("initial", "always", "never", "when_needed")
 SPLIT_MODES = ("auto", "always", "never")
+HISTORY_LOST_MODES = ("fail", "resnapshot")
+LOG_FORMATS = ("text", "json")
+
+
+def parse_start_at(text: str) -> Timestamp:
+    """``--start-at``: ``SECONDS,INCREMENT`` (a BSON timestamp) or an ISO-8601 time (UTC when no zone)."""
+    if "," in text:
+        secs, _, inc = text.partition(",")
+        try:
+            ts = Timestamp(int(secs), int(inc))
+        except (ValueError, TypeError, OverflowError):
+            raise ConfigError(f"--start-at {text!r}: SECONDS,INCREMENT must be two whole numbers") from None
+        return ts
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(f"--start-at {text!r} is neither an ISO-8601 time nor SECONDS,INCREMENT") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    # increment 1: the first operation of that second (increments start at 1)
+    return Timestamp(int(when.timestamp()), 1)
+
+
 FULL_DOCUMENT_MODES = ("updateLookup", "whenAvailable", "required", "default")
 
 
@@ -52,6 +78,13 @@ class Settings:
     retry_max_s: float = 120.0
     max_retries: int = 16
     connect_timeout_s: float = 10.0
+    # tail
+    start_at: str | None = None  # ISO-8601 time or SECONDS,INCREMENT (startAtOperationTime)
+    on_history_lost: str = "fail"  # or "resnapshot"
+    shards: tuple[str, ...] = ()  # explicit shard replica set URIs, one change stream each
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    log_format: str = "text"
     json_output: bool = False
     progress: bool = True
     verify_sample: int = 5  # differing _ids listed per namespace
@@ -69,7 +102,7 @@ class Settings:
 
 
 _FIELDS = {f.name: f for f in fields(Settings) if f.name not in ("selection", "renamer")}
-_TUPLE_FIELDS = {"include", "exclude", "rename"}
+_TUPLE_FIELDS = {"include", "exclude", "rename", "shards"}
 _BOOL_FIELDS = {"snapshot_only", "drop_target", "json_output", "progress"}
 _INT_FIELDS = {
     "workers",
@@ -172,6 +205,16 @@ def validate(s: Settings, *, need_target: bool = True) -> Settings:
                 raise ConfigError(f"target {redact(s.target)} is the source server; replicate to a different server")
     if s.snapshot not in SNAPSHOT_MODES:
         raise ConfigError(f"--snapshot must be one of {', '.join(SNAPSHOT_MODES)}, got {s.snapshot!r}")
+    if s.on_history_lost not in HISTORY_LOST_MODES:
+        raise ConfigError(f"--on-history-lost must be one of {', '.join(HISTORY_LOST_MODES)}")
+    if s.log_format not in LOG_FORMATS:
+        raise ConfigError(f"--log-format must be one of {', '.join(LOG_FORMATS)}")
+    if s.start_at is not None:
+        parse_start_at(s.start_at)
+    if s.metrics_port is not None and not 0 <= s.metrics_port <= 65535:
+        raise ConfigError("--metrics-port must be between 0 and 65535")
+    for shard in s.shards:
+        check_mongo_uri(shard, "--shard")
     if s.split not in SPLIT_MODES:
         raise ConfigError(f"--split must be one of {', '.join(SPLIT_MODES)}, got {s.split!r}")
     if s.full_document not in FULL_DOCUMENT_MODES:

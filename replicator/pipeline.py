@@ -23,7 +23,7 @@ from bson.timestamp import Timestamp
 
 from .events import ChangeEvent, Namespace, Position
 from .normalize import snapshot_read
-from .progress import Reporter
+from .progress import Reporter, lag_seconds
 from .sinks.base import Sink
 from .source.changestream import Batch
 from .source.connection import Client
@@ -58,9 +58,11 @@ async def copy_partitions(
     rename: Callable[[Namespace], Namespace],
     on_done: Callable[[Partition, int], Awaitable[None]],
     reporter: Reporter,
+    stop: asyncio.Event | None = None,
 ) -> int:
     """Copy partitions with ``workers`` concurrent readers sharing ``workers`` write slots, so a last big
-    partition still writes with all of them. Returns the number of documents written."""
+    partition still writes with all of them. Returns the number of documents written. Once ``stop`` is
+    set, no new partition starts (those running finish, so they can be marked done)."""
     todo: asyncio.Queue[Partition] = asyncio.Queue()
     for part in sorted(partitions, key=lambda p: -p.estimated_docs):  # biggest first: shorter tail
         todo.put_nowait(part)
@@ -69,7 +71,7 @@ async def copy_partitions(
 
     async def worker() -> None:
         nonlocal copied
-        while True:
+        while stop is None or not stop.is_set():
             try:
                 part = todo.get_nowait()
             except asyncio.QueueEmpty:
@@ -177,16 +179,20 @@ async def replay(
     *,
     until: Timestamp | None,
     transform: Transform,
-    on_ack: Callable[[Position, bool], Awaitable[None]],
+    on_ack: Callable[[Position, Sequence[ChangeEvent]], Awaitable[None]],
     reporter: Reporter,
     queue_batches: int,
     after_write: Callable[[Sequence[ChangeEvent]], Awaitable[None]] | None = None,
+    stop: asyncio.Event | None = None,
+    result: ReplayResult | None = None,
 ) -> ReplayResult:
-    """Apply change batches in order until the stream passed ``until`` (None: until cancelled).
+    """Apply change batches in order until the stream passed ``until``, or ``stop`` is set (None and
+    None: until cancelled). Counts go into ``result`` as batches are acknowledged, so a caller that
+    retries after an error keeps them.
 
     ``after_write(events)`` (the batch as read, before transform) runs once the sink acknowledged the
-    batch, and ``on_ack(position, final)`` after that."""
-    result = ReplayResult()
+    batch, and ``on_ack(position, applied events)`` after that."""
+    result = result if result is not None else ReplayResult()
     async for batch in read_ahead(reader.batches(until=until), queue_batches):
         events = [e for e in map(transform, batch.events) if e is not None]
         if events:
@@ -197,9 +203,12 @@ async def replay(
         result.batches += 1
         if batch.events and batch.events[-1].position is not None:
             result.last_time = batch.events[-1].position.cluster_time or result.last_time
-        reporter.replay_advance(len(events), result.last_time)
+        # a batch without events is the server saying "nothing more": caught up, no lag
+        reporter.replay_advance(len(events), lag_seconds(result.last_time) if batch.events else 0.0)
         if batch.position:
-            await on_ack(batch.position, False)
+            await on_ack(batch.position, events)
+        if stop is not None and stop.is_set():
+            break
     return result
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections import deque
 from typing import Protocol
 
 from bson.timestamp import Timestamp
@@ -24,13 +25,31 @@ class Reporter(Protocol):
     def warn(self, message: str) -> None: ...
     def snapshot_totals(self, totals: dict[str, int]) -> None: ...
     def snapshot_advance(self, ns: str, docs: int) -> None: ...
-    def replay_advance(self, events: int, last: Timestamp | None) -> None: ...
+    def replay_advance(self, events: int, lag_s: float | None) -> None: ...
     def close(self) -> None: ...
 
 
 def lag_seconds(last: Timestamp | None) -> float | None:
     """How far the last applied cluster time is behind this machine's clock."""
     return None if last is None else max(0.0, time.time() - last.time)
+
+
+class Rate:
+    """Events per second over a sliding window of a few seconds."""
+
+    def __init__(self, window_s: float = 5.0) -> None:
+        self._window = window_s
+        self._marks: deque[tuple[float, int]] = deque()
+        self._total = 0
+
+    def add(self, n: int) -> float:
+        now = time.monotonic()
+        self._total += n
+        self._marks.append((now, self._total))
+        while len(self._marks) > 2 and now - self._marks[0][0] > self._window:
+            self._marks.popleft()
+        first_t, first_n = self._marks[0]
+        return (self._total - first_n) / (now - first_t) if now > first_t else 0.0
 
 
 class LogReporter:
@@ -43,6 +62,7 @@ class LogReporter:
         self._events = 0
         self._totals: dict[str, int] = {}
         self._done: dict[str, int] = {}
+        self._rate = Rate()
 
     def info(self, message: str) -> None:
         log.info(redact(message))
@@ -57,10 +77,11 @@ class LogReporter:
         self._done[ns] = self._done.get(ns, 0) + docs
         self._tick(f"snapshot: {sum(self._done.values())} documents copied")
 
-    def replay_advance(self, events: int, last: Timestamp | None) -> None:
+    def replay_advance(self, events: int, lag_s: float | None) -> None:
         self._events += events
-        lag = lag_seconds(last)
-        self._tick(f"replay: {self._events} events applied" + (f", lag {lag:.1f}s" if lag is not None else ""))
+        rate = self._rate.add(events)
+        lag = "-" if lag_s is None else f"{lag_s:.1f}s"
+        self._tick(f"replay: {self._events} events applied, {rate:,.0f} events/s, lag {lag}")
 
     def _tick(self, message: str) -> None:
         now = time.monotonic()
@@ -90,6 +111,7 @@ class RichReporter:
         self._started: dict[str, float] = {}
         self._replay: TaskID | None = None
         self._events = 0
+        self._rate = Rate()
         self._progress.start()
 
     def info(self, message: str) -> None:
@@ -120,14 +142,13 @@ class RichReporter:
         rate = done / max(time.monotonic() - started, 1e-3)
         self._progress.update(task, rate=f"{rate:,.0f} docs/s")
 
-    def replay_advance(self, events: int, last: Timestamp | None) -> None:
+    def replay_advance(self, events: int, lag_s: float | None) -> None:
         self._events += events
         if self._replay is None:
             self._replay = self._progress.add_task("replay", total=None, rate="")
-        lag = lag_seconds(last)
-        self._progress.update(
-            self._replay, completed=self._events, rate="lag " + (f"{lag:.1f}s" if lag is not None else "-")
-        )
+        rate = self._rate.add(events)
+        lag = "-" if lag_s is None else f"{lag_s:.1f}s"
+        self._progress.update(self._replay, completed=self._events, rate=f"{rate:,.0f} events/s, lag {lag}")
 
     def close(self) -> None:
         self._progress.stop()

@@ -21,18 +21,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .checkpoint import Checkpoint, CheckpointStore, SnapshotProgress
-from .config import Settings
+from .config import Settings, parse_start_at
 from .errors import ConfigError, HistoryLost, TopologyError
 from .events import ChangeEvent, Namespace, Op, Position
 from .filters import make_transform, rename_spec
-from .pipeline import CopyLimits, Throttle, copy_partitions, replay
+from .metrics import Metrics
+from .pipeline import CopyLimits, copy_partitions
 from .progress import Reporter
 from .sinks.base import Sink
 from .sinks.registry import open_sink
 from .source import catalog
-from .source.changestream import ChangeStreamReader, current_time
+from .source.changestream import ChangeStreamReader
 from .source.connection import Client, ServerInfo, make_client, probe
 from .source.partitions import ALL, Partition, plan_collection
+from .streaming import StreamApplier
 from .uri import host_set, redact
 
 
@@ -49,6 +51,7 @@ class Summary:
     events: int = 0
     snapshot: str = "skipped"
     elapsed_s: float = 0.0
+    retries: int = 0
     position: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -80,12 +83,25 @@ def source_identity(info: ServerInfo, uri: str) -> str:
 
 
 class SyncJob:
-    """One sync or catch-up run. Construct with Settings; ``await run()``."""
+    """One sync, catch-up or tail run. Construct with Settings; ``await run()``.
 
-    def __init__(self, settings: Settings, reporter: Reporter, *, command: str = "sync") -> None:
+    ``tail`` follows the stream after the snapshot phases until ``stop`` is set; ``metrics`` (optional)
+    is kept up to date for the metrics endpoint."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        reporter: Reporter,
+        *,
+        command: str = "sync",
+        stop: asyncio.Event | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.s = settings
         self.reporter = reporter
         self.command = command
+        self.stop = stop
+        self.metrics = metrics
         self.store = CheckpointStore(settings.checkpoint_path())
         self.summary = Summary(
             command=command,
@@ -93,7 +109,6 @@ class SyncJob:
             target=redact(settings.target),
             checkpoint=str(self.store.path),
         )
-        self._save_throttle = Throttle(1.0)
 
     async def run(self) -> Summary:
         started = time.monotonic()
@@ -132,37 +147,70 @@ class SyncJob:
             raise ConfigError(f"no checkpoint at {self.store.path}: run mcdc sync first (or pass --checkpoint)")
         if s.snapshot_only:
             self.reporter.warn("--snapshot-only: writes made to the source during the copy are not replayed")
-        reader = ChangeStreamReader(client, full_document=s.full_document, batch_size=s.replay_batch, max_await_ms=200)
+        # a bounded run stops at the first empty poll: a short await keeps its tail short
+        await_ms = 1000 if self.command == "tail" else 200
+        reader = ChangeStreamReader(
+            client, full_document=s.full_document, batch_size=s.replay_batch, max_await_ms=await_ms
+        )
+        force_snapshot = False
         try:
-            cp = await self._snapshot_if_needed(client, reader, sink, cp, identity)
-            if cp.snapshot.status == "copied":
-                if not s.snapshot_only:
-                    await self._replay(reader, sink, cp, snapshot_window=True)
-                specs = [rename_spec(x, s.renamer) for x in await catalog.describe(client, s.selection)]
-                self.reporter.info(f"building indexes on {len(specs)} collections")
-                await sink.finish_snapshot(specs)
-                cp.snapshot.status = "done"
-                cp.snapshot.finished_at = time.time()
-                self.store.save(cp)
-            if not s.snapshot_only:
-                await self._replay(reader, sink, cp, snapshot_window=False)
+            while True:
+                cp = await self._snapshot_if_needed(client, reader, sink, cp, identity, force=force_snapshot)
+                if self.stop is not None and self.stop.is_set():
+                    break
+                try:
+                    await self._after_snapshot(client, reader, sink, cp)
+                    break
+                except HistoryLost as exc:
+                    if s.on_history_lost != "resnapshot":
+                        raise
+                    self.reporter.warn(f"{exc}; taking a new snapshot (--on-history-lost resnapshot)")
+                    force_snapshot = True
         finally:
             await reader.close()
         self.summary.position = {
             "cluster_time": str(cp.position.cluster_time) if cp.position.cluster_time else None,
         }
 
+    async def _after_snapshot(self, client: Client, reader: ChangeStreamReader, sink: Sink, cp: Checkpoint) -> None:
+        """Finish a copied snapshot (replay its window, build indexes), then replay to now or follow."""
+        s = self.s
+        if cp.snapshot.status == "copied":
+            if not s.snapshot_only:
+                await self._replay(reader, sink, cp, snapshot_window=True)
+            specs = [rename_spec(x, s.renamer) for x in await catalog.describe(client, s.selection)]
+            self.reporter.info(f"building indexes on {len(specs)} collections")
+            await sink.finish_snapshot(specs)
+            cp.snapshot.status = "done"
+            cp.snapshot.finished_at = time.time()
+            self.store.save(cp)
+        if not s.snapshot_only:
+            await self._replay(reader, sink, cp, snapshot_window=False, follow=self.command == "tail")
+
     async def _snapshot_if_needed(
-        self, client: Client, reader: ChangeStreamReader, sink: Sink, cp: Checkpoint | None, identity: str
+        self,
+        client: Client,
+        reader: ChangeStreamReader,
+        sink: Sink,
+        cp: Checkpoint | None,
+        identity: str,
+        *,
+        force: bool = False,
     ) -> Checkpoint:
         s = self.s
         status = cp.snapshot.status if cp is not None else "none"
-        if status in ("in_progress", "copied"):
+        if status in ("in_progress", "copied") and not force:
             self.reporter.info(f"resuming the snapshot recorded in {self.store.path}")
             assert cp is not None
             return await self._copy(client, sink, cp, fresh=False)
+        if cp is None and s.start_at is not None and not force:
+            cp = Checkpoint(identity, position=Position(cluster_time=parse_start_at(s.start_at)))
+            self.store.save(cp)
+            self.reporter.info(f"no snapshot: replicating from --start-at {s.start_at} ({cp.position.cluster_time})")
+            return cp
         fresh = (
-            s.snapshot_only
+            force
+            or s.snapshot_only
             or s.snapshot == "always"
             or (s.snapshot in ("initial", "when_needed") and (cp is None or not cp.position))
         )
@@ -187,7 +235,7 @@ class SyncJob:
             await reader.close()
         specs = await catalog.describe(client, s.selection)
         targets = [rename_spec(x, s.renamer) for x in specs]
-        drop = s.drop_target or (cp is not None and status == "done")
+        drop = s.drop_target or force or (cp is not None and status == "done")
         if not drop:
             busy = await sink.existing([t.ns for t in targets if not t.is_view])
             if busy:
@@ -246,56 +294,59 @@ class SyncJob:
             todo = [p for p in plan if p.id not in cp.snapshot.done]
             counting = asyncio.create_task(self._report_totals(client, plan, cp.snapshot.done))
 
+            namespaces = {p.ns for p in plan}
+
             async def done(part: Partition, docs: int) -> None:
                 cp.snapshot.done.add(part.id)
                 self.store.save(cp)
+                if self.metrics is not None:
+                    remaining = {p.ns for p in plan if p.id not in cp.snapshot.done}
+                    self.metrics.snapshot(len(namespaces), len(remaining))
+                    self.metrics.snapshot_docs(docs)
+
+            if self.metrics is not None:
+                self.metrics.set_state("snapshot")
 
             try:
                 self.summary.documents += await copy_partitions(
-                    client, sink, todo, limits=self._limits(), rename=s.renamer, on_done=done, reporter=self.reporter
-                )
+                    client, sink, todo, limits=self._limits(), rename=s.renamer, on_done=done,
+                    reporter=self.reporter, stop=self.stop,
+                )  # fmt: skip
             finally:
                 counting.cancel()
+            if self.stop is not None and self.stop.is_set():
+                return cp  # stopped: the partitions not done are copied by the next run
             self.summary.collections = len({p.ns for p in plan})
             cp.snapshot.status = "copied"
             self.store.save(cp)
             self.summary.snapshot = "completed" if fresh else "resumed"
         return cp
 
-    async def _replay(self, reader: ChangeStreamReader, sink: Sink, cp: Checkpoint, *, snapshot_window: bool) -> None:
-        """Replay from the checkpoint up to the source's current time.
+    async def _replay(
+        self, reader: ChangeStreamReader, sink: Sink, cp: Checkpoint, *, snapshot_window: bool, follow: bool = False
+    ) -> None:
+        """Replay from the checkpoint up to the source's current time (``follow``: until stopped).
 
         In the snapshot window (changes made while the copy ran), index DDL waits for the index build
         at the end, and a collection renamed into the selection is copied again from the source: the
         snapshot may have listed it under its old name and read nothing, and the events after the
         rename then converge on the fresh copy."""
-        until = await current_time(reader.client)
-        await reader.open(cp.position)
         transform = make_transform(self.s.selection, self.s.renamer, skip_index_ddl=snapshot_window)
-
-        async def ack(position: Position, final: bool) -> None:
-            cp.position = Position(
-                resume_token=position.resume_token or cp.position.resume_token,
-                cluster_time=position.cluster_time or cp.position.cluster_time,
-            )
-            if final or self._save_throttle():
-                self.store.save(cp)
 
         async def recopy_renamed(events: Sequence[ChangeEvent]) -> None:
             for event in events:
                 if event.op is Op.RENAME and event.to is not None and self.s.selection(event.to):
                     await self._recopy(reader.client, sink, event.to)
 
-        try:
-            result = await replay(
-                reader, sink, until=until, transform=transform, on_ack=ack, reporter=self.reporter,
-                queue_batches=max(self.s.max_queue_events // self.s.replay_batch, 1),
-                after_write=recopy_renamed if snapshot_window else None,
-            )  # fmt: skip
-        finally:
-            await reader.close()
-        self.store.save(cp)
+        applier = StreamApplier(
+            reader, sink, self.store, cp, settings=self.s, reporter=self.reporter, stop=self.stop,
+            metrics=self.metrics,
+        )  # fmt: skip
+        result = await applier.run(
+            transform, to_now=not follow, after_write=recopy_renamed if snapshot_window else None
+        )
         self.summary.events += result.events
+        self.summary.retries += applier.retries
 
     async def _recopy(self, client: Client, sink: Sink, ns: Namespace) -> None:
         spec = await catalog.describe_one(client, ns)

@@ -1,0 +1,315 @@
+"""Prometheus metrics and a health endpoint for long runs (``mcdc tail``, sync, catch-up).
+
+:class:`Metrics` is a plain in-process registry: the pipeline updates dicts and numbers per batch, and
+:meth:`Metrics.render` turns them into the text exposition format 0.0.4 only when scraped.
+:func:`serve` answers ``GET /metrics`` and ``GET /health`` on a tiny asyncio HTTP/1.1 server, so no
+HTTP dependency is needed. Label values the caller passes (``set_info(source=...)``) must already be
+redacted; nothing here redacts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import re
+import time
+from collections.abc import Callable, Iterable
+from http import HTTPStatus
+from typing import Any, NamedTuple
+
+import orjson
+
+log = logging.getLogger("mcdc.metrics")
+
+STATES = ("starting", "snapshot", "streaming", "retrying", "stopping")
+
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_MAX_HEAD = 8192  # request line + headers; a scrape sends a few hundred bytes
+_READ_TIMEOUT_S = 10.0  # a client that sends nothing must not hold a connection open
+
+Samples = Iterable[tuple[dict[str, str], float]]
+
+
+class Metrics:
+    """Counters and gauges of one run; every update is a dict or attribute write, cheap per batch.
+
+    ``clock`` is the monotonic clock behind :meth:`health` (tests pass a fake one).
+    """
+
+    def __init__(
+        self,
+        *,
+        unhealthy_after_s: float = 120.0,
+        stall_after_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._clock = clock
+        self._unhealthy_after = unhealthy_after_s
+        self._stall_after = stall_after_s
+        self._events: dict[tuple[str, str], int] = {}
+        self._retries: dict[str, int] = {}
+        self._errors: dict[str, int] = {}
+        self._info: dict[str, str] = {}
+        self._lag: float | None = None
+        self._last_event_time: float | None = None
+        self._snapshot_total = 0
+        self._snapshot_remaining = 0
+        self._snapshot_docs = 0
+        self._batches = 0
+        self._state = "starting"
+        self._state_since = self._progress_at = clock()
+
+    # --- updates (hot path) ---
+
+    def events(self, op: str, ns: str, n: int = 1) -> None:
+        key = (op, ns)
+        self._events[key] = self._events.get(key, 0) + n
+
+    def set_lag(self, seconds: float | None) -> None:
+        self._lag = seconds
+
+    def set_last_event_time(self, epoch_s: float) -> None:
+        self._last_event_time = epoch_s
+
+    def snapshot(self, collections_total: int, collections_remaining: int) -> None:
+        self._snapshot_total = collections_total
+        self._snapshot_remaining = collections_remaining
+
+    def snapshot_docs(self, n: int) -> None:
+        self._snapshot_docs += n
+
+    def retry(self, what: str) -> None:
+        self._retries[what] = self._retries.get(what, 0) + 1
+
+    def error(self, what: str) -> None:
+        self._errors[what] = self._errors.get(what, 0) + 1
+
+    def batch_applied(self) -> None:
+        """Count a batch the sink acknowledged; it is also the progress :meth:`health` watches."""
+        self._batches += 1
+        self._progress_at = self._clock()
+
+    def heartbeat(self) -> None:
+        """Record progress without a batch: an idle source's empty stream batch is not a stall."""
+        self._progress_at = self._clock()
+
+    def set_state(self, state: str) -> None:
+        if state not in STATES:
+            raise ValueError(f"unknown state {state!r}; expected one of {', '.join(STATES)}")
+        if state == self._state:
+            return  # keep the time the state was entered: "retrying for 2 minutes" counts from the first
+        now = self._clock()
+        self._state, self._state_since = state, now
+        if state == "streaming":
+            self._progress_at = now  # the stall clock starts when streaming does, not at the last snapshot batch
+
+    def set_info(self, **labels: str) -> None:
+        for name in labels:
+            if not _LABEL_NAME.fullmatch(name) or name.startswith("__"):
+                raise ValueError(f"invalid Prometheus label name {name!r}")
+        self._info = {name: str(value) for name, value in labels.items()}
+
+    # --- reads ---
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """Whether the run is healthy, and the state, lag and progress age behind the verdict."""
+        now = self._clock()
+        in_state = now - self._state_since
+        since_progress = now - self._progress_at
+        reason = None
+        if self._state == "retrying" and in_state > self._unhealthy_after:
+            reason = f"retrying for {in_state:.0f}s (limit {self._unhealthy_after:g}s)"
+        elif self._state == "streaming" and since_progress > self._stall_after:
+            reason = f"no progress for {since_progress:.0f}s while streaming (limit {self._stall_after:g}s)"
+        detail: dict[str, Any] = {
+            "state": self._state,
+            "lag_seconds": self._lag,
+            "seconds_since_progress": round(since_progress, 3),
+            "seconds_in_state": round(in_state, 3),
+        }
+        if reason is not None:
+            detail["reason"] = reason
+        return reason is None, detail
+
+    def render(self) -> str:
+        """The registry in the Prometheus text exposition format 0.0.4."""
+        nan = math.nan  # an unknown gauge is NaN, not 0: a 0 lag would read as "caught up"
+        families: list[tuple[str, str, str, Samples]] = [
+            ("mcdc_info", "gauge", "Run information; the value is always 1.", [(self._info, 1)]),
+            (
+                "mcdc_state",
+                "gauge",
+                "Replicator state: 1 for the current state, 0 for the others.",
+                [({"state": s}, int(s == self._state)) for s in STATES],
+            ),
+            (
+                "mcdc_events_total",
+                "counter",
+                "Change events applied, by operation and namespace.",
+                [({"op": op, "namespace": ns}, n) for (op, ns), n in sorted(self._events.items())],
+            ),
+            ("mcdc_batches_total", "counter", "Batches the sink acknowledged.", [({}, self._batches)]),
+            (
+                "mcdc_lag_seconds",
+                "gauge",
+                "Seconds the last applied event's cluster time is behind the clock; NaN when unknown.",
+                [({}, nan if self._lag is None else self._lag)],
+            ),
+            (
+                "mcdc_last_applied_timestamp_seconds",
+                "gauge",
+                "Cluster time of the last applied event, in Unix seconds; NaN before the first.",
+                [({}, nan if self._last_event_time is None else self._last_event_time)],
+            ),
+            (
+                "mcdc_snapshot_collections_total",
+                "gauge",
+                "Collections the snapshot plans to copy.",
+                [({}, self._snapshot_total)],
+            ),
+            (
+                "mcdc_snapshot_collections_remaining",
+                "gauge",
+                "Collections the snapshot has not finished copying.",
+                [({}, self._snapshot_remaining)],
+            ),
+            (
+                "mcdc_snapshot_documents_scanned_total",
+                "counter",
+                "Documents the snapshot read from the source.",
+                [({}, self._snapshot_docs)],
+            ),
+            ("mcdc_retries_total", "counter", "Retried operations, by what was retried.", _by_what(self._retries)),
+            ("mcdc_errors_total", "counter", "Errors, by where they happened.", _by_what(self._errors)),
+        ]
+        lines: list[str] = []
+        for name, kind, help_text, samples in families:
+            lines.append(f"# HELP {name} {_escape_help(help_text)}")
+            lines.append(f"# TYPE {name} {kind}")
+            lines.extend(f"{name}{_labels(labels)} {_number(value)}" for labels, value in samples)
+        return "\n".join(lines) + "\n"
+
+
+def _by_what(counts: dict[str, int]) -> Samples:
+    return [({"what": what}, n) for what, n in sorted(counts.items())]
+
+
+def _labels(labels: dict[str, str]) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{name}="{_escape_label(value)}"' for name, value in labels.items()) + "}"
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(value)  # shortest round-trip form, e.g. 1e-05 or 1700000000.25, which Go's ParseFloat reads
+
+
+# --- HTTP ---
+
+
+class _Response(NamedTuple):
+    status: int
+    content_type: str = "text/plain; charset=utf-8"
+    body: bytes = b""
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+async def serve(metrics: Metrics, port: int, host: str = "127.0.0.1") -> asyncio.Server:
+    """Serve ``GET /metrics`` and ``GET /health`` on ``host:port`` (0 picks a free port).
+
+    The caller owns the returned server: ``server.sockets[0].getsockname()[1]`` is the bound port, and
+    ``server.close(); await server.wait_closed()`` stops it.
+    """
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _handle(metrics, reader, writer)
+
+    return await asyncio.start_server(handle, host, port, limit=_MAX_HEAD)
+
+
+async def _handle(metrics: Metrics, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """One request, one response, then close; a failure is logged and the connection dropped."""
+    try:
+        try:
+            async with asyncio.timeout(_READ_TIMEOUT_S):
+                head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError as exc:
+            if not exc.partial:
+                return  # connected and closed without a byte: a port probe
+            response, send_body = _text(HTTPStatus.BAD_REQUEST, "incomplete request\n"), True
+        except asyncio.LimitOverrunError:
+            response, send_body = _text(HTTPStatus.BAD_REQUEST, "request headers too large\n"), True
+        else:
+            response, send_body = _respond(metrics, head)
+        writer.write(_encode(response, send_body))
+        await writer.drain()
+    except (TimeoutError, ConnectionError):
+        log.debug("metrics: client went away or sent nothing", exc_info=True)
+    except Exception:
+        log.warning("metrics: dropped a request", exc_info=True)
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+
+
+def _respond(metrics: Metrics, head: bytes) -> tuple[_Response, bool]:
+    """The response to a request head, and whether to send its body (not for HEAD)."""
+    try:
+        request_line = head.split(b"\r\n", 1)[0].decode("ascii")
+    except UnicodeDecodeError:
+        return _text(HTTPStatus.BAD_REQUEST, "request line is not ASCII\n"), True
+    parts = request_line.split(" ")
+    if len(parts) != 3 or not parts[1].startswith("/") or not parts[2].startswith("HTTP/1."):
+        return _text(HTTPStatus.BAD_REQUEST, "malformed request line\n"), True
+    method, target, _ = parts
+    path = target.split("?", 1)[0]
+    if path not in ("/metrics", "/health"):
+        return _text(HTTPStatus.NOT_FOUND, "not found; try /metrics or /health\n"), method != "HEAD"
+    if method not in ("GET", "HEAD"):
+        response = _text(HTTPStatus.METHOD_NOT_ALLOWED, "use GET\n")
+        return response._replace(headers=(("Allow", "GET, HEAD"),)), True
+    try:
+        if path == "/metrics":
+            response = _Response(HTTPStatus.OK, _CONTENT_TYPE, metrics.render().encode())
+        else:
+            ok, detail = metrics.health()
+            body = orjson.dumps({"healthy": ok, **detail})
+            response = _Response(HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE, "application/json", body)
+    except Exception:
+        log.exception("metrics: could not answer %s", path)
+        response = _text(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error\n")
+    return response, method != "HEAD"
+
+
+def _text(status: HTTPStatus, message: str) -> _Response:
+    return _Response(status, body=message.encode())
+
+
+def _encode(response: _Response, send_body: bool) -> bytes:
+    headers = [
+        ("Content-Type", response.content_type),
+        ("Content-Length", str(len(response.body))),
+        ("Connection", "close"),
+        *response.headers,
+    ]
+    head = f"HTTP/1.1 {response.status} {HTTPStatus(response.status).phrase}\r\n"
+    head += "".join(f"{name}: {value}\r\n" for name, value in headers) + "\r\n"
+    return head.encode("ascii") + (response.body if send_body else b"")

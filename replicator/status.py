@@ -1,0 +1,75 @@
+"""``mcdc status``: what a checkpoint says, and how far behind the source it is."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bson.timestamp import Timestamp
+
+from .checkpoint import CheckpointStore
+from .errors import ConfigError
+from .source.changestream import current_time
+from .source.connection import make_client, probe
+from .source.partitions import Partition
+
+
+def _iso(epoch_s: float | None) -> str | None:
+    if epoch_s is None:
+        return None
+    return datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+async def checkpoint_status(path: Path, source: str | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
+    """Position, age, lag and snapshot state of a checkpoint. Without ``source`` the lag is measured
+    against this machine's clock; with it, against the source's latest operation time."""
+    cp = CheckpointStore(path).load()
+    if cp is None:
+        raise ConfigError(f"no checkpoint at {path}")
+    now = time.time()
+    position_time: Timestamp | None = cp.position.cluster_time
+    source_time: Timestamp | None = None
+    if source is not None:
+        client = make_client(source, timeout_s=timeout_s)
+        try:
+            await probe(client, source, "source")
+            source_time = await current_time(client)
+        finally:
+            await client.close()
+    reference = source_time.time if source_time is not None else now
+    plan = [Partition.from_json(p) for p in cp.snapshot.plan]
+    return {
+        "checkpoint": str(path),
+        "source": cp.source_id,
+        "position": {
+            "cluster_time": str(position_time) if position_time else None,
+            "time": _iso(position_time.time) if position_time else None,
+            "has_resume_token": cp.position.resume_token is not None,
+        },
+        "updated_at": _iso(cp.updated_at),
+        "age_s": round(now - cp.updated_at, 3),
+        "lag_s": round(max(0.0, reference - position_time.time), 3) if position_time else None,
+        "lag_measured_against": "source" if source_time is not None else "local clock",
+        "snapshot": {
+            "status": cp.snapshot.status,
+            "partitions_done": len(cp.snapshot.done),
+            "partitions_total": len(plan),
+            "collections_total": len({p.ns for p in plan}),
+            "collections_remaining": len({p.ns for p in plan if p.id not in cp.snapshot.done}),
+        },
+    }
+
+
+def status_lines(status: dict[str, Any]) -> list[str]:
+    snap = status["snapshot"]
+    lag = status["lag_s"]
+    return [
+        f"checkpoint {status['checkpoint']} (source {status['source']})",
+        f"position   {status['position']['time'] or '-'} ({status['position']['cluster_time'] or 'no time'})",
+        f"lag        {'-' if lag is None else f'{lag:.1f} s'} (against the {status['lag_measured_against']})",
+        f"updated    {status['updated_at']} ({status['age_s']:.1f} s ago)",
+        f"snapshot   {snap['status']}: {snap['partitions_done']}/{snap['partitions_total']} partitions, "
+        f"{snap['collections_remaining']}/{snap['collections_total']} collections remaining",
+    ]

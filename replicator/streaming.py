@@ -1,0 +1,151 @@
+"""Replaying the change stream into a sink from the checkpoint, through outages.
+
+One loop for ``catch-up`` (up to a cluster time) and ``tail`` (until asked to stop): open the stream at
+the checkpoint's position, apply batches (pipeline.replay), move the checkpoint after each acknowledged
+batch. A retryable failure of the source or the sink (network, election, restart, outage) closes the
+stream, waits with backoff and reopens it at the last acknowledged position: events after it are read
+again and re-applied idempotently, none is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+
+from bson.timestamp import Timestamp
+from pymongo.errors import PyMongoError
+
+from .checkpoint import Checkpoint, CheckpointStore
+from .config import Settings
+from .errors import ConnectionFailed
+from .events import ChangeEvent, Position
+from .metrics import Metrics
+from .pipeline import ReplayResult, Throttle, Transform, replay
+from .progress import Reporter
+from .retry import Backoff, is_retryable, sleep_or_stop
+from .sinks.base import Sink
+from .source.changestream import ChangeStreamReader, current_time
+from .source.connection import server_message
+
+log = logging.getLogger("mcdc.stream")
+
+
+class StreamApplier:
+    """Applies one change stream to a sink and keeps the checkpoint at the last acknowledged batch."""
+
+    def __init__(
+        self,
+        reader: ChangeStreamReader,
+        sink: Sink,
+        store: CheckpointStore,
+        checkpoint: Checkpoint,
+        *,
+        settings: Settings,
+        reporter: Reporter,
+        stop: asyncio.Event | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.reader = reader
+        self.sink = sink
+        self.store = store
+        self.cp = checkpoint
+        self.reporter = reporter
+        self.stop = stop
+        self.metrics = metrics
+        self.backoff = Backoff(settings.retry_initial_s, settings.retry_max_s, settings.max_retries)
+        self.queue_batches = max(settings.max_queue_events // settings.replay_batch, 1)
+        self.retries = 0
+        self._attempt = 0
+        self._save = Throttle(1.0)
+
+    async def run(
+        self,
+        transform: Transform,
+        *,
+        until: Timestamp | None = None,
+        to_now: bool = False,
+        after_write: Callable[[Sequence[ChangeEvent]], Awaitable[None]] | None = None,
+    ) -> ReplayResult:
+        """Replay up to ``until`` (``to_now``: the source's time when this call starts), or until ``stop``
+        is set when neither is given. Returns what was applied."""
+        result = ReplayResult()
+        while True:
+            try:
+                if to_now and until is None:
+                    until = await current_time(self.reader.client)
+                await self.reader.open(self.cp.position)
+                await replay(
+                    self.reader, self.sink, until=until, transform=transform, on_ack=self._ack,
+                    reporter=self.reporter, queue_batches=self.queue_batches, after_write=after_write,
+                    stop=self.stop, result=result,
+                )  # fmt: skip
+                break
+            except Exception as exc:
+                if not is_retryable(exc):
+                    raise
+                if await self._wait_before_retry(exc):
+                    break
+            finally:
+                await self.reader.close()
+        self.store.save(self.cp)
+        return result
+
+    async def _ack(self, position: Position, events: Sequence[ChangeEvent]) -> None:
+        self._attempt = 0  # progress: the next failure starts the backoff again
+        self.cp.position = Position(
+            resume_token=position.resume_token or self.cp.position.resume_token,
+            cluster_time=position.cluster_time or self.cp.position.cluster_time,
+        )
+        if self.metrics is not None:
+            self._measure(events)
+        if self._save():
+            self.store.save(self.cp)
+
+    def _measure(self, events: Sequence[ChangeEvent]) -> None:
+        metrics = self.metrics
+        assert metrics is not None
+        metrics.set_state("streaming")
+        if not events:  # the server had nothing more: caught up
+            metrics.heartbeat()
+            metrics.set_lag(0.0)
+            return
+        counts = Counter((e.op.value, str(e.ns)) for e in events)
+        for (op, ns), n in counts.items():
+            metrics.events(op, ns, n)
+        metrics.batch_applied()
+        last = self.cp.position.cluster_time
+        if last is not None:
+            metrics.set_last_event_time(float(last.time))
+            metrics.set_lag(max(0.0, time.time() - last.time))
+
+    async def _wait_before_retry(self, exc: Exception) -> bool:
+        """Back off after a retryable failure; True when asked to stop meanwhile."""
+        self._attempt += 1
+        self.retries += 1
+        reason = server_message(exc) if isinstance(exc, PyMongoError) else str(exc) or type(exc).__name__
+        if self.backoff.gives_up(self._attempt):
+            if self.metrics is not None:
+                self.metrics.error("gave_up")
+            raise ConnectionFailed(
+                f"gave up after {self._attempt - 1} retries (--max-retries {self.backoff.max_retries}): {reason}"
+            ) from None
+        if self.metrics is not None:
+            self.metrics.retry("stream" if _from_source(exc) else "sink")
+            self.metrics.set_state("retrying")
+        delay = self.backoff.delay(self._attempt)
+        limit = "" if self.backoff.max_retries < 0 else f"/{self.backoff.max_retries}"
+        self.reporter.warn(f"{reason}; retrying in {delay:.1f}s (attempt {self._attempt}{limit})")
+        return await sleep_or_stop(delay, self.stop)
+
+
+def _from_source(exc: Exception) -> bool:
+    """Best effort for the retries metric: did the error come from reading the change stream?"""
+    tb = exc.__traceback__
+    while tb is not None:
+        if "changestream" in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
