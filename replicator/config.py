@@ -114,6 +114,7 @@ _INT_FIELDS = {
     "max_queue_events",
     "max_retries",
     "verify_sample",
+    "metrics_port",
 }
 _FLOAT_FIELDS = {"retry_initial_s", "retry_max_s", "connect_timeout_s"}
 

@@ -78,3 +78,22 @@ def test_redact_hides_credentials_everywhere() -> None:
     out = redact(text)
     assert "s3cr" not in out and "password=x" not in out and "u:p@" not in out
     assert "mongodb://***@h1:27017,h2/" in out
+
+
+def test_tail_settings() -> None:
+    from bson.timestamp import Timestamp
+
+    from replicator.config import parse_start_at
+
+    s = resolve({"source": SRC, "target": DST}, env={"MCDC_METRICS_PORT": "9464", "MCDC_MAX_RETRIES": "-1"})
+    assert (s.metrics_port, s.max_retries, s.metrics_host) == (9464, -1, "127.0.0.1")
+    assert parse_start_at("1700000000,5") == Timestamp(1700000000, 5)
+    assert parse_start_at("2023-11-14T22:13:20Z") == Timestamp(1700000000, 1)
+    assert parse_start_at("2023-11-14T22:13:20") == Timestamp(1700000000, 1)  # no zone: UTC
+    for bad, message in (("yesterday", "neither an ISO-8601"), ("1,x", "two whole numbers")):
+        with pytest.raises(ConfigError, match=message):
+            resolve({"source": SRC, "target": DST, "start_at": bad}, env={})
+    with pytest.raises(ConfigError, match="--on-history-lost"):
+        resolve({"source": SRC, "target": DST, "on_history_lost": "ignore"}, env={})
+    with pytest.raises(ConfigError, match="--metrics-port"):
+        resolve({"source": SRC, "target": DST, "metrics_port": 70000}, env={})

@@ -1,0 +1,219 @@
+"""mcdc tail against real servers: convergence under a workload, kill -9, SIGTERM, source restart,
+target outage, metrics and status."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pymongo
+import pytest
+
+from tests.support.compare import assert_identical
+from tests.support.servers import ServerPair, free_port
+
+pytestmark = pytest.mark.integration
+
+
+def _tail(source: str, target: str, cp: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    args = [sys.executable, "-m", "replicator.cli", "tail", "-s", source, "-t", target, "-c", str(cp)]
+    args += ["--no-progress", "--retry-initial-delay", "0.2", "--retry-max-delay", "1", *extra]
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}
+    )
+    _STARTED.append(proc)
+    return proc
+
+
+_STARTED: list[subprocess.Popen[str]] = []
+
+
+def _wait(condition: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except (AssertionError, pymongo.errors.PyMongoError) as exc:
+            last = exc
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}: {last}")
+
+
+def _converged(source: str, target: str) -> Callable[[], bool]:
+    def check() -> bool:
+        assert_identical(source, target)
+        return True
+
+    return check
+
+
+def _stop(proc: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout: float = 30) -> tuple[int, str, str]:
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def _workload(uri: str, rounds: int, seed: int) -> None:
+    """Every op kind, transactions and DDL, in random order."""
+    rng = random.Random(seed)
+    with pymongo.MongoClient(uri) as client:
+        db = client.work
+        for r in range(rounds):
+            i = rng.randrange(200)
+            kind = rng.choice(["insert", "update", "unset", "replace", "delete", "txn", "many", "push"])
+            coll = db[rng.choice(["a", "b"])]
+            if kind == "insert":
+                coll.update_one({"_id": i}, {"$setOnInsert": {"v": r, "arr": [1, 2, 3]}}, upsert=True)
+            elif kind == "update":
+                coll.update_one({"_id": i}, {"$set": {"v": r, "sub.x": r}, "$inc": {"n": 1}})
+            elif kind == "unset":
+                coll.update_one({"_id": i}, {"$unset": {"v": ""}})
+            elif kind == "push":
+                coll.update_one({"_id": i}, {"$push": {"arr": {"$each": [r], "$slice": -2}}})
+            elif kind == "replace":
+                coll.replace_one({"_id": i}, {"r": r, "z": -0.0}, upsert=True)
+            elif kind == "delete":
+                coll.delete_one({"_id": i})
+            elif kind == "many":
+                coll.update_many({"_id": {"$lt": 20}}, {"$inc": {"m": 1}})
+            else:
+                with client.start_session() as s, s.start_transaction():
+                    db.a.update_one({"_id": i}, {"$set": {"t": r}}, upsert=True, session=s)
+                    db.b.delete_one({"_id": i}, session=s)
+            if r == rounds // 3:
+                db[f"tmp{seed}"].insert_many([{"_id": k} for k in range(5)])
+                db[f"tmp{seed}"].create_index("k")
+                db[f"tmp{seed}"].rename(f"tmp{seed}_renamed")
+            if r == rounds // 2:
+                db[f"tmp{seed}_renamed"].drop()
+                db.create_collection(f"fresh{seed}", capped=True, size=1 << 16)
+                db[f"fresh{seed}"].insert_one({"_id": 1})
+
+
+def test_sigterm_exits_0_and_resumes_without_gaps(source_uri: str, target_uri: str, tmp_path: Path) -> None:
+    cp = tmp_path / "cp.json"
+    proc = _tail(source_uri, target_uri, cp, "--snapshot", "never")
+    _wait(cp.exists, what="the first checkpoint")
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.insert_many([{"_id": i} for i in range(100)])
+    _wait(_converged(source_uri, target_uri), what="the first inserts")
+    code, out, err = _stop(proc)
+    assert code == 0, err
+    assert "tail finished" in out
+    saved = json.loads(cp.read_text())
+    assert saved["position"]["resume_token"] is not None
+    with pymongo.MongoClient(source_uri) as client:  # written while no tail runs
+        client.db.c.delete_many({"_id": {"$lt": 50}})
+        client.db.c.insert_one({"_id": "gap"})
+    proc = _tail(source_uri, target_uri, cp)
+    _wait(_converged(source_uri, target_uri), what="the writes made while stopped")
+    assert _stop(proc)[0] == 0
+
+
+def test_converges_under_a_workload_with_kill_9(source_uri: str, target_uri: str, tmp_path: Path) -> None:
+    cp = tmp_path / "cp.json"
+    with pymongo.MongoClient(source_uri) as client:
+        client.work.a.insert_many([{"_id": i, "v": 0} for i in range(100)])
+    proc = _tail(source_uri, target_uri, cp)  # --snapshot initial: copies work.a first
+    for seed in range(4):
+        _workload(source_uri, 150, seed)
+        time.sleep(random.Random(seed).uniform(0.1, 0.8))
+        proc.kill()  # kill -9 mid-stream
+        proc.wait()
+        proc = _tail(source_uri, target_uri, cp)
+    _workload(source_uri, 100, 99)
+    _wait(_converged(source_uri, target_uri), timeout=120, what="convergence after kill -9")
+    assert _stop(proc)[0] == 0
+
+
+def test_source_restart_and_target_outage(
+    servers: ServerPair, source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    if servers.source is None or servers.target is None:
+        pytest.skip("external servers cannot be restarted by the tests")
+    cp = tmp_path / "cp.json"
+    port = free_port()
+    fast_fail = {"MCDC_CONNECT_TIMEOUT_S": "1"}  # an outage longer than this surfaces as an error to retry
+    args = ("--snapshot", "never", "--metrics-port", str(port), "--max-retries", "-1")
+    proc = _tail(source_uri, target_uri, cp, *args, env=fast_fail)
+    _wait(cp.exists, what="the first checkpoint")
+    _workload(source_uri, 50, 1)
+    _wait(_converged(source_uri, target_uri), what="first convergence")
+
+    servers.source.restart()  # the source goes away and comes back
+    _workload(source_uri, 50, 2)
+    _wait(_converged(source_uri, target_uri), timeout=90, what="convergence after a source restart")
+
+    servers.target.stop()  # the target goes away for a while; the source keeps taking writes
+    _workload(source_uri, 50, 3)
+    _wait(lambda: _retries(port).get("sink", 0) >= 1, timeout=30, what="a retry of the sink")
+    assert _http(port, "/health")[0] in (200, 503)
+    servers.target.start()
+    _wait(_converged(source_uri, target_uri), timeout=90, what="convergence after a target outage")
+
+    status, body = _http(port, "/metrics")
+    assert status == 200
+    assert "mcdc_lag_seconds" in body and 'mcdc_events_total{op="u"' in body
+    _wait(lambda: _http(port, "/health")[0] == 200, timeout=30, what="healthy again")
+    code, _, err = _stop(proc)
+    assert code == 0, err
+    assert "retrying in" in err  # the outage was logged, once per attempt
+
+
+def _retries(port: int) -> dict[str, float]:
+    out = {}
+    for line in _http(port, "/metrics")[1].splitlines():
+        if line.startswith("mcdc_retries_total{"):
+            what = line.split('what="', 1)[1].split('"', 1)[0]
+            out[what] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def _http(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_status_reports_position_and_lag(source_uri: str, target_uri: str, tmp_path: Path) -> None:
+    cp = tmp_path / "cp.json"
+    proc = _tail(source_uri, target_uri, cp, "--snapshot", "never")
+    _wait(cp.exists, what="the first checkpoint")
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.insert_one({"_id": 1})
+    _wait(_converged(source_uri, target_uri))
+    assert _stop(proc)[0] == 0
+    out = subprocess.run(
+        [sys.executable, "-m", "replicator.cli", "status", "-c", str(cp), "-s", source_uri, "--json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["lag_s"] is not None and data["lag_s"] < 60 and data["lag_measured_against"] == "source"
+    assert data["position"]["has_resume_token"] and data["snapshot"]["status"] == "none"
+    human = subprocess.run(
+        [sys.executable, "-m", "replicator.cli", "status", "-c", str(cp)], capture_output=True, text=True, timeout=60
+    )
+    assert human.returncode == 0 and "lag" in human.stdout
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_processes() -> Iterator[None]:
+    yield
+    while _STARTED:  # a failed test must not leave a tail running
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
