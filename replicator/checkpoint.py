@@ -53,6 +53,7 @@ class Checkpoint:
     position: Position = field(default_factory=Position)
     snapshot: SnapshotProgress = field(default_factory=SnapshotProgress)
     updated_at: float = 0.0
+    shards: dict[str, Position] = field(default_factory=dict)  # per-shard stream positions
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -60,12 +61,8 @@ class Checkpoint:
             "version": VERSION,
             "source": self.source_id,
             "updated_at": self.updated_at,
-            "position": {
-                "resume_token": to_jsonable(self.position.resume_token)
-                if self.position.resume_token is not None
-                else None,
-                "cluster_time": ts_to_json(self.position.cluster_time),
-            },
+            "position": _position_json(self.position),
+            "shards": {name: _position_json(pos) for name, pos in sorted(self.shards.items())},
             "snapshot": {
                 "status": self.snapshot.status,
                 "plan": self.snapshot.plan,
@@ -82,15 +79,11 @@ class Checkpoint:
             raise ValueError("not an mcdc checkpoint")
         if data.get("version") != VERSION:
             raise ValueError(f"checkpoint version {data.get('version')!r} is not supported (expected {VERSION})")
-        pos = data.get("position") or {}
-        token = pos.get("resume_token")
         snap = data.get("snapshot") or {}
         return cls(
             source_id=str(data["source"]),
-            position=Position(
-                resume_token=from_jsonable(token) if token is not None else None,
-                cluster_time=ts_from_json(pos.get("cluster_time")),
-            ),
+            position=_position_from_json(data.get("position")),
+            shards={str(k): _position_from_json(v) for k, v in (data.get("shards") or {}).items()},
             snapshot=SnapshotProgress(
                 status=str(snap.get("status", "none")),
                 plan=list(snap.get("plan") or []),
@@ -101,6 +94,23 @@ class Checkpoint:
             ),
             updated_at=float(data.get("updated_at") or 0.0),
         )
+
+
+def _position_json(position: Position) -> dict[str, Any]:
+    token = position.resume_token
+    return {
+        "resume_token": to_jsonable(token) if token is not None else None,
+        "cluster_time": ts_to_json(position.cluster_time),
+    }
+
+
+def _position_from_json(data: Any) -> Position:
+    data = data or {}
+    token = data.get("resume_token")
+    return Position(
+        resume_token=from_jsonable(token) if token is not None else None,
+        cluster_time=ts_from_json(data.get("cluster_time")),
+    )
 
 
 class CheckpointStore:

@@ -70,6 +70,12 @@ Split = Annotated[
     str | None,
     typer.Option("--split", help="Split large collections into _id ranges: auto (when index-bounded), always, never."),
 ]
+ShardOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--shard", help="A shard's replica set URI: one change stream each (repeatable; default: listShards)."
+    ),
+]
 BatchDocs = Annotated[int | None, typer.Option("--batch-docs", help="Documents per write batch. [default: 1000]")]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log debug details.")]
 
@@ -249,6 +255,7 @@ def tail(
     ] = None,
     snapshot: Snapshot = None,
     workers: Workers = None,
+    shards: ShardOpt = None,
     on_history_lost: Annotated[
         str | None, typer.Option("--on-history-lost", help="fail | resnapshot, when the position left the oplog.")
     ] = None,

@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 from bson.timestamp import Timestamp
 
-from .events import ChangeEvent, Namespace, Position
+from .events import ChangeEvent, Namespace
 from .normalize import snapshot_read
 from .progress import Reporter, lag_seconds
 from .sinks.base import Sink
@@ -179,7 +179,7 @@ async def replay(
     *,
     until: Timestamp | None,
     transform: Transform,
-    on_ack: Callable[[Position, Sequence[ChangeEvent]], Awaitable[None]],
+    on_ack: Callable[[Batch, Sequence[ChangeEvent]], Awaitable[None]],
     reporter: Reporter,
     queue_batches: int,
     after_write: Callable[[Sequence[ChangeEvent]], Awaitable[None]] | None = None,
@@ -191,7 +191,7 @@ async def replay(
     retries after an error keeps them.
 
     ``after_write(events)`` (the batch as read, before transform) runs once the sink acknowledged the
-    batch, and ``on_ack(position, applied events)`` after that."""
+    batch, and ``on_ack(batch, applied events)`` after that."""
     result = result if result is not None else ReplayResult()
     async for batch in read_ahead(reader.batches(until=until), queue_batches):
         events = [e for e in map(transform, batch.events) if e is not None]
@@ -205,8 +205,8 @@ async def replay(
             result.last_time = batch.events[-1].position.cluster_time or result.last_time
         # a batch without events is the server saying "nothing more": caught up, no lag
         reporter.replay_advance(len(events), lag_seconds(result.last_time) if batch.events else 0.0)
-        if batch.position:
-            await on_ack(batch.position, events)
+        if batch.position or batch.shard_positions:
+            await on_ack(batch, events)
         if stop is not None and stop.is_set():
             break
     return result

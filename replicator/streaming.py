@@ -27,8 +27,9 @@ from .pipeline import ReplayResult, Throttle, Transform, replay
 from .progress import Reporter
 from .retry import Backoff, is_retryable, sleep_or_stop
 from .sinks.base import Sink
-from .source.changestream import ChangeStreamReader, current_time
+from .source.changestream import Batch, ChangeStreamReader, current_time
 from .source.connection import server_message
+from .source.shards import MergedReader
 
 log = logging.getLogger("mcdc.stream")
 
@@ -38,7 +39,7 @@ class StreamApplier:
 
     def __init__(
         self,
-        reader: ChangeStreamReader,
+        reader: ChangeStreamReader | MergedReader,
         sink: Sink,
         store: CheckpointStore,
         checkpoint: Checkpoint,
@@ -76,7 +77,10 @@ class StreamApplier:
             try:
                 if to_now and until is None:
                     until = await current_time(self.reader.client)
-                await self.reader.open(self.cp.position)
+                if isinstance(self.reader, MergedReader):
+                    await self.reader.open(self.cp.shards, self.cp.position)
+                else:
+                    await self.reader.open(self.cp.position)
                 await replay(
                     self.reader, self.sink, until=until, transform=transform, on_ack=self._ack,
                     reporter=self.reporter, queue_batches=self.queue_batches, after_write=after_write,
@@ -93,12 +97,12 @@ class StreamApplier:
         self.store.save(self.cp)
         return result
 
-    async def _ack(self, position: Position, events: Sequence[ChangeEvent]) -> None:
+    async def _ack(self, batch: Batch, events: Sequence[ChangeEvent]) -> None:
         self._attempt = 0  # progress: the next failure starts the backoff again
-        self.cp.position = Position(
-            resume_token=position.resume_token or self.cp.position.resume_token,
-            cluster_time=position.cluster_time or self.cp.position.cluster_time,
-        )
+        for name, position in (batch.shard_positions or {}).items():
+            self.cp.shards[name] = _advance(self.cp.shards.get(name), position)
+        if batch.shard_positions is None or events:
+            self.cp.position = _advance(self.cp.position, batch.position)
         if self.metrics is not None:
             self._measure(events)
         if self._save():
@@ -141,11 +145,20 @@ class StreamApplier:
         return await sleep_or_stop(delay, self.stop)
 
 
+def _advance(old: Position | None, new: Position) -> Position:
+    """The newer position; a post-batch token carries no time, so the last known time stays."""
+    if old is None:
+        return new
+    return Position(
+        resume_token=new.resume_token or old.resume_token, cluster_time=new.cluster_time or old.cluster_time
+    )
+
+
 def _from_source(exc: Exception) -> bool:
     """Best effort for the retries metric: did the error come from reading the change stream?"""
     tb = exc.__traceback__
     while tb is not None:
-        if "changestream" in tb.tb_frame.f_code.co_filename:
+        if tb.tb_frame.f_code.co_filename.endswith(("changestream.py", "shards.py")):
             return True
         tb = tb.tb_next
     return False

@@ -34,8 +34,11 @@ from .source import catalog
 from .source.changestream import ChangeStreamReader
 from .source.connection import Client, ServerInfo, make_client, probe
 from .source.partitions import ALL, Partition, plan_collection
+from .source.shards import MergedReader, Shard, discover
 from .streaming import StreamApplier
 from .uri import host_set, redact
+
+Reader = ChangeStreamReader | MergedReader
 
 
 @dataclass
@@ -149,9 +152,15 @@ class SyncJob:
             self.reporter.warn("--snapshot-only: writes made to the source during the copy are not replayed")
         # a bounded run stops at the first empty poll: a short await keeps its tail short
         await_ms = 1000 if self.command == "tail" else 200
-        reader = ChangeStreamReader(
-            client, full_document=s.full_document, batch_size=s.replay_batch, max_await_ms=await_ms
-        )
+        shards = await self._shards(client, info)
+        reader: Reader
+        if shards:
+            self.reporter.info("one change stream per shard: " + ", ".join(str(sh) for sh in shards))
+            reader = MergedReader({sh.name: await self._shard_reader(sh) for sh in shards}, batch_size=s.replay_batch)
+        else:
+            reader = ChangeStreamReader(
+                client, full_document=s.full_document, batch_size=s.replay_batch, max_await_ms=await_ms
+            )
         force_snapshot = False
         try:
             while True:
@@ -167,12 +176,15 @@ class SyncJob:
                     self.reporter.warn(f"{exc}; taking a new snapshot (--on-history-lost resnapshot)")
                     force_snapshot = True
         finally:
-            await reader.close()
+            if isinstance(reader, MergedReader):
+                await reader.close_clients()
+            else:
+                await reader.close()
         self.summary.position = {
             "cluster_time": str(cp.position.cluster_time) if cp.position.cluster_time else None,
         }
 
-    async def _after_snapshot(self, client: Client, reader: ChangeStreamReader, sink: Sink, cp: Checkpoint) -> None:
+    async def _after_snapshot(self, client: Client, reader: Reader, sink: Sink, cp: Checkpoint) -> None:
         """Finish a copied snapshot (replay its window, build indexes), then replay to now or follow."""
         s = self.s
         if cp.snapshot.status == "copied":
@@ -190,7 +202,7 @@ class SyncJob:
     async def _snapshot_if_needed(
         self,
         client: Client,
-        reader: ChangeStreamReader,
+        reader: Reader,
         sink: Sink,
         cp: Checkpoint | None,
         identity: str,
@@ -216,23 +228,21 @@ class SyncJob:
         )
         if cp is not None and not fresh and s.snapshot == "when_needed":
             try:  # the saved position must still be in the oplog, or the data is copied again
-                await reader.open(cp.position)
+                await _open(reader, cp)
                 await reader.close()
             except HistoryLost as exc:
                 self.reporter.warn(f"{exc}; taking a new snapshot (--snapshot when_needed)")
                 fresh = True
         if not fresh:
             if cp is None:
-                position = await reader.position_now()
-                await reader.close()
-                cp = Checkpoint(identity, position=position)
+                position, shard_positions = await _capture(reader)
+                cp = Checkpoint(identity, position=position, shards=shard_positions)
                 self.store.save(cp)
                 self.reporter.info("no snapshot (--snapshot never): replicating from now")
             return cp
-        position = Position()
+        position, shard_positions = Position(), {}
         if not s.snapshot_only:
-            position = await reader.position_now()
-            await reader.close()
+            position, shard_positions = await _capture(reader)
         specs = await catalog.describe(client, s.selection)
         targets = [rename_spec(x, s.renamer) for x in specs]
         drop = s.drop_target or force or (cp is not None and status == "done")
@@ -253,6 +263,7 @@ class SyncJob:
         cp = Checkpoint(
             identity,
             position=position,
+            shards=shard_positions,
             snapshot=SnapshotProgress(status="in_progress", plan=[p.to_json() for p in plan], started_at=time.time()),
         )
         self.store.save(cp)
@@ -279,6 +290,32 @@ class SyncJob:
         for ns in sorted(uncounted, key=str):
             count = await client[ns.db][ns.coll or ""].estimated_document_count()
             self.reporter.snapshot_totals({str(ns): count})
+
+    async def _shards(self, client: Client, info: ServerInfo) -> list[Shard]:
+        """Explicit --shard URIs (named by replica set and hosts), else a mongos's listShards."""
+        s = self.s
+        if s.shards:
+            named = []
+            for uri in s.shards:
+                shard_client = make_client(uri, timeout_s=s.connect_timeout_s)
+                try:
+                    shard_info = await probe(shard_client, uri, "shard")
+                finally:
+                    await shard_client.close()
+                named.append(Shard(f"{shard_info.set_name or 'shard'}@{','.join(sorted(host_set(uri)))}", uri))
+            return named
+        if info.kind == "sharded" and not s.snapshot_only:
+            return await discover(client, s.source)
+        return []
+
+    async def _shard_reader(self, shard: Shard) -> ChangeStreamReader:
+        client = make_client(shard.uri, timeout_s=self.s.connect_timeout_s)
+        await probe(client, shard.uri, f"shard {shard.name}")
+        # short awaits: the merge waits for an idle shard's empty poll before releasing the others' events
+        return ChangeStreamReader(
+            client, full_document=self.s.full_document, batch_size=self.s.replay_batch, max_await_ms=100,
+            track_time=True,
+        )  # fmt: skip
 
     def _limits(self) -> CopyLimits:
         s = self.s
@@ -323,7 +360,7 @@ class SyncJob:
         return cp
 
     async def _replay(
-        self, reader: ChangeStreamReader, sink: Sink, cp: Checkpoint, *, snapshot_window: bool, follow: bool = False
+        self, reader: Reader, sink: Sink, cp: Checkpoint, *, snapshot_window: bool, follow: bool = False
     ) -> None:
         """Replay from the checkpoint up to the source's current time (``follow``: until stopped).
 
@@ -363,3 +400,21 @@ class SyncJob:
         self.summary.documents += await copy_partitions(
             client, sink, plan, limits=self._limits(), rename=self.s.renamer, on_done=done, reporter=self.reporter
         )
+
+
+async def _capture(reader: Reader) -> tuple[Position, dict[str, Position]]:
+    """The stream position(s) now; with shards, the checkpoint's time is the earliest shard's."""
+    if isinstance(reader, MergedReader):
+        shards = await reader.positions_now()
+        times = [p.cluster_time for p in shards.values() if p.cluster_time is not None]
+        return Position(cluster_time=min(times) if times else None), shards
+    position = await reader.position_now()
+    await reader.close()
+    return position, {}
+
+
+async def _open(reader: Reader, cp: Checkpoint) -> None:
+    if isinstance(reader, MergedReader):
+        await reader.open(cp.shards, cp.position)
+    else:
+        await reader.open(cp.position)

@@ -39,7 +39,8 @@ async def test_replay_acks_in_order_after_the_sink() -> None:
     sink = MemorySink()
     acked: list[Position] = []
 
-    async def ack(pos: Position, events: object) -> None:
+    async def ack(batch: Batch, events: object) -> None:
+        pos = batch.position
         assert len(sink.events) >= int(str(pos.resume_token["_data"] if pos.resume_token else 0)) + 1
         acked.append(pos)
 
@@ -62,8 +63,8 @@ async def test_a_failed_write_is_never_acked() -> None:
     sink = FailSecond()
     acked: list[Position] = []
 
-    async def ack(pos: Position, events: object) -> None:
-        acked.append(pos)
+    async def ack(batch: Batch, events: object) -> None:
+        acked.append(batch.position)
 
     with pytest.raises(ConnectionError):
         await replay(
@@ -83,7 +84,7 @@ async def test_slow_sink_bounds_read_ahead() -> None:
 
     stream = FakeStream([[i] for i in range(50)])
 
-    async def ack(pos: Position, events: object) -> None:
+    async def ack(batch: Batch, events: object) -> None:
         pass
 
     task = asyncio.create_task(

@@ -7,7 +7,8 @@ apply a transaction as one unit.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,12 @@ class Batch:
     events: list[ChangeEvent]
     position: Position
     caught_up: bool  # the server had nothing more when this batch ended
+    # when merging several streams (track_time): the local monotonic time the batch was read, and for
+    # an empty batch, when the poll that found nothing started
+    read_at: float = 0.0
+    idle_since: float | None = None
+    # merged shard streams: each shard's position after this batch (the checkpoint's per-shard entries)
+    shard_positions: Mapping[str, Position] | None = None
 
 
 async def current_time(client: Client) -> Timestamp:
@@ -51,8 +58,19 @@ async def current_time(client: Client) -> Timestamp:
 class ChangeStreamReader:
     """Reads the whole deployment's change stream (all databases but admin, local and config)."""
 
-    def __init__(self, client: Client, *, full_document: str, batch_size: int, max_await_ms: int = 500) -> None:
+    def __init__(
+        self,
+        client: Client,
+        *,
+        full_document: str,
+        batch_size: int,
+        max_await_ms: int = 500,
+        track_time: bool = False,
+    ) -> None:
+        """``track_time``: stamp batches with local read and poll times (``Batch.read_at`` and
+        ``Batch.idle_since``), which merging several streams needs."""
         self.client = client
+        self._track_time = track_time
         self._full_document = full_document
         self._batch_size = batch_size
         self._max_await_ms = max_await_ms
@@ -113,7 +131,10 @@ class ChangeStreamReader:
             if pending is not None:
                 events.append(pending)
                 pending = None
+            poll_started = 0.0
             while True:
+                if self._track_time and not events:
+                    poll_started = time.monotonic()
                 try:
                     raw = await stream.try_next()
                 except OperationFailure as exc:
@@ -144,7 +165,10 @@ class ChangeStreamReader:
                 position = events[-1].position or Position()
             else:
                 position = Position(resume_token=_plain(stream.resume_token))
-            yield Batch(events=events, position=position, caught_up=caught_up)
+            idle_since = poll_started if self._track_time and caught_up and not events else None
+            yield Batch(
+                events=events, position=position, caught_up=caught_up, read_at=time.monotonic(), idle_since=idle_since
+            )
             if until is not None and (passed or caught_up):
                 return
 

@@ -1,0 +1,216 @@
+"""Sharded sources: one change stream per shard replica set, merged in cluster-time order.
+
+A shard's stream is complete up to some time (its last event, or "now" when it had nothing more).
+Events are released in cluster-time order only up to the earliest such time across shards, so a
+document whose events moved from one shard to another (a chunk migration) still sees them in order,
+and a transaction spanning shards (one cluster time) is released whole. Chunk migrations themselves
+never appear: change streams leave out the migration's internal writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from bson.timestamp import Timestamp
+
+from ..events import ChangeEvent, Position
+from ..uri import redact
+from .changestream import Batch, ChangeStreamReader
+from .connection import DICT_CODEC, Client
+
+_DONE = object()
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One shard: its name (checkpoint key) and a URI reaching its replica set."""
+
+    name: str
+    uri: str
+
+    def __str__(self) -> str:
+        return f"{self.name} ({redact(self.uri)})"
+
+
+def shard_uri(host: str, mongos_uri: str) -> str:
+    """listShards' ``host`` ("rs0/h1:27018,h2:27018" or "h1:27018") as a URI, with the mongos URI's
+    credentials and options (authSource, tls, ...) carried over."""
+    set_name, _, hosts = host.rpartition("/")
+    scheme, _, rest = mongos_uri.partition("://")
+    userinfo = rest.split("@", 1)[0] + "@" if "@" in rest.split("/", 1)[0] else ""
+    query = rest.split("?", 1)[1] if "?" in rest else ""
+    options = [o for o in query.split("&") if o and not o.lower().startswith(("replicaset=", "directconnection="))]
+    if set_name:
+        options.append(f"replicaSet={quote(set_name)}")
+    scheme = "mongodb" if scheme == "mongodb+srv" else scheme  # shards are listed by host, not SRV
+    return f"{scheme}://{userinfo}{hosts}/" + ("?" + "&".join(options) if options else "")
+
+
+async def discover(client: Client, mongos_uri: str) -> list[Shard]:
+    """The shards of a sharded cluster, from ``listShards`` on its mongos."""
+    reply = await client.admin.command("listShards", codec_options=DICT_CODEC)
+    return parse_shards(reply, mongos_uri)
+
+
+def parse_shards(reply: Mapping[str, Any], mongos_uri: str) -> list[Shard]:
+    shards = [Shard(str(s["_id"]), shard_uri(str(s["host"]), mongos_uri)) for s in reply.get("shards", [])]
+    return sorted(shards, key=lambda s: s.name)
+
+
+class MergedReader:
+    """Reads several shard streams and yields batches in cluster-time order, each carrying the position
+    of every shard it advanced (``Batch.shard_positions``)."""
+
+    def __init__(self, readers: Mapping[str, ChangeStreamReader], *, batch_size: int, queue_batches: int = 2) -> None:
+        self.readers = dict(readers)
+        self._batch_size = batch_size
+        self._queue_batches = queue_batches
+
+    @property
+    def client(self) -> Client:
+        return next(iter(self.readers.values())).client
+
+    async def open(self, positions: Mapping[str, Position], default: Position) -> None:
+        """Open every shard's stream at its own position; a shard without one (new, or a checkpoint
+        started with --start-at) opens at ``default``'s time (a resume token belongs to one stream)."""
+        fallback = Position(cluster_time=default.cluster_time)
+        for name, reader in self.readers.items():
+            await reader.open(positions.get(name) or fallback)
+
+    async def positions_now(self) -> dict[str, Position]:
+        """Every shard's position now (captured before a snapshot reads anything)."""
+        out = {}
+        for name, reader in self.readers.items():
+            out[name] = await reader.position_now()
+            await reader.close()
+        return out
+
+    async def close(self) -> None:
+        for reader in self.readers.values():
+            await reader.close()
+
+    async def close_clients(self) -> None:
+        await self.close()
+        for reader in self.readers.values():
+            await reader.client.close()
+
+    async def batches(self, *, until: Timestamp | None = None) -> AsyncIterator[Batch]:
+        """Merged batches. An event is released once every other shard is known to hold nothing that
+        must come first: that shard has a buffered event at or after it, or its stream has shown events
+        up to its time, or a poll of it that started after the event was read came back empty (anything
+        it writes later happened later)."""
+        shards = {name: _ShardState() for name in self.readers}
+        queues: dict[str, asyncio.Queue[object]] = {n: asyncio.Queue(self._queue_batches) for n in shards}
+
+        async def pump(name: str) -> None:
+            async for batch in self.readers[name].batches(until=until):
+                await queues[name].put(batch)
+            await queues[name].put(_DONE)
+
+        tasks = {n: asyncio.create_task(pump(n)) for n in shards}
+        try:
+            while True:
+                for name, state in shards.items():
+                    if state.finished:
+                        continue
+                    if not state.buffer:  # nothing buffered: wait for news from this shard
+                        state.take(await _get(queues[name], tasks[name]))
+                    while not state.finished and not queues[name].empty() and len(state.buffer) < self._cap:
+                        state.take(queues[name].get_nowait())
+                batch = self._release(shards)
+                if batch is not None:
+                    yield batch
+                if all(st.finished and not st.buffer for st in shards.values()):
+                    return
+        finally:
+            for task in tasks.values():
+                task.cancel()
+            for task in tasks.values():
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    @property
+    def _cap(self) -> int:
+        return self._batch_size * 4
+
+    def _release(self, shards: dict[str, _ShardState]) -> Batch | None:
+        events: list[ChangeEvent] = []
+        positions: dict[str, Position] = {}
+        while len(events) < self._cap:
+            heads = [(_time(st.buffer[0][0]), name) for name, st in shards.items() if st.buffer]
+            if not heads:
+                break
+            when, name = min(heads)
+            event, read_at = shards[name].buffer[0]
+            if not all(st.allows(when, read_at) for other, st in shards.items() if other != name):
+                break
+            shards[name].buffer.popleft()
+            events.append(event)
+            if event.position is not None:
+                positions[name] = event.position
+        for name, st in shards.items():
+            if st.idle_position is not None and not st.buffer and name not in positions:
+                positions[name] = st.idle_position  # an idle shard's post-batch token keeps its checkpoint fresh
+            st.idle_position = None
+        if not events and not positions:
+            return None
+        last = events[-1].position if events else None
+        return Batch(events=events, position=last or Position(), caught_up=not events, shard_positions=positions)
+
+
+class _ShardState:
+    """What the merge knows of one shard's stream."""
+
+    def __init__(self) -> None:
+        self.buffer: deque[tuple[ChangeEvent, float]] = deque()  # (event, local time it was read)
+        self.seen_to: Timestamp | None = None  # cluster time of the last event read
+        self.idle_since: float | None = None  # start of the last poll that found nothing
+        self.idle_position: Position | None = None
+        self.finished = False
+
+    def take(self, item: object) -> None:
+        if item is _DONE:
+            self.finished = True
+            return
+        assert isinstance(item, Batch)
+        for event in item.events:
+            self.buffer.append((event, item.read_at))
+        if item.events:
+            self.seen_to = _time(item.events[-1])
+            self.idle_since = None
+        elif item.idle_since is not None:
+            self.idle_since = item.idle_since
+            self.idle_position = item.position
+
+    def allows(self, when: Timestamp, read_at: float) -> bool:
+        """Can an event of another shard at cluster time ``when``, read at ``read_at``, go first?"""
+        if self.finished or self.buffer:
+            return True  # a buffered head is not earlier (the released event is the smallest head)
+        if self.seen_to is not None and self.seen_to >= when:
+            return True
+        return self.idle_since is not None and self.idle_since >= read_at
+
+
+def _time(event: ChangeEvent) -> Timestamp:
+    ts = event.position.cluster_time if event.position is not None else None
+    return ts if ts is not None else Timestamp(0, 0)
+
+
+async def _get(queue: asyncio.Queue[object], producer: asyncio.Task[None]) -> object:
+    getter = asyncio.ensure_future(queue.get())
+    await asyncio.wait({getter, producer}, return_when=asyncio.FIRST_COMPLETED)
+    if getter.done():
+        return getter.result()
+    getter.cancel()
+    producer.result()  # the shard's reader failed: raise its error
+    return await queue.get()
+
+
+def names_of(shards: Sequence[Shard]) -> list[str]:
+    return [s.name for s in shards]

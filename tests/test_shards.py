@@ -1,0 +1,108 @@
+"""Per-shard change streams: discovery (unit) and two independent servers acting as two shards of one
+source (integration), including documents that move from one shard to the other."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pymongo
+import pytest
+
+from replicator.source.shards import parse_shards, shard_uri
+from tests.support.compare import server_state
+from tests.support.servers import LocalServer
+
+
+def test_shard_uris_keep_credentials_and_options() -> None:
+    mongos = "mongodb://app:s3cret@mongos1:27017,mongos2:27017/?authSource=admin&tls=true&directConnection=false"
+    reply = {
+        "shards": [
+            {"_id": "shardB", "host": "rsB/b1:27018,b2:27018", "state": 1},
+            {"_id": "shardA", "host": "rsA/a1:27018", "state": 1},
+        ]
+    }
+    shards = parse_shards(reply, mongos)
+    assert [s.name for s in shards] == ["shardA", "shardB"]
+    assert shards[0].uri == "mongodb://app:s3cret@a1:27018/?authSource=admin&tls=true&replicaSet=rsA"
+    assert shards[1].uri == "mongodb://app:s3cret@b1:27018,b2:27018/?authSource=admin&tls=true&replicaSet=rsB"
+    assert "s3cret" not in str(shards[0])
+    assert shard_uri("h1:1", "mongodb+srv://cluster.example.net/") == "mongodb://h1:1/"
+
+
+@pytest.fixture
+def second_shard(tmp_path: Path) -> Iterator[str]:
+    server = LocalServer(tmp_path / "shard2")
+    server.start()
+    try:
+        yield server.uri
+    finally:
+        server.stop()
+
+
+def _merged(*uris: str) -> dict[str, Any]:
+    docs: dict[bytes, bytes] = {}
+    for uri in uris:
+        docs.update(server_state(uri).get("db.c", {}).get("docs", {}))
+    return docs
+
+
+def _wait_converged(target: str, *shards: str, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        want, got = _merged(*shards), server_state(target).get("db.c", {}).get("docs", {})
+        if want == got:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not converged: {len(want)} wanted, {len(got)} on the target")
+        time.sleep(0.3)
+
+
+@pytest.mark.integration
+def test_two_shards_converge_in_order(source_uri: str, target_uri: str, second_shard: str, tmp_path: Path) -> None:
+    cp = tmp_path / "cp.json"
+    args = [sys.executable, "-m", "replicator.cli", "tail", "-s", source_uri, "-t", target_uri, "-c", str(cp)]
+    args += ["--shard", source_uri, "--shard", second_shard, "--snapshot", "never", "--no-progress"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not cp.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        with pymongo.MongoClient(source_uri) as a, pymongo.MongoClient(second_shard) as b:
+            a.db.c.insert_many([{"_id": i, "on": "a"} for i in range(0, 200, 2)])
+            b.db.c.insert_many([{"_id": i, "on": "b"} for i in range(1, 200, 2)])
+            # a "chunk migration": documents leave a, land on b and change there. The shards of a real
+            # cluster share a logical clock (cluster time gossip), so what b does after a has a later
+            # cluster time; these two independent servers only share the wall clock's seconds, so the
+            # move waits for the next second to give the same order.
+            moved = [a.db.c.find_one_and_delete({"_id": i}) for i in range(0, 60, 2)]
+            time.sleep(1.05 - time.time() % 1)
+            b.db.c.insert_many([{**doc, "on": "b", "moved": True} for doc in moved if doc is not None])
+            b.db.c.update_many({"moved": True}, {"$set": {"after_move": 1}})
+            a.db.c.update_many({}, {"$set": {"touched": 1}})
+            b.db.c.delete_many({"_id": {"$gt": 190}})
+        _wait_converged(target_uri, source_uri, second_shard)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        saved = json.loads(cp.read_text())
+        assert len(saved["shards"]) == 2 and all(p["resume_token"] for p in saved["shards"].values())
+
+        with pymongo.MongoClient(second_shard) as b:  # while stopped; the next run resumes each shard
+            b.db.c.insert_one({"_id": "later"})
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _wait_converged(target_uri, source_uri, second_shard)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
