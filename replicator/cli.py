@@ -259,6 +259,10 @@ def tail(
     on_history_lost: Annotated[
         str | None, typer.Option("--on-history-lost", help="fail | resnapshot, when the position left the oplog.")
     ] = None,
+    oversize: Annotated[
+        str | None,
+        typer.Option("--oversize", help="fail | skip: change events over 16 MB the server cannot split."),
+    ] = None,
     max_retries: Annotated[
         int | None, typer.Option("--max-retries", help="-1 forever, 0 never, N attempts in a row. [default: 16]")
     ] = None,

@@ -81,6 +81,7 @@ class Settings:
     # tail
     start_at: str | None = None  # ISO-8601 time or SECONDS,INCREMENT (startAtOperationTime)
     on_history_lost: str = "fail"  # or "resnapshot"
+    oversize: str = "fail"  # or "skip": change events over 16 MB where the server cannot split them
     shards: tuple[str, ...] = ()  # explicit shard replica set URIs, one change stream each
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
@@ -208,6 +209,8 @@ def validate(s: Settings, *, need_target: bool = True) -> Settings:
         raise ConfigError(f"--snapshot must be one of {', '.join(SNAPSHOT_MODES)}, got {s.snapshot!r}")
     if s.on_history_lost not in HISTORY_LOST_MODES:
         raise ConfigError(f"--on-history-lost must be one of {', '.join(HISTORY_LOST_MODES)}")
+    if s.oversize not in ("fail", "skip"):
+        raise ConfigError("--oversize must be fail or skip")
     if s.log_format not in LOG_FORMATS:
         raise ConfigError(f"--log-format must be one of {', '.join(LOG_FORMATS)}")
     if s.start_at is not None:

@@ -12,6 +12,7 @@ line and exits with its ``exit_code``. Anything else is a bug and keeps its trac
     ├── CheckpointError            unreadable, corrupt or unwritable checkpoint
     │   └── CheckpointLocked       another run holds the checkpoint (exit 3)
     ├── HistoryLost                resume position fell off the oplog (exit 4)
+    ├── OversizeEvent              a change event over 16 MB the server cannot split
     ├── SinkError                  the sink refused a write it cannot retry
     └── VerifyMismatch             verify found differences (exit 1)
 """
@@ -51,6 +52,10 @@ class HistoryLost(McdcError):
     """The saved stream position is no longer in the source's oplog."""
 
     exit_code = 4
+
+
+class OversizeEvent(McdcError):
+    """A change event over 16 MB stopped the stream (see --oversize)."""
 
 
 class SinkError(McdcError):

@@ -27,11 +27,14 @@ from .pipeline import ReplayResult, Throttle, Transform, replay
 from .progress import Reporter
 from .retry import Backoff, is_retryable, sleep_or_stop
 from .sinks.base import Sink
-from .source.changestream import Batch, ChangeStreamReader, current_time
+from .source.changestream import Batch, ChangeStreamReader, current_time, oplog_window
 from .source.connection import server_message
 from .source.shards import MergedReader
 
 log = logging.getLogger("mcdc.stream")
+
+#: warn when the checkpoint is older than this share of the source's oplog window
+OPLOG_WARN_FRACTION = 0.8
 
 
 class StreamApplier:
@@ -61,6 +64,8 @@ class StreamApplier:
         self.retries = 0
         self._attempt = 0
         self._save = Throttle(1.0)
+        self._window_check = Throttle(300.0)
+        self._window_check()  # the first check runs when the stream opens
 
     async def run(
         self,
@@ -77,6 +82,7 @@ class StreamApplier:
             try:
                 if to_now and until is None:
                     until = await current_time(self.reader.client)
+                await self._check_oplog_window()
                 if isinstance(self.reader, MergedReader):
                     await self.reader.open(self.cp.shards, self.cp.position)
                 else:
@@ -107,6 +113,25 @@ class StreamApplier:
             self._measure(events)
         if self._save():
             self.store.save(self.cp)
+        if self._window_check():
+            await self._check_oplog_window()
+
+    async def _check_oplog_window(self) -> None:
+        """Warn while the checkpoint can still be saved: its position is close to falling off the oplog."""
+        position = self.cp.position.cluster_time
+        if position is None or isinstance(self.reader, MergedReader):
+            return
+        window = await oplog_window(self.reader.client)
+        if window is None:
+            return
+        oldest, newest = window
+        span, age = newest.time - oldest.time, newest.time - position.time
+        if span > 0 and age > OPLOG_WARN_FRACTION * span:
+            self.reporter.warn(
+                f"the checkpoint's position is {age / 3600:.1f} h behind the source and its oplog holds "
+                f"{span / 3600:.1f} h: once it falls off, the events in between are gone (catch up, or enlarge "
+                "the oplog with replSetResizeOplog)"
+            )
 
     def _measure(self, events: Sequence[ChangeEvent]) -> None:
         metrics = self.metrics

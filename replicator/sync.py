@@ -159,8 +159,9 @@ class SyncJob:
             reader = MergedReader({sh.name: await self._shard_reader(sh) for sh in shards}, batch_size=s.replay_batch)
         else:
             reader = ChangeStreamReader(
-                client, full_document=s.full_document, batch_size=s.replay_batch, max_await_ms=await_ms
-            )
+                client, full_document=s.full_document, batch_size=s.replay_batch, max_await_ms=await_ms,
+                oversize=s.oversize,
+            )  # fmt: skip
         force_snapshot = False
         try:
             while True:
@@ -314,7 +315,7 @@ class SyncJob:
         # short awaits: the merge waits for an idle shard's empty poll before releasing the others' events
         return ChangeStreamReader(
             client, full_document=self.s.full_document, batch_size=self.s.replay_batch, max_await_ms=100,
-            track_time=True,
+            track_time=True, oversize=self.s.oversize,
         )  # fmt: skip
 
     def _limits(self) -> CopyLimits:

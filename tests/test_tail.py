@@ -217,3 +217,85 @@ def _no_stray_processes() -> Iterator[None]:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_events_over_16mb_arrive_whole(source_uri: str, target_uri: str) -> None:
+    """A ~22 MB update event (15.5 MB document + 7 MB update description) comes in fragments
+    ($changeStreamSplitLargeEvent) and is applied as one event; with --oversize skip and no splitting it
+    is skipped and logged, and the stream goes on."""
+    from replicator.events import Op, Position
+    from replicator.source.changestream import ChangeStreamReader
+    from replicator.source.connection import make_client
+
+    with pymongo.MongoClient(source_uri) as client:
+        client.big.c.insert_one({"_id": 1, "a": "x" * int(8.5 * 1024 * 1024)})
+    source = make_client(source_uri)
+    try:
+        split = ChangeStreamReader(source, full_document="updateLookup", batch_size=10, max_await_ms=100)
+        trimmed = ChangeStreamReader(
+            source, full_document="updateLookup", batch_size=10, max_await_ms=100, oversize="skip"
+        )
+        trimmed._split = False  # as on a server without $changeStreamSplitLargeEvent
+        start = await split.position_now()
+        await split.close()
+        with pymongo.MongoClient(source_uri) as client:
+            client.big.c.update_one({"_id": 1}, {"$set": {"b": "y" * (7 * 1024 * 1024)}})
+            client.big.c.insert_one({"_id": 2})
+        got = {}
+        for name, reader in (("split", split), ("trimmed", trimmed)):
+            await reader.open(start)
+            events = []
+            async for batch in reader.batches():
+                events.extend(batch.events)
+                if len(events) >= (2 if name == "split" else 1):
+                    break
+            await reader.close()
+            got[name] = events
+        update = got["split"][0]
+        assert update.op is Op.UPDATE and update.document is not None and len(update.document["b"]) == 7 * 1024 * 1024
+        assert update.update is not None and "b" in update.update.updated_fields
+        assert isinstance(update.position, Position) and update.position.resume_token is not None
+        assert [e.document_key["_id"] for e in got["trimmed"]] == [2]  # the oversize update was skipped
+    finally:
+        await source.close()
+
+
+async def test_warns_when_the_checkpoint_nears_the_end_of_the_oplog(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    from replicator.checkpoint import Checkpoint, CheckpointStore
+    from replicator.config import resolve
+    from replicator.events import Position
+    from replicator.filters import Renamer, Selection, make_transform
+    from replicator.progress import LogReporter
+    from replicator.sinks.memory import MemorySink
+    from replicator.source.changestream import ChangeStreamReader, oplog_window
+    from replicator.source.connection import make_client
+    from replicator.streaming import StreamApplier
+
+    class Warnings(LogReporter):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[str] = []
+
+        def warn(self, message: str) -> None:
+            self.seen.append(message)
+
+    source = make_client(source_uri)
+    try:
+        time.sleep(1.1)  # an oplog at least a second long
+        with pymongo.MongoClient(source_uri) as client:
+            client.db.c.insert_one({"_id": 1})
+        window = await oplog_window(source)
+        assert window is not None
+        oldest, _ = window
+        reporter = Warnings()
+        cp = Checkpoint("rs:test", position=Position(cluster_time=oldest))
+        settings = resolve({"source": source_uri, "target": target_uri}, env={})
+        reader = ChangeStreamReader(source, full_document="updateLookup", batch_size=100, max_await_ms=100)
+        applier = StreamApplier(reader, MemorySink(), CheckpointStore(tmp_path / "cp.json"), cp,
+                                settings=settings, reporter=reporter)  # fmt: skip
+        await applier.run(make_transform(Selection(), Renamer()), to_now=True)
+        assert any("falls off" in w and "oplog holds" in w for w in reporter.seen), reporter.seen
+    finally:
+        await source.close()

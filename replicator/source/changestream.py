@@ -14,9 +14,9 @@ from typing import Any
 
 from bson.timestamp import Timestamp
 from pymongo.asynchronous.change_stream import AsyncChangeStream
-from pymongo.errors import OperationFailure
+from pymongo.errors import OperationFailure, PyMongoError
 
-from ..errors import HistoryLost
+from ..errors import HistoryLost, OversizeEvent
 from ..events import ChangeEvent, Position
 from ..filters import SYSTEM_DATABASES
 from ..normalize import normalize_change
@@ -24,6 +24,23 @@ from .connection import DICT_CODEC, Client
 
 #: Server codes meaning "that resume point is gone from the oplog".
 HISTORY_LOST_CODES = frozenset({136, 280, 286})
+#: "unrecognized pipeline stage": $changeStreamSplitLargeEvent on a server before 7.0 / 6.0.9.
+_UNKNOWN_STAGE_CODES = frozenset({40324})
+#: BSONObjectTooLarge and friends: an event over 16 MB.
+_TOO_LARGE_CODES = frozenset({10334, 17419, 16819})
+_OVERSIZE_FLAG = "mcdcOversize"
+_MAX_EVENT = 16 * 1024 * 1024 - 16 * 1024
+#: --oversize skip without split support: mark events over the limit and drop their big parts on the
+#: server, so the stream goes on and mcdc can log which document it skipped.
+_TRIM_OVERSIZE: list[dict[str, Any]] = [
+    {"$set": {_OVERSIZE_FLAG: {"$gt": [{"$bsonSize": "$$ROOT"}, _MAX_EVENT]}}},
+    {
+        "$set": {
+            field: {"$cond": [f"${_OVERSIZE_FLAG}", "$$REMOVE", f"${field}"]}
+            for field in ("fullDocument", "fullDocumentBeforeChange", "updateDescription")
+        }
+    },
+]
 #: "unknown field" / "unrecognized option" answers to an option the server predates.
 _UNKNOWN_OPTION_CODES = frozenset({9, 40415})
 log = logging.getLogger("mcdc.source")
@@ -55,6 +72,20 @@ async def current_time(client: Client) -> Timestamp:
     return ts  # type: ignore[no-any-return]
 
 
+async def oplog_window(client: Client) -> tuple[Timestamp, Timestamp] | None:
+    """The oldest and newest operation times in the source's oplog, or None where it cannot be read
+    (a mongos, or no read access to the local database)."""
+    oplog = client.get_database("local", codec_options=DICT_CODEC)["oplog.rs"]
+    try:
+        first = await oplog.find_one({}, {"ts": 1}, sort=[("$natural", 1)])
+        last = await oplog.find_one({}, {"ts": 1}, sort=[("$natural", -1)])
+    except PyMongoError:
+        return None
+    if not first or not last:
+        return None
+    return first["ts"], last["ts"]
+
+
 class ChangeStreamReader:
     """Reads the whole deployment's change stream (all databases but admin, local and config)."""
 
@@ -66,14 +97,19 @@ class ChangeStreamReader:
         batch_size: int,
         max_await_ms: int = 500,
         track_time: bool = False,
+        oversize: str = "fail",
     ) -> None:
         """``track_time``: stamp batches with local read and poll times (``Batch.read_at`` and
-        ``Batch.idle_since``), which merging several streams needs."""
+        ``Batch.idle_since``), which merging several streams needs. ``oversize``: what to do with a
+        change event over 16 MB where the server cannot split it ("fail" or "skip", logged)."""
         self.client = client
         self._track_time = track_time
         self._full_document = full_document
         self._batch_size = batch_size
         self._max_await_ms = max_await_ms
+        self._oversize = oversize
+        self._split = True  # until the server says it has no $changeStreamSplitLargeEvent
+        self._fragments: list[Any] = []
         self._stream: AsyncChangeStream[Any] | None = None
 
     async def open(self, start: Position) -> None:
@@ -88,18 +124,29 @@ class ChangeStreamReader:
             kwargs["resume_after"] = start.resume_token
         elif start.cluster_time is not None:
             kwargs["start_at_operation_time"] = start.cluster_time
-        try:
-            self._stream = await self.client.watch([_SYSTEM_FILTER], **kwargs)
-        except OperationFailure as exc:
-            if exc.code not in _UNKNOWN_OPTION_CODES or not kwargs.pop("show_expanded_events", False):
-                raise _history_error(exc, start) or exc from None
-            # before MongoDB 6.0 there are no create/createIndexes/modify events: indexes and options are
-            # still reconciled from the catalog at the end of a snapshot
-            log.warning("the source does not support showExpandedEvents (MongoDB < 6.0): index DDL is not streamed")
+        self._fragments = []
+        while True:
             try:
-                self._stream = await self.client.watch([_SYSTEM_FILTER], **kwargs)
-            except OperationFailure as retry_exc:
-                raise _history_error(retry_exc, start) or retry_exc from None
+                self._stream = await self.client.watch([_SYSTEM_FILTER, *self._extra_stages()], **kwargs)
+                return
+            except OperationFailure as exc:
+                if exc.code in _UNKNOWN_STAGE_CODES and self._split:
+                    # before MongoDB 7.0 / 6.0.9: an event over 16 MB fails the stream (see --oversize)
+                    log.warning("the source has no $changeStreamSplitLargeEvent: --oversize %s applies", self._oversize)
+                    self._split = False
+                elif exc.code in _UNKNOWN_OPTION_CODES and kwargs.pop("show_expanded_events", False):
+                    # before MongoDB 6.0 there are no create/createIndexes/modify events: indexes and
+                    # options are still reconciled from the catalog at the end of a snapshot
+                    log.warning("the source has no showExpandedEvents (MongoDB < 6.0): index DDL is not streamed")
+                else:
+                    raise _history_error(exc, start) or exc from None
+
+    def _extra_stages(self) -> list[dict[str, Any]]:
+        if self._split:
+            return [{"$changeStreamSplitLargeEvent": {}}]
+        if self._oversize == "skip":
+            return _TRIM_OVERSIZE
+        return []
 
     async def position_now(self) -> Position:
         """The stream's position now: the post-batch resume token of a stream opened without a start
@@ -138,6 +185,12 @@ class ChangeStreamReader:
                 try:
                     raw = await stream.try_next()
                 except OperationFailure as exc:
+                    if exc.code in _TOO_LARGE_CODES:
+                        raise OversizeEvent(
+                            "a change event over 16 MB stopped the stream and this server cannot split it "
+                            "($changeStreamSplitLargeEvent needs MongoDB 7.0 or 6.0.9): upgrade, or pass "
+                            "--oversize skip to skip such events (each is logged)"
+                        ) from None
                     raise _history_error(exc, None) or exc from None
                 if raw is None:
                     token_time = token_timestamp(stream.resume_token)
@@ -145,6 +198,17 @@ class ChangeStreamReader:
                     caught_up = until is None or token_time is None or token_time >= until
                     if caught_up or events:
                         break
+                    continue
+                if "splitEvent" in raw:  # a fragment of an event over 16 MB: whole once the last one is in
+                    self._fragments.append(raw)
+                    if raw["splitEvent"]["fragment"] < raw["splitEvent"]["of"]:
+                        continue
+                    raw, self._fragments = _assemble(self._fragments), []
+                if raw.get(_OVERSIZE_FLAG):
+                    log.warning(
+                        "skipped a change event over 16 MB (--oversize skip): %s on %s.%s, %s",
+                        raw.get("operationType"), raw["ns"].get("db"), raw["ns"].get("coll"), raw.get("documentKey"),
+                    )  # fmt: skip
                     continue
                 event = normalize_change(raw)
                 if event is None:
@@ -171,6 +235,15 @@ class ChangeStreamReader:
             )
             if until is not None and (passed or caught_up):
                 return
+
+
+def _assemble(fragments: list[Any]) -> dict[str, Any]:
+    """One change event from its $changeStreamSplitLargeEvent fragments; the last fragment's _id is the
+    event's resume token."""
+    merged: dict[str, Any] = {}
+    for fragment in fragments:
+        merged.update((k, fragment[k]) for k in fragment if k != "splitEvent")
+    return merged
 
 
 def token_timestamp(token: Any) -> Timestamp | None:
