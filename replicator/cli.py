@@ -272,6 +272,12 @@ def tail(
     retry_max_s: Annotated[
         float | None, typer.Option("--retry-max-delay", help="Longest wait between retries. [default: 120]")
     ] = None,
+    replay_batch: Annotated[
+        int | None, typer.Option("--max-batch-size", help="Events per write batch (Debezium's max.batch.size).")
+    ] = None,
+    max_queue_events: Annotated[
+        int | None, typer.Option("--max-queue-size", help="Events read ahead at most (Debezium's max.queue.size).")
+    ] = None,
     metrics_port: Annotated[
         int | None, typer.Option("--metrics-port", help="Serve Prometheus /metrics and /health on this port.")
     ] = None,

@@ -15,7 +15,7 @@ from replicator.checkpoint import CheckpointStore
 from replicator.cli import app
 
 runner = CliRunner()
-COMMANDS = ["sync", "catch-up", "verify", "version"]
+COMMANDS = ["sync", "catch-up", "tail", "status", "verify", "version"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)
