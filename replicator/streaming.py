@@ -126,7 +126,7 @@ class StreamApplier:
             return
         oldest, newest = window
         span, age = newest.time - oldest.time, newest.time - position.time
-        if span > 0 and age > OPLOG_WARN_FRACTION * span:
+        if span > 0 and age > max(OPLOG_WARN_FRACTION * span, 60):  # under a minute is a fresh server, not a risk
             self.reporter.warn(
                 f"the checkpoint's position is {age / 3600:.1f} h behind the source and its oplog holds "
                 f"{span / 3600:.1f} h: once it falls off, the events in between are gone (catch up, or enlarge "

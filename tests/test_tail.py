@@ -261,8 +261,11 @@ async def test_events_over_16mb_arrive_whole(source_uri: str, target_uri: str) -
 
 
 async def test_warns_when_the_checkpoint_nears_the_end_of_the_oplog(
-    source_uri: str, target_uri: str, tmp_path: Path
+    source_uri: str, target_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from bson.timestamp import Timestamp
+
+    import replicator.streaming as streaming
     from replicator.checkpoint import Checkpoint, CheckpointStore
     from replicator.config import resolve
     from replicator.events import Position
@@ -271,7 +274,6 @@ async def test_warns_when_the_checkpoint_nears_the_end_of_the_oplog(
     from replicator.sinks.memory import MemorySink
     from replicator.source.changestream import ChangeStreamReader, oplog_window
     from replicator.source.connection import make_client
-    from replicator.streaming import StreamApplier
 
     class Warnings(LogReporter):
         def __init__(self) -> None:
@@ -283,19 +285,27 @@ async def test_warns_when_the_checkpoint_nears_the_end_of_the_oplog(
 
     source = make_client(source_uri)
     try:
-        time.sleep(1.1)  # an oplog at least a second long
         with pymongo.MongoClient(source_uri) as client:
             client.db.c.insert_one({"_id": 1})
-        window = await oplog_window(source)
-        assert window is not None
-        oldest, _ = window
-        reporter = Warnings()
-        cp = Checkpoint("rs:test", position=Position(cluster_time=oldest))
+        real = await oplog_window(source)  # the source's oplog is readable
+        assert real is not None and real[0] <= real[1]
+        now = int(time.time())
+
+        async def two_hour_oplog(client: object) -> tuple[Timestamp, Timestamp]:
+            return Timestamp(now - 7200, 1), Timestamp(now, 1)
+
+        monkeypatch.setattr(streaming, "oplog_window", two_hour_oplog)
         settings = resolve({"source": source_uri, "target": target_uri}, env={})
-        reader = ChangeStreamReader(source, full_document="updateLookup", batch_size=100, max_await_ms=100)
-        applier = StreamApplier(reader, MemorySink(), CheckpointStore(tmp_path / "cp.json"), cp,
-                                settings=settings, reporter=reporter)  # fmt: skip
-        await applier.run(make_transform(Selection(), Renamer()), to_now=True)
-        assert any("falls off" in w and "oplog holds" in w for w in reporter.seen), reporter.seen
+        seen = {}
+        for age_s in (600, 6600):  # 8% and 92% of the window
+            reporter = Warnings()
+            cp = Checkpoint("rs:test", position=Position(cluster_time=Timestamp(now - age_s, 1)))
+            reader = ChangeStreamReader(source, full_document="updateLookup", batch_size=100, max_await_ms=100)
+            applier = streaming.StreamApplier(reader, MemorySink(), CheckpointStore(tmp_path / "cp.json"), cp,
+                                              settings=settings, reporter=reporter)  # fmt: skip
+            await applier.run(make_transform(Selection(), Renamer()), to_now=True)
+            seen[age_s] = [w for w in reporter.seen if "falls off" in w]
+        assert not seen[600]
+        assert seen[6600] and "1.8 h behind" in seen[6600][0] and "holds 2.0 h" in seen[6600][0]
     finally:
         await source.close()

@@ -225,6 +225,10 @@ class ChangeStreamReader:
                     pending = event
                     break
                 events.append(event)
+                if event.txn is None and _drained(stream):
+                    # what the last server reply held is in: apply it now rather than wait for a full
+                    # batch (under a steady trickle that wait is the lag)
+                    break
             if events:
                 position = events[-1].position or Position()
             else:
@@ -235,6 +239,14 @@ class ChangeStreamReader:
             )
             if until is not None and (passed or caught_up):
                 return
+
+
+def _drained(stream: AsyncChangeStream[Any]) -> bool:
+    """Has the driver handed out every event of the server's last reply? (the next one needs a round
+    trip). Unknown on a driver without the internal buffer: then batches close by size or on an empty
+    reply, as before."""
+    data = getattr(getattr(stream, "_cursor", None), "_data", None)
+    return data is not None and len(data) == 0
 
 
 def _assemble(fragments: list[Any]) -> dict[str, Any]:
