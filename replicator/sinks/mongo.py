@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+import bson
 from bson.raw_bson import RawBSONDocument
 from pymongo import DeleteOne, ReplaceOne, UpdateOne
 from pymongo.asynchronous.client_session import AsyncClientSession
@@ -58,6 +59,32 @@ def write_ops(event: ChangeEvent) -> list[WriteOp]:
     if op is Op.DELETE:
         return [DeleteOne(event.document_key)]
     raise ValueError(f"{op.value} is not a document operation")
+
+
+def coalesce(events: Sequence[ChangeEvent]) -> tuple[list[WriteOp], list[WriteOp], list[WriteOp]]:
+    """One namespace's document events as (deletes, replacements, ordered sequences).
+
+    A document whose events in the batch all carry their full document or delete it ends in the state
+    of its last event: one write replaces them all. Those writes touch different documents, so they go
+    unordered, one command per kind. A document with a delta update keeps its whole sequence, in order.
+    """
+    by_key: dict[bytes, list[ChangeEvent]] = {}
+    for event in events:
+        by_key.setdefault(_key_bytes(event.document_key), []).append(event)
+    deletes: list[WriteOp] = []
+    replaces: list[WriteOp] = []
+    sequences: list[WriteOp] = []
+    for evs in by_key.values():
+        if all(e.op is Op.DELETE or e.document is not None for e in evs):
+            last = evs[-1]
+            (deletes if last.op is Op.DELETE else replaces).extend(write_ops(last))
+        else:
+            sequences.extend(op for e in evs for op in write_ops(e))
+    return deletes, replaces, sequences
+
+
+def _key_bytes(key: Any) -> bytes:
+    return bytes(key.raw) if isinstance(key, RawBSONDocument) else bson.encode(key)
 
 
 def _segments(batch: Sequence[ChangeEvent]) -> list[tuple[str, list[ChangeEvent]]]:
@@ -113,16 +140,31 @@ class MongoSink(Sink):
                 await self._apply(events)
 
     async def _apply(self, events: Sequence[ChangeEvent], session: AsyncClientSession | None = None) -> None:
-        """Apply document events: namespaces in parallel, each namespace's events in order."""
-        by_ns: dict[Namespace, list[WriteOp]] = defaultdict(list)
+        """Apply document events: namespaces in parallel, each namespace's events in order.
+
+        Outside a transaction, a namespace's events are first coalesced per document (see
+        :func:`coalesce`), which keeps every document's order but lets the writes of different
+        documents go as one command per kind instead of one per run of alternating kinds."""
+        by_ns: dict[Namespace, list[ChangeEvent]] = defaultdict(list)
         for event in events:
-            by_ns[event.ns].extend(write_ops(event))
+            by_ns[event.ns].append(event)
         if session is None:
-            await asyncio.gather(*(self._bulk(ns, ops, None) for ns, ops in by_ns.items() if ops))
-        else:  # one session cannot run operations concurrently
-            for ns, ops in by_ns.items():
+            await asyncio.gather(*(self._apply_namespace(ns, evs) for ns, evs in by_ns.items()))
+        else:  # one session cannot run operations concurrently, and a transaction keeps its exact order
+            for ns, evs in by_ns.items():
+                ops = [op for e in evs for op in write_ops(e)]
                 if ops:
                     await self._bulk(ns, ops, session)
+
+    async def _apply_namespace(self, ns: Namespace, events: Sequence[ChangeEvent]) -> None:
+        deletes, replaces, sequences = coalesce(events)
+        coll = self._client[ns.db][ns.coll or ""]
+        # deletes first: they free unique keys the replacements may take
+        for ops in (deletes, replaces):
+            if ops:
+                await coll.bulk_write(ops, ordered=False, bypass_document_validation=True)
+        if sequences:
+            await self._bulk(ns, sequences, None)
 
     async def _bulk(self, ns: Namespace, ops: list[WriteOp], session: AsyncClientSession | None) -> None:
         """One ordered bulk_write; a delta update the target's document cannot take is skipped and the

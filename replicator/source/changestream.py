@@ -231,8 +231,12 @@ class ChangeStreamReader:
                     break
             if events:
                 position = events[-1].position or Position()
+            elif pending is None and not self._fragments:
+                position = Position(resume_token=_plain(stream.resume_token))  # idle: the post-batch token
             else:
-                position = Position(resume_token=_plain(stream.resume_token))
+                # the stream's token is already past an event read but not yielded (held for the next
+                # run, or a fragment of a split event): acknowledging it would skip that event
+                position = Position()
             idle_since = poll_started if self._track_time and caught_up and not events else None
             yield Batch(
                 events=events, position=position, caught_up=caught_up, read_at=time.monotonic(), idle_since=idle_since
