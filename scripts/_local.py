@@ -6,16 +6,24 @@ script runs) after putting the repository root on ``sys.path`` for ``tests.suppo
 
 from __future__ import annotations
 
+import importlib.metadata
 import shlex
+import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import psutil
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from replicator.uri import host_set  # noqa: E402
 from tests.support.servers import ServerPair, drop_user_databases, start_pair  # noqa: E402
 
 #: ``python -m replicator.cli`` with this interpreter: works whether or not the venv's bin is on PATH.
@@ -55,3 +63,47 @@ def local_servers(base_dir: Path) -> Iterator[ServerPair]:
         yield pair
     finally:
         pair.stop()
+
+
+@contextmanager
+def bench_servers(prog: str, source: str | None, target: str | None) -> Iterator[tuple[str, str, str]]:
+    """(source URI, target URI, server description) for a benchmark: the given URIs, else two fresh local
+    SecantusDB servers in a temporary directory. ``prog`` names the script in usage errors."""
+    if source or target:
+        if not (source and target):
+            raise SystemExit(f"{prog}: pass both --source and --target, or neither")
+        if host_set(source) & host_set(target):
+            raise SystemExit(f"{prog}: --source and --target must be different servers")
+        yield source, target, "the given servers"
+        return
+    heading("Starting two local SecantusDB servers")
+    with tempfile.TemporaryDirectory(prefix="mcdc-bench-") as base, local_servers(Path(base)) as pair:
+        version = importlib.metadata.version("SecantusDB")
+        yield pair.source_uri, pair.target_uri, f"SecantusDB {version} (Python server, slower than mongod)"
+
+
+def tree_rss(proc: psutil.Process) -> int:
+    """RSS in bytes of a process and its descendants; 0 for any that already exited."""
+    import psutil  # a dev dependency: only the benchmarks need it
+
+    total = 0
+    try:
+        members = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    for member in members:
+        with suppress(psutil.Error):
+            total += member.memory_info().rss
+    return total
+
+
+def code_version() -> str:
+    """The commit being measured, and whether replicator/ had uncommitted changes (figures move with them)."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "replicator"], cwd=REPO_ROOT, capture_output=True)
+    except OSError:
+        return "unknown (no git)"
+    if commit.returncode != 0:
+        return "unknown (not a git checkout)"
+    return commit.stdout.strip() + (" + uncommitted changes in replicator/" if dirty.stdout.strip() else "")
