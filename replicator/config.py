@@ -83,6 +83,7 @@ class Settings:
     on_history_lost: str = "fail"  # or "resnapshot"
     oversize: str = "fail"  # or "skip": change events over 16 MB where the server cannot split them
     shards: tuple[str, ...] = ()  # explicit shard replica set URIs, one change stream each
+    shard_refresh_s: float = 30.0  # tail of a mongos: how often shards added or removed are looked for
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     log_format: str = "text"
@@ -117,7 +118,7 @@ _INT_FIELDS = {
     "verify_sample",
     "metrics_port",
 }
-_FLOAT_FIELDS = {"retry_initial_s", "retry_max_s", "connect_timeout_s"}
+_FLOAT_FIELDS = {"retry_initial_s", "retry_max_s", "connect_timeout_s", "shard_refresh_s"}
 
 
 def _coerce(name: str, value: Any, origin: str) -> Any:

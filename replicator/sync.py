@@ -20,6 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bson.timestamp import Timestamp
+from pymongo.errors import PyMongoError
+
 from .checkpoint import Checkpoint, CheckpointStore, SnapshotProgress
 from .config import Settings, parse_start_at
 from .errors import ConfigError, HistoryLost, TopologyError
@@ -28,11 +31,12 @@ from .filters import make_transform, rename_spec
 from .metrics import Metrics
 from .pipeline import CopyLimits, copy_partitions
 from .progress import Reporter
+from .retry import sleep_or_stop
 from .sinks.base import Sink
 from .sinks.registry import open_sink
 from .source import catalog
-from .source.changestream import ChangeStreamReader
-from .source.connection import Client, ServerInfo, make_client, probe
+from .source.changestream import ChangeStreamReader, current_time
+from .source.connection import Client, ServerInfo, make_client, probe, server_message
 from .source.partitions import ALL, Partition, plan_collection
 from .source.shards import MergedReader, Shard, discover
 from .streaming import StreamApplier
@@ -152,7 +156,9 @@ class SyncJob:
             self.reporter.warn("--snapshot-only: writes made to the source during the copy are not replayed")
         # a bounded run stops at the first empty poll: a short await keeps its tail short
         await_ms = 1000 if self.command == "tail" else 200
+        self._client = client
         shards = await self._shards(client, info)
+        self._discovered = bool(shards) and not s.shards
         reader: Reader
         if shards:
             self.reporter.info("one change stream per shard: " + ", ".join(str(sh) for sh in shards))
@@ -374,17 +380,70 @@ class SyncJob:
         async def recopy_renamed(events: Sequence[ChangeEvent]) -> None:
             for event in events:
                 if event.op is Op.RENAME and event.to is not None and self.s.selection(event.to):
-                    await self._recopy(reader.client, sink, event.to)
+                    await self._recopy(self._client, sink, event.to)
 
-        applier = StreamApplier(
-            reader, sink, self.store, cp, settings=self.s, reporter=self.reporter, stop=self.stop,
-            metrics=self.metrics,
-        )  # fmt: skip
-        result = await applier.run(
-            transform, to_now=not follow, after_write=recopy_renamed if snapshot_window else None
-        )
-        self.summary.events += result.events
-        self.summary.retries += applier.retries
+        while True:
+            watch = follow and isinstance(reader, MergedReader) and self._discovered
+            local_stop = asyncio.Event()  # set by the watcher: on the user's stop, or when shards change
+            stop = local_stop if watch else self.stop
+            watcher = asyncio.create_task(self._watch_shards(reader, local_stop)) if watch else None
+            applier = StreamApplier(
+                reader, sink, self.store, cp, settings=self.s, reporter=self.reporter, stop=stop,
+                metrics=self.metrics,
+            )  # fmt: skip
+            try:
+                result = await applier.run(
+                    transform, to_now=not follow, after_write=recopy_renamed if snapshot_window else None
+                )
+            finally:
+                if watcher is not None and not watcher.done():
+                    watcher.cancel()
+            self.summary.events += result.events
+            self.summary.retries += applier.retries
+            if watcher is None or (self.stop is not None and self.stop.is_set()):
+                return
+            await self._change_shards(reader, cp, *watcher.result())  # then go on with the new set
+
+    async def _watch_shards(
+        self, reader: Reader, stop: asyncio.Event
+    ) -> tuple[list[Shard], list[str], Timestamp | None]:
+        """While tailing a mongos: relay the user's stop, and every ``shard_refresh_s`` list the shards.
+        Returns (added, removed, time of the last listing without the added ones) once they change, after
+        setting ``stop`` so the merged stream closes before the set is changed."""
+        assert isinstance(reader, MergedReader)
+        checked_at = await current_time(self._client)
+        while True:
+            if await sleep_or_stop(self.s.shard_refresh_s, self.stop):
+                stop.set()
+                return [], [], None
+            try:
+                now = await current_time(self._client)
+                shards = {sh.name: sh for sh in await discover(self._client, self.s.source)}
+            except PyMongoError as exc:
+                self.reporter.warn(f"cannot list the shards: {server_message(exc)}")
+                continue
+            added = [sh for name, sh in shards.items() if name not in reader.readers]
+            removed = [name for name in reader.readers if name not in shards]
+            if added or removed:
+                stop.set()
+                return added, removed, checked_at
+            checked_at = now
+
+    async def _change_shards(
+        self, reader: Reader, cp: Checkpoint, added: list[Shard], removed: list[str], since: Timestamp | None
+    ) -> None:
+        """A new shard starts at the time of the last listing that did not have it, so nothing written on
+        it since is missed; a removed one is closed (its checkpoint entry stays)."""
+        assert isinstance(reader, MergedReader)
+        for sh in added:
+            self.reporter.info(f"shard added: {sh}; following it from {since}")
+            cp.shards.setdefault(sh.name, Position(cluster_time=since))
+            reader.readers[sh.name] = await self._shard_reader(sh)
+        for name in removed:
+            self.reporter.info(f"shard removed: {name}")
+            old = reader.readers.pop(name)
+            await old.close()
+            await old.client.close()
 
     async def _recopy(self, client: Client, sink: Sink, ns: Namespace) -> None:
         spec = await catalog.describe_one(client, ns)

@@ -106,3 +106,64 @@ def test_two_shards_converge_in_order(source_uri: str, target_uri: str, second_s
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.integration
+async def test_a_shard_added_while_tailing_is_followed(
+    source_uri: str, target_uri: str, second_shard: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The source plays a mongos (its hello answer and listShards are stood in for: the test server is
+    not one); the shard list grows while tail runs, and the new shard's writes arrive."""
+    import asyncio
+
+    import replicator.sync as sync_module
+    from replicator.config import resolve
+    from replicator.progress import LogReporter
+    from replicator.source.connection import ServerInfo
+    from replicator.source.shards import Shard
+
+    real_probe = sync_module.probe
+    listed = [Shard("shardA", source_uri)]
+
+    async def mongos_probe(*args: Any) -> ServerInfo:
+        info = await real_probe(*args)
+        return ServerInfo("sharded", None, info.process_id, info.max_wire_version)
+
+    async def list_shards(client: object, uri: str) -> list[Shard]:
+        return list(listed)
+
+    monkeypatch.setattr(sync_module, "probe", mongos_probe)
+    monkeypatch.setattr(sync_module, "discover", list_shards)
+    settings = resolve(
+        {"source": source_uri, "target": target_uri, "checkpoint": tmp_path / "cp.json", "snapshot": "never",
+         "shard_refresh_s": 0.3, "progress": False},
+        env={},
+    )  # fmt: skip
+    stop = asyncio.Event()
+    job = asyncio.create_task(sync_module.SyncJob(settings, LogReporter(), command="tail", stop=stop).run())
+    with pymongo.MongoClient(target_uri) as target:
+
+        async def arrived(n: int) -> None:
+            for _ in range(300):
+                if target.db.c.count_documents({}) >= n:
+                    return
+                assert not job.done(), job.result()
+                await asyncio.sleep(0.1)
+            raise AssertionError(f"{n} documents never arrived")
+
+        while not (tmp_path / "cp.json").exists():
+            await asyncio.sleep(0.05)
+        with pymongo.MongoClient(source_uri) as a:
+            a.db.c.insert_many([{"_id": i} for i in range(10)])
+        await arrived(10)
+        listed.append(Shard("shardB", second_shard))  # a shard joins the cluster...
+        # (as in the migration test: these servers share only the wall clock's seconds, not a cluster
+        # time, so b's writes wait for the next second to be later than the listing that missed b)
+        await asyncio.sleep(1.05 - time.time() % 1)
+        with pymongo.MongoClient(second_shard) as b:
+            b.db.c.insert_many([{"_id": i} for i in range(10, 20)])  # ...and takes writes at once
+        await arrived(20)
+    stop.set()
+    await asyncio.wait_for(job, timeout=30)
+    saved = json.loads((tmp_path / "cp.json").read_text())
+    assert sorted(saved["shards"]) == ["shardA", "shardB"]
