@@ -11,10 +11,12 @@ import shlex
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import orjson
 
 if TYPE_CHECKING:
     import psutil
@@ -107,3 +109,25 @@ def code_version() -> str:
     if commit.returncode != 0:
         return "unknown (not a git checkout)"
     return commit.stdout.strip() + (" + uncommitted changes in replicator/" if dirty.stdout.strip() else "")
+
+
+class BenchError(Exception):
+    """A run crashed, never finished, or left the wrong data: the figures would mean nothing."""
+
+
+def run_bench(
+    prog: str, bench: Callable[[], dict[str, Any]], report: Callable[[dict[str, Any]], None], as_json: bool
+) -> int:
+    """Run a benchmark, print its report (and JSON); exit code 1 on BenchError, 130 on Ctrl-C."""
+    try:
+        data = bench()
+    except BenchError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"\n{prog}: interrupted", file=sys.stderr)
+        return 130
+    report(data)
+    if as_json:
+        sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
+    return 0

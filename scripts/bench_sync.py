@@ -24,7 +24,6 @@ With them, only the ``bench`` database is touched (dropped on the target, reload
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import os
 import platform
 import statistics
@@ -33,8 +32,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext, suppress
+from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -42,11 +41,10 @@ from typing import Any
 import orjson
 import psutil
 import pymongo
-from _local import REPO_ROOT, heading, local_servers, mcdc, show
+from _local import BenchError, bench_servers, code_version, heading, mcdc, run_bench, show, tree_rss
 from bson.raw_bson import RawBSONDocument
 from pymongo import monitoring
 
-from replicator.uri import host_set
 from tests.support.corpus import load_bulk
 from tests.support.servers import connect
 
@@ -72,10 +70,6 @@ class Run:
     summary_elapsed_s: float | None = None  # mcdc's own figure: process start-up excluded
     summary_docs_per_s: float | None = None
     peak_rss_mb: float | None = None
-
-
-class BenchError(Exception):
-    """A copy failed or left the wrong data: the figures would mean nothing."""
 
 
 def _per_s(docs: int, seconds: float) -> float:
@@ -196,19 +190,6 @@ def mcdc_argv(source: str, target: str, checkpoint: Path, workers: int, extra: S
     )  # fmt: skip
 
 
-def _tree_rss(proc: psutil.Process) -> int:
-    """RSS of a process and its descendants; 0 for any that already exited."""
-    total = 0
-    try:
-        members = [proc, *proc.children(recursive=True)]
-    except psutil.Error:
-        return 0
-    for member in members:
-        with suppress(psutil.Error):
-            total += member.memory_info().rss
-    return total
-
-
 def run_mcdc(argv: list[str], docs: int, repeat: int, logdir: Path) -> Run:
     """Run mcdc sync, sampling its peak RSS; its JSON summary is parsed for documents and elapsed_s."""
     out_path, err_path = logdir / f"mcdc-{repeat}.out", logdir / f"mcdc-{repeat}.err"
@@ -219,7 +200,7 @@ def run_mcdc(argv: list[str], docs: int, repeat: int, logdir: Path) -> Run:
         try:
             watched = psutil.Process(proc.pid)
             while True:
-                peak = max(peak, _tree_rss(watched))
+                peak = max(peak, tree_rss(watched))
                 try:
                     proc.wait(SAMPLE_S)
                     break
@@ -256,18 +237,6 @@ def run_mcdc(argv: list[str], docs: int, repeat: int, logdir: Path) -> Run:
 # -- report -----------------------------------------------------------------------------------------------
 
 
-def _code_version() -> str:
-    """The commit the benchmark ran, and whether replicator/ had uncommitted changes (figures move with them)."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "replicator"], cwd=REPO_ROOT, capture_output=True)
-    except OSError:
-        return "unknown (no git)"
-    if commit.returncode != 0:
-        return "unknown (not a git checkout)"
-    return commit.stdout.strip() + (" + uncommitted changes in replicator/" if dirty.stdout.strip() else "")
-
-
 def _best(runs: list[Run], kind: str) -> Run:
     return max((r for r in runs if r.kind == kind), key=lambda r: r.docs_per_s)
 
@@ -286,7 +255,7 @@ def figures(runs: list[Run], args: argparse.Namespace, commands: dict[str, str],
         "repeat": args.repeat,
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
-        "mcdc_code": _code_version(),
+        "mcdc_code": code_version(),
         "baseline_docs_per_s": base.docs_per_s,
         "mcdc_docs_per_s": tool.docs_per_s,
         "mcdc_summary_docs_per_s": tool.summary_docs_per_s,
@@ -334,25 +303,9 @@ def print_report(data: dict[str, Any]) -> None:
 # -- main -------------------------------------------------------------------------------------------------
 
 
-@contextmanager
-def _servers(args: argparse.Namespace) -> Iterator[tuple[str, str, str]]:
-    """(source URI, target URI, server description): the given URIs, else two fresh local servers."""
-    if args.source or args.target:
-        if not (args.source and args.target):
-            raise SystemExit("bench_sync: pass both --source and --target, or neither")
-        if host_set(args.source) & host_set(args.target):
-            raise SystemExit("bench_sync: --source and --target must be different servers")
-        yield args.source, args.target, "the given servers"
-        return
-    heading("Starting two local SecantusDB servers")
-    with tempfile.TemporaryDirectory(prefix="mcdc-bench-") as base, local_servers(Path(base)) as pair:
-        version = importlib.metadata.version("SecantusDB")
-        yield pair.source_uri, pair.target_uri, f"SecantusDB {version} (Python server, slower than mongod)"
-
-
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     keep = nullcontext(str(args.logdir)) if args.logdir else tempfile.TemporaryDirectory(prefix="mcdc-bench-run-")
-    with keep as logdir, _servers(args) as (source, target, server):
+    with keep as logdir, bench_servers("bench_sync", args.source, args.target) as (source, target, server):
         workdir = Path(logdir)
         workdir.mkdir(parents=True, exist_ok=True)
         print(f"source: {source}\ntarget: {target}\nserver: {server}")
@@ -410,18 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.docs < 1 or args.repeat < 1 or args.workers < 1:
         parser.error("--docs, --repeat and --workers must be at least 1")
-    try:
-        data = bench(args)
-    except BenchError as exc:
-        print(f"bench_sync: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("\nbench_sync: interrupted", file=sys.stderr)
-        return 130
-    print_report(data)
-    if args.json:
-        sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
-    return 0
+    return run_bench("bench_sync", lambda: bench(args), print_report, args.json)
 
 
 if __name__ == "__main__":

@@ -58,13 +58,13 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import bson
-import orjson
 import psutil
 import pymongo
-from _local import bench_servers, code_version, heading, mcdc, show, tree_rss
+from _local import BenchError, bench_servers, code_version, heading, mcdc, run_bench, show, tree_rss
+from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 from pymongo import DeleteOne, ReplaceOne, UpdateOne
 from pymongo.collection import Collection
@@ -95,10 +95,6 @@ _MB = 1024 * 1024
 
 Client = pymongo.MongoClient[dict[str, Any]]
 Coll = Collection[dict[str, Any]]
-
-
-class BenchError(Exception):
-    """Something crashed or never finished: the figures would mean nothing."""
 
 
 def _writer(uri: str) -> Client:
@@ -246,7 +242,7 @@ class Diff:
 def _raw_docs(uri: str, coll: str) -> dict[bytes, bytes]:
     with connect(uri) as client:
         found = client.get_database(DB, codec_options=RAW)[coll].find()
-        return {bson.encode({"_id": doc["_id"]}): doc.raw for doc in found}
+        return {bson.encode({"_id": doc["_id"]}): bytes(cast(RawBSONDocument, doc).raw) for doc in found}
 
 
 def compare(source: str, target: str, coll: str) -> Diff:
@@ -815,18 +811,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.events < 2 or args.rate <= 0 or args.duration <= 0:
         parser.error("--events must be at least 2, --rate and --duration positive")
-    try:
-        data = bench(args)
-    except BenchError as exc:
-        print(f"bench_tail: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("\nbench_tail: interrupted", file=sys.stderr)
-        return 130
-    print_report(data)
-    if args.json:
-        sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
-    return 0
+    return run_bench("bench_tail", lambda: bench(args), print_report, args.json)
 
 
 if __name__ == "__main__":
