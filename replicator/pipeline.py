@@ -21,6 +21,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 from bson.timestamp import Timestamp
 
+from .aio import DONE, get_or_raise, pump
 from .events import ChangeEvent, Namespace
 from .normalize import snapshot_read
 from .progress import Reporter, lag_seconds
@@ -31,7 +32,6 @@ from .source.partitions import Partition
 from .source.snapshot import read_partition
 
 Transform = Callable[[ChangeEvent], ChangeEvent | None]
-_DONE = object()
 T = TypeVar("T")
 
 
@@ -138,24 +138,11 @@ async def read_ahead(source: AsyncIterator[T], maxsize: int) -> AsyncIterator[T]
     consumer's writes, and runs ahead of them by at most ``maxsize`` items (backpressure). The source's
     error is raised here; leaving the loop early cancels the reading task."""
     queue: asyncio.Queue[object] = asyncio.Queue(maxsize=max(maxsize, 1))
-
-    async def pump() -> None:
-        async for item in source:
-            await queue.put(item)
-        await queue.put(_DONE)
-
-    producer = asyncio.create_task(pump())
+    producer = asyncio.create_task(pump(source, queue))
     try:
         while True:
-            getter = asyncio.ensure_future(queue.get())
-            await asyncio.wait({getter, producer}, return_when=asyncio.FIRST_COMPLETED)
-            if not getter.done():  # the producer ended first: with an error, or after queueing its last items
-                getter.cancel()
-                producer.result()
-                item = await queue.get()
-            else:
-                item = getter.result()
-            if item is _DONE:
+            item = await get_or_raise(queue, producer)
+            if item is DONE:
                 break
             yield cast(T, item)
         await producer

@@ -441,9 +441,7 @@ class SyncJob:
             reader.readers[sh.name] = await self._shard_reader(sh)
         for name in removed:
             self.reporter.info(f"shard removed: {name}")
-            old = reader.readers.pop(name)
-            await old.close()
-            await old.client.close()
+            await reader.remove(name)
 
     async def _recopy(self, client: Client, sink: Sink, ns: Namespace) -> None:
         spec = await catalog.describe_one(client, ns)

@@ -6,6 +6,7 @@ script runs) after putting the repository root on ``sys.path`` for ``tests.suppo
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import shlex
 import subprocess
@@ -131,3 +132,12 @@ def run_bench(
     if as_json:
         sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
     return 0
+
+
+def add_server_options(parser: argparse.ArgumentParser, mcdc_arg_help: str) -> None:
+    """The options every benchmark takes: external servers, extra mcdc arguments, a log dir, JSON."""
+    parser.add_argument("--source", help="use this source server (only its bench database is touched)")
+    parser.add_argument("--target", help="use this target server (its bench database is dropped)")
+    parser.add_argument("--mcdc-arg", action="append", default=[], metavar="ARG", help=mcdc_arg_help)
+    parser.add_argument("--logdir", type=Path, help="keep mcdc's output and checkpoints here (default: a temp dir)")
+    parser.add_argument("--json", action="store_true", help="also print the figures as JSON")

@@ -41,7 +41,7 @@ from typing import Any
 import orjson
 import psutil
 import pymongo
-from _local import BenchError, bench_servers, code_version, heading, mcdc, run_bench, show, tree_rss
+from _local import BenchError, add_server_options, bench_servers, code_version, heading, mcdc, run_bench, show, tree_rss
 from bson.raw_bson import RawBSONDocument
 from pymongo import monitoring
 
@@ -349,17 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doc-size", type=int, default=200, help="approximate BSON bytes per document (default 200)")
     parser.add_argument("--workers", type=int, default=4, help="mcdc sync --workers (default 4)")
     parser.add_argument("--repeat", type=int, default=1, help="alternate baseline and mcdc this many times")
-    parser.add_argument("--source", help="use this source server instead of starting one")
-    parser.add_argument("--target", help="use this target server (its bench database is dropped)")
-    parser.add_argument(
-        "--mcdc-arg",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="one more argument for mcdc sync (repeatable), e.g. --mcdc-arg=--partition-docs=1000000",
-    )
-    parser.add_argument("--logdir", type=Path, help="keep mcdc's output and checkpoints here (default: a temp dir)")
-    parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    add_server_options(parser, "one more argument for mcdc sync (repeatable), e.g. --mcdc-arg=--partition-docs=1000000")
     args = parser.parse_args(argv)
     if args.docs < 1 or args.repeat < 1 or args.workers < 1:
         parser.error("--docs, --repeat and --workers must be at least 1")

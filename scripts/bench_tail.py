@@ -63,7 +63,7 @@ from typing import Any, cast
 import bson
 import psutil
 import pymongo
-from _local import BenchError, bench_servers, code_version, heading, mcdc, run_bench, show, tree_rss
+from _local import BenchError, add_server_options, bench_servers, code_version, heading, mcdc, run_bench, show, tree_rss
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 from pymongo import DeleteOne, ReplaceOne, UpdateOne
@@ -797,17 +797,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=30_000, help="change events in the backlog (default 30000)")
     parser.add_argument("--rate", type=float, default=200.0, help="writes per second in the lag phase (default 200)")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of writes in the lag phase (default 20)")
-    parser.add_argument("--source", help="use this source server instead of starting one (its bench db is dropped)")
-    parser.add_argument("--target", help="use this target server (its bench database is dropped)")
-    parser.add_argument(
-        "--mcdc-arg",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="one more argument for both mcdc tail runs (repeatable), e.g. --mcdc-arg=--verbose",
-    )
-    parser.add_argument("--logdir", type=Path, help="keep mcdc's output and checkpoints here (default: a temp dir)")
-    parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    add_server_options(parser, "one more argument for both mcdc tail runs (repeatable), e.g. --mcdc-arg=--verbose")
     args = parser.parse_args(argv)
     if args.events < 2 or args.rate <= 0 or args.duration <= 0:
         parser.error("--events must be at least 2, --rate and --duration positive")

@@ -12,19 +12,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 from bson.timestamp import Timestamp
 
+from ..aio import DONE, get_or_raise, pump
 from ..events import ChangeEvent, Position
 from ..uri import redact
 from .changestream import Batch, ChangeStreamReader
 from .connection import DICT_CODEC, Client
-
-_DONE = object()
 
 
 @dataclass(frozen=True)
@@ -96,9 +95,14 @@ class MergedReader:
             await reader.close()
 
     async def close_clients(self) -> None:
-        await self.close()
-        for reader in self.readers.values():
-            await reader.client.close()
+        for name in list(self.readers):
+            await self.remove(name)
+
+    async def remove(self, name: str) -> None:
+        """Stop following one shard: close its stream and its client."""
+        reader = self.readers.pop(name)
+        await reader.close()
+        await reader.client.close()
 
     async def batches(self, *, until: Timestamp | None = None) -> AsyncIterator[Batch]:
         """Merged batches. An event is released once every other shard is known to hold nothing that
@@ -108,19 +112,14 @@ class MergedReader:
         shards = {name: _ShardState() for name in self.readers}
         queues: dict[str, asyncio.Queue[object]] = {n: asyncio.Queue(self._queue_batches) for n in shards}
 
-        async def pump(name: str) -> None:
-            async for batch in self.readers[name].batches(until=until):
-                await queues[name].put(batch)
-            await queues[name].put(_DONE)
-
-        tasks = {n: asyncio.create_task(pump(n)) for n in shards}
+        tasks = {n: asyncio.create_task(pump(self.readers[n].batches(until=until), queues[n])) for n in shards}
         try:
             while True:
                 for name, state in shards.items():
                     if state.finished:
                         continue
                     if not state.buffer:  # nothing buffered: wait for news from this shard
-                        state.take(await _get(queues[name], tasks[name]))
+                        state.take(await get_or_raise(queues[name], tasks[name]))
                     while not state.finished and not queues[name].empty() and len(state.buffer) < self._cap:
                         state.take(queues[name].get_nowait())
                 batch = self._release(shards)
@@ -175,7 +174,7 @@ class _ShardState:
         self.finished = False
 
     def take(self, item: object) -> None:
-        if item is _DONE:
+        if item is DONE:
             self.finished = True
             return
         assert isinstance(item, Batch)
@@ -200,17 +199,3 @@ class _ShardState:
 def _time(event: ChangeEvent) -> Timestamp:
     ts = event.position.cluster_time if event.position is not None else None
     return ts if ts is not None else Timestamp(0, 0)
-
-
-async def _get(queue: asyncio.Queue[object], producer: asyncio.Task[None]) -> object:
-    getter = asyncio.ensure_future(queue.get())
-    await asyncio.wait({getter, producer}, return_when=asyncio.FIRST_COMPLETED)
-    if getter.done():
-        return getter.result()
-    getter.cancel()
-    producer.result()  # the shard's reader failed: raise its error
-    return await queue.get()
-
-
-def names_of(shards: Sequence[Shard]) -> list[str]:
-    return [s.name for s in shards]
