@@ -80,6 +80,11 @@ BatchDocs = Annotated[int | None, typer.Option("--batch-docs", help="Documents p
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log debug details.")]
 
 
+def _flags(params: dict[str, Any]) -> dict[str, Any]:
+    """A command's parameters that are Settings fields (not --config or --verbose)."""
+    return {k: v for k, v in params.items() if k not in ("config", "verbose")}
+
+
 def _settings(flags: dict[str, Any], config: Path | None, *, need_target: bool = True) -> Settings:
     flags = {k: (tuple(v) if isinstance(v, list) else v) for k, v in flags.items()}
     return resolve(flags, config_file=config, need_target=need_target)
@@ -162,9 +167,7 @@ def sync(
     concurrent workers, replays changes up to the end of the copy, and exits 0 with a summary. Kill it at
     any moment: the same command resumes without recopying finished partitions.
     """
-    flags = dict(locals())
-    for key in ("config", "verbose"):
-        flags.pop(key)
+    flags = _flags(locals())
     _replicate("sync", flags, config, verbose)
 
 
@@ -191,9 +194,7 @@ def catch_up(
     The unit a cron job runs. A second run on the same checkpoint while one is active exits at once with
     code 3. An interrupted snapshot is finished first.
     """
-    flags = dict(locals())
-    for key in ("config", "verbose"):
-        flags.pop(key)
+    flags = _flags(locals())
     _replicate("catch-up", flags, config, verbose)
 
 
@@ -215,9 +216,7 @@ def verify(
 
     Exit 0 when identical; exit 1 with a report (namespace, a few _ids) when not.
     """
-    flags = dict(locals())
-    for key in ("config", "verbose"):
-        flags.pop(key)
+    flags = _flags(locals())
     _setup_logging(verbose)
 
     async def go() -> bool:
@@ -298,9 +297,7 @@ def tail(
     source or the target; nothing is skipped (events after the checkpoint are applied again,
     idempotently).
     """
-    flags = dict(locals())
-    for key in ("config", "verbose"):
-        flags.pop(key)
+    flags = _flags(locals())
     _setup_logging(verbose, log_format)
 
     async def go() -> tuple[Summary, bool]:
