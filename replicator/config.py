@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -24,6 +25,9 @@ SNAPSHOT_MODES = ("initial", "always", "never", "when_needed")
 SPLIT_MODES = ("auto", "always", "never")
 HISTORY_LOST_MODES = ("fail", "resnapshot")
 LOG_FORMATS = ("text", "json")
+ENVELOPES = ("debezium", "debezium-legacy", "plain")
+EXTENDED_JSON_MODES = ("canonical", "relaxed")
+PRE_IMAGE_MODES = ("off", "whenAvailable", "required")
 
 
 def parse_start_at(text: str) -> Timestamp:
@@ -90,6 +94,18 @@ class Settings:
     json_output: bool = False
     progress: bool = True
     verify_sample: int = 5  # differing _ids listed per namespace
+    # event sinks (Kafka, stdout, jsonl); Debezium's property names in brackets
+    topic_prefix: str = "mcdc"  # [topic.prefix] topics are <prefix>.<db>.<collection>
+    topic_routes: tuple[str, ...] = ()  # REGEX=TOPIC on "db.collection" (first match wins; \1 = group 1)
+    sanitize_names: bool = False  # Avro-safe topic names: [A-Za-z0-9_] only
+    envelope: str = "debezium"  # debezium | debezium-legacy (after/patch/filter) | plain (mcdc's own event)
+    schemas: bool = False  # wrap key and value in {schema, payload} like Kafka Connect's JsonConverter
+    extended_json: str = "canonical"  # canonical (lossless) | relaxed
+    tombstones: str = "on"  # [tombstones.on.delete] a null-value message after each delete
+    tx_metadata: bool = False  # [provide.transaction.metadata] BEGIN/END to <prefix>.transaction
+    heartbeat_interval_s: float = 0.0  # [heartbeat.interval.ms] 0: off
+    kafka_opts: tuple[str, ...] = ()  # [kafka.producer.*] KEY=VALUE producer settings
+    pre_images: str = "off"  # fullDocumentBeforeChange: off | whenAvailable | required ("before")
     selection: Selection = field(default_factory=Selection, compare=False)
     renamer: Renamer = field(default_factory=Renamer, compare=False)
 
@@ -98,14 +114,16 @@ class Settings:
         if self.checkpoint is not None:
             return self.checkpoint
         key = "|".join(sorted(host_set(self.source))) + "->" + redact(self.target)
+        if not is_mongo_uri(self.target):  # event sinks: another topic prefix is another destination
+            key += "#" + self.topic_prefix
         digest = hashlib.sha256(key.encode()).hexdigest()[:16]
         base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
         return base / "mcdc" / f"checkpoint-{digest}.json"
 
 
 _FIELDS = {f.name: f for f in fields(Settings) if f.name not in ("selection", "renamer")}
-_TUPLE_FIELDS = {"include", "exclude", "rename", "shards"}
-_BOOL_FIELDS = {"snapshot_only", "drop_target", "json_output", "progress"}
+_TUPLE_FIELDS = {"include", "exclude", "rename", "shards", "topic_routes", "kafka_opts"}
+_BOOL_FIELDS = {"snapshot_only", "drop_target", "json_output", "progress", "sanitize_names", "schemas", "tx_metadata"}
 _INT_FIELDS = {
     "workers",
     "partition_docs",
@@ -118,7 +136,7 @@ _INT_FIELDS = {
     "verify_sample",
     "metrics_port",
 }
-_FLOAT_FIELDS = {"retry_initial_s", "retry_max_s", "connect_timeout_s", "shard_refresh_s"}
+_FLOAT_FIELDS = {"retry_initial_s", "retry_max_s", "connect_timeout_s", "shard_refresh_s", "heartbeat_interval_s"}
 
 
 def _coerce(name: str, value: Any, origin: str) -> Any:
@@ -202,6 +220,10 @@ def validate(s: Settings, *, need_target: bool = True) -> Settings:
     if need_target:
         if not s.target:
             raise ConfigError("no target: pass --target URI (or set MCDC_TARGET)")
+        if s.target.lower().startswith("kafka:"):
+            kafka_bootstrap(s.target)
+        if s.target.lower().startswith("jsonl:") and not s.target[len("jsonl:") :]:
+            raise ConfigError("--target jsonl:PATH needs a file path, e.g. jsonl:/var/lib/mcdc/events.jsonl")
         if is_mongo_uri(s.target):
             check_mongo_uri(s.target, "--target")
             if host_set(s.source) & host_set(s.target) and not s.rename:
@@ -227,11 +249,58 @@ def validate(s: Settings, *, need_target: bool = True) -> Settings:
     for name in ("workers", "partition_docs", "batch_docs", "batch_bytes", "queue_batches", "replay_batch"):
         if getattr(s, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+    _validate_event_options(s)
     if s.max_retries < -1:
         raise ConfigError("--max-retries must be -1 (forever), 0 (never) or a positive count")
     selection = Selection.from_patterns(s.include, s.exclude)
     renamer = Renamer.from_rules(s.rename)
     return _replace(s, selection=selection, renamer=renamer)
+
+
+def _choice(value: str, allowed: tuple[str, ...], flag: str) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{flag} must be one of {', '.join(allowed)}, got {value!r}")
+
+
+def _validate_event_options(s: Settings) -> None:
+    _choice(s.envelope, ENVELOPES, "--envelope")
+    _choice(s.extended_json, EXTENDED_JSON_MODES, "--extended-json")
+    _choice(s.tombstones, ("on", "off"), "--tombstones")
+    _choice(s.pre_images, PRE_IMAGE_MODES, "--pre-images")
+    if not s.topic_prefix or any(c in s.topic_prefix for c in "/\\ \t\n"):
+        raise ConfigError(f"--topic-prefix {s.topic_prefix!r} is not a usable topic name prefix")
+    if s.heartbeat_interval_s < 0:
+        raise ConfigError("--heartbeat-interval must be 0 (off) or a number of seconds")
+    for route in s.topic_routes:
+        pattern, sep, topic = route.partition("=")
+        if not sep or not pattern or not topic:
+            raise ConfigError(f"--topic-route {route!r} must be REGEX=TOPIC (e.g. 'shop\\.orders_.*=shop.orders')")
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(f"--topic-route {route!r}: bad regular expression: {exc}") from None
+    for opt in s.kafka_opts:
+        key, sep, _ = opt.partition("=")
+        if not sep or not key.strip():
+            # never echo the value: it may be a password
+            raise ConfigError(f"--kafka-opt {key.strip() or '?'}: expected KEY=VALUE (e.g. linger.ms=5)")
+
+
+def kafka_bootstrap(uri: str) -> list[str]:
+    """``kafka://HOST:PORT[,HOST:PORT...]`` -> the bootstrap servers, checked for shape."""
+    scheme, sep, rest = uri.partition("://")
+    if scheme.lower() != "kafka" or not sep:
+        raise ConfigError(f"Kafka target {redact(uri)!r} must look like kafka://HOST:PORT[,HOST:PORT...]")
+    hosts = rest.split("/", 1)[0].split("?", 1)[0]
+    if "@" in hosts:
+        raise ConfigError("Kafka credentials go in --kafka-opt sasl.username=... / sasl.password=..., not the URI")
+    out = []
+    for host in hosts.split(","):
+        name, colon, port = host.rpartition(":")
+        if not colon or not name or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"Kafka target {redact(uri)!r}: {host!r} is not HOST:PORT")
+        out.append(host)
+    return out
 
 
 def _replace(s: Settings, **changes: Any) -> Settings:

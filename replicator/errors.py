@@ -14,6 +14,8 @@ line and exits with its ``exit_code``. Anything else is a bug and keeps its trac
     ├── HistoryLost                resume position fell off the oplog (exit 4)
     ├── OversizeEvent              a change event over 16 MB the server cannot split
     ├── SinkError                  the sink refused a write it cannot retry
+    │   └── SinkUnavailable        the destination is down for now (retried with backoff)
+    ├── OutputClosed               the reader of --target stdout went away (exit 0, quietly)
     └── VerifyMismatch             verify found differences (exit 1)
 """
 
@@ -60,6 +62,16 @@ class OversizeEvent(McdcError):
 
 class SinkError(McdcError):
     """A sink rejected a write that retrying cannot fix."""
+
+
+class SinkUnavailable(SinkError, ConnectionError):
+    """The destination cannot be reached right now; a ConnectionError, so the stream retries it."""
+
+
+class OutputClosed(McdcError):
+    """The process reading our output closed it (``mcdc tail --target - | head``): stop, quietly."""
+
+    exit_code = 0
 
 
 class VerifyMismatch(McdcError):

@@ -91,8 +91,9 @@ class ChangeEvent:
     """One normalized change: a snapshot read, a document change, or DDL.
 
     ``document`` is the full document when known (insert, replace, snapshot read, and updates
-    opened with updateLookup); ``key`` is the change stream's documentKey (``{"_id": ...}``, plus the
-    shard key on sharded collections). ``ddl`` holds the DDL event's details (operationDescription).
+    opened with updateLookup), ``before`` the pre-image when the stream asked for one; ``key`` is the
+    change stream's documentKey (``{"_id": ...}``, plus the shard key on sharded collections).
+    ``ddl`` holds the DDL event's details (operationDescription).
     """
 
     op: Op
@@ -105,6 +106,8 @@ class ChangeEvent:
     position: Position | None = None
     wall_time_ms: int | None = None
     txn: Transaction | None = None
+    before: Mapping[str, Any] | None = None  # fullDocumentBeforeChange, when pre-images are on
+    rs: str | None = None  # the replica set (shard) whose change stream reported the event
 
     @property
     def document_key(self) -> Mapping[str, Any]:

@@ -33,8 +33,10 @@ IGNORED_TYPES = frozenset(
 )
 
 
-def normalize_change(raw: Mapping[str, Any]) -> ChangeEvent | None:
-    """Turn one change-stream document into a ChangeEvent, or None for events mcdc does not replay."""
+def normalize_change(raw: Mapping[str, Any], rs: str | None = None) -> ChangeEvent | None:
+    """Turn one change-stream document into a ChangeEvent, or None for events mcdc does not replay.
+
+    ``rs`` names the replica set (shard) the stream reads, for sinks that report it."""
     op_type = raw["operationType"]
     op = OPERATION_TYPES.get(op_type)
     if op is None:
@@ -72,6 +74,8 @@ def normalize_change(raw: Mapping[str, Any]) -> ChangeEvent | None:
         position=Position(resume_token=raw["_id"], cluster_time=raw.get("clusterTime")),
         wall_time_ms=_millis(wall),
         txn=txn,
+        before=raw.get("fullDocumentBeforeChange"),
+        rs=rs,
     )
 
 

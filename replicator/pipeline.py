@@ -184,6 +184,8 @@ async def replay(
         events = [e for e in map(transform, batch.events) if e is not None]
         if events:
             await sink.write(events)
+        else:
+            await sink.heartbeat()
         if after_write is not None:
             await after_write(batch.events)
         result.events += len(events)

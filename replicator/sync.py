@@ -124,6 +124,7 @@ class SyncJob:
             try:
                 info = await probe(client, self.s.source, "source")
                 sink = open_sink(self.s)
+                sink.source_name = info.set_name or ""
                 await sink.start()
                 try:
                     _refuse_same_server(info, sink, self.s)
@@ -166,7 +167,7 @@ class SyncJob:
         else:
             reader = ChangeStreamReader(
                 client, full_document=s.full_document, batch_size=s.replay_batch, max_await_ms=await_ms,
-                oversize=s.oversize,
+                oversize=s.oversize, pre_images=s.pre_images, rs=info.set_name,
             )  # fmt: skip
         force_snapshot = False
         try:
@@ -317,11 +318,11 @@ class SyncJob:
 
     async def _shard_reader(self, shard: Shard) -> ChangeStreamReader:
         client = make_client(shard.uri, timeout_s=self.s.connect_timeout_s)
-        await probe(client, shard.uri, f"shard {shard.name}")
+        info = await probe(client, shard.uri, f"shard {shard.name}")
         # short awaits: the merge waits for an idle shard's empty poll before releasing the others' events
         return ChangeStreamReader(
             client, full_document=self.s.full_document, batch_size=self.s.replay_batch, max_await_ms=100,
-            track_time=True, oversize=self.s.oversize,
+            track_time=True, oversize=self.s.oversize, pre_images=self.s.pre_images, rs=info.set_name,
         )  # fmt: skip
 
     def _limits(self) -> CopyLimits:

@@ -29,6 +29,9 @@ class Sink(ABC):
 
     #: URI scheme(s) this sink answers to, e.g. ("mongodb", "mongodb+srv").
     schemes: tuple[str, ...] = ()
+    #: The source's replica set name (empty for a mongos or a standalone), set before ``start()``; events
+    #: read from a change stream also carry their own in ``ChangeEvent.rs``.
+    source_name: str = ""
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Connect; raise ConnectionFailed with a one-line reason when the destination is unreachable."""
@@ -36,6 +39,10 @@ class Sink(ABC):
     @abstractmethod
     async def write(self, batch: Sequence[ChangeEvent]) -> None:
         """Deliver a batch; return only when all of it is acknowledged."""
+
+    async def heartbeat(self) -> None:  # noqa: B027 - optional hook
+        """The stream moved without events for this sink (idle, or only filtered-out changes): a sink
+        that publishes heartbeats does so here, at its own pace."""
 
     async def flush(self) -> None:  # noqa: B027 - optional hook
         """Deliver anything buffered."""

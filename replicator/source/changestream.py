@@ -98,16 +98,22 @@ class ChangeStreamReader:
         max_await_ms: int = 500,
         track_time: bool = False,
         oversize: str = "fail",
+        pre_images: str = "off",
+        rs: str | None = None,
     ) -> None:
         """``track_time``: stamp batches with local read and poll times (``Batch.read_at`` and
         ``Batch.idle_since``), which merging several streams needs. ``oversize``: what to do with a
-        change event over 16 MB where the server cannot split it ("fail" or "skip", logged)."""
+        change event over 16 MB where the server cannot split it ("fail" or "skip", logged). ``pre_images``:
+        fullDocumentBeforeChange ("off", "whenAvailable" or "required"). ``rs``: the replica set's name,
+        stamped on every event."""
         self.client = client
         self._track_time = track_time
         self._full_document = full_document
         self._batch_size = batch_size
         self._max_await_ms = max_await_ms
         self._oversize = oversize
+        self._pre_images = pre_images
+        self._rs = rs
         self._split = True  # until the server says it has no $changeStreamSplitLargeEvent
         self._fragments: list[Any] = []
         self._stream: AsyncChangeStream[Any] | None = None
@@ -120,6 +126,8 @@ class ChangeStreamReader:
         }
         if self._full_document != "default":
             kwargs["full_document"] = self._full_document
+        if self._pre_images != "off":
+            kwargs["full_document_before_change"] = self._pre_images
         if start.resume_token is not None:
             kwargs["resume_after"] = start.resume_token
         elif start.cluster_time is not None:
@@ -210,7 +218,7 @@ class ChangeStreamReader:
                         raw.get("operationType"), raw["ns"].get("db"), raw["ns"].get("coll"), raw.get("documentKey"),
                     )  # fmt: skip
                     continue
-                event = normalize_change(raw)
+                event = normalize_change(raw, self._rs)
                 if event is None:
                     continue
                 ts = event.position.cluster_time if event.position else None
