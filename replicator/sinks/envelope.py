@@ -1,0 +1,353 @@
+"""ChangeEvent -> keyed messages: Debezium's MongoDB envelopes (or mcdc's own event) as JSON bytes.
+
+One :class:`Encoder` serves every event sink (Kafka, stdout, jsonl). Per event it yields:
+
+* a data message on the collection's topic: key ``{"id": "<_id as extended JSON>"}``, value the envelope;
+* a tombstone (same key, null value) after each delete, unless ``--tombstones off``;
+* with ``--tx-metadata``, BEGIN and END messages on ``<prefix>.transaction`` around each transaction, and a
+  ``transaction`` block (id, total_order, data_collection_order) in its events;
+* DDL (drop, rename, dropDatabase, createIndexes, ...) on ``<prefix>.ddl``, keyed by database.
+
+Envelopes (``--envelope``):
+
+``debezium``
+    Debezium 2.x's change-stream envelope: ``op`` (r/c/u/d), ``after`` (the full document as an extended
+    JSON string, when known), ``before`` (the pre-image, with --pre-images), ``updateDescription``
+    (``updatedFields`` as an extended JSON string, ``removedFields``, ``truncatedArrays``), ``source``,
+    ``ts_ms`` and ``transaction``. A replace is ``u`` with ``after``.
+``debezium-legacy``
+    Debezium 1.x: ``after`` for reads, inserts and replaces, ``patch`` (an idempotent MongoDB update as a
+    string) for updates, ``filter`` (the document key) for updates and deletes.
+``plain``
+    mcdc's normalized event with documents as extended JSON objects (not strings): for jq and scripts.
+
+Extended JSON is canonical (lossless: Int64, Decimal128, dates, binary subtypes survive) unless
+``relaxed``. ``schemas`` wraps key and value as Kafka Connect's JsonConverter does: ``{schema, payload}``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from .. import __version__
+from ..events import ChangeEvent, Namespace, Op, Transaction
+from ..extjson import to_json_value
+from . import connect_schema
+from .topics import TopicNamer
+
+_DATA_OPS = frozenset({Op.READ, Op.INSERT, Op.UPDATE, Op.REPLACE, Op.DELETE})
+#: Debezium's op letter for each data op (a replace is an update whose after is the whole document).
+_OP_LETTER = {Op.READ: "r", Op.INSERT: "c", Op.UPDATE: "u", Op.REPLACE: "u", Op.DELETE: "d"}
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One record for a topic. ``value`` None is a tombstone."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+
+
+@dataclass(frozen=True)
+class EnvelopeOptions:
+    style: str = "debezium"  # debezium | debezium-legacy | plain
+    schemas: bool = False
+    relaxed: bool = False
+    tombstones: bool = True
+    tx_metadata: bool = False
+
+    @classmethod
+    def from_settings(cls, s: Any) -> EnvelopeOptions:
+        return cls(
+            style=s.envelope,
+            schemas=s.schemas,
+            relaxed=s.extended_json == "relaxed",
+            tombstones=s.tombstones == "on",
+            tx_metadata=s.tx_metadata,
+        )
+
+
+class Encoder:
+    """Turns batches of events into messages; pure apart from the clock (``ts_ms``)."""
+
+    def __init__(
+        self,
+        options: EnvelopeOptions,
+        topics: TopicNamer,
+        *,
+        source_name: str = "",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.options = options
+        self.topics = topics
+        self.source_name = source_name
+        self._clock = clock
+        self._relaxed = options.relaxed
+        self._key_schemas: dict[Namespace, dict[str, Any]] = {}
+        self._value_schemas: dict[Namespace, dict[str, Any]] = {}
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Encoder:
+        """The encoder a run's Settings describe (envelope, topics, JSON mode, tombstones, metadata)."""
+        topics = TopicNamer(settings.topic_prefix, settings.topic_routes, sanitize=settings.sanitize_names)
+        return cls(EnvelopeOptions.from_settings(settings), topics)
+
+    # -- batches ------------------------------------------------------------------------------------
+
+    def encode(self, batch: Sequence[ChangeEvent]) -> list[Message]:
+        """Every message for a batch, in order (a transaction's events arrive in one batch)."""
+        return list(self.iter_encode(batch))
+
+    def iter_encode(self, batch: Sequence[ChangeEvent]) -> Iterator[Message]:
+        now_ms = int(self._clock() * 1000)
+        tx_meta = self.options.tx_metadata
+        i, n = 0, len(batch)
+        while i < n:
+            event = batch[i]
+            if tx_meta and event.txn is not None:
+                j = i + 1
+                while j < n and batch[j].txn == event.txn:
+                    j += 1
+                yield from self._transaction(batch[i:j], event.txn, now_ms)
+                i = j
+                continue
+            yield from self._event(event, now_ms, None)
+            i += 1
+
+    def _transaction(self, events: Sequence[ChangeEvent], txn: Transaction, now_ms: int) -> Iterator[Message]:
+        tx_id = transaction_id(txn)
+        data = [e for e in events if e.op in _DATA_OPS]
+        per_collection: Counter[str] = Counter()
+        yield self._tx_message(tx_id, "BEGIN", None, events[0], now_ms)
+        for total, event in enumerate(events, 1):
+            block = None
+            if event.op in _DATA_OPS:
+                name = f"{event.rs or self.source_name}.{event.ns}"
+                per_collection[name] += 1
+                block = {"id": tx_id, "total_order": total, "data_collection_order": per_collection[name]}
+            yield from self._event(event, now_ms, block)
+        counts = [{"data_collection": name, "event_count": count} for name, count in per_collection.items()]
+        yield self._tx_message(tx_id, "END", (len(data), counts), events[-1], now_ms)
+
+    def _tx_message(
+        self, tx_id: str, status: str, end: tuple[int, list[dict[str, Any]]] | None, event: ChangeEvent, now_ms: int
+    ) -> Message:
+        value = {
+            "status": status,
+            "id": tx_id,
+            "event_count": end[0] if end else None,
+            "data_collections": end[1] if end else None,
+            "ts_ms": event.wall_time_ms if event.wall_time_ms is not None else now_ms,
+        }
+        key = {"id": tx_id}
+        if self.options.schemas:
+            key = connect_schema.wrap(connect_schema.TX_KEY, key)
+            value = connect_schema.wrap(connect_schema.TX_VALUE, value)
+        return Message(self.topics.transaction, orjson.dumps(key), orjson.dumps(value))
+
+    # -- one event ----------------------------------------------------------------------------------
+
+    def _event(self, event: ChangeEvent, now_ms: int, tx_block: dict[str, Any] | None) -> Iterator[Message]:
+        if event.op in _DATA_OPS:
+            topic = self.topics.data(event.ns)
+            key = self._key(event)
+            yield Message(topic, key, self._value(event, now_ms, tx_block))
+            if event.op is Op.DELETE and self.options.tombstones:
+                yield Message(topic, key, None)
+        elif event.op.is_ddl:
+            yield self._ddl(event, now_ms)
+        # INVALIDATE: the stream's end, nothing for consumers
+
+    def _key(self, event: ChangeEvent) -> bytes:
+        key: dict[str, Any] = {"id": self._json(event.document_key["_id"])}
+        if self.options.schemas:
+            key = connect_schema.wrap(self._key_schema(event.ns), key)
+        return orjson.dumps(key)
+
+    def _value(self, event: ChangeEvent, now_ms: int, tx_block: dict[str, Any] | None) -> bytes:
+        style = self.options.style
+        if style == "plain":
+            return orjson.dumps(self.plain(event))
+        payload = self._legacy(event, now_ms) if style == "debezium-legacy" else self._debezium(event, now_ms)
+        payload["transaction"] = tx_block
+        if self.options.schemas:
+            return orjson.dumps(connect_schema.wrap(self._value_schema(event.ns), payload))
+        return orjson.dumps(payload)
+
+    def _debezium(self, event: ChangeEvent, now_ms: int) -> dict[str, Any]:
+        update = None
+        if event.op is Op.UPDATE and event.update is not None:
+            u = event.update
+            update = {
+                "removedFields": list(u.removed_fields) or None,
+                "updatedFields": self._json(u.updated_fields),
+                "truncatedArrays": [{"field": f, "size": size} for f, size in u.truncated_arrays] or None,
+            }
+        return {
+            "before": self._json(event.before) if event.before is not None else None,
+            "after": self._json(event.document) if event.document is not None else None,
+            "updateDescription": update,
+            "source": self._source(event, now_ms, legacy=False),
+            "op": _OP_LETTER[event.op],
+            "ts_ms": now_ms,
+        }
+
+    def _legacy(self, event: ChangeEvent, now_ms: int) -> dict[str, Any]:
+        patch = filt = None
+        if event.op in (Op.UPDATE, Op.REPLACE, Op.DELETE):
+            filt = self._json(event.document_key)
+        if event.op is Op.UPDATE and event.update is not None:
+            patch = self._json(update_operators(event))
+        elif event.op is Op.REPLACE and event.document is not None:
+            patch = self._json(event.document)  # as the oplog's replacement "o"
+        return {
+            "after": self._json(event.document) if event.document is not None else None,
+            "patch": patch,
+            "filter": filt,
+            "source": self._source(event, now_ms, legacy=True),
+            "op": _OP_LETTER[event.op],
+            "ts_ms": now_ms,
+        }
+
+    def _source(self, event: ChangeEvent, now_ms: int, *, legacy: bool) -> dict[str, Any]:
+        pos = event.position
+        ct = pos.cluster_time if pos is not None else None
+        snapshot = event.op is Op.READ
+        # when the change happened; a snapshot read happens now
+        ts_ms = event.wall_time_ms if event.wall_time_ms is not None else (ct.time * 1000 if ct else now_ms)
+        source: dict[str, Any] = {
+            "version": __version__,
+            "connector": "mongodb",
+            "name": self.topics.prefix,
+            "ts_ms": ts_ms,
+            "snapshot": snapshot if legacy else ("true" if snapshot else "false"),
+            "db": event.ns.db,
+            "sequence": None,
+            "rs": event.rs or self.source_name,
+            "collection": event.ns.coll,
+            "ord": ct.inc if ct else 0,
+        }
+        txn = event.txn
+        if legacy:
+            source["h"] = None
+            source["tord"] = None
+            source["stxnid"] = f"{transaction_id(txn)}" if txn is not None else None
+        else:
+            source["lsid"] = self._json(txn.lsid) if txn is not None else None
+            source["txnNumber"] = txn.txn_number if txn is not None else None
+            source["wallTime"] = event.wall_time_ms
+        return source
+
+    def _ddl(self, event: ChangeEvent, now_ms: int) -> Message:
+        value: dict[str, Any] = {
+            "op": event.op.value,
+            "db": event.ns.db,
+            "collection": event.ns.coll,
+            "to": {"db": event.to.db, "collection": event.to.coll} if event.to is not None else None,
+            "operationDescription": self._json(event.ddl) if event.ddl is not None else None,
+            "source": self._source(event, now_ms, legacy=False),
+            "ts_ms": now_ms,
+        }
+        key: dict[str, Any] = {"db": event.ns.db}
+        if self.options.schemas:
+            key = connect_schema.wrap(connect_schema.DDL_KEY, key)
+            value = connect_schema.wrap(connect_schema.DDL_VALUE, value)
+        return Message(self.topics.ddl, orjson.dumps(key), orjson.dumps(value))
+
+    def plain(self, event: ChangeEvent) -> dict[str, Any]:
+        """mcdc's own event as JSON data; documents as extended JSON objects."""
+        pos = event.position
+        relaxed = self._relaxed
+        out: dict[str, Any] = {"op": event.op.value, "ns": str(event.ns)}
+        if event.to is not None:
+            out["to"] = str(event.to)
+        if event.key is not None:
+            out["key"] = to_json_value(event.key, relaxed=relaxed)
+        if event.document is not None:
+            out["document"] = to_json_value(event.document, relaxed=relaxed)
+        if event.before is not None:
+            out["before"] = to_json_value(event.before, relaxed=relaxed)
+        if event.update is not None:
+            u = event.update
+            out["update"] = {
+                "updatedFields": to_json_value(u.updated_fields, relaxed=relaxed),
+                "removedFields": list(u.removed_fields),
+                "truncatedArrays": [{"field": f, "newSize": size} for f, size in u.truncated_arrays],
+            }
+        if event.ddl is not None:
+            out["ddl"] = to_json_value(event.ddl, relaxed=relaxed)
+        if pos is not None and pos.cluster_time is not None:
+            out["clusterTime"] = {"t": pos.cluster_time.time, "i": pos.cluster_time.inc}
+        if event.wall_time_ms is not None:
+            out["wallTime"] = event.wall_time_ms
+        if event.txn is not None:
+            out["txn"] = {"id": transaction_id(event.txn), "txnNumber": event.txn.txn_number}
+        if event.rs or self.source_name:
+            out["rs"] = event.rs or self.source_name
+        return out
+
+    def heartbeat(self, now_ms: int | None = None) -> Message:
+        """Debezium's heartbeat record: key {serverName}, value {ts_ms}."""
+        ts = int(self._clock() * 1000) if now_ms is None else now_ms
+        key: dict[str, Any] = {"serverName": self.topics.prefix}
+        value: dict[str, Any] = {"ts_ms": ts}
+        if self.options.schemas:
+            key = connect_schema.wrap(connect_schema.HEARTBEAT_KEY, key)
+            value = connect_schema.wrap(connect_schema.HEARTBEAT_VALUE, value)
+        return Message(self.topics.heartbeat, orjson.dumps(key), orjson.dumps(value))
+
+    # -- helpers ------------------------------------------------------------------------------------
+
+    def _json(self, value: Any) -> str:
+        """A value as an extended JSON string (how Debezium carries documents)."""
+        return orjson.dumps(to_json_value(value, relaxed=self._relaxed)).decode()
+
+    def _key_schema(self, ns: Namespace) -> dict[str, Any]:
+        schema = self._key_schemas.get(ns)
+        if schema is None:
+            schema = self._key_schemas[ns] = connect_schema.key_schema(self._schema_name(ns) + ".Key")
+        return schema
+
+    def _value_schema(self, ns: Namespace) -> dict[str, Any]:
+        schema = self._value_schemas.get(ns)
+        if schema is None:
+            legacy = self.options.style == "debezium-legacy"
+            schema = connect_schema.value_schema(self._schema_name(ns) + ".Envelope", legacy=legacy)
+            self._value_schemas[ns] = schema
+        return schema
+
+    def _schema_name(self, ns: Namespace) -> str:
+        db, coll = self.topics.name_parts(ns)
+        return f"{self.topics.prefix}.{db}.{coll}"
+
+
+def transaction_id(txn: Transaction) -> str:
+    """``<session id>:<txnNumber>``: what identifies a transaction in a change stream."""
+    lsid = txn.lsid.get("id")
+    as_uuid = getattr(lsid, "as_uuid", None)
+    try:
+        session = str(as_uuid()) if as_uuid is not None else bytes(lsid or b"").hex()
+    except ValueError:  # a binary that is not a UUID
+        session = bytes(lsid or b"").hex()
+    return f"{session}:{txn.txn_number}"
+
+
+def update_operators(event: ChangeEvent) -> dict[str, Any]:
+    """An update event's delta as MongoDB update operators ($set, $unset, then array truncation)."""
+    u = event.update
+    assert u is not None
+    ops: dict[str, Any] = {}
+    if u.updated_fields:
+        ops["$set"] = u.updated_fields
+    if u.removed_fields:
+        ops["$unset"] = dict.fromkeys(u.removed_fields, True)
+    if u.truncated_arrays:
+        ops["$push"] = {f: {"$each": [], "$slice": size} for f, size in u.truncated_arrays}
+    return ops

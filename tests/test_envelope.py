@@ -1,0 +1,274 @@
+"""ChangeEvent -> Debezium-compatible records (no server): keys, envelopes, tombstones, transactions, DDL."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any
+
+import bson
+import pytest
+from bson import json_util
+from bson.raw_bson import RawBSONDocument
+from bson.timestamp import Timestamp
+
+from replicator.config import resolve
+from replicator.errors import ConfigError
+from replicator.events import ChangeEvent, Namespace, Op
+from replicator.extjson import CANONICAL
+from replicator.normalize import normalize_change, snapshot_read
+from replicator.sinks.envelope import Encoder, EnvelopeOptions, Message, transaction_id
+from replicator.sinks.kafka_options import producer_config
+from replicator.sinks.topics import TopicNamer, avro_name
+
+NOW = 1_800_000_000.123
+LSID = {"id": bson.Binary(bytes(range(16)), 4), "uid": bson.Binary(b"\x00" * 32, 0)}
+
+
+def raw(doc: dict[str, Any]) -> RawBSONDocument:
+    return RawBSONDocument(bson.encode(doc))
+
+
+def change(op: str, **fields: Any) -> ChangeEvent:
+    doc = {
+        "_id": {"_data": "82"},
+        "operationType": op,
+        "clusterTime": Timestamp(1_700_000_000, 7),
+        "wallTime": datetime.datetime(2023, 11, 14, 22, 13, 20),
+        "ns": {"db": "shop", "coll": "orders"},
+        **fields,
+    }
+    event = normalize_change(raw(doc), "rs0")
+    assert event is not None
+    return event
+
+
+def encoder(style: str = "debezium", **kw: Any) -> Encoder:
+    return Encoder(EnvelopeOptions(style=style, **kw), TopicNamer("fulfillment"), clock=lambda: NOW)
+
+
+def decode(message: Message) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    assert message.key is not None
+    return json.loads(message.key), json.loads(message.value) if message.value is not None else None
+
+
+def ext(text: str) -> Any:
+    """An extended JSON string -> BSON values (canonical)."""
+    return json_util.loads(text, json_options=CANONICAL)
+
+
+OID = bson.ObjectId("596e275826f08b2730779e1f")
+DOC = {"_id": OID, "n": bson.Int64(5), "price": bson.Decimal128("1.10"), "at": datetime.datetime(2020, 1, 1)}
+
+
+def test_insert_is_debezium_create_with_canonical_after_and_key() -> None:
+    [msg] = encoder().encode([change("insert", documentKey={"_id": OID}, fullDocument=DOC)])
+    key, value = decode(msg)
+    assert msg.topic == "fulfillment.shop.orders"
+    assert key == {"id": '{"$oid":"596e275826f08b2730779e1f"}'}
+    assert value is not None and value["op"] == "c" and value["ts_ms"] == int(NOW * 1000)
+    after = ext(value["after"])
+    assert after == DOC and isinstance(after["n"], bson.Int64) and isinstance(after["price"], bson.Decimal128)
+    assert value["before"] is None and value["updateDescription"] is None and value["transaction"] is None
+    source = value["source"]
+    assert source["connector"] == "mongodb" and source["name"] == "fulfillment" and source["rs"] == "rs0"
+    assert (source["db"], source["collection"], source["snapshot"]) == ("shop", "orders", "false")
+    assert source["ord"] == 7 and source["ts_ms"] == 1_700_000_000_000 and source["wallTime"] == 1_700_000_000_000
+    assert source["lsid"] is None and source["txnNumber"] is None
+
+
+def test_update_carries_update_description_and_lookup_after() -> None:
+    event = change(
+        "update",
+        documentKey={"_id": 1},
+        fullDocument={"_id": 1, "a": 2},
+        updateDescription={
+            "updatedFields": {"a": 2, "d": bson.Decimal128("NaN")},
+            "removedFields": ["gone"],
+            "truncatedArrays": [{"field": "arr", "newSize": 1}],
+        },
+    )
+    key, value = decode(encoder().encode([event])[0])
+    assert key == {"id": '{"$numberInt":"1"}'}
+    assert value is not None and value["op"] == "u"
+    update = value["updateDescription"]
+    assert ext(update["updatedFields"]) == {"a": 2, "d": bson.Decimal128("NaN")}
+    assert update["removedFields"] == ["gone"] and update["truncatedArrays"] == [{"field": "arr", "size": 1}]
+    assert ext(value["after"]) == {"_id": 1, "a": 2}
+
+
+def test_replace_is_an_update_with_after_and_before_when_pre_images_on() -> None:
+    event = change(
+        "replace", documentKey={"_id": "x"}, fullDocument={"_id": "x", "v": 2}, fullDocumentBeforeChange={"_id": "x"}
+    )
+    _, value = decode(encoder().encode([event])[0])
+    assert value is not None and value["op"] == "u" and value["updateDescription"] is None
+    assert ext(value["after"]) == {"_id": "x", "v": 2} and ext(value["before"]) == {"_id": "x"}
+
+
+def test_delete_is_followed_by_a_tombstone_with_the_same_key_unless_off() -> None:
+    event = change("delete", documentKey={"_id": OID})
+    delete, tombstone = encoder().encode([event])
+    assert decode(delete)[1] is not None and decode(delete)[1]["op"] == "d"  # type: ignore[index]
+    assert tombstone.key == delete.key and tombstone.value is None and tombstone.topic == delete.topic
+    assert len(encoder(tombstones=False).encode([event])) == 1
+
+
+def test_snapshot_read_is_op_r_with_snapshot_true_and_the_source_name() -> None:
+    enc = encoder()
+    enc.source_name = "rs9"
+    _, value = decode(enc.encode([snapshot_read(Namespace("shop", "orders"), raw(DOC))])[0])
+    assert value is not None and value["op"] == "r"
+    assert value["source"]["snapshot"] == "true" and value["source"]["rs"] == "rs9"
+    assert value["source"]["ts_ms"] == int(NOW * 1000)
+
+
+def test_relaxed_extended_json_on_request() -> None:
+    [msg] = encoder(relaxed=True).encode([change("insert", documentKey={"_id": 1}, fullDocument={"_id": 1, "n": 2})])
+    key, value = decode(msg)
+    assert key == {"id": "1"} and value is not None and json.loads(value["after"]) == {"_id": 1, "n": 2}
+
+
+def test_legacy_envelope_has_after_patch_and_filter() -> None:
+    enc = encoder("debezium-legacy")
+    insert, update, delete, _ = enc.encode(
+        [
+            change("insert", documentKey={"_id": 1}, fullDocument={"_id": 1, "a": 1}),
+            change(
+                "update",
+                documentKey={"_id": 1},
+                updateDescription={"updatedFields": {"a": 2}, "removedFields": ["b"], "truncatedArrays": []},
+            ),
+            change("delete", documentKey={"_id": 1}),
+        ]
+    )
+    _, v = decode(insert)
+    assert v is not None and ext(v["after"]) == {"_id": 1, "a": 1} and v["patch"] is None and v["filter"] is None
+    assert v["source"]["snapshot"] is False and "stxnid" in v["source"]
+    _, v = decode(update)
+    assert v is not None and ext(v["patch"]) == {"$set": {"a": 2}, "$unset": {"b": True}}
+    assert ext(v["filter"]) == {"_id": 1} and v["after"] is None
+    _, v = decode(delete)
+    assert v is not None and v["op"] == "d" and ext(v["filter"]) == {"_id": 1}
+
+
+def test_transaction_metadata_wraps_a_transaction_in_begin_and_end() -> None:
+    txn = {"lsid": LSID, "txnNumber": bson.Int64(4)}
+    events = [
+        change("insert", documentKey={"_id": 1}, fullDocument={"_id": 1}, **txn),
+        change("insert", documentKey={"_id": 2}, fullDocument={"_id": 2}, ns={"db": "shop", "coll": "items"}, **txn),
+        change("delete", documentKey={"_id": 1}, **txn),
+        change("insert", documentKey={"_id": 3}, fullDocument={"_id": 3}),
+    ]
+    messages = encoder(tx_metadata=True).encode(events)
+    topics = [m.topic for m in messages]
+    assert topics[0] == topics[5] == "fulfillment.transaction"
+    begin, end = decode(messages[0])[1], decode(messages[5])[1]
+    tx_id = transaction_id(events[0].txn)  # type: ignore[arg-type]
+    assert tx_id == "00010203-0405-0607-0809-0a0b0c0d0e0f:4"
+    assert begin == {
+        "status": "BEGIN",
+        "id": tx_id,
+        "event_count": None,
+        "data_collections": None,
+        "ts_ms": 1_700_000_000_000,
+    }
+    assert end is not None and end["status"] == "END" and end["event_count"] == 3
+    assert end["data_collections"] == [
+        {"data_collection": "rs0.shop.orders", "event_count": 2},
+        {"data_collection": "rs0.shop.items", "event_count": 1},
+    ]
+    blocks = [decode(m)[1]["transaction"] for m in messages[1:5] if m.value is not None]  # type: ignore[index]
+    assert blocks == [
+        {"id": tx_id, "total_order": 1, "data_collection_order": 1},
+        {"id": tx_id, "total_order": 2, "data_collection_order": 1},
+        {"id": tx_id, "total_order": 3, "data_collection_order": 2},
+    ]
+    assert decode(messages[1])[1]["source"]["txnNumber"] == 4  # type: ignore[index]
+    assert decode(messages[-1])[1]["transaction"] is None  # type: ignore[index]
+
+
+def test_ddl_goes_to_the_ddl_topic_keyed_by_database() -> None:
+    event = change(
+        "rename", to={"db": "shop", "coll": "archive"}, operationDescription={"to": {"db": "shop", "coll": "archive"}}
+    )
+    [msg] = encoder().encode([event])
+    key, value = decode(msg)
+    assert msg.topic == "fulfillment.ddl" and key == {"db": "shop"}
+    assert value is not None and value["op"] == "rename" and value["to"] == {"db": "shop", "collection": "archive"}
+    assert encoder().encode([change("invalidate")]) == []
+
+
+def test_schemas_wrap_key_and_value_like_the_json_converter() -> None:
+    [msg] = encoder(schemas=True).encode([change("insert", documentKey={"_id": 1}, fullDocument={"_id": 1})])
+    key, value = decode(msg)
+    assert key["schema"]["name"] == "fulfillment.shop.orders.Key" and key["payload"] == {"id": '{"$numberInt":"1"}'}
+    assert value is not None and value["schema"]["name"] == "fulfillment.shop.orders.Envelope"
+    fields = {f["field"]: f for f in value["schema"]["fields"]}
+    assert set(fields) == set(value["payload"])
+    assert fields["source"]["name"] == "io.debezium.connector.mongo.Source"
+    assert {f["field"] for f in fields["source"]["fields"]} == set(value["payload"]["source"])
+
+
+def test_plain_format_is_mcdcs_own_event_with_extended_json_objects() -> None:
+    [msg] = encoder("plain").encode(
+        [change("insert", documentKey={"_id": 1}, fullDocument={"_id": 1, "n": bson.Int64(2)})]
+    )
+    _, value = decode(msg)
+    assert value is not None and value["op"] == "c" and value["ns"] == "shop.orders"
+    assert value["document"] == {"_id": {"$numberInt": "1"}, "n": {"$numberLong": "2"}}
+    assert value["clusterTime"] == {"t": 1_700_000_000, "i": 7} and value["rs"] == "rs0"
+
+
+def test_heartbeat_record() -> None:
+    msg = encoder().heartbeat()
+    assert msg.topic == "__debezium-heartbeat.fulfillment"
+    assert decode(msg) == ({"serverName": "fulfillment"}, {"ts_ms": int(NOW * 1000)})
+
+
+def test_topic_names_routes_and_sanitizing() -> None:
+    plain = TopicNamer("app", ("shop\\.orders_(\\d+)=shop.orders", "logs\\..*=logs"))
+    assert plain.data(Namespace("shop", "orders_2024")) == "shop.orders"
+    assert plain.data(Namespace("logs", "x")) == "logs"
+    assert plain.data(Namespace("my-db", "a b$c")) == "app.my-db.a_b_c"  # Kafka-illegal characters
+    avro = TopicNamer("1app", sanitize=True)
+    assert avro.data(Namespace("my-db", "9lives")) == "_1app.my_db._9lives"
+    assert avro_name("ok_Name1") == "ok_Name1"
+    assert (plain.transaction, plain.ddl, plain.heartbeat) == ("app.transaction", "app.ddl", "__debezium-heartbeat.app")
+
+
+def test_producer_settings_pass_through_and_refuse_what_would_lose_data() -> None:
+    config = producer_config(("linger.ms=20", "compression.type=gzip", "client.id=mcdc-1"), ["b:9092"])
+    assert config["acks"] == "all" and config["enable_idempotence"] is True
+    assert (config["linger_ms"], config["compression_type"], config["client_id"]) == (20, "gzip", "mcdc-1")
+    jaas = 'org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="s3cret";'
+    sasl = producer_config(
+        ("security.protocol=SASL_PLAINTEXT", "sasl.mechanism=PLAIN", f"sasl.jaas.config={jaas}"), ["b:1"]
+    )
+    assert (sasl["sasl_plain_username"], sasl["sasl_plain_password"]) == ("u", "s3cret")
+    with pytest.raises(ConfigError, match="acks=all"):
+        producer_config(("acks=1",), ["b:1"])
+    with pytest.raises(ConfigError, match="not a producer setting"):
+        producer_config(("no.such=1",), ["b:1"])
+    with pytest.raises(ConfigError) as err:
+        producer_config(("sasl.jaas.config=garbage-s3cret",), ["b:1"])
+    assert "s3cret" not in str(err.value)
+
+
+def test_event_sink_settings_are_validated() -> None:
+    base = {"source": "mongodb://a:1", "target": "kafka://b:9092"}
+    s = resolve({**base, "tombstones": "off", "envelope": "debezium-legacy"}, env={})
+    assert s.tombstones == "off" and s.envelope == "debezium-legacy"
+    for bad, message in [
+        ({"target": "kafka://nohost"}, "HOST:PORT"),
+        ({"target": "kafka://u:p@b:1"}, "sasl.username"),
+        ({"envelope": "avro"}, "--envelope"),
+        ({"tombstones": "maybe"}, "--tombstones"),
+        ({"topic_routes": ("nope",)}, "REGEX=TOPIC"),
+        ({"topic_routes": ("(=x",)}, "bad regular expression"),
+        ({"kafka_opts": ("sasl.password",)}, "KEY=VALUE"),
+        ({"target": "jsonl:"}, "file path"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            resolve({**base, **bad}, env={})
+    assert ChangeEvent(op=Op.READ, ns=Namespace("a", "b"), document={"_id": 1}).document_key == {"_id": 1}
