@@ -2,14 +2,18 @@
 
 Set MCDC_TEST_SOURCE_URI and MCDC_TEST_TARGET_URI to run against real servers instead of SecantusDB;
 note that every database except admin, local and config on them is dropped before each test.
+
+``kafka_broker``/``kafka``: one Kafka-protocol broker (noida-db) per session; set MCDC_TEST_KAFKA_BOOTSTRAP to
+use a real broker instead, whose topics and consumer groups are then all deleted before each test too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from tests.support.kafka import KafkaBroker, delete_consumer_groups, delete_topics
 from tests.support.servers import Clients, ServerPair, connect, drop_user_databases, start_pair
 
 
@@ -45,3 +49,24 @@ def clients(source_uri: str, target_uri: str) -> Iterator[Clients]:
         yield pair
     finally:
         pair.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """The session's Kafka broker (``.external`` when MCDC_TEST_KAFKA_BOOTSTRAP names one)."""
+    broker = KafkaBroker.from_env(tmp_path_factory.mktemp("kafka"))
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+async def kafka(kafka_broker: KafkaBroker) -> AsyncIterator[KafkaBroker]:
+    """The session's broker, running, with every non-internal topic and every consumer group deleted first."""
+    if not kafka_broker.running:  # an earlier test stopped or killed it and failed before restarting it
+        kafka_broker.start()
+    await delete_topics(kafka_broker.bootstrap)
+    await delete_consumer_groups(kafka_broker.bootstrap)
+    yield kafka_broker

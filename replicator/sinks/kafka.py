@@ -1,0 +1,210 @@
+"""Kafka sink (``kafka://HOST:PORT[,HOST:PORT...]``): Debezium-compatible records through aiokafka.
+
+Delivery: ``write(batch)`` encodes and hands records to the producer (acks=all, idempotent) and returns
+only when the broker acknowledged every one of them, so the checkpoint never passes an unacknowledged
+record. Records are keyed by document ``_id``, and Kafka's default partitioner sends equal keys to one
+partition: a document's events stay in order.
+
+A broker outage pauses ``write``: the idempotent producer retries until the broker is back (a warning
+is logged every 15 s meanwhile). Errors it does give up on (a full buffer, metadata unavailable) surface
+as :class:`SinkUnavailable`, which the stream retries with backoff from the checkpoint (at-least-once:
+records may repeat, none is lost); the producer is rebuilt before the next attempt. Errors retrying
+cannot fix (authorization, a record over the broker's size limit) are :class:`SinkError`.
+
+A record over ``max.request.size`` (1 MiB unless ``--kafka-opt`` says otherwise, like Kafka's own
+default) stops the run with the document's topic and key, or is skipped and logged with ``--oversize skip``.
+
+Encoding runs in slices between sends, so the producer's sender ships the first records while the rest
+of the batch is still being encoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ..config import Settings, kafka_bootstrap
+from ..errors import ConfigError, ConnectionFailed, SinkError, SinkUnavailable
+from ..events import ChangeEvent
+from ..uri import redact
+from .base import Sink
+from .envelope import Encoder, Message
+from .kafka_options import producer_config
+
+log = logging.getLogger("mcdc.sinks.kafka")
+
+_SLICE = 512  # records encoded between two yields to the producer's sender
+_STALL_WARN_S = 15.0
+_RECORD_OVERHEAD = 128  # a record's framing in a batch, generously
+
+
+def _import_aiokafka() -> Any:
+    try:
+        import aiokafka
+    except ImportError:
+        raise ConfigError("the Kafka sink needs aiokafka: pip install 'mcdc[kafka]'") from None
+    return aiokafka
+
+
+class KafkaSink(Sink):
+    """Writes each event batch as keyed records; acknowledged means acknowledged by all in-sync replicas."""
+
+    schemes = ("kafka",)
+
+    def __init__(self, uri: str, settings: Settings) -> None:
+        self.uri = uri
+        self._aiokafka = _import_aiokafka()
+        self._config = producer_config(settings.kafka_opts, kafka_bootstrap(uri))
+        self._timeout_s = settings.connect_timeout_s
+        self._heartbeat_s = settings.heartbeat_interval_s
+        self._last_heartbeat = 0.0
+        self.encoder = Encoder.from_settings(settings)
+        self._producer: Any = None
+        self._max_record = int(self._config.get("max_request_size", 1_048_576))
+        self._oversize = settings.oversize
+        self.skipped = 0
+        self._lock = asyncio.Lock()
+        self.records = 0
+
+    async def start(self) -> None:
+        self.encoder.source_name = self.source_name
+        try:
+            await self._connect()
+        except SinkUnavailable as exc:
+            raise ConnectionFailed(str(exc)) from None
+
+    async def _connect(self) -> None:
+        producer = self._aiokafka.AIOKafkaProducer(**self._config)
+        try:
+            await asyncio.wait_for(producer.start(), self._timeout_s)
+        except Exception as exc:  # aiokafka raises KafkaConnectionError, KafkaError, OSError, TimeoutError
+            with contextlib.suppress(Exception):
+                await producer.stop()
+            if self._fatal(exc):
+                raise SinkError(f"Kafka {redact(self.uri)} refused the producer: {_describe(exc)}") from None
+            raise SinkUnavailable(f"Kafka {redact(self.uri)} is unreachable: {_describe(exc)}") from None
+        self._producer = producer
+
+    async def write(self, batch: Sequence[ChangeEvent]) -> None:
+        await self.send(self.encoder.iter_encode(batch))
+
+    async def send(self, messages: Iterable[Message]) -> None:
+        """Send records and wait until the broker acknowledged all of them."""
+        producer = await self._ready()
+        pending: list[asyncio.Future[Any]] = []
+        try:
+            for i, message in enumerate(messages, 1):
+                size = len(message.value or b"") + len(message.key or b"") + _RECORD_OVERHEAD
+                if size > self._max_record:
+                    self._too_large(message, size)
+                    continue
+                pending.append(await producer.send(message.topic, message.value, key=message.key))
+                if i % _SLICE == 0:
+                    await asyncio.sleep(0)  # let the sender ship what is ready
+            await self._acknowledged(pending)
+        except (asyncio.CancelledError, SinkError):
+            raise
+        except Exception as exc:
+            for fut in pending:
+                if fut.done() and not fut.cancelled():
+                    fut.exception()  # retrieved: no "exception never retrieved" noise
+            log.debug("Kafka send failed", exc_info=True)
+            if isinstance(exc, self._aiokafka.errors.MessageSizeTooLargeError):
+                raise SinkError(
+                    "the broker refused a record as too large: raise its message.max.bytes (or the topic's "
+                    "max.message.bytes), or lower --kafka-opt max.request.size so mcdc catches such records first"
+                ) from None
+            if self._fatal(exc):
+                raise SinkError(f"Kafka refused a record: {_describe(exc)}") from None
+            await self._discard(producer)  # the retry starts with a fresh producer
+            raise SinkUnavailable(f"Kafka {redact(self.uri)}: {_describe(exc)}") from None
+        self.records += len(pending)
+
+    def _too_large(self, message: Message, size: int) -> None:
+        """A record over max.request.size: stop with a clear message, or (--oversize skip) log and skip it."""
+        key = (message.key or b"")[:200].decode(errors="replace")
+        what = f"the record for {message.topic} with key {key} is {size:,} bytes, over max.request.size"
+        if self._oversize == "skip":
+            log.warning("skipped %s (--oversize skip)", what)
+            self.skipped += 1
+            return
+        raise SinkError(
+            f"{what} ({self._max_record:,}): raise it with --kafka-opt max.request.size=N (and the broker's "
+            "message.max.bytes), or pass --oversize skip to skip such records (each is logged)"
+        )
+
+    async def _ready(self) -> Any:
+        """The producer, started once even when snapshot workers write at the same time."""
+        async with self._lock:
+            if self._producer is None:
+                await self._connect()
+            return self._producer
+
+    async def _acknowledged(self, pending: list[asyncio.Future[Any]]) -> None:
+        """Wait for every acknowledgement. An idempotent producer keeps retrying while the broker is away,
+        so this is where an outage pauses the stream: say so every ``_STALL_WARN_S`` seconds."""
+        started = time.monotonic()
+        waiting = set(pending)
+        while waiting:
+            done, waiting = await asyncio.wait(waiting, timeout=_STALL_WARN_S)
+            for fut in done:
+                fut.result()  # raises the first failure
+            if waiting:
+                log.warning(
+                    "Kafka %s has not acknowledged %d records for %.0f s; waiting (nothing is lost)",
+                    redact(self.uri), len(waiting), time.monotonic() - started,
+                )  # fmt: skip
+
+    async def heartbeat(self) -> None:
+        if self._heartbeat_s <= 0:
+            return
+        now = time.monotonic()
+        if now - self._last_heartbeat >= self._heartbeat_s:
+            self._last_heartbeat = now
+            await self.send([self.encoder.heartbeat()])
+
+    async def flush(self) -> None:
+        if self._producer is not None:
+            await self._producer.flush()
+
+    async def close(self) -> None:
+        if self._producer is not None:
+            producer, self._producer = self._producer, None
+            try:
+                await asyncio.wait_for(producer.stop(), self._timeout_s)
+            except Exception:  # closing after a failure: nothing unacknowledged is counted as delivered
+                log.debug("closing the Kafka producer failed", exc_info=True)
+
+    async def _discard(self, producer: Any) -> None:
+        """Drop a producer after a failure; the next write starts a fresh one (and re-sends)."""
+        async with self._lock:
+            if self._producer is not producer:
+                return  # another writer already replaced it
+            self._producer = None
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(producer.stop(), 5)
+
+    def _fatal(self, exc: BaseException) -> bool:
+        """Errors retrying cannot fix: authentication, authorization, a record too large, bad settings."""
+        errors = self._aiokafka.errors
+        fatal: tuple[type[BaseException], ...] = (
+            errors.MessageSizeTooLargeError,
+            errors.TopicAuthorizationFailedError,
+            errors.ClusterAuthorizationFailedError,
+            errors.UnsupportedVersionError,
+            errors.InvalidTopicError,
+        )
+        auth = getattr(errors, "SaslAuthenticationFailed", None) or getattr(errors, "AuthenticationFailedError", None)
+        if auth is not None:
+            fatal = (*fatal, auth)
+        return isinstance(exc, fatal)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip()
+    name = type(exc).__name__
+    return f"{name}: {text}" if text and text != name else name
