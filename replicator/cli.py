@@ -17,9 +17,10 @@ from pymongo.errors import PyMongoError
 
 from . import __version__
 from .config import Settings, resolve
-from .errors import ConfigError, McdcError, VerifyMismatch
+from .errors import ConfigError, McdcError, OutputClosed, VerifyMismatch
 from .logs import setup_logging
 from .progress import make_reporter
+from .sinks.registry import scheme_of
 from .source.connection import server_message
 from .sync import Summary, SyncJob
 from .uri import check_mongo_uri, redact
@@ -38,7 +39,12 @@ app = typer.Typer(
 # Shared options. Every default is None ("not given"), so config.resolve can layer flags over MCDC_*
 # variables over the --config file over Settings' defaults.
 Source = Annotated[str | None, typer.Option("--source", "-s", help="Source MongoDB URI (replica set or mongos).")]
-Target = Annotated[str | None, typer.Option("--target", "-t", help="Target URI: mongodb://... (more sinks to come).")]
+Target = Annotated[
+    str | None,
+    typer.Option(
+        "--target", "-t", help="mongodb://..., kafka://HOST:PORT[,...], stdout (or -), jsonl:PATH, or a plug-in scheme."
+    ),
+]
 CheckpointOpt = Annotated[
     Path | None, typer.Option("--checkpoint", "-c", help="Checkpoint file (default: one per source/target pair).")
 ]
@@ -78,6 +84,46 @@ ShardOpt = Annotated[
 ]
 BatchDocs = Annotated[int | None, typer.Option("--batch-docs", help="Documents per write batch. [default: 1000]")]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log debug details.")]
+# event sinks (kafka://, stdout, jsonl:): Debezium's conventions
+TopicPrefix = Annotated[
+    str | None, typer.Option("--topic-prefix", help="Topics are PREFIX.db.collection (Debezium's topic.prefix).")
+]
+TopicRoute = Annotated[
+    list[str] | None,
+    typer.Option("--topic-route", help="REGEX=TOPIC: namespaces matching REGEX go to TOPIC (\\1 = group; repeatable)."),
+]
+SanitizeNames = Annotated[
+    bool | None, typer.Option("--sanitize-names", help="Avro-safe topic and schema names ([A-Za-z0-9_] only).")
+]
+EnvelopeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--envelope", "--format", help="debezium | debezium-legacy (after/patch/filter) | plain (mcdc's own event)."
+    ),
+]
+SchemasOpt = Annotated[
+    bool | None, typer.Option("--schemas", help="Wrap key and value in {schema, payload} (Kafka Connect JSON).")
+]
+ExtJsonOpt = Annotated[
+    str | None, typer.Option("--extended-json", help="canonical (lossless, default) | relaxed extended JSON.")
+]
+TombstonesOpt = Annotated[
+    str | None, typer.Option("--tombstones", help="on | off: a null-value record after each delete. [default: on]")
+]
+TxMetadata = Annotated[
+    bool | None, typer.Option("--tx-metadata", help="Transaction BEGIN/END records to PREFIX.transaction.")
+]
+HeartbeatOpt = Annotated[
+    float | None,
+    typer.Option("--heartbeat-interval", help="Seconds between heartbeat records while idle (0: off)."),
+]
+KafkaOpt = Annotated[
+    list[str] | None,
+    typer.Option("--kafka-opt", help="KEY=VALUE producer setting, e.g. compression.type=zstd (repeatable)."),
+]
+PreImages = Annotated[
+    str | None, typer.Option("--pre-images", help="off | whenAvailable | required: emit 'before' (MongoDB 6.0+).")
+]
 
 
 def _flags(params: dict[str, Any]) -> dict[str, Any]:
@@ -102,6 +148,8 @@ def _run(make: Callable[[], Awaitable[T]]) -> T:
     """Run a library call; user errors become one line on stderr and the error's exit code."""
     try:
         return asyncio.run(make())  # type: ignore[arg-type]
+    except OutputClosed:
+        raise typer.Exit(0) from None  # `mcdc tail --target - | head`: the reader has what it wanted
     except McdcError as exc:
         typer.echo(f"mcdc: error: {redact(str(exc))}", err=True)
         raise typer.Exit(exc.exit_code) from None
@@ -123,19 +171,25 @@ def _emit_json(data: dict[str, Any]) -> None:
 def _replicate(command: str, flags: dict[str, Any], config: Path | None, verbose: bool) -> None:
     _setup_logging(verbose)
 
-    async def go() -> tuple[Summary, bool]:
+    async def go() -> tuple[Summary, Settings]:
         settings = _settings(flags, config)
         reporter = make_reporter(settings.progress and not settings.json_output)
         try:
-            return await SyncJob(settings, reporter, command=command).run(), settings.json_output
+            return await SyncJob(settings, reporter, command=command).run(), settings
         finally:
             reporter.close()
 
-    summary, as_json = _run(go)
-    if as_json:
-        _emit_json(summary.to_json())
+    _print_summary(*_run(go))
+
+
+def _print_summary(summary: Summary, settings: Settings) -> None:
+    """The end-of-run summary: on stdout, unless the events themselves go there (then on stderr)."""
+    to_stderr = scheme_of(settings.target) == "stdout"
+    if settings.json_output:
+        text = orjson.dumps(summary.to_json(), option=orjson.OPT_INDENT_2).decode()
     else:
-        typer.echo("\n".join(summary.lines()))
+        text = "\n".join(summary.lines())
+    typer.echo(text, err=to_stderr)
 
 
 @app.command(
@@ -156,6 +210,17 @@ def sync(
     partition_docs: PartitionDocs = None,
     split: Split = None,
     batch_docs: BatchDocs = None,
+    topic_prefix: TopicPrefix = None,
+    topic_routes: TopicRoute = None,
+    sanitize_names: SanitizeNames = None,
+    envelope: EnvelopeOpt = None,
+    schemas: SchemasOpt = None,
+    extended_json: ExtJsonOpt = None,
+    tombstones: TombstonesOpt = None,
+    tx_metadata: TxMetadata = None,
+    heartbeat_interval_s: HeartbeatOpt = None,
+    kafka_opts: KafkaOpt = None,
+    pre_images: PreImages = None,
     config: ConfigOpt = None,
     json_output: JsonOpt = None,
     progress: ProgressOpt = None,
@@ -184,6 +249,17 @@ def catch_up(
     exclude: Exclude = None,
     rename: Rename = None,
     workers: Workers = None,
+    topic_prefix: TopicPrefix = None,
+    topic_routes: TopicRoute = None,
+    sanitize_names: SanitizeNames = None,
+    envelope: EnvelopeOpt = None,
+    schemas: SchemasOpt = None,
+    extended_json: ExtJsonOpt = None,
+    tombstones: TombstonesOpt = None,
+    tx_metadata: TxMetadata = None,
+    heartbeat_interval_s: HeartbeatOpt = None,
+    kafka_opts: KafkaOpt = None,
+    pre_images: PreImages = None,
     config: ConfigOpt = None,
     json_output: JsonOpt = None,
     progress: ProgressOpt = None,
@@ -284,6 +360,17 @@ def tail(
         str | None, typer.Option("--metrics-host", help="Address to bind the metrics port. [default: 127.0.0.1]")
     ] = None,
     log_format: LogFormat = None,
+    topic_prefix: TopicPrefix = None,
+    topic_routes: TopicRoute = None,
+    sanitize_names: SanitizeNames = None,
+    envelope: EnvelopeOpt = None,
+    schemas: SchemasOpt = None,
+    extended_json: ExtJsonOpt = None,
+    tombstones: TombstonesOpt = None,
+    tx_metadata: TxMetadata = None,
+    heartbeat_interval_s: HeartbeatOpt = None,
+    kafka_opts: KafkaOpt = None,
+    pre_images: PreImages = None,
     config: ConfigOpt = None,
     json_output: JsonOpt = None,
     progress: ProgressOpt = None,
@@ -300,7 +387,7 @@ def tail(
     flags = _flags(locals())
     _setup_logging(verbose, log_format)
 
-    async def go() -> tuple[Summary, bool]:
+    async def go() -> tuple[Summary, Settings]:
         from .metrics import Metrics, serve
 
         settings = _settings(flags, config)
@@ -328,7 +415,7 @@ def tail(
         reporter = make_reporter(settings.progress and not settings.json_output)
         try:
             job = SyncJob(settings, reporter, command="tail", stop=stop, metrics=metrics)
-            return await job.run(), settings.json_output
+            return await job.run(), settings
         finally:
             reporter.close()
             if server is not None:
@@ -336,13 +423,10 @@ def tail(
                 await server.wait_closed()
 
     try:
-        summary, as_json = _run(go)
+        summary, settings = _run(go)
     except asyncio.CancelledError:
         raise typer.Exit(130) from None
-    if as_json:
-        _emit_json(summary.to_json())
-    else:
-        typer.echo("\n".join(summary.lines()))
+    _print_summary(summary, settings)
 
 
 @app.command(

@@ -1,5 +1,8 @@
 """Finding a sink for a target URI: built-in schemes first, then ``mcdc.sinks`` entry points.
 
+Built in: ``mongodb://`` / ``mongodb+srv://`` (replay into MongoDB), ``kafka://`` (Debezium-compatible
+records), ``stdout`` or ``-`` and ``jsonl:PATH`` (JSON lines), ``memory:`` (tests and dry runs).
+
 A plug-in package registers ``scheme = "package.module:SinkClass"`` under the ``mcdc.sinks`` entry-point
 group; the class is called with the target URI and the run's Settings (``cls(uri, settings)``).
 """
@@ -34,6 +37,14 @@ def open_sink(settings: Settings) -> Sink:
         from .memory import MemorySink
 
         return MemorySink()
+    if scheme == "kafka":
+        from .kafka import KafkaSink
+
+        return KafkaSink(uri, settings)
+    if scheme in ("stdout", "jsonl"):
+        from .lines import LineSink
+
+        return LineSink(uri, settings)
     for ep in entry_points(group="mcdc.sinks"):
         if ep.name == scheme:
             factory: Any = ep.load()

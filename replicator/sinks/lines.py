@@ -1,0 +1,136 @@
+"""JSON-lines sinks: ``--target stdout`` (or ``-``) and ``--target jsonl:PATH``.
+
+Each record the Kafka sink would send becomes one line, ``{"topic": ..., "key": {...}, "value": {...}}``
+(``--envelope``, ``--schemas`` and friends apply as for Kafka); tombstones, which only serve Kafka's log
+compaction, are left out. With ``--format plain`` a line is mcdc's own event, which carries its key.
+
+A batch is written whole (one writer at a time) and flushed before ``write`` returns; a file is also
+fsync'd, so the checkpoint never passes a line that is not on disk. When the reader of stdout goes
+away (``mcdc tail --target - | head``) the run stops quietly with exit 0 (:class:`OutputClosed`); the
+batch it was writing is not acknowledged.
+
+At start, a file whose last line was cut short by a crash is truncated back to its last whole line
+(that line's batch was never acknowledged, so it is written again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import orjson
+
+from ..config import Settings
+from ..errors import ConfigError, OutputClosed
+from ..events import ChangeEvent
+from .base import Sink
+from .envelope import Encoder, Message
+
+
+class LineSink(Sink):
+    """Writes one JSON document per line to stdout or to a file."""
+
+    schemes = ("stdout", "jsonl")
+
+    def __init__(self, uri: str, settings: Settings) -> None:
+        self.path: Path | None = None
+        if uri.lower().startswith("jsonl:"):
+            self.path = Path(uri[len("jsonl:") :]).expanduser()
+        self.encoder = Encoder.from_settings(settings)
+        self._plain = settings.envelope == "plain"
+        topics = self.encoder.topics
+        self._meta_topics = frozenset({topics.transaction, topics.heartbeat})
+        self._heartbeat_s = settings.heartbeat_interval_s
+        self._last_heartbeat = 0.0
+        self._fd: int | None = None
+        self._lock = asyncio.Lock()
+        self.lines = 0
+
+    async def start(self) -> None:
+        self.encoder.source_name = self.source_name
+        if self.path is None:
+            self._fd = sys.stdout.fileno()
+            return
+        try:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+            _cut_partial_line(self._fd)
+        except OSError as exc:
+            raise ConfigError(f"--target jsonl:{self.path}: cannot open for writing: {exc.strerror}") from None
+
+    async def write(self, batch: Sequence[ChangeEvent]) -> None:
+        await self._write(self.encoder.iter_encode(batch))
+
+    async def heartbeat(self) -> None:
+        if self._heartbeat_s > 0 and time.monotonic() - self._last_heartbeat >= self._heartbeat_s:
+            self._last_heartbeat = time.monotonic()
+            await self._write([self.encoder.heartbeat()])
+
+    async def _write(self, messages: Iterable[Message]) -> None:
+        if self._plain:
+            lines = [m.value for m in messages if m.value is not None and m.topic not in self._meta_topics]
+        else:
+            lines = [_record(m) for m in messages if m.value is not None]
+        if not lines:
+            return
+        data = b"\n".join(lines) + b"\n"
+        async with self._lock:
+            await asyncio.to_thread(self._write_all, data)
+        self.lines += len(lines)
+
+    def _write_all(self, data: bytes) -> None:
+        fd = self._fd
+        assert fd is not None, "start() first"
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(fd, view) :]
+            if self.path is not None:
+                os.fsync(fd)
+        except BrokenPipeError:
+            _silence_stdout()
+            raise OutputClosed("the reader of stdout went away") from None
+        except OSError as exc:
+            where = self.path if self.path is not None else "stdout"
+            raise ConfigError(f"cannot write to {where}: {exc.strerror}") from None
+
+    async def close(self) -> None:
+        if self._fd is not None and self.path is not None:
+            os.close(self._fd)
+        self._fd = None
+
+
+def _record(m: Message) -> bytes:
+    assert m.value is not None
+    return b'{"topic":' + orjson.dumps(m.topic) + b',"key":' + (m.key or b"null") + b',"value":' + m.value + b"}"
+
+
+def _cut_partial_line(fd: int) -> None:
+    """Truncate a file back to its last newline (a crash can leave half a line)."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return
+    pos = size
+    while pos > 0:
+        start = max(0, pos - 65536)
+        chunk = os.pread(fd, pos - start, start)
+        newline = chunk.rfind(b"\n")
+        if newline >= 0:
+            end = start + newline + 1
+            if end != size:
+                os.ftruncate(fd, end)
+            return
+        pos = start
+    os.ftruncate(fd, 0)
+
+
+def _silence_stdout() -> None:
+    """After EPIPE, point stdout at /dev/null so the interpreter's final flush does not complain."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)

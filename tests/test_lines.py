@@ -1,0 +1,93 @@
+"""--target stdout / jsonl:PATH: JSON lines a consumer can rebuild the source from; quiet exit into `head`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pymongo
+import pytest
+
+from replicator.config import resolve
+from replicator.events import Namespace
+from replicator.normalize import snapshot_read
+from replicator.sinks.lines import LineSink
+from tests.support.corpus import load_corpus
+from tests.support.rebuild import assert_same, rebuild_lines, server_docs
+
+
+def _mcdc(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "replicator.cli", *args, "--no-progress"], capture_output=True, timeout=timeout
+    )
+
+
+async def test_jsonl_file_is_fsynced_per_batch_and_a_cut_line_is_dropped(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b'{"op":"r","whole":1}\n{"op":"r","cut sh')  # a crash in the middle of a line
+    settings = resolve({"source": "mongodb://a:1", "target": f"jsonl:{path}"}, env={})
+    sink = LineSink(settings.target, settings)
+    async with sink:
+        await sink.write([snapshot_read(Namespace("d", "c"), {"_id": i, "v": "x"}) for i in range(3)])
+    lines = path.read_bytes().splitlines()
+    assert lines[0] == b'{"op":"r","whole":1}' and len(lines) == 4 and sink.lines == 3
+    expected = [f'{{"_id":{{"$numberInt":"{i}"}},"v":"x"}}' for i in range(3)]
+    records = [json.loads(line) for line in lines[1:]]
+    assert [r["value"]["after"] for r in records] == expected
+    assert {r["topic"] for r in records} == {"mcdc.d.c"} and records[0]["key"] == {"id": '{"$numberInt":"0"}'}
+
+
+@pytest.mark.integration
+def test_sync_to_stdout_then_catch_up_rebuilds_the_source_exactly(source_uri: str, tmp_path: Path) -> None:
+    with pymongo.MongoClient(source_uri) as client:
+        load_corpus(client, mixed_count=300)
+    cp = str(tmp_path / "cp.json")
+    first = _mcdc("sync", "-s", source_uri, "-t", "stdout", "-c", cp)
+    assert first.returncode == 0, first.stderr.decode()
+    assert b"sync finished" in first.stderr  # the summary goes to stderr when events own stdout
+    with pymongo.MongoClient(source_uri) as client:
+        coll = client.corpus.mixed_ids
+        some = [d["_id"] for d in coll.find({}, {"_id": 1}).limit(30)]
+        coll.update_one({"_id": some[0]}, {"$set": {"changed": True}})
+        coll.delete_one({"_id": some[1]})
+        coll.replace_one({"_id": some[2]}, {"replaced": 1})
+        with client.start_session() as s, s.start_transaction():
+            coll.insert_one({"_id": "in-txn"}, session=s)
+            coll.delete_one({"_id": some[3]}, session=s)
+    second = _mcdc("catch-up", "-s", source_uri, "-t", "-", "-c", cp)
+    assert second.returncode == 0, second.stderr.decode()
+    lines = first.stdout.splitlines() + second.stdout.splitlines()
+    ops = [json.loads(line)["value"]["op"] for line in second.stdout.splitlines()]
+    assert ops.count("u") == 2 and ops.count("d") == 2 and ops.count("c") == 1
+    assert_same(rebuild_lines(lines), server_docs(source_uri))
+
+
+@pytest.mark.integration
+def test_tail_into_head_exits_0_quietly(source_uri: str, tmp_path: Path) -> None:
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.insert_many([{"_id": i, "pad": "x" * 2000} for i in range(3000)])
+    cmd = [sys.executable, "-m", "replicator.cli", "tail", "-s", source_uri, "-t", "-", "-c", str(tmp_path / "cp")]
+    proc = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", " ".join(f"'{a}'" for a in cmd) + " --no-progress | head -n 3"],
+        capture_output=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert len(proc.stdout.splitlines()) == 3 and all(
+        json.loads(line)["value"]["op"] == "r" for line in proc.stdout.splitlines()
+    )
+    assert b"Traceback" not in proc.stderr and b"BrokenPipe" not in proc.stderr and b"error" not in proc.stderr
+
+
+@pytest.mark.integration
+def test_plain_format_lines(source_uri: str, tmp_path: Path) -> None:
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.insert_one({"_id": 1, "n": 2})
+    out = _mcdc("sync", "-s", source_uri, "-t", "stdout", "-c", str(tmp_path / "cp"), "--format", "plain")
+    assert out.returncode == 0, out.stderr.decode()
+    [line] = out.stdout.splitlines()
+    event = json.loads(line)
+    assert event["op"] == "r" and event["ns"] == "db.c"
+    assert event["document"] == {"_id": {"$numberInt": "1"}, "n": {"$numberInt": "2"}}
