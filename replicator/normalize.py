@@ -44,7 +44,7 @@ def normalize_change(raw: Mapping[str, Any], rs: str | None = None) -> ChangeEve
             return None
         raise ValueError(f"unknown change stream operationType {op_type!r}")
     ns_doc = raw.get("ns")
-    ns = Namespace(ns_doc["db"], ns_doc.get("coll")) if ns_doc is not None else Namespace("")
+    ns = _namespace(ns_doc) if ns_doc is not None else Namespace("")
     update = None
     if op is Op.UPDATE:
         desc = raw.get("updateDescription")
@@ -77,6 +77,22 @@ def normalize_change(raw: Mapping[str, Any], rs: str | None = None) -> ChangeEve
         before=raw.get("fullDocumentBeforeChange"),
         rs=rs,
     )
+
+
+_NAMESPACES: dict[bytes, Namespace] = {}
+
+
+def _namespace(ns_doc: Mapping[str, Any]) -> Namespace:
+    """The event's namespace; the few distinct ``ns`` documents are decoded once (keyed by their bytes)."""
+    raw = getattr(ns_doc, "raw", None)
+    if raw is None:
+        return Namespace(ns_doc["db"], ns_doc.get("coll"))
+    ns = _NAMESPACES.get(raw)
+    if ns is None:
+        if len(_NAMESPACES) >= 10_000:
+            _NAMESPACES.clear()
+        ns = _NAMESPACES[raw] = Namespace(ns_doc["db"], ns_doc.get("coll"))
+    return ns
 
 
 def snapshot_read(ns: Namespace, document: Mapping[str, Any]) -> ChangeEvent:

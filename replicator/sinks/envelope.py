@@ -157,31 +157,41 @@ class Encoder:
     def _event(self, event: ChangeEvent, now_ms: int, tx_block: dict[str, Any] | None) -> Iterator[Message]:
         if event.op in _DATA_OPS:
             topic = self.topics.data(event.ns)
-            key = self._key(event)
-            yield Message(topic, key, self._value(event, now_ms, tx_block))
+            # the document is converted once; its _id gives the key without decoding the documentKey
+            after = to_json_value(event.document, relaxed=self._relaxed) if event.document is not None else None
+            key = self._key(event, after)
+            yield Message(topic, key, self._value(event, now_ms, tx_block, after))
             if event.op is Op.DELETE and self.options.tombstones:
                 yield Message(topic, key, None)
         elif event.op.is_ddl:
             yield self._ddl(event, now_ms)
         # INVALIDATE: the stream's end, nothing for consumers
 
-    def _key(self, event: ChangeEvent) -> bytes:
-        key: dict[str, Any] = {"id": self._json(event.document_key["_id"])}
+    def _key(self, event: ChangeEvent, after: Any) -> bytes:
+        if after is not None and "_id" in after:
+            doc_id = after["_id"]
+        else:
+            doc_id = to_json_value(event.document_key["_id"], relaxed=self._relaxed)
+        key: dict[str, Any] = {"id": orjson.dumps(doc_id).decode()}
         if self.options.schemas:
             key = connect_schema.wrap(self._key_schema(event.ns), key)
         return orjson.dumps(key)
 
-    def _value(self, event: ChangeEvent, now_ms: int, tx_block: dict[str, Any] | None) -> bytes:
+    def _value(self, event: ChangeEvent, now_ms: int, tx_block: dict[str, Any] | None, after: Any) -> bytes:
         style = self.options.style
         if style == "plain":
             return orjson.dumps(self.plain(event))
-        payload = self._legacy(event, now_ms) if style == "debezium-legacy" else self._debezium(event, now_ms)
+        after_text = orjson.dumps(after).decode() if after is not None else None
+        if style == "debezium-legacy":
+            payload = self._legacy(event, now_ms, after_text)
+        else:
+            payload = self._debezium(event, now_ms, after_text)
         payload["transaction"] = tx_block
         if self.options.schemas:
             return orjson.dumps(connect_schema.wrap(self._value_schema(event.ns), payload))
         return orjson.dumps(payload)
 
-    def _debezium(self, event: ChangeEvent, now_ms: int) -> dict[str, Any]:
+    def _debezium(self, event: ChangeEvent, now_ms: int, after: str | None) -> dict[str, Any]:
         update = None
         if event.op is Op.UPDATE and event.update is not None:
             u = event.update
@@ -192,23 +202,23 @@ class Encoder:
             }
         return {
             "before": self._json(event.before) if event.before is not None else None,
-            "after": self._json(event.document) if event.document is not None else None,
+            "after": after,
             "updateDescription": update,
             "source": self._source(event, now_ms, legacy=False),
             "op": _OP_LETTER[event.op],
             "ts_ms": now_ms,
         }
 
-    def _legacy(self, event: ChangeEvent, now_ms: int) -> dict[str, Any]:
+    def _legacy(self, event: ChangeEvent, now_ms: int, after: str | None) -> dict[str, Any]:
         patch = filt = None
         if event.op in (Op.UPDATE, Op.REPLACE, Op.DELETE):
             filt = self._json(event.document_key)
         if event.op is Op.UPDATE and event.update is not None:
             patch = self._json(update_operators(event))
-        elif event.op is Op.REPLACE and event.document is not None:
-            patch = self._json(event.document)  # as the oplog's replacement "o"
+        elif event.op is Op.REPLACE:
+            patch = after  # as the oplog's replacement "o"
         return {
-            "after": self._json(event.document) if event.document is not None else None,
+            "after": after,
             "patch": patch,
             "filter": filt,
             "source": self._source(event, now_ms, legacy=True),
