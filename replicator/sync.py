@@ -20,9 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bson.timestamp import Timestamp
-from pymongo.errors import PyMongoError
-
 from .checkpoint import Checkpoint, CheckpointStore, SnapshotProgress
 from .config import Settings, parse_start_at
 from .errors import ConfigError, HistoryLost, TopologyError
@@ -31,18 +28,15 @@ from .filters import make_transform, rename_spec
 from .metrics import Metrics
 from .pipeline import CopyLimits, copy_partitions
 from .progress import Reporter
-from .retry import sleep_or_stop
 from .sinks.base import Sink
 from .sinks.registry import open_sink
 from .source import catalog
-from .source.changestream import ChangeStreamReader, current_time
-from .source.connection import Client, ServerInfo, make_client, probe, server_message
+from .source.connection import Client, ServerInfo, make_client, probe
 from .source.partitions import ALL, Partition, plan_collection
-from .source.shards import MergedReader, Shard, discover
+from .source.shards import MergedReader
+from .source.topology import Reader, StreamTopology
 from .streaming import StreamApplier
 from .uri import host_set, redact
-
-Reader = ChangeStreamReader | MergedReader
 
 
 @dataclass
@@ -119,20 +113,20 @@ class SyncJob:
 
     async def run(self) -> Summary:
         started = time.monotonic()
-        with self.store.locked():
-            client = make_client(self.s.source, timeout_s=self.s.connect_timeout_s)
-            try:
-                info = await probe(client, self.s.source, "source")
-                sink = open_sink(self.s)
-                sink.source_name = info.set_name or ""
-                await sink.start()
+        sink = open_sink(self.s)  # before any connection: a bad target or sink option fails at once
+        try:
+            with self.store.locked():
+                client = make_client(self.s.source, timeout_s=self.s.connect_timeout_s)
                 try:
+                    info = await probe(client, self.s.source, "source")
+                    sink.source_name = info.set_name or ""
+                    await sink.start()
                     _refuse_same_server(info, sink, self.s)
                     await self._run(client, info, sink)
                 finally:
-                    await sink.close()
-            finally:
-                await client.close()
+                    await client.close()
+        finally:
+            await sink.close()
         self.summary.elapsed_s = round(time.monotonic() - started, 3)
         return self.summary
 
@@ -158,17 +152,8 @@ class SyncJob:
         # a bounded run stops at the first empty poll: a short await keeps its tail short
         await_ms = 1000 if self.command == "tail" else 200
         self._client = client
-        shards = await self._shards(client, info)
-        self._discovered = bool(shards) and not s.shards
-        reader: Reader
-        if shards:
-            self.reporter.info("one change stream per shard: " + ", ".join(str(sh) for sh in shards))
-            reader = MergedReader({sh.name: await self._shard_reader(sh) for sh in shards}, batch_size=s.replay_batch)
-        else:
-            reader = ChangeStreamReader(
-                client, full_document=s.full_document, batch_size=s.replay_batch, max_await_ms=await_ms,
-                oversize=s.oversize, pre_images=s.pre_images, rs=info.set_name,
-            )  # fmt: skip
+        self._topology = StreamTopology(s, self.reporter, client)
+        reader = await self._topology.reader(info, max_await_ms=await_ms)
         force_snapshot = False
         try:
             while True:
@@ -299,32 +284,6 @@ class SyncJob:
             count = await client[ns.db][ns.coll or ""].estimated_document_count()
             self.reporter.snapshot_totals({str(ns): count})
 
-    async def _shards(self, client: Client, info: ServerInfo) -> list[Shard]:
-        """Explicit --shard URIs (named by replica set and hosts), else a mongos's listShards."""
-        s = self.s
-        if s.shards:
-            named = []
-            for uri in s.shards:
-                shard_client = make_client(uri, timeout_s=s.connect_timeout_s)
-                try:
-                    shard_info = await probe(shard_client, uri, "shard")
-                finally:
-                    await shard_client.close()
-                named.append(Shard(f"{shard_info.set_name or 'shard'}@{','.join(sorted(host_set(uri)))}", uri))
-            return named
-        if info.kind == "sharded" and not s.snapshot_only:
-            return await discover(client, s.source)
-        return []
-
-    async def _shard_reader(self, shard: Shard) -> ChangeStreamReader:
-        client = make_client(shard.uri, timeout_s=self.s.connect_timeout_s)
-        info = await probe(client, shard.uri, f"shard {shard.name}")
-        # short awaits: the merge waits for an idle shard's empty poll before releasing the others' events
-        return ChangeStreamReader(
-            client, full_document=self.s.full_document, batch_size=self.s.replay_batch, max_await_ms=100,
-            track_time=True, oversize=self.s.oversize, pre_images=self.s.pre_images, rs=info.set_name,
-        )  # fmt: skip
-
     def _limits(self) -> CopyLimits:
         s = self.s
         return CopyLimits(s.workers, s.batch_docs, s.batch_bytes, s.queue_batches)
@@ -384,10 +343,12 @@ class SyncJob:
                     await self._recopy(self._client, sink, event.to)
 
         while True:
-            watch = follow and isinstance(reader, MergedReader) and self._discovered
+            merged = reader if follow and isinstance(reader, MergedReader) and self._topology.discovered else None
             local_stop = asyncio.Event()  # set by the watcher: on the user's stop, or when shards change
-            stop = local_stop if watch else self.stop
-            watcher = asyncio.create_task(self._watch_shards(reader, local_stop)) if watch else None
+            stop = local_stop if merged is not None else self.stop
+            watcher = None
+            if merged is not None:
+                watcher = asyncio.create_task(self._topology.watch(merged, local_stop, self.stop))
             applier = StreamApplier(
                 reader, sink, self.store, cp, settings=self.s, reporter=self.reporter, stop=stop,
                 metrics=self.metrics,
@@ -401,48 +362,9 @@ class SyncJob:
                     watcher.cancel()
             self.summary.events += result.events
             self.summary.retries += applier.retries
-            if watcher is None or (self.stop is not None and self.stop.is_set()):
+            if merged is None or watcher is None or (self.stop is not None and self.stop.is_set()):
                 return
-            await self._change_shards(reader, cp, *watcher.result())  # then go on with the new set
-
-    async def _watch_shards(
-        self, reader: Reader, stop: asyncio.Event
-    ) -> tuple[list[Shard], list[str], Timestamp | None]:
-        """While tailing a mongos: relay the user's stop, and every ``shard_refresh_s`` list the shards.
-        Returns (added, removed, time of the last listing without the added ones) once they change, after
-        setting ``stop`` so the merged stream closes before the set is changed."""
-        assert isinstance(reader, MergedReader)
-        checked_at = await current_time(self._client)
-        while True:
-            if await sleep_or_stop(self.s.shard_refresh_s, self.stop):
-                stop.set()
-                return [], [], None
-            try:
-                now = await current_time(self._client)
-                shards = {sh.name: sh for sh in await discover(self._client, self.s.source)}
-            except PyMongoError as exc:
-                self.reporter.warn(f"cannot list the shards: {server_message(exc)}")
-                continue
-            added = [sh for name, sh in shards.items() if name not in reader.readers]
-            removed = [name for name in reader.readers if name not in shards]
-            if added or removed:
-                stop.set()
-                return added, removed, checked_at
-            checked_at = now
-
-    async def _change_shards(
-        self, reader: Reader, cp: Checkpoint, added: list[Shard], removed: list[str], since: Timestamp | None
-    ) -> None:
-        """A new shard starts at the time of the last listing that did not have it, so nothing written on
-        it since is missed; a removed one is closed (its checkpoint entry stays)."""
-        assert isinstance(reader, MergedReader)
-        for sh in added:
-            self.reporter.info(f"shard added: {sh}; following it from {since}")
-            cp.shards.setdefault(sh.name, Position(cluster_time=since))
-            reader.readers[sh.name] = await self._shard_reader(sh)
-        for name in removed:
-            self.reporter.info(f"shard removed: {name}")
-            await reader.remove(name)
+            await self._topology.apply(merged, cp, watcher.result())  # then go on with the new set
 
     async def _recopy(self, client: Client, sink: Sink, ns: Namespace) -> None:
         spec = await catalog.describe_one(client, ns)

@@ -119,6 +119,7 @@ async def test_a_shard_added_while_tailing_is_followed(
     import replicator.sync as sync_module
     from replicator.config import resolve
     from replicator.progress import LogReporter
+    from replicator.source import topology as topology_module
     from replicator.source.connection import ServerInfo
     from replicator.source.shards import Shard
 
@@ -133,7 +134,7 @@ async def test_a_shard_added_while_tailing_is_followed(
         return list(listed)
 
     monkeypatch.setattr(sync_module, "probe", mongos_probe)
-    monkeypatch.setattr(sync_module, "discover", list_shards)
+    monkeypatch.setattr(topology_module, "discover", list_shards)
     settings = resolve(
         {"source": source_uri, "target": target_uri, "checkpoint": tmp_path / "cp.json", "snapshot": "never",
          "shard_refresh_s": 0.3, "progress": False},

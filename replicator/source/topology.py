@@ -1,0 +1,118 @@
+"""Which change streams a run reads: the deployment's one stream, or one per shard, kept in step with
+the cluster while tailing a mongos.
+
+* ``--shard URI`` (repeatable) names the shards' replica sets; a mongos is asked with ``listShards``.
+* While following a mongos, the shard list is read every ``shard_refresh_s``: a shard added starts at
+  the time of the last listing that did not have it (so nothing written on it since is missed); a
+  shard removed is closed, and its checkpoint entry stays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from bson.timestamp import Timestamp
+from pymongo.errors import PyMongoError
+
+from ..checkpoint import Checkpoint
+from ..config import Settings
+from ..events import Position
+from ..progress import Reporter
+from ..retry import sleep_or_stop
+from ..uri import host_set
+from .changestream import ChangeStreamReader, current_time
+from .connection import Client, ServerInfo, make_client, probe, server_message
+from .shards import MergedReader, Shard, discover
+
+Reader = ChangeStreamReader | MergedReader
+
+
+@dataclass
+class ShardChange:
+    """Shards that appeared or went away, and the time of the last listing without the new ones."""
+
+    added: list[Shard] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    since: Timestamp | None = None
+
+
+class StreamTopology:
+    """Builds the run's reader and, for a discovered sharded cluster, follows its shard set."""
+
+    def __init__(self, settings: Settings, reporter: Reporter, client: Client) -> None:
+        self.s = settings
+        self.reporter = reporter
+        self.client = client
+        self.discovered = False  # shards found through listShards (so they can change), not --shard
+
+    async def reader(self, info: ServerInfo, *, max_await_ms: int) -> Reader:
+        """One stream per shard when there are shards, else the deployment's own stream."""
+        s = self.s
+        shards = await self._shards(info)
+        self.discovered = bool(shards) and not s.shards
+        if not shards:
+            return ChangeStreamReader(
+                self.client, full_document=s.full_document, batch_size=s.replay_batch, max_await_ms=max_await_ms,
+                oversize=s.oversize, pre_images=s.pre_images, rs=info.set_name,
+            )  # fmt: skip
+        self.reporter.info("one change stream per shard: " + ", ".join(str(sh) for sh in shards))
+        return MergedReader({sh.name: await self._shard_reader(sh) for sh in shards}, batch_size=s.replay_batch)
+
+    async def _shards(self, info: ServerInfo) -> list[Shard]:
+        """Explicit --shard URIs (named by replica set and hosts), else a mongos's listShards."""
+        s = self.s
+        if s.shards:
+            named = []
+            for uri in s.shards:
+                shard_client = make_client(uri, timeout_s=s.connect_timeout_s)
+                try:
+                    shard_info = await probe(shard_client, uri, "shard")
+                finally:
+                    await shard_client.close()
+                named.append(Shard(f"{shard_info.set_name or 'shard'}@{','.join(sorted(host_set(uri)))}", uri))
+            return named
+        if info.kind == "sharded" and not s.snapshot_only:
+            return await discover(self.client, s.source)
+        return []
+
+    async def _shard_reader(self, shard: Shard) -> ChangeStreamReader:
+        client = make_client(shard.uri, timeout_s=self.s.connect_timeout_s)
+        info = await probe(client, shard.uri, f"shard {shard.name}")
+        # short awaits: the merge waits for an idle shard's empty poll before releasing the others' events
+        return ChangeStreamReader(
+            client, full_document=self.s.full_document, batch_size=self.s.replay_batch, max_await_ms=100,
+            track_time=True, oversize=self.s.oversize, pre_images=self.s.pre_images, rs=info.set_name,
+        )  # fmt: skip
+
+    async def watch(self, reader: MergedReader, stop: asyncio.Event, user_stop: asyncio.Event | None) -> ShardChange:
+        """Relay ``user_stop`` to ``stop``, and every ``shard_refresh_s`` list the shards. Returns once
+        they change (or the user stops, with no change), after setting ``stop`` so the merged stream
+        closes before the set is changed."""
+        checked_at = await current_time(self.client)
+        while True:
+            if await sleep_or_stop(self.s.shard_refresh_s, user_stop):
+                stop.set()
+                return ShardChange()
+            try:
+                now = await current_time(self.client)
+                shards = {sh.name: sh for sh in await discover(self.client, self.s.source)}
+            except PyMongoError as exc:
+                self.reporter.warn(f"cannot list the shards: {server_message(exc)}")
+                continue
+            added = [sh for name, sh in shards.items() if name not in reader.readers]
+            removed = [name for name in reader.readers if name not in shards]
+            if added or removed:
+                stop.set()
+                return ShardChange(added, removed, checked_at)
+            checked_at = now
+
+    async def apply(self, reader: MergedReader, cp: Checkpoint, change: ShardChange) -> None:
+        """Start streams for added shards (from ``change.since``) and close those of removed ones."""
+        for sh in change.added:
+            self.reporter.info(f"shard added: {sh}; following it from {change.since}")
+            cp.shards.setdefault(sh.name, Position(cluster_time=change.since))
+            reader.readers[sh.name] = await self._shard_reader(sh)
+        for name in change.removed:
+            self.reporter.info(f"shard removed: {name}")
+            await reader.remove(name)
