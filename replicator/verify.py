@@ -22,6 +22,7 @@ from bson.raw_bson import RawBSONDocument
 
 from . import extjson
 from .config import Settings
+from .errors import ConfigError
 from .events import CollectionSpec, Namespace
 from .filters import Selection, rename_spec
 from .sinks.mongo_schema import same_index
@@ -29,6 +30,7 @@ from .source import catalog
 from .source.connection import DICT_CODEC, RAW_CODEC, Client, make_client, probe
 from .source.partitions import Partition, plan_collection
 from .source.snapshot import read_partition
+from .uri import is_mongo_uri, redact
 
 #: Document-level difference kinds, in report order.
 DOCUMENT_KINDS = ("missing", "extra", "changed")
@@ -282,6 +284,10 @@ class _Verifier:
 async def verify(settings: Settings) -> VerifyReport:
     """Compare the selected source namespaces with their (renamed) target namespaces: kinds, options,
     indexes and every document, byte for byte. Differences are reported, not raised."""
+    if not is_mongo_uri(settings.target):
+        raise ConfigError(
+            f"verify compares two MongoDB deployments: --target {redact(settings.target)} is not mongodb://"
+        )
     started = time.monotonic()
     source = make_client(settings.source, timeout_s=settings.connect_timeout_s)
     try:

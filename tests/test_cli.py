@@ -58,11 +58,29 @@ def test_unreachable_source_with_credentials_redacted(tmp_path: Path) -> None:
         (["--source", "mongodb://a:1", "--target", "mongodb://a:1"], "is the source server"),
         (["--source", "mongodb://a", "--target", "mongodb://b", "--snapshot", "maybe"], "--snapshot must be one of"),
         (["--source", "mongodb://a:bad_port", "--target", "mongodb://b"], "malformed"),
+        (["--source", "mongodb://a", "--target", "kafka://b"], "is not HOST:PORT"),
+        (["--source", "mongodb://a", "--target", "kafka://b:1", "--tombstones", "yes"], "--tombstones must be one of"),
+        (["--source", "mongodb://a", "--target", "kafka://b:1", "--kafka-opt", "acks=0"], "acks=all"),
+        (["--source", "mongodb://a", "--target", "-", "--envelope", "avro"], "--envelope must be one of"),
+        (["--source", "mongodb://a", "--target", "nosuch://x"], "unknown scheme 'nosuch'"),
     ],
 )
 def test_bad_input(args: list[str], fragment: str, tmp_path: Path) -> None:
     result = _mcdc("sync", *args, "--checkpoint", str(tmp_path / "cp.json"))
     _assert_one_line_error(result, 2, fragment)
+
+
+def test_kafka_secrets_never_echoed(tmp_path: Path) -> None:
+    result = _mcdc(
+        "sync", "-s", "mongodb://a", "-t", "kafka://b:1", "--kafka-opt", "sasl.jaas.config=user=x hunter2",
+        "-c", str(tmp_path / "cp.json"),
+    )  # fmt: skip
+    _assert_one_line_error(result, 2, "sasl.jaas.config")
+    assert "hunter2" not in result.stderr + result.stdout
+
+
+def test_verify_needs_a_mongodb_target() -> None:
+    _assert_one_line_error(_mcdc("verify", "-s", "mongodb://a", "-t", "kafka://b:1"), 2, "is not mongodb://")
 
 
 @pytest.mark.integration

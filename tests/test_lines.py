@@ -91,3 +91,20 @@ def test_plain_format_lines(source_uri: str, tmp_path: Path) -> None:
     event = json.loads(line)
     assert event["op"] == "r" and event["ns"] == "db.c"
     assert event["document"] == {"_id": {"$numberInt": "1"}, "n": {"$numberInt": "2"}}
+
+
+@pytest.mark.integration
+def test_pre_images_fill_before(source_uri: str, tmp_path: Path) -> None:
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.create_collection("c", changeStreamPreAndPostImages={"enabled": True})
+        client.db.c.insert_many([{"_id": 1, "v": "old"}, {"_id": 2, "v": "gone"}])
+    cp = str(tmp_path / "cp")
+    assert _mcdc("sync", "-s", source_uri, "-t", "stdout", "-c", cp).returncode == 0
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.update_one({"_id": 1}, {"$set": {"v": "new"}})
+        client.db.c.delete_one({"_id": 2})
+    out = _mcdc("catch-up", "-s", source_uri, "-t", "stdout", "-c", cp, "--pre-images", "whenAvailable")
+    assert out.returncode == 0, out.stderr.decode()
+    values = [json.loads(line)["value"] for line in out.stdout.splitlines()]
+    befores = {v["op"]: json.loads(v["before"]) for v in values}
+    assert befores == {"u": {"_id": {"$numberInt": "1"}, "v": "old"}, "d": {"_id": {"$numberInt": "2"}, "v": "gone"}}
