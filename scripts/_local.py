@@ -27,6 +27,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from replicator.uri import host_set  # noqa: E402
+from tests.support.kafka import KafkaBroker  # noqa: E402
 from tests.support.servers import ServerPair, drop_user_databases, start_pair  # noqa: E402
 
 #: ``python -m replicator.cli`` with this interpreter: works whether or not the venv's bin is on PATH.
@@ -83,6 +84,14 @@ def bench_servers(prog: str, source: str | None, target: str | None) -> Iterator
     with tempfile.TemporaryDirectory(prefix="mcdc-bench-") as base, local_servers(Path(base)) as pair:
         version = importlib.metadata.version("SecantusDB")
         yield pair.source_uri, pair.target_uri, f"SecantusDB {version} (Python server, slower than mongod)"
+
+
+@contextmanager
+def local_kafka(base_dir: Path) -> Iterator[str]:
+    """A local Kafka-protocol broker (noida-db, as the tests use) with its data under ``base_dir``; yields its
+    bootstrap address (``127.0.0.1:PORT``) once it answers, and stops it on exit."""
+    with KafkaBroker(base_dir) as broker:
+        yield broker.bootstrap
 
 
 def tree_rss(proc: psutil.Process) -> int:

@@ -1,0 +1,931 @@
+"""Benchmark: the Kafka sink's delivery, the CPU cost of normalize + encode per event, and draining a backlog.
+
+    python scripts/bench_kafka.py [--events 50000] [--repeat 3] [--batch 1000] [--json]
+    python scripts/bench_kafka.py --source mongodb://... --bootstrap HOST:PORT
+
+The change events: ``--events`` operations on ``bench_kafka.events`` planned with a fixed seed, in rounds of
+inserts followed by as many updates and deletes of live documents: 50 % inserts, 35 % ``$set`` updates (of
+4 fields, one nested), 15 % deletes. A document is about 300 BSON bytes: an ObjectId ``_id``, strings, an
+int32, an Int64, a double, a bool, a date, a subdocument and an array. For parts 1 and 2 they are built in
+memory as the raw change-stream documents a server sends (resume token, clusterTime, wallTime, ns,
+documentKey, fullDocument as ``updateLookup`` gives it, updateDescription), BSON-encoded once.
+
+One run measures three things:
+
+1. Delivery into the broker, acks=all and idempotent (the sink's defaults). The events are normalized
+   (``normalize_change`` on RawBSONDocuments, untimed), then, per repeat and in alternating order, into
+   topics of their own (one ``--topic-prefix`` per contender and repeat, deleted afterwards):
+
+   a. ``KafkaSink.write()`` of the events in batches of ``--batch``: encoding included;
+   b. ``KafkaSink.send()`` of the same records pre-encoded (``sink.encoder.encode()`` beforehand, untimed):
+      the sink's delivery alone;
+   c. a raw ``aiokafka.AIOKafkaProducer(acks="all", enable_idempotence=True)`` with the linger and batch
+      settings of the sink's producer defaults, ``send()``-ing the same pre-encoded records and awaiting
+      every future per batch.
+
+   Each contender starts its producer and sends one warm-up record (which creates its topic) before the
+   clock starts; the clock stops when the broker acknowledged the last batch. The broker's end offsets are
+   then checked: every record arrived. Reported: events/s (records include a tombstone per delete), best
+   and median over ``--repeat``, and the ratios against the raw producer (target: write/raw >= 0.8).
+2. CPU per event without I/O, in this process: ``normalize_change`` on fresh RawBSONDocuments of the raw
+   change documents (decoding included), ``Encoder.encode`` of the results, and both in one pass, for the
+   envelopes debezium (the default), debezium-legacy, plain, and debezium with relaxed extended JSON. Batch by
+   batch (``--batch``) as the pipeline goes, each batch timed on its own (its input prepared untimed), the sum
+   over all events the figure, best of ``--cpu-rounds``. Target: normalize + encode <= 10 µs/event (debezium).
+3. Draining a backlog from the source. ``bench_kafka`` is dropped and its collection created; ``mcdc sync
+   --target stdout`` of the empty collection makes a checkpoint; then the same operations run on the source
+   (insert_many / bulk_write of UpdateOne and DeleteOne), making ``--events`` change events. Then, per repeat
+   in alternating order, each from process start to exit, output to a file:
+
+   a. ``mcdc catch-up --target stdout`` from a copy of that checkpoint;
+   b. a bare pymongo loop in ``python -c``: ``client.watch(full_document="updateLookup", resume_after=<the
+      checkpoint's resume token>)``, one ``bson.json_util.dumps(change)`` line per change on stdout, until it
+      has seen all the events.
+
+   Both outputs are counted: mcdc's lines with ``value.op`` c/u/d, the bare loop's insert/update/delete
+   lines, each equal to the planned mix (deletes make no tombstone line on stdout). Reported: events/s from
+   process start, the time each reports in-process (mcdc's summary ``elapsed_s``; the bare loop from
+   before connecting), the CPU seconds of the process (user + system) and, for a local source, of the
+   source server meanwhile; and the ratio mcdc/bare (target >= 0.8).
+
+Prints a table and PASS/FAIL for the targets; exits 0 whatever they say: it is a measurement. Exits 1 only
+when something crashed: a broker or a server did not start, a command failed, records or lines are missing.
+
+Without ``--source`` it starts local SecantusDB servers (a Python MongoDB-compatible server, several times
+slower than mongod) in a temporary directory; without ``--bootstrap`` a local noida-db broker (a small
+Kafka-protocol server, not Kafka). Figures are for those, on this machine: only the ratios within one run
+mean anything. With ``--source``, only its ``bench_kafka`` database is dropped and written; both drains
+watch the whole deployment, ``mcdc catch-up`` writes only ``bench_kafka.events`` (``--include``) and the bare
+loop counts only ``bench_kafka``'s changes. With ``--bootstrap``, topics named ``mcdc-bench-*`` are
+created and deleted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import importlib.metadata
+import os
+import platform
+import random
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import ExitStack, nullcontext, suppress
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import bson
+import orjson
+import psutil
+import pymongo
+from _local import BenchError, code_version, heading, local_kafka, local_servers, mcdc, run_bench, show
+from bson import json_util
+from bson.int64 import Int64
+from bson.objectid import ObjectId
+from bson.raw_bson import RawBSONDocument
+from bson.timestamp import Timestamp
+from pymongo import DeleteOne, UpdateOne
+
+from replicator.checkpoint import CheckpointStore
+from replicator.config import Settings, resolve
+from replicator.events import ChangeEvent, Namespace
+from replicator.normalize import normalize_change
+from replicator.sinks.envelope import Encoder, EnvelopeOptions, Message
+from replicator.sinks.kafka import KafkaSink
+from replicator.sinks.kafka_options import producer_config
+from replicator.sinks.topics import TopicNamer
+from replicator.source.connection import RAW_CODEC
+
+DB = "bench_kafka"
+COLL = "events"
+NS = Namespace(DB, COLL)
+INCLUDE = r"bench_kafka\.events"
+RS_NAME = "rs0"  # the replica set name the encoders put in source.rs
+TOPIC_BASE = "mcdc-bench"  # topics: <base>-<contender>-<repeat>-<run id>.bench_kafka.events
+
+ROUND = 1_000  # inserts per round, then as many updates and deletes (fewer in a small run)
+UPDATE_SHARE = 0.7  # of the non-insert operations: 50 % inserts, 35 % updates, 15 % deletes overall
+RATIO_TARGET = 0.8
+CPU_TARGET_US = 10.0
+DELIVERY_KINDS = ("mcdc write", "mcdc send", "raw aiokafka")
+DRAIN_KINDS = ("mcdc catch-up", "bare pymongo")
+ENVELOPES: dict[str, dict[str, Any]] = {
+    "debezium": {"style": "debezium"},
+    "debezium-legacy": {"style": "debezium-legacy"},
+    "plain": {"style": "plain"},
+    "debezium, relaxed JSON": {"style": "debezium", "relaxed": True},
+}
+ADJECTIVES = ("compact", "deluxe", "sturdy", "portable", "classic", "modern", "rugged", "silent")
+NOUNS = ("widget", "gadget", "bracket", "sprocket", "valve", "sensor", "adapter", "housing")
+CATEGORIES = ("hardware", "electronics", "garden", "kitchen", "outdoor", "office")
+TAGS = ("red", "green", "blue", "cyan", "magenta", "yellow", "black", "white", "sale", "new")
+EPOCH = datetime(2024, 3, 1, tzinfo=UTC)
+_MB = 1024 * 1024
+
+#: The baseline of part 3: what a person writes first to drain a change stream to stdout.
+BARE_LOOP = """\
+import sys, time
+import pymongo
+from bson import json_util
+started = time.perf_counter()
+uri, start, db, want = sys.argv[1], json_util.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+seen = 0
+write = sys.stdout.write
+with pymongo.MongoClient(uri) as client:
+    with client.watch(full_document="updateLookup", **start) as stream:
+        for change in stream:
+            write(json_util.dumps(change) + "\\n")
+            if change["operationType"] in ("insert", "update", "delete") and change["ns"]["db"] == db:
+                seen += 1
+                if seen == want:
+                    break
+sys.stdout.flush()
+print(f"seen {seen} in {time.perf_counter() - started:.3f} s", file=sys.stderr)
+"""
+
+
+def _per_s(count: int, seconds: float) -> float:
+    return count / seconds if seconds > 0 else 0.0
+
+
+# -- the change events ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Op:
+    """One planned write: an insert of ``doc``, a ``$set`` of ``fields``, or a delete, of document ``_id``."""
+
+    kind: str  # insert | update | delete
+    _id: ObjectId
+    doc: dict[str, Any] | None = None
+    fields: dict[str, Any] | None = None
+
+
+def _when(seq: int) -> datetime:
+    return EPOCH + timedelta(milliseconds=37 * seq)  # whole milliseconds: BSON dates keep no more
+
+
+def make_doc(oid: ObjectId, seq: int, rng: random.Random) -> dict[str, Any]:
+    """A document of about 300 BSON bytes."""
+    user = rng.randrange(100_000)
+    return {
+        "_id": oid,
+        "sku": f"SKU-{seq:08d}",
+        "name": f"{rng.choice(ADJECTIVES)} {rng.choice(NOUNS)} {seq}",
+        "category": rng.choice(CATEGORIES),
+        "qty": rng.randrange(1000),
+        "stock": Int64(rng.randrange(1 << 40)),
+        "price": round(rng.uniform(1, 500), 2),
+        "active": rng.random() < 0.8,
+        "created": _when(seq),
+        "owner": {"name": f"user {user:06d}", "email": f"user{user:06d}@example.com", "level": rng.randrange(10)},
+        "tags": rng.sample(TAGS, 3),
+        "notes": f"shelf {rng.randrange(40):02d}-{rng.randrange(500):03d}",
+        "v": seq,
+    }
+
+
+def plan_ops(events: int, seed: int = 0) -> list[Op]:
+    """``events`` operations: rounds of inserts, then as many updates (70 %) and deletes (30 %) of live ones."""
+    rng = random.Random(seed)
+    ops: list[Op] = []
+    live: list[ObjectId] = []
+    per_round = max(1, min(ROUND, events // 40))  # about 20 rounds at least: every kind, even in a small run
+    while len(ops) < events:
+        for _ in range(min(per_round, events - len(ops))):
+            seq = len(ops)
+            oid = ObjectId(int(EPOCH.timestamp()).to_bytes(4, "big") + seq.to_bytes(8, "big"))
+            ops.append(Op("insert", oid, doc=make_doc(oid, seq, rng)))
+            live.append(oid)
+        for _ in range(min(per_round, events - len(ops))):
+            seq = len(ops)
+            slot = rng.randrange(len(live))
+            if rng.random() < UPDATE_SHARE:
+                fields = {"qty": rng.randrange(1000), "owner.level": rng.randrange(10), "updated": _when(seq), "v": seq}
+                ops.append(Op("update", live[slot], fields=fields))
+            else:
+                ops.append(Op("delete", live[slot]))
+                live[slot] = live[-1]
+                live.pop()
+    return ops
+
+
+def _token(seq: int) -> str:
+    """A resume token's ``_data`` of realistic length (a KeyString in hex)."""
+    when = f"{1_709_251_200 + seq // 1000:08X}{seq % 1000 + 1:08X}"
+    return f"82{when}2B042C0100296E5A1004{seq:032X}46645F69640064{seq:024X}0004"
+
+
+def change_documents(ops: Sequence[Op]) -> list[bytes]:
+    """The raw change-stream document of each operation, as a server would send it (fullDocument looked up)."""
+    state: dict[ObjectId, dict[str, Any]] = {}
+    out: list[bytes] = []
+    for seq, op in enumerate(ops):
+        change: dict[str, Any] = {
+            "_id": {"_data": _token(seq)},
+            "operationType": op.kind,
+            "clusterTime": Timestamp(1_709_251_200 + seq // 1000, seq % 1000 + 1),
+            "wallTime": _when(seq),
+        }
+        if op.kind == "insert":
+            assert op.doc is not None
+            state[op._id] = dict(op.doc)
+            change["fullDocument"] = state[op._id]
+        elif op.kind == "update":
+            assert op.fields is not None
+            doc = state[op._id]
+            for path, value in op.fields.items():
+                if path == "owner.level":
+                    doc["owner"] = {**doc["owner"], "level": value}
+                else:
+                    doc[path] = value
+            change["fullDocument"] = doc
+        change["ns"] = {"db": DB, "coll": COLL}
+        change["documentKey"] = {"_id": op._id}
+        if op.kind == "update":
+            change["updateDescription"] = {"updatedFields": op.fields, "removedFields": [], "truncatedArrays": []}
+        if op.kind == "delete":
+            del state[op._id]
+        out.append(bson.encode(change))  # a snapshot: later updates of the same dict do not show
+    return out
+
+
+def normalize_all(raws: Sequence[bytes]) -> list[ChangeEvent]:
+    """ChangeEvents from fresh RawBSONDocuments (as the change stream reader hands them over)."""
+    events = [normalize_change(RawBSONDocument(raw, RAW_CODEC)) for raw in raws]
+    kept = [event for event in events if event is not None]
+    if len(kept) != len(raws):
+        raise BenchError("normalize_change dropped a data event")
+    return kept
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+# -- part 2: CPU per event --------------------------------------------------------------------------------
+
+
+def _best_of(
+    rounds: int, raws: Sequence[bytes], batch: int, timed: Callable[[Any], Any], prepare: Callable[[Any], Any] | None
+) -> float:
+    """The shortest of ``rounds`` passes over ``raws`` in batches, each pass the sum of ``timed(prepare(chunk))``
+    (prepare is not timed). Batch by batch, as the pipeline goes: only one batch's events are alive at a time."""
+    best = float("inf")
+    for _ in range(rounds):
+        gc.collect()
+        total = 0.0
+        for chunk in _chunks(raws, batch):
+            arg = prepare(chunk) if prepare is not None else chunk
+            started = time.perf_counter()
+            timed(arg)
+            total += time.perf_counter() - started
+            del arg
+        best = min(best, total)
+    return best
+
+
+def _encoder(options: dict[str, Any], prefix: str = "mcdc") -> Encoder:
+    return Encoder(EnvelopeOptions(**options), TopicNamer(prefix), source_name=RS_NAME)
+
+
+def _cost(seconds: float, events: int) -> dict[str, float]:
+    return {"us_per_event": round(seconds / events * 1e6, 2), "events_per_s": round(_per_s(events, seconds))}
+
+
+def cpu_costs(raws: Sequence[bytes], batch: int, rounds: int) -> dict[str, Any]:
+    """µs/event of normalize, of encode per envelope, and of both in one pass (best of ``rounds``)."""
+    n = len(raws)
+    normalize_s = _best_of(rounds, raws, batch, normalize_all, None)
+    print(f"  normalize_change: {normalize_s / n * 1e6:.2f} µs/event")
+    envelopes: dict[str, Any] = {}
+    for name, options in ENVELOPES.items():
+        encoder = _encoder(options)
+
+        def both(chunk: Sequence[bytes], encoder: Encoder = encoder) -> None:
+            encoder.encode(normalize_all(chunk))
+
+        encode_s = _best_of(rounds, raws, batch, encoder.encode, normalize_all)
+        both_s = _best_of(rounds, raws, batch, both, None)
+        messages = encoder.encode(normalize_all(raws))
+        data = [m for m in messages if m.value is not None]
+        value_bytes = sum(len(m.value or b"") for m in data)
+        envelopes[name] = {
+            "encode": _cost(encode_s, n),
+            "normalize_and_encode": _cost(both_s, n),
+            "records": len(messages),
+            "avg_value_bytes": round(value_bytes / len(data)) if data else 0,
+        }
+        print(f"  {name}: encode {encode_s / n * 1e6:.2f} µs/event, both in one pass {both_s / n * 1e6:.2f} µs/event")
+    return {"events": n, "rounds": rounds, "normalize": _cost(normalize_s, n), "envelopes": envelopes}
+
+
+# -- part 1: delivery into Kafka -----------------------------------------------------------------------------
+
+
+@dataclass
+class DeliveryRun:
+    """One timed delivery of every event."""
+
+    kind: str  # one of DELIVERY_KINDS
+    repeat: int
+    topic: str
+    events: int
+    records: int
+    wall_s: float
+    events_per_s: float
+
+
+def _settings(bootstrap: str, prefix: str) -> Settings:
+    """The Settings of a run with ``--target kafka://BOOTSTRAP --topic-prefix PREFIX`` and nothing else."""
+    flags = {"source": "mongodb://127.0.0.1/", "target": f"kafka://{bootstrap}", "topic_prefix": prefix}
+    return resolve(flags, env={})
+
+
+def _retopic(batches: Sequence[list[Message]], prefix: str) -> list[list[Message]]:
+    """The same records (key and value bytes) on the topics of another prefix."""
+    cut = len(TOPIC_BASE)
+    return [[Message(prefix + m.topic[cut:], m.key, m.value) for m in batch] for batch in batches]
+
+
+async def _count_and_delete(bootstrap: str, topic: str) -> int:
+    """How many records ``topic`` holds (end minus beginning offsets over its partitions); then delete it."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="mcdc-bench")
+    await admin.start()
+    try:
+        described = await admin.describe_topics([topic])
+        ids = sorted(p["partition"] for t in described if not t["error_code"] for p in t["partitions"])
+        partitions = [TopicPartition(topic, p) for p in ids]
+        total = 0
+        if partitions:
+            consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, client_id="mcdc-bench", group_id=None)
+            await consumer.start()
+            try:
+                ends = await consumer.end_offsets(partitions)
+                starts = await consumer.beginning_offsets(partitions)
+                total = sum(ends[tp] - starts[tp] for tp in partitions)
+            finally:
+                await consumer.stop()
+        await admin.delete_topics([topic])  # keeps the broker's state small: noida-db rewrites it every second
+        return total
+    finally:
+        await admin.close()
+
+
+async def _timed_sink(
+    bootstrap: str, prefix: str, deliver: Callable[[KafkaSink], Awaitable[None]], topic: str
+) -> tuple[float, int]:
+    """Start a KafkaSink, send one warm-up record, then time ``deliver(sink)``; (seconds, records sent)."""
+    sink = KafkaSink(f"kafka://{bootstrap}", _settings(bootstrap, prefix))
+    sink.source_name = RS_NAME
+    await sink.start()
+    try:
+        await sink.send([Message(topic, b'{"id":"warm-up"}', b"{}")])
+        sent_before = sink.records
+        started = time.perf_counter()
+        await deliver(sink)
+        wall = time.perf_counter() - started
+        return wall, sink.records - sent_before
+    finally:
+        await sink.close()
+
+
+async def _timed_raw(bootstrap: str, batches: Sequence[list[Message]], topic: str) -> tuple[float, int]:
+    """A bare AIOKafkaProducer with the sink's acks, idempotence, linger and batch settings."""
+    from aiokafka import AIOKafkaProducer
+
+    defaults = producer_config((), [bootstrap])
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=defaults["linger_ms"],
+        max_batch_size=defaults["max_batch_size"],
+        max_request_size=defaults["max_request_size"],
+        request_timeout_ms=defaults["request_timeout_ms"],
+    )
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, b"{}", key=b'{"id":"warm-up"}')
+        sent = 0
+        started = time.perf_counter()
+        for batch in batches:
+            futures = [await producer.send(m.topic, m.value, key=m.key) for m in batch]
+            await asyncio.gather(*futures)
+            sent += len(futures)
+        return time.perf_counter() - started, sent
+    finally:
+        await producer.stop()
+
+
+async def delivery(
+    bootstrap: str, raws: Sequence[bytes], batch: int, repeat: int, run_id: str
+) -> tuple[list[DeliveryRun], int]:
+    """Every contender ``repeat`` times in alternating order; returns the runs and the records per run."""
+    # the records, encoded once by the sink's own encoder (its settings, a base prefix)
+    base_sink = KafkaSink(f"kafka://{bootstrap}", _settings(bootstrap, TOPIC_BASE))
+    base_sink.encoder.source_name = RS_NAME
+    encoded = [base_sink.encoder.encode(chunk) for chunk in _chunks(normalize_all(raws), batch)]
+    records = sum(len(b) for b in encoded)
+    runs: list[DeliveryRun] = []
+    for rep in range(1, repeat + 1):
+        order = DELIVERY_KINDS if rep % 2 else DELIVERY_KINDS[::-1]
+        for kind in order:
+            prefix = f"{TOPIC_BASE}-{kind.split()[-1]}-{rep}-{run_id}"
+            topic = TopicNamer(prefix).data(NS)
+            if kind == "mcdc write":
+                events = normalize_all(raws)  # fresh events, untimed
+
+                async def write(sink: KafkaSink, events: list[ChangeEvent] = events) -> None:
+                    for chunk in _chunks(events, batch):
+                        await sink.write(chunk)
+
+                wall, sent = await _timed_sink(bootstrap, prefix, write, topic)
+            elif kind == "mcdc send":
+                batches = _retopic(encoded, prefix)
+
+                async def send(sink: KafkaSink, batches: list[list[Message]] = batches) -> None:
+                    for messages in batches:
+                        await sink.send(messages)
+
+                wall, sent = await _timed_sink(bootstrap, prefix, send, topic)
+            else:
+                wall, sent = await _timed_raw(bootstrap, _retopic(encoded, prefix), topic)
+            on_broker = await _count_and_delete(bootstrap, topic)
+            if sent != records or on_broker != records + 1:  # + the warm-up record
+                raise BenchError(
+                    f"{kind}: {sent:,} records sent and {on_broker:,} on {topic}, expected {records:,} (+1 warm-up)"
+                )
+            run = DeliveryRun(kind, rep, topic, len(raws), sent, round(wall, 3), round(_per_s(len(raws), wall)))
+            runs.append(run)
+            print(f"  {rep}/{repeat} {kind:<14} {wall:7.2f} s  {run.events_per_s:>9,} events/s")
+    return runs, records
+
+
+# -- part 3: draining a backlog ------------------------------------------------------------------------------
+
+
+@dataclass
+class DrainRun:
+    """One timed drain of the backlog, from process start to exit."""
+
+    kind: str  # one of DRAIN_KINDS
+    repeat: int
+    wall_s: float
+    events_per_s: float
+    inner_s: float | None  # as the process reports it: mcdc's elapsed_s, the bare loop's time after imports
+    cpu_s: float  # the process's user + system time
+    server_cpu_s: float | None  # the local source server's user + system time meanwhile
+    lines: int
+    data_lines: dict[str, int]
+
+
+def _writer(uri: str) -> pymongo.MongoClient[dict[str, Any]]:
+    """Without retryable writes: SecantusDB keeps and sorts every retryable write's reply (see bench_tail)."""
+    return pymongo.MongoClient(uri, serverSelectionTimeoutMS=10_000, retryWrites=False)
+
+
+def make_backlog(uri: str, ops: Sequence[Op]) -> float:
+    """Apply ``ops`` on the source: runs of inserts with insert_many, the rest with bulk_write."""
+    started = time.perf_counter()
+    report_at = started + 10.0
+    with _writer(uri) as client:
+        coll = client[DB][COLL]
+        i = 0
+        while i < len(ops):
+            j = i
+            if ops[i].kind == "insert":
+                while j < len(ops) and ops[j].kind == "insert":
+                    j += 1
+                coll.insert_many([op.doc for op in ops[i:j] if op.doc is not None], ordered=True)
+            else:
+                writes: list[UpdateOne | DeleteOne] = []
+                while j < len(ops) and ops[j].kind != "insert":
+                    op = ops[j]
+                    writes.append(UpdateOne({"_id": op._id}, {"$set": op.fields}) if op.kind == "update" else
+                                  DeleteOne({"_id": op._id}))  # fmt: skip
+                    j += 1
+                result = coll.bulk_write(writes, ordered=True)
+                kinds = Counter(op.kind for op in ops[i:j])
+                if (result.modified_count, result.deleted_count) != (kinds["update"], kinds["delete"]):
+                    raise BenchError(
+                        f"the backlog's bulk_write did not change what it should: {result.bulk_api_result}"
+                    )
+            i = j
+            if time.perf_counter() > report_at:
+                print(f"  {i:>9,} / {len(ops):,} operations", flush=True)
+                report_at += 10.0
+    return time.perf_counter() - started
+
+
+def sync_argv(source: str, checkpoint: Path) -> list[str]:
+    return mcdc("sync", "--source", source, "--target", "stdout", "--checkpoint", str(checkpoint),
+                "--include", INCLUDE, "--no-progress")  # fmt: skip
+
+
+def catch_up_argv(source: str, checkpoint: Path) -> list[str]:
+    return mcdc("catch-up", "--source", source, "--target", "stdout", "--checkpoint", str(checkpoint),
+                "--include", INCLUDE, "--no-progress", "--json")  # fmt: skip
+
+
+def _run_timed(argv: Sequence[str], out_path: Path, err_path: Path, timeout: float, what: str) -> tuple[float, float]:
+    """Run a command with stdout and stderr to files; (seconds from start to exit, its CPU seconds). Raises on
+    failure."""
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.perf_counter()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise BenchError(f"{what} did not finish within {timeout:.0f} s") from None
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        wall = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)  # only this child was reaped meanwhile
+    if code != 0:
+        raise BenchError(f"{what} exited {code}:\n{err_path.read_text(errors='replace')[-3000:]}")
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def _local_server(uri: str) -> psutil.Process | None:
+    """The source server process when this script started it (a child listening on the URI's port)."""
+    port = str(urlsplit(uri).port)
+    for child in psutil.Process().children(recursive=True):
+        with suppress(psutil.Error):
+            argv = child.cmdline()
+            if "--port" in argv[:-1] and argv[argv.index("--port") + 1] == port:
+                return child
+    return None
+
+
+def _cpu(proc: psutil.Process | None) -> float | None:
+    if proc is None:
+        return None
+    try:
+        times = proc.cpu_times()
+    except psutil.Error:
+        return None
+    return float(times.user + times.system)
+
+
+def _count_mcdc(path: Path) -> tuple[int, dict[str, int]]:
+    """(lines, lines per data op letter) of mcdc's stdout (debezium envelope lines)."""
+    ops: Counter[str] = Counter()
+    lines = 0
+    with open(path, "rb") as out:
+        for line in out:
+            lines += 1
+            op = orjson.loads(line).get("value", {}).get("op")
+            if op in ("c", "u", "d", "r"):
+                ops[op] += 1
+    return lines, dict(ops)
+
+
+def _count_bare(path: Path) -> tuple[int, dict[str, int]]:
+    ops: Counter[str] = Counter()
+    lines = 0
+    with open(path, "rb") as out:
+        for line in out:
+            lines += 1
+            change = orjson.loads(line)
+            if change.get("ns", {}).get("db") == DB and change["operationType"] in ("insert", "update", "delete"):
+                ops[change["operationType"]] += 1
+    return lines, dict(ops)
+
+
+def _summary_elapsed(err_path: Path) -> float | None:
+    """mcdc's --json summary (indented JSON, last thing on stderr when events own stdout): its elapsed_s."""
+    text = err_path.read_text(errors="replace")
+    start = text.rfind("\n{\n") + 1 if not text.startswith("{\n") else 0
+    try:
+        return float(orjson.loads(text[start:])["elapsed_s"])
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _bare_start(checkpoint: Path) -> str:
+    """The checkpoint's position as keyword arguments of watch(), canonical extended JSON."""
+    saved = CheckpointStore(checkpoint).load()
+    if saved is None:
+        raise BenchError(f"mcdc sync wrote no checkpoint at {checkpoint}")
+    position = saved.position
+    if position.resume_token is not None:
+        start: dict[str, Any] = {"resume_after": position.resume_token}
+    elif position.cluster_time is not None:
+        start = {"start_at_operation_time": position.cluster_time}
+    else:
+        raise BenchError(f"the checkpoint {checkpoint} holds no stream position")
+    return json_util.dumps(start, json_options=json_util.CANONICAL_JSON_OPTIONS)
+
+
+def drain(source: str, workdir: Path, ops: Sequence[Op], repeat: int, server: psutil.Process | None) -> dict[str, Any]:
+    """Checkpoint, backlog, then mcdc catch-up and the bare loop, ``repeat`` times in alternating order."""
+    mix = dict(Counter(op.kind for op in ops))
+    want_mcdc = {"c": mix.get("insert", 0), "u": mix.get("update", 0), "d": mix.get("delete", 0)}
+    want_mcdc = {k: v for k, v in want_mcdc.items() if v}
+    checkpoint = workdir / "drain.json"
+    for stale in workdir.glob("drain.json*"):
+        stale.unlink()
+    with _writer(source) as client:
+        client.drop_database(DB)
+        client[DB].create_collection(COLL)
+    argv = sync_argv(source, checkpoint)
+    print(f"$ {show(argv)} > /dev/null")
+    sync_s, _ = _run_timed(argv, Path(os.devnull), workdir / "sync.err", 300, "mcdc sync")
+    start = _bare_start(checkpoint)
+    saved = workdir / "drain.json.saved"
+    shutil.copyfile(checkpoint, saved)
+    print(f"checkpoint made in {sync_s:.2f} s; making the backlog of {len(ops):,} change events ({mix})", flush=True)
+    build_s = make_backlog(source, ops)
+    print(f"backlog made in {build_s:.1f} s")
+    timeout = max(600.0, len(ops) / 20)
+    runs: list[DrainRun] = []
+    mcdc_argv = catch_up_argv(source, checkpoint)
+    bare_argv = [sys.executable, "-c", BARE_LOOP, source, start, DB, str(len(ops))]
+    for rep in range(1, repeat + 1):
+        for kind in DRAIN_KINDS if rep % 2 else DRAIN_KINDS[::-1]:
+            out_path, err_path = workdir / f"drain-{rep}-{kind.split()[0]}.out", workdir / f"drain-{rep}.err"
+            server_before = _cpu(server)
+            if kind == "mcdc catch-up":
+                for stale in workdir.glob("drain.json*"):
+                    if stale != saved:
+                        stale.unlink()
+                shutil.copyfile(saved, checkpoint)
+                wall, cpu = _run_timed(mcdc_argv, out_path, err_path, timeout, "mcdc catch-up")
+                inner = _summary_elapsed(err_path)
+                lines, data = _count_mcdc(out_path)
+                want: dict[str, int] = want_mcdc
+            else:
+                wall, cpu = _run_timed(bare_argv, out_path, err_path, timeout, "the bare pymongo loop")
+                said = err_path.read_text(errors="replace").split()
+                inner = float(said[3]) if len(said) >= 4 and said[0] == "seen" else None
+                lines, data = _count_bare(out_path)
+                want = mix
+            server_after = _cpu(server)
+            if data != want:
+                raise BenchError(f"{kind} wrote these data lines: {data}, expected {want}")
+            out_path.unlink()  # tens of MB each
+            server_cpu = None if server_before is None or server_after is None else server_after - server_before
+            run = DrainRun(
+                kind, rep, round(wall, 3), round(_per_s(len(ops), wall)), inner, round(cpu, 2),
+                None if server_cpu is None else round(server_cpu, 2), lines, data,
+            )  # fmt: skip
+            runs.append(run)
+            print(f"  {rep}/{repeat} {kind:<14} {wall:7.2f} s  {run.events_per_s:>9,} events/s  ({lines:,} lines)")
+    return {
+        "events": len(ops),
+        "mix": mix,
+        "checkpoint_s": round(sync_s, 2),
+        "backlog_build_s": round(build_s, 2),
+        "runs": [asdict(r) for r in runs],
+        "commands": {"mcdc": show(mcdc_argv) + " > FILE", "bare": "python -c BARE_LOOP (see --json) > FILE"},
+        "bare_loop": BARE_LOOP,
+    }
+
+
+# -- report ---------------------------------------------------------------------------------------------------
+
+
+def _summarize(runs: Sequence[dict[str, Any]], kinds: Sequence[str]) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for kind in kinds:
+        mine = [r for r in runs if r["kind"] == kind]
+        best = max(mine, key=lambda r: r["events_per_s"])
+        out[kind] = {
+            "best_events_per_s": best["events_per_s"],
+            "median_events_per_s": round(statistics.median(r["events_per_s"] for r in mine)),
+            "best_wall_s": best["wall_s"],
+        }
+    return out
+
+
+def _ratio(a: float, b: float) -> float:
+    return round(a / b, 3) if b else 0.0
+
+
+def figures(parts: dict[str, Any], args: argparse.Namespace, server: str, broker: str) -> dict[str, Any]:
+    """Everything printed, as one JSON-able dict."""
+    targets: dict[str, bool] = {}
+    data: dict[str, Any] = {
+        "note": f"source: {server}; broker: {broker}; only same-run ratios mean anything",
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "aiokafka": importlib.metadata.version("aiokafka"),
+        "mcdc_code": code_version(),
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "events": parts["events"],
+    }
+    if "delivery" in parts:
+        d = parts["delivery"]
+        summary = _summarize(d["runs"], DELIVERY_KINDS)
+        raw = summary["raw aiokafka"]
+        d["summary"] = summary
+        d["ratio_write_raw"] = _ratio(summary["mcdc write"]["best_events_per_s"], raw["best_events_per_s"])
+        d["ratio_write_raw_median"] = _ratio(summary["mcdc write"]["median_events_per_s"], raw["median_events_per_s"])
+        d["ratio_send_raw"] = _ratio(summary["mcdc send"]["best_events_per_s"], raw["best_events_per_s"])
+        d["ratio_send_raw_median"] = _ratio(summary["mcdc send"]["median_events_per_s"], raw["median_events_per_s"])
+        targets[f"delivery: events/s KafkaSink.write / raw aiokafka >= {RATIO_TARGET:g} (best)"] = (
+            d["ratio_write_raw"] >= RATIO_TARGET
+        )
+        data["delivery"] = d
+    if "cpu" in parts:
+        c = parts["cpu"]
+        total = c["envelopes"]["debezium"]["normalize_and_encode"]["us_per_event"]
+        targets[f"CPU: normalize + encode (debezium) <= {CPU_TARGET_US:g} µs/event"] = total <= CPU_TARGET_US
+        data["cpu"] = c
+    if "drain" in parts:
+        r = parts["drain"]
+        summary = _summarize(r["runs"], DRAIN_KINDS)
+        r["summary"] = summary
+        r["ratio"] = _ratio(summary["mcdc catch-up"]["best_events_per_s"], summary["bare pymongo"]["best_events_per_s"])
+        r["ratio_median"] = _ratio(
+            summary["mcdc catch-up"]["median_events_per_s"], summary["bare pymongo"]["median_events_per_s"]
+        )
+        targets[f"drain: events/s mcdc catch-up / bare pymongo >= {RATIO_TARGET:g} (best)"] = r["ratio"] >= RATIO_TARGET
+        data["drain"] = r
+    data["targets"] = targets
+    return data
+
+
+def print_report(data: dict[str, Any]) -> None:
+    ev = data["events"]
+    heading("Results")
+    print(data["note"])
+    print(f"{data['cpus']} CPUs, Python {data['python']}, aiokafka {data['aiokafka']}; mcdc code: {data['mcdc_code']}")
+    mix = ", ".join(f"{n:,} {kind}" for kind, n in ev["mix"].items())
+    print(
+        f"change events: {ev['count']:,} on {DB}.{COLL} ({mix}); documents ~{ev['avg_doc_bytes']} BSON bytes, "
+        f"raw change events ~{ev['avg_change_bytes']} bytes"
+    )
+    if "delivery" in data:
+        d = data["delivery"]
+        print()
+        print(
+            f"1. delivery into Kafka: {ev['count']:,} events = {d['records']:,} records (a tombstone per delete), "
+            f"batches of {data['args']['batch']:,},"
+        )
+        print(f"   acks=all, idempotent, linger_ms {d['linger_ms']}, max_batch_size {d['max_batch_size']:,}")
+        print(f"   {'contender':<42}{'best ev/s':>11}{'median ev/s':>13}{'best wall s':>13}")
+        labels = {
+            "mcdc write": "KafkaSink.write (encoding included)",
+            "mcdc send": "KafkaSink.send (pre-encoded)",
+            "raw aiokafka": "raw AIOKafkaProducer (pre-encoded)",
+        }
+        for kind, s in d["summary"].items():
+            print(
+                f"   {labels[kind]:<42}{s['best_events_per_s']:>11,}{s['median_events_per_s']:>13,}"
+                f"{s['best_wall_s']:>13.2f}"
+            )
+        print(f"   ratio write/raw {d['ratio_write_raw']:>6.2f}   (median {d['ratio_write_raw_median']:.2f})")
+        print(f"   ratio send/raw  {d['ratio_send_raw']:>6.2f}   (median {d['ratio_send_raw_median']:.2f})")
+    if "cpu" in data:
+        c = data["cpu"]
+        print()
+        print(f"2. CPU per event, no I/O: best of {c['rounds']} rounds over {c['events']:,} events, in process")
+        n = c["normalize"]
+        print(f"   normalize_change (RawBSONDocument -> ChangeEvent): {n['us_per_event']:.2f} µs/event, "
+              f"{n['events_per_s']:,} events/s")  # fmt: skip
+        print(f"   {'envelope':<24}{'encode µs':>10}{'events/s':>11}{'normalize+encode µs':>21}{'events/s':>11}"
+              f"{'value bytes':>13}")  # fmt: skip
+        for name, e in c["envelopes"].items():
+            enc, both = e["encode"], e["normalize_and_encode"]
+            print(
+                f"   {name:<24}{enc['us_per_event']:>10.2f}{enc['events_per_s']:>11,}{both['us_per_event']:>21.2f}"
+                f"{both['events_per_s']:>11,}{e['avg_value_bytes']:>13,}"
+            )
+    if "drain" in data:
+        r = data["drain"]
+        print()
+        print(
+            f"3. drain of a backlog of {r['events']:,} change events to stdout (a file), from process start to exit "
+            f"(checkpoint by mcdc sync in {r['checkpoint_s']:.2f} s, backlog made in {r['backlog_build_s']:.1f} s)"
+        )
+        print(
+            f"   {'contender':<42}{'best ev/s':>11}{'median ev/s':>13}{'best wall s':>13}{'in-process s':>14}"
+            f"{'CPU s':>8}{'server CPU s':>14}"
+        )
+        labels = {
+            "mcdc catch-up": "mcdc catch-up --target stdout",
+            "bare pymongo": "bare pymongo watch loop (json_util lines)",
+        }
+        for kind, s in r["summary"].items():
+            best = max((x for x in r["runs"] if x["kind"] == kind), key=lambda x: x["events_per_s"])
+            inner = "-" if best["inner_s"] is None else f"{best['inner_s']:.2f}"
+            server = "-" if best["server_cpu_s"] is None else f"{best['server_cpu_s']:.2f}"
+            print(
+                f"   {labels[kind]:<42}{s['best_events_per_s']:>11,}{s['median_events_per_s']:>13,}"
+                f"{s['best_wall_s']:>13.2f}{inner:>14}{best['cpu_s']:>8.2f}{server:>14}"
+            )
+        print(f"   ratio mcdc/bare {r['ratio']:>6.2f}   (median {r['ratio_median']:.2f})")
+        print(
+            "   (of the best run: in-process = mcdc's summary elapsed_s, the bare loop's time after its imports; "
+            "CPU = the process's user + system; server CPU = the local source server's meanwhile)"
+        )
+    print()
+    for name, ok in data["targets"].items():
+        print(f"{'PASS' if ok else 'FAIL'}  {name}")
+    if "drain" in data:
+        print("commands:")
+        for name, command in data["drain"]["commands"].items():
+            print(f"  {name}: {command}")
+
+
+# -- main ---------------------------------------------------------------------------------------------------
+
+
+def bench(args: argparse.Namespace) -> dict[str, Any]:
+    run_id = uuid.uuid4().hex[:8]
+    ops = plan_ops(args.events)
+    raws = change_documents(ops)
+    docs = [op.doc for op in ops if op.doc is not None]
+    events = {
+        "count": len(ops),
+        "mix": dict(Counter(op.kind for op in ops)),
+        "avg_doc_bytes": round(sum(len(bson.encode(d)) for d in docs) / len(docs)),
+        "avg_change_bytes": round(sum(len(r) for r in raws) / len(raws)),
+    }
+    parts: dict[str, Any] = {"events": events}
+    server = broker = "not used"
+    with ExitStack() as stack:
+        keep = nullcontext(str(args.logdir)) if args.logdir else tempfile.TemporaryDirectory(prefix="mcdc-bench-kafka-")
+        workdir = Path(stack.enter_context(keep))
+        workdir.mkdir(parents=True, exist_ok=True)
+        if not args.skip_delivery:
+            if args.bootstrap:
+                bootstrap, broker = args.bootstrap, f"the Kafka broker at {args.bootstrap}"
+            else:
+                heading("Starting a local noida-db Kafka-protocol broker")
+                bootstrap = stack.enter_context(local_kafka(workdir / "kafka"))
+                broker = f"noida-db {importlib.metadata.version('noida-db')} (a small Kafka-protocol server)"
+            print(f"bootstrap: {bootstrap}")
+            heading(
+                f"Part 1: delivery of {len(raws):,} events into Kafka, batches of {args.batch:,}, "
+                f"{args.repeat} repeat(s) in alternating order"
+            )
+            runs, records = asyncio.run(delivery(bootstrap, raws, args.batch, args.repeat, run_id))
+            defaults = producer_config((), [bootstrap])
+            parts["delivery"] = {
+                "records": records,
+                "linger_ms": defaults["linger_ms"],
+                "max_batch_size": defaults["max_batch_size"],
+                "runs": [asdict(r) for r in runs],
+            }
+        if not args.skip_cpu:
+            heading(f"Part 2: CPU of normalize + encode, best of {args.cpu_rounds} rounds over {len(raws):,} events")
+            parts["cpu"] = cpu_costs(raws, args.batch, args.cpu_rounds)
+        if not args.skip_drain:
+            if args.source:
+                source, server = args.source, "the given MongoDB"
+            else:
+                heading("Starting local SecantusDB servers")
+                pair = stack.enter_context(local_servers(workdir / "servers"))
+                source = pair.source_uri
+                server = f"SecantusDB {importlib.metadata.version('SecantusDB')}, a Python server"
+            print(f"source: {source}")
+            heading(f"Part 3: drain of a backlog of {len(ops):,} change events, {args.repeat} repeat(s)")
+            parts["drain"] = drain(source, workdir, ops, args.repeat, None if args.source else _local_server(source))
+        return figures(parts, args, server, broker)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=50_000, help="change events (default 50000)")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs of each contender (default 3)")
+    parser.add_argument("--batch", type=int, default=1_000, help="events per write/send batch (default 1000)")
+    parser.add_argument("--cpu-rounds", type=int, default=5, help="rounds of part 2, the best counts (default 5)")
+    parser.add_argument("--source", help="use this MongoDB (replica set) as the source: only bench_kafka is touched")
+    parser.add_argument("--bootstrap", help="use this Kafka broker (HOST:PORT): topics mcdc-bench-* are made")
+    parser.add_argument("--skip-delivery", action="store_true", help="skip part 1 (delivery into Kafka)")
+    parser.add_argument("--skip-cpu", action="store_true", help="skip part 2 (CPU per event)")
+    parser.add_argument("--skip-drain", action="store_true", help="skip part 3 (drain of a backlog)")
+    parser.add_argument("--logdir", type=Path, help="keep outputs and the checkpoint here (default: a temp dir)")
+    parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    args = parser.parse_args(argv)
+    if args.events < 2 or args.repeat < 1 or args.batch < 1 or args.cpu_rounds < 1:
+        parser.error("--events must be at least 2; --repeat, --batch and --cpu-rounds at least 1")
+    return run_bench("bench_kafka", lambda: bench(args), print_report, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
