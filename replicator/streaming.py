@@ -35,6 +35,7 @@ log = logging.getLogger("mcdc.stream")
 
 #: warn when the checkpoint is older than this share of the source's oplog window
 OPLOG_WARN_FRACTION = 0.8
+_MIN_RISK_AGE_S = 60  # under a minute behind is a fresh server or a checkpoint just saved, not a risk
 
 
 class StreamApplier:
@@ -121,12 +122,16 @@ class StreamApplier:
         position = self.cp.position.cluster_time
         if position is None or isinstance(self.reader, MergedReader):
             return
+        # a position under a minute old is never at risk: skip reading the oplog's ends (a ping is cheap,
+        # while some servers scan the oplog to find its first entry)
+        if (await current_time(self.reader.client)).time - position.time <= _MIN_RISK_AGE_S:
+            return
         window = await oplog_window(self.reader.client)
         if window is None:
             return
         oldest, newest = window
         span, age = newest.time - oldest.time, newest.time - position.time
-        if span > 0 and age > max(OPLOG_WARN_FRACTION * span, 60):  # under a minute is a fresh server, not a risk
+        if span > 0 and age > max(OPLOG_WARN_FRACTION * span, _MIN_RISK_AGE_S):
             self.reporter.warn(
                 f"the checkpoint's position is {age / 3600:.1f} h behind the source and its oplog holds "
                 f"{span / 3600:.1f} h: once it falls off, the events in between are gone (catch up, or enlarge "

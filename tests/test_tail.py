@@ -291,13 +291,16 @@ async def test_warns_when_the_checkpoint_nears_the_end_of_the_oplog(
         assert real is not None and real[0] <= real[1]
         now = int(time.time())
 
+        calls: dict[int, int] = {}
+
         async def two_hour_oplog(client: object) -> tuple[Timestamp, Timestamp]:
+            calls[age_s] = calls.get(age_s, 0) + 1
             return Timestamp(now - 7200, 1), Timestamp(now, 1)
 
         monkeypatch.setattr(streaming, "oplog_window", two_hour_oplog)
         settings = resolve({"source": source_uri, "target": target_uri}, env={})
         seen = {}
-        for age_s in (600, 6600):  # 8% and 92% of the window
+        for age_s in (20, 600, 6600):  # 8% and 92% of the window; 20 s is too recent to read the oplog for
             reporter = Warnings()
             cp = Checkpoint("rs:test", position=Position(cluster_time=Timestamp(now - age_s, 1)))
             reader = ChangeStreamReader(source, full_document="updateLookup", batch_size=100, max_await_ms=100)
@@ -305,6 +308,7 @@ async def test_warns_when_the_checkpoint_nears_the_end_of_the_oplog(
                                               settings=settings, reporter=reporter)  # fmt: skip
             await applier.run(make_transform(Selection(), Renamer()), to_now=True)
             seen[age_s] = [w for w in reporter.seen if "falls off" in w]
+        assert not seen[20] and 20 not in calls and calls[600] >= 1
         assert not seen[600]
         assert seen[6600] and "1.8 h behind" in seen[6600][0] and "holds 2.0 h" in seen[6600][0]
     finally:
