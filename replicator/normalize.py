@@ -37,44 +37,52 @@ def normalize_change(raw: Mapping[str, Any], rs: str | None = None) -> ChangeEve
     """Turn one change-stream document into a ChangeEvent, or None for events mcdc does not replay.
 
     ``rs`` names the replica set (shard) the stream reads, for sinks that report it."""
+    # one pass over the field names: a missing field then costs a set lookup, not the KeyError a
+    # RawBSONDocument's Mapping.get raises and catches (most events lack half of the optional fields)
+    present = set(raw)
+
+    def get(name: str) -> Any:
+        return raw[name] if name in present else None
+
     op_type = raw["operationType"]
     op = OPERATION_TYPES.get(op_type)
     if op is None:
         if op_type in IGNORED_TYPES:
             return None
         raise ValueError(f"unknown change stream operationType {op_type!r}")
-    ns_doc = raw.get("ns")
+    ns_doc = get("ns")
     ns = _namespace(ns_doc) if ns_doc is not None else Namespace("")
     update = None
     if op is Op.UPDATE:
-        desc = raw.get("updateDescription")
+        desc = get("updateDescription")
         if desc is not None:
             update = UpdateDescription(
                 updated_fields=desc.get("updatedFields") or {},
                 removed_fields=tuple(desc.get("removedFields") or ()),
                 truncated_arrays=tuple((t["field"], int(t["newSize"])) for t in (desc.get("truncatedArrays") or ())),
             )
+    ddl = get("operationDescription")
     to = None
     if op is Op.RENAME:
-        to_doc = raw.get("to") or (raw.get("operationDescription") or {}).get("to")
+        to_doc = get("to") or (ddl or {}).get("to")
         if to_doc is not None:
             to = Namespace(to_doc["db"], to_doc["coll"])
     txn = None
-    if raw.get("txnNumber") is not None and raw.get("lsid") is not None:
-        txn = Transaction(raw["lsid"], int(raw["txnNumber"]))
-    wall = raw.get("wallTime")
+    txn_number, lsid = get("txnNumber"), get("lsid")
+    if txn_number is not None and lsid is not None:
+        txn = Transaction(lsid, int(txn_number))
     return ChangeEvent(
         op=op,
         ns=ns,
-        key=raw.get("documentKey"),
-        document=raw.get("fullDocument"),
+        key=get("documentKey"),
+        document=get("fullDocument"),
         update=update,
-        ddl=raw.get("operationDescription"),
+        ddl=ddl,
         to=to,
-        position=Position(resume_token=raw["_id"], cluster_time=raw.get("clusterTime")),
-        wall_time_ms=_millis(wall),
+        position=Position(resume_token=raw["_id"], cluster_time=get("clusterTime")),
+        wall_time_ms=_millis(get("wallTime")),
         txn=txn,
-        before=raw.get("fullDocumentBeforeChange"),
+        before=get("fullDocumentBeforeChange"),
         rs=rs,
     )
 
