@@ -272,3 +272,16 @@ def test_event_sink_settings_are_validated() -> None:
         with pytest.raises(ConfigError, match=message):
             resolve({**base, **bad}, env={})
     assert ChangeEvent(op=Op.READ, ns=Namespace("a", "b"), document={"_id": 1}).document_key == {"_id": 1}
+
+
+def test_plain_format_covers_ddl_too() -> None:
+    event = change("drop")
+    [msg] = encoder("plain").encode([event])
+    assert msg.topic == "fulfillment.ddl"
+    assert json.loads(msg.value or b"") == {
+        "op": "drop",
+        "ns": "shop.orders",
+        "clusterTime": {"t": 1_700_000_000, "i": 7},
+        "wallTime": 1_700_000_000_000,
+        "rs": "rs0",
+    }

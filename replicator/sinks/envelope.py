@@ -36,6 +36,7 @@ from typing import Any
 import orjson
 
 from .. import __version__
+from ..config import Settings
 from ..events import ChangeEvent, Namespace, Op, Transaction
 from ..extjson import to_json_value
 from . import connect_schema
@@ -64,7 +65,7 @@ class EnvelopeOptions:
     tx_metadata: bool = False
 
     @classmethod
-    def from_settings(cls, s: Any) -> EnvelopeOptions:
+    def from_settings(cls, s: Settings) -> EnvelopeOptions:
         return cls(
             style=s.envelope,
             schemas=s.schemas,
@@ -94,7 +95,7 @@ class Encoder:
         self._value_schemas: dict[Namespace, dict[str, Any]] = {}
 
     @classmethod
-    def from_settings(cls, settings: Any) -> Encoder:
+    def from_settings(cls, settings: Settings) -> Encoder:
         """The encoder a run's Settings describe (envelope, topics, JSON mode, tombstones, metadata)."""
         topics = TopicNamer(settings.topic_prefix, settings.topic_routes, sanitize=settings.sanitize_names)
         return cls(EnvelopeOptions.from_settings(settings), topics)
@@ -256,6 +257,8 @@ class Encoder:
         return source
 
     def _ddl(self, event: ChangeEvent, now_ms: int) -> Message:
+        if self.options.style == "plain":
+            return Message(self.topics.ddl, orjson.dumps({"db": event.ns.db}), orjson.dumps(self.plain(event)))
         value: dict[str, Any] = {
             "op": event.op.value,
             "db": event.ns.db,
