@@ -96,9 +96,19 @@ def producer_config(opts: tuple[str, ...], bootstrap: list[str]) -> dict[str, An
             raise ConfigError(f"--kafka-opt compression.type must be one of {', '.join(_COMPRESSION)}")
         if compression == "none":
             config["compression_type"] = None
+        elif compression != "gzip" and not _has_codecs():
+            raise ConfigError(f"--kafka-opt compression.type={compression} needs cramjam: pip install 'mcdc[kafka]'")
     if ssl or str(config.get("security_protocol", "")).endswith("SSL"):
         config["ssl_context"] = _ssl_context(ssl, check_hostname)
     return config
+
+
+def _has_codecs() -> bool:
+    try:
+        import cramjam  # noqa: F401  (aiokafka's snappy/lz4/zstd codecs)
+    except ImportError:
+        return False
+    return True
 
 
 def _ssl_context(files: dict[str, str], check_hostname: bool) -> Any:
