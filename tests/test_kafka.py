@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -16,11 +15,11 @@ from typing import Any
 
 import pymongo
 import pytest
-from bson.int64 import Int64
 
 from tests.support.corpus import load_corpus
 from tests.support.kafka import KafkaBroker, Record, consume_all, create_topic, list_topics
 from tests.support.rebuild import State, assert_same, rebuild, server_docs, unordered
+from tests.support.workload import random_workload
 
 pytestmark = pytest.mark.integration
 
@@ -95,34 +94,21 @@ async def _wait_rebuilt_equals(
         await asyncio.sleep(0.5)
 
 
+async def _wait_for_file(path: Path, proc: subprocess.Popen[str], timeout: float = 60) -> None:
+    """Wait until ``path`` exists, failing early if ``proc`` exits first."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"mcdc exited with {proc.returncode}: {proc.communicate()[1][-3000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} not written within {timeout} s")
+        await asyncio.sleep(0.05)
+
+
 def _workload(uri: str, rounds: int, seed: int) -> None:
-    """Inserts, $set/$unset/$inc/$push updates, replaces, deletes, update_many and transactions (no DDL)."""
-    rng = random.Random(seed)
-    with pymongo.MongoClient(uri) as client:
-        db = client.work
-        for r in range(rounds):
-            i = rng.randrange(150)
-            kind = rng.choice(["insert", "update", "unset", "replace", "delete", "txn", "many", "push"])
-            coll = db[rng.choice(["a", "b"])]
-            if kind == "insert":
-                coll.update_one({"_id": i}, {"$setOnInsert": {"v": r, "arr": [1, 2, 3], "n": 0}}, upsert=True)
-            elif kind == "update":
-                coll.update_one({"_id": i}, {"$set": {"v": r, "sub.x": r}, "$inc": {"n": 1}})
-            elif kind == "unset":
-                coll.update_one({"_id": i}, {"$unset": {"v": ""}})
-            elif kind == "push":
-                coll.update_one({"_id": i}, {"$push": {"arr": {"$each": [r], "$slice": -2}}})
-            elif kind == "replace":
-                coll.replace_one({"_id": i}, {"r": r, "z": -0.0, "big": Int64(r)}, upsert=True)
-            elif kind == "delete":
-                coll.delete_one({"_id": i})
-            elif kind == "many":
-                coll.update_many({"_id": {"$lt": 15}}, {"$inc": {"m": 1}})
-            else:
-                with client.start_session() as s, s.start_transaction():
-                    db.a.update_one({"_id": i}, {"$set": {"t": r}}, upsert=True, session=s)
-                    db.b.delete_one({"_id": i}, session=s)
-                    db.c.insert_one({"r": r}, session=s)
+    """The random workload without DDL: the consumers rebuild collections from the data topics alone, which
+    cannot follow a rename or a drop."""
+    random_workload(uri, rounds, seed, ids=150, ddl=False)
 
 
 def _stop(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str]:
@@ -172,8 +158,12 @@ async def test_corpus_and_live_workload_with_transactions_rebuild_exactly(
     for coll in ("a", "b"):  # several partitions: order must hold per key, not per topic
         await create_topic(kafka.bootstrap, f"mcdc.work.{coll}", 3)
     # the corpus's 16 MB document makes a ~20 MB record, over Kafka's (and the test broker's) 1 MB limit
-    tail = _tail(source_uri, kafka.bootstrap, tmp_path / "cp.json", "--tx-metadata", "--oversize", "skip")
+    cp = tmp_path / "cp.json"
+    tail = _tail(source_uri, kafka.bootstrap, cp, "--tx-metadata", "--oversize", "skip")
     try:
+        # the checkpoint is first saved once the stream position is captured, before the copy: writes made
+        # after it reach Kafka as change events (and may still overlap the copy), not only as snapshot reads
+        await _wait_for_file(cp, tail)
         await asyncio.to_thread(_workload, source_uri, 400, 1)
         await _wait_rebuilt_equals(kafka.bootstrap, source_uri, tail, skip=('"big"',))
     finally:
@@ -274,6 +264,7 @@ async def test_heartbeats_routes_and_sanitized_names(source_uri: str, kafka: Kaf
     tail = _tail(
         source_uri, kafka.bootstrap, tmp_path / "cp.json",
         "--sanitize-names", "--topic-route", r"my-db\.orders_\d+=all.orders", "--heartbeat-interval", "0.2",
+        "--kafka-opt", "compression.type=zstd",  # records compressed, still read back
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60

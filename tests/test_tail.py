@@ -19,6 +19,7 @@ import pytest
 
 from tests.support.compare import assert_identical
 from tests.support.servers import ServerPair, free_port
+from tests.support.workload import random_workload
 
 pytestmark = pytest.mark.integration
 
@@ -63,43 +64,6 @@ def _stop(proc: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout: float
     return proc.returncode, out, err
 
 
-def _workload(uri: str, rounds: int, seed: int) -> None:
-    """Every op kind, transactions and DDL, in random order."""
-    rng = random.Random(seed)
-    with pymongo.MongoClient(uri) as client:
-        db = client.work
-        for r in range(rounds):
-            i = rng.randrange(200)
-            kind = rng.choice(["insert", "update", "unset", "replace", "delete", "txn", "many", "push"])
-            coll = db[rng.choice(["a", "b"])]
-            if kind == "insert":
-                coll.update_one({"_id": i}, {"$setOnInsert": {"v": r, "arr": [1, 2, 3]}}, upsert=True)
-            elif kind == "update":
-                coll.update_one({"_id": i}, {"$set": {"v": r, "sub.x": r}, "$inc": {"n": 1}})
-            elif kind == "unset":
-                coll.update_one({"_id": i}, {"$unset": {"v": ""}})
-            elif kind == "push":
-                coll.update_one({"_id": i}, {"$push": {"arr": {"$each": [r], "$slice": -2}}})
-            elif kind == "replace":
-                coll.replace_one({"_id": i}, {"r": r, "z": -0.0}, upsert=True)
-            elif kind == "delete":
-                coll.delete_one({"_id": i})
-            elif kind == "many":
-                coll.update_many({"_id": {"$lt": 20}}, {"$inc": {"m": 1}})
-            else:
-                with client.start_session() as s, s.start_transaction():
-                    db.a.update_one({"_id": i}, {"$set": {"t": r}}, upsert=True, session=s)
-                    db.b.delete_one({"_id": i}, session=s)
-            if r == rounds // 3:
-                db[f"tmp{seed}"].insert_many([{"_id": k} for k in range(5)])
-                db[f"tmp{seed}"].create_index("k")
-                db[f"tmp{seed}"].rename(f"tmp{seed}_renamed")
-            if r == rounds // 2:
-                db[f"tmp{seed}_renamed"].drop()
-                db.create_collection(f"fresh{seed}", capped=True, size=1 << 16)
-                db[f"fresh{seed}"].insert_one({"_id": 1})
-
-
 def test_sigterm_exits_0_and_resumes_without_gaps(source_uri: str, target_uri: str, tmp_path: Path) -> None:
     cp = tmp_path / "cp.json"
     proc = _tail(source_uri, target_uri, cp, "--snapshot", "never")
@@ -126,12 +90,12 @@ def test_converges_under_a_workload_with_kill_9(source_uri: str, target_uri: str
         client.work.a.insert_many([{"_id": i, "v": 0} for i in range(100)])
     proc = _tail(source_uri, target_uri, cp)  # --snapshot initial: copies work.a first
     for seed in range(4):
-        _workload(source_uri, 150, seed)
+        random_workload(source_uri, 150, seed)
         time.sleep(random.Random(seed).uniform(0.1, 0.8))
         proc.kill()  # kill -9 mid-stream
         proc.wait()
         proc = _tail(source_uri, target_uri, cp)
-    _workload(source_uri, 100, 99)
+    random_workload(source_uri, 100, 99)
     _wait(_converged(source_uri, target_uri), timeout=120, what="convergence after kill -9")
     assert _stop(proc)[0] == 0
 
@@ -147,15 +111,15 @@ def test_source_restart_and_target_outage(
     args = ("--snapshot", "never", "--metrics-port", str(port), "--max-retries", "-1")
     proc = _tail(source_uri, target_uri, cp, *args, env=fast_fail)
     _wait(cp.exists, what="the first checkpoint")
-    _workload(source_uri, 50, 1)
+    random_workload(source_uri, 50, 1)
     _wait(_converged(source_uri, target_uri), what="first convergence")
 
     servers.source.restart()  # the source goes away and comes back
-    _workload(source_uri, 50, 2)
+    random_workload(source_uri, 50, 2)
     _wait(_converged(source_uri, target_uri), timeout=90, what="convergence after a source restart")
 
     servers.target.stop()  # the target goes away for a while; the source keeps taking writes
-    _workload(source_uri, 50, 3)
+    random_workload(source_uri, 50, 3)
     _wait(lambda: _retries(port).get("sink", 0) >= 1, timeout=30, what="a retry of the sink")
     assert _http(port, "/health")[0] in (200, 503)
     servers.target.start()

@@ -21,23 +21,20 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
-import signal
 import socket
 import stat
 import struct
-import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import IO
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import for_code
 from aiokafka.protocol.admin import DeleteGroupsRequest
 
+from tests.support.process import ManagedProcess
 from tests.support.servers import free_port
 
 BOOTSTRAP_ENV = "MCDC_TEST_KAFKA_BOOTSTRAP"
@@ -45,7 +42,6 @@ BROKER_PACKAGE = "noida_db"
 BROKER_BINARY = "noida-db"
 LOG_NAME = "noida-db.log"
 
-_LOG_TAIL_BYTES = 4000
 _GROUP_ID_NOT_FOUND = 69
 
 
@@ -115,14 +111,21 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes:
     return bytes(chunks)
 
 
-class KafkaBroker:
+class KafkaBroker(ManagedProcess):
     """One noida-db Kafka broker on 127.0.0.1 keeping its data in ``data_dir``, or an external broker.
 
     The port is chosen once, so :meth:`restart` brings the broker back at the same bootstrap address over
-    the same data.  Output goes to ``<data_dir>/noida-db.log`` (a file, not a pipe, so a chatty broker can
-    never block).  With ``bootstrap`` given (see :meth:`from_env`) nothing is started: :meth:`start` only
-    waits until that broker answers, :meth:`stop` does nothing and :meth:`kill`/:meth:`restart` raise.
+    the same data.  Output goes to ``<data_dir>/noida-db.log``.  With ``bootstrap`` given (see :meth:`from_env`)
+    nothing is started: :meth:`start` only waits until that broker answers, :meth:`stop` does nothing and
+    :meth:`spawn`/:meth:`kill`/:meth:`restart` raise.  The process handling is :class:`ManagedProcess`'s:
+    :meth:`stop` sends SIGTERM, on which the broker writes its data out before exiting; :meth:`kill` sends
+    SIGKILL, as a crash would, losing the writes acknowledged in the last ~1 s.
     """
+
+    kind = "broker"
+    readiness = "answer a metadata request"
+    probe_errors = (OSError, struct.error)
+    poll_interval = 0.02
 
     def __init__(
         self,
@@ -134,23 +137,15 @@ class KafkaBroker:
     ) -> None:
         if (data_dir is None) == (bootstrap is None):
             raise ValueError("give either data_dir (start a local broker) or bootstrap (an external one)")
-        self.startup_timeout = startup_timeout
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
-        self._terminating = False
-        self.data_dir: Path | None = None
-        self.log_path: Path | None = None
+        self._external = bootstrap
+        self.data_dir = Path(data_dir) if data_dir is not None else None
         if bootstrap is not None:
-            self._external: str | None = bootstrap
             host, _, port_text = bootstrap.split(",")[0].strip().rpartition(":")
-            self.host, self.port = host or "127.0.0.1", int(port_text)
+            super().__init__(host or "127.0.0.1", int(port_text), None, startup_timeout=startup_timeout)
         else:
-            assert data_dir is not None
-            self._external = None
-            self.data_dir = Path(data_dir)
-            self.log_path = self.data_dir / LOG_NAME
-            self.host = "127.0.0.1"
-            self.port = port if port is not None else free_port()
+            assert self.data_dir is not None
+            port = port if port is not None else free_port()
+            super().__init__("127.0.0.1", port, self.data_dir / LOG_NAME, startup_timeout=startup_timeout)
 
     @classmethod
     def from_env(cls, data_dir: Path, *, startup_timeout: float = 20.0) -> KafkaBroker:
@@ -171,114 +166,30 @@ class KafkaBroker:
         return self._external if self._external is not None else f"{self.host}:{self.port}"
 
     @property
-    def running(self) -> bool:
-        """Whether the broker process has been started and has not exited (always True when external)."""
-        return self.external or (self._process is not None and self._process.poll() is None)
+    def name(self) -> str:
+        """``broker on port PORT``, or ``broker at <bootstrap>`` when external, naming it in messages."""
+        return f"{self.kind} at {self.bootstrap}" if self.external else super().name
 
-    def start(self) -> None:
-        """Start the broker and wait until it answers a metadata request."""
-        if not self.external:
-            self.spawn()
-        self.wait_ready()
+    @property
+    def cwd(self) -> Path | None:
+        """The data directory."""
+        return self.data_dir
 
-    def spawn(self) -> None:
-        """Start the process without waiting for it to answer."""
-        if self.external:
-            raise RuntimeError(f"the broker at {self.bootstrap} is external; nothing to start")
-        if self._process is not None and self._process.poll() is None:
-            raise RuntimeError(f"broker on port {self.port} is already running")
-        assert self.data_dir is not None and self.log_path is not None
-        executable = find_executable()
+    def argv(self) -> list[str]:
+        """``noida-db start`` with only its Kafka protocol, serving ``data_dir`` on ``host:port``."""
+        assert self.data_dir is not None
+        args = [find_executable(), "start", "--data-dir", str(self.data_dir), "--host", self.host]
+        return [*args, "--only", "kafka", "--kafka-port", str(self.port)]
+
+    def prepare(self) -> None:
+        """Create the data directory."""
+        assert self.data_dir is not None
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in _reap()
-        args = [executable, "start", "--data-dir", str(self.data_dir), "--host", self.host]
-        args += ["--only", "kafka", "--kafka-port", str(self.port)]
-        self._process = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, cwd=self.data_dir
-        )
 
-    def wait_ready(self) -> None:
-        """Block until the broker answers a Kafka metadata request listing a broker; raise if it never does."""
-        deadline = time.monotonic() + self.startup_timeout
-        while True:
-            if not self.external and (self._process is None or self._process.poll() is not None):
-                raise RuntimeError(f"broker on port {self.port} exited during startup:\n{self.log_tail()}")
-            try:
-                if probe_metadata(self.host, self.port, timeout=0.5):
-                    return
-                problem: Exception = OSError("metadata response lists no broker")
-            except (OSError, struct.error) as exc:
-                problem = exc
-            if time.monotonic() > deadline:
-                if not self.external:
-                    self.kill()
-                raise RuntimeError(
-                    f"broker at {self.bootstrap} did not answer a metadata request within "
-                    f"{self.startup_timeout} s ({problem}):\n{self.log_tail()}"
-                )
-            time.sleep(0.02)
-
-    def terminate(self) -> None:
-        """Send SIGTERM without waiting; then call stop()."""
-        if self._process is not None and self._process.poll() is None and not self._terminating:
-            self._terminating = True  # a second SIGTERM could cut the final write of kafka.json short
-            self._process.send_signal(signal.SIGTERM)
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop with SIGTERM (the broker writes its data out first), falling back to SIGKILL after ``timeout``."""
-        self.terminate()
-        if self._process is not None:
-            try:
-                self._process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-        self._reap()
-
-    def kill(self) -> None:
-        """Kill the broker with SIGKILL, as a crash would: writes acknowledged in the last ~1 s are lost."""
-        self._require_local("kill")
-        if self._process is not None and self._process.poll() is None:
-            self._process.kill()
-        self._reap()
-
-    def restart(self) -> None:
-        """Stop cleanly and start again on the same port over the same data directory."""
-        self._require_local("restart")
-        self.stop()
-        self.start()
-
-    def log_tail(self, size: int = _LOG_TAIL_BYTES) -> str:
-        """The last ``size`` bytes of the broker's log, for error messages."""
-        if self.log_path is None:
-            return "(external broker: no log here)"
-        try:
-            with open(self.log_path, "rb") as log:
-                log.seek(max(0, log.seek(0, os.SEEK_END) - size))
-                return log.read().decode("utf-8", "replace")
-        except OSError as exc:
-            return f"(no log at {self.log_path}: {exc})"
-
-    def _require_local(self, what: str) -> None:
-        if self.external:
-            raise RuntimeError(f"cannot {what} the external broker at {self.bootstrap}")
-
-    def _reap(self) -> None:
-        if self._process is not None:
-            self._process.wait()
-            self._process = None
-        self._terminating = False
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def __enter__(self) -> KafkaBroker:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
+    def probe(self) -> None:
+        """Return once the broker answers a Kafka metadata request listing a broker; raise OSError until then."""
+        if not probe_metadata(self.host, self.port, timeout=0.5):
+            raise OSError("metadata response lists no broker")
 
     def __repr__(self) -> str:
         if self.external:

@@ -10,25 +10,21 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any
+from typing import Any
 
 import pymongo
 from pymongo.errors import PyMongoError
+
+from tests.support.process import ManagedProcess
 
 SERVER_EXECUTABLE = "secantusd-py"
 SOURCE_URI_ENV = "MCDC_TEST_SOURCE_URI"
 TARGET_URI_ENV = "MCDC_TEST_TARGET_URI"
 SYSTEM_DATABASES = frozenset({"admin", "local", "config"})
-
-_LOG_TAIL_BYTES = 4000
 
 
 def free_port() -> int:
@@ -62,23 +58,26 @@ def _find_executable() -> str:
     return found
 
 
-class LocalServer:
+class LocalServer(ManagedProcess):
     """One SecantusDB server process on 127.0.0.1, keeping its data in ``storage_dir``.
 
     The port is chosen once, so :meth:`restart` brings the server back at the same URI over the same data.
-    Output goes to ``<storage_dir>.log`` beside the storage directory: a file, not a pipe, so a chatty
-    server can never block on a full pipe buffer.
+    Output goes to ``<storage_dir>.log`` beside the storage directory.  Starting, stopping (SIGTERM, then
+    SIGKILL), killing and waiting for it to answer ``ping`` are :class:`ManagedProcess`'s.
     """
+
+    kind = "server"
+    readiness = "answer ping"
+    probe_errors = (PyMongoError,)
 
     def __init__(self, storage_dir: Path, port: int | None = None, *, startup_timeout: float = 20.0) -> None:
         self.storage_dir = Path(storage_dir)
-        self.port = port if port is not None else free_port()
-        self.host = "127.0.0.1"
-        self.startup_timeout = startup_timeout
-        self.log_path = self.storage_dir.parent / f"{self.storage_dir.name}.log"
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
-        self._terminating = False
+        super().__init__(
+            "127.0.0.1",
+            port if port is not None else free_port(),
+            self.storage_dir.parent / f"{self.storage_dir.name}.log",
+            startup_timeout=startup_timeout,
+        )
 
     @property
     def uri(self) -> str:
@@ -86,104 +85,23 @@ class LocalServer:
         return f"mongodb://{self.host}:{self.port}/?directConnection=true"
 
     @property
-    def running(self) -> bool:
-        """Whether the server process has been started and has not exited."""
-        return self._process is not None and self._process.poll() is None
+    def cwd(self) -> Path:
+        """The storage directory's parent, keeping a secantusd.toml in the caller's directory out of the way."""
+        return self.storage_dir.parent
 
-    def start(self) -> None:
-        """Start the server and wait until it answers ``ping``."""
-        self.spawn()
-        self.wait_ready()
+    def argv(self) -> list[str]:
+        """``secantusd-py`` serving ``storage_dir`` on ``host:port``."""
+        args = [_find_executable(), "--host", self.host, "--port", str(self.port)]
+        return [*args, "--storage-path", str(self.storage_dir)]
 
-    def spawn(self) -> None:
-        """Start the process without waiting, so several servers can boot in parallel."""
-        if self.running:
-            raise RuntimeError(f"server on port {self.port} is already running")
-        executable = _find_executable()
+    def prepare(self) -> None:
+        """Create the storage directory."""
         self.storage_dir.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in _reap()
-        args = [executable, "--host", self.host, "--port", str(self.port)]
-        args += ["--storage-path", str(self.storage_dir)]
-        self._process = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            cwd=self.storage_dir.parent,  # keep a secantusd.toml in the caller's directory out of the way
-        )
 
-    def wait_ready(self) -> None:
-        """Block until the server answers ``ping``; raise with the log's tail if it dies or never answers."""
-        deadline = time.monotonic() + self.startup_timeout
-        while True:
-            if self._process is None or self._process.poll() is not None:
-                raise RuntimeError(f"server on port {self.port} exited during startup:\n{self.log_tail()}")
-            try:
-                with connect(self.uri, timeout_ms=500) as client:
-                    client.admin.command("ping")
-                return
-            except PyMongoError:
-                if time.monotonic() > deadline:
-                    self.kill()
-                    raise RuntimeError(
-                        f"server on port {self.port} did not answer ping within {self.startup_timeout} s:\n"
-                        f"{self.log_tail()}"
-                    ) from None
-                time.sleep(0.1)
-
-    def terminate(self) -> None:
-        """Send SIGTERM without waiting, so several servers can shut down in parallel; then call stop()."""
-        if self._process is not None and self._process.poll() is None and not self._terminating:
-            self._terminating = True  # a second SIGTERM could cut a clean shutdown short
-            self._process.send_signal(signal.SIGTERM)
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the server with SIGTERM (a clean shutdown), falling back to SIGKILL after ``timeout``."""
-        self.terminate()
-        if self._process is not None:
-            try:
-                self._process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-        self._reap()
-
-    def kill(self) -> None:
-        """Kill the server with SIGKILL, as a crash would."""
-        if self._process is not None and self._process.poll() is None:
-            self._process.kill()
-        self._reap()
-
-    def restart(self) -> None:
-        """Stop cleanly and start again on the same port over the same storage directory."""
-        self.stop()
-        self.start()
-
-    def log_tail(self, size: int = _LOG_TAIL_BYTES) -> str:
-        """The last ``size`` bytes of the server's log, for error messages."""
-        try:
-            with open(self.log_path, "rb") as log:
-                log.seek(max(0, log.seek(0, os.SEEK_END) - size))
-                return log.read().decode("utf-8", "replace")
-        except OSError as exc:
-            return f"(no log at {self.log_path}: {exc})"
-
-    def _reap(self) -> None:
-        if self._process is not None:
-            self._process.wait()
-            self._process = None
-        self._terminating = False
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def __enter__(self) -> LocalServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
+    def probe(self) -> None:
+        """Return once the server answers ``ping``; raise PyMongoError until then."""
+        with connect(self.uri, timeout_ms=500) as client:
+            client.admin.command("ping")
 
     def __repr__(self) -> str:
         return f"LocalServer(storage_dir={str(self.storage_dir)!r}, port={self.port})"
