@@ -121,7 +121,10 @@ class KafkaSink(Sink):
             if self._fatal(exc):
                 raise SinkError(f"Kafka refused a record: {_describe(exc)}") from None
             await self._discard(producer)  # the retry starts with a fresh producer
-            raise SinkUnavailable(f"Kafka {redact(self.uri)}: {_describe(exc)}") from None
+            hint = ""
+            if isinstance(exc, self._aiokafka.errors.UnknownTopicOrPartitionError):
+                hint = " (a topic that does not exist: create it, or enable the broker's auto.create.topics.enable)"
+            raise SinkUnavailable(f"Kafka {redact(self.uri)}: {_describe(exc)}{hint}") from None
         self.records += len(pending)
 
     def _too_large(self, message: Message, size: int) -> None:
