@@ -220,7 +220,10 @@ def test_plain_format_is_mcdcs_own_event_with_extended_json_objects() -> None:
     assert value["clusterTime"] == {"t": 1_700_000_000, "i": 7} and value["rs"] == "rs0"
 
 
-def test_heartbeat_record() -> None:
+def test_heartbeat_record_and_its_pace() -> None:
+    paced = Encoder(EnvelopeOptions(), TopicNamer("fulfillment"), heartbeat_s=3600, clock=lambda: NOW)
+    assert paced.due_heartbeat() is not None and paced.due_heartbeat() is None  # one per interval
+    assert encoder().due_heartbeat() is None  # off by default
     msg = encoder().heartbeat()
     assert msg.topic == "__debezium-heartbeat.fulfillment"
     assert decode(msg) == ({"serverName": "fulfillment"}, {"ts_ms": int(NOW * 1000)})

@@ -84,12 +84,15 @@ class Encoder:
         topics: TopicNamer,
         *,
         source_name: str = "",
+        heartbeat_s: float = 0.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.options = options
         self.topics = topics
         self.source_name = source_name
         self._clock = clock
+        self._heartbeat_s = heartbeat_s
+        self._last_heartbeat = -float("inf")
         self._relaxed = options.relaxed
         self._key_schemas: dict[Namespace, dict[str, Any]] = {}
         self._value_schemas: dict[Namespace, dict[str, Any]] = {}
@@ -98,7 +101,7 @@ class Encoder:
     def from_settings(cls, settings: Settings) -> Encoder:
         """The encoder a run's Settings describe (envelope, topics, JSON mode, tombstones, metadata)."""
         topics = TopicNamer(settings.topic_prefix, settings.topic_routes, sanitize=settings.sanitize_names)
-        return cls(EnvelopeOptions.from_settings(settings), topics)
+        return cls(EnvelopeOptions.from_settings(settings), topics, heartbeat_s=settings.heartbeat_interval_s)
 
     # -- batches ------------------------------------------------------------------------------------
 
@@ -124,7 +127,6 @@ class Encoder:
 
     def _transaction(self, events: Sequence[ChangeEvent], txn: Transaction, now_ms: int) -> Iterator[Message]:
         tx_id = transaction_id(txn)
-        data = [e for e in events if e.op in _DATA_OPS]
         per_collection: Counter[str] = Counter()
         yield self._tx_message(tx_id, "BEGIN", None, events[0], now_ms)
         for total, event in enumerate(events, 1):
@@ -135,7 +137,7 @@ class Encoder:
                 block = {"id": tx_id, "total_order": total, "data_collection_order": per_collection[name]}
             yield from self._event(event, now_ms, block)
         counts = [{"data_collection": name, "event_count": count} for name, count in per_collection.items()]
-        yield self._tx_message(tx_id, "END", (len(data), counts), events[-1], now_ms)
+        yield self._tx_message(tx_id, "END", (per_collection.total(), counts), events[-1], now_ms)
 
     def _tx_message(
         self, tx_id: str, status: str, end: tuple[int, list[dict[str, Any]]] | None, event: ChangeEvent, now_ms: int
@@ -305,6 +307,16 @@ class Encoder:
         if event.rs or self.source_name:
             out["rs"] = event.rs or self.source_name
         return out
+
+    def due_heartbeat(self) -> Message | None:
+        """A heartbeat record once ``heartbeat_s`` passed since the last one; None when off or not yet."""
+        if self._heartbeat_s <= 0:
+            return None
+        now = time.monotonic()
+        if now - self._last_heartbeat < self._heartbeat_s:
+            return None
+        self._last_heartbeat = now
+        return self.heartbeat()
 
     def heartbeat(self, now_ms: int | None = None) -> Message:
         """Debezium's heartbeat record: key {serverName}, value {ts_ms}."""

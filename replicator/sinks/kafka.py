@@ -60,8 +60,6 @@ class KafkaSink(Sink):
         self._aiokafka = _import_aiokafka()
         self._config = producer_config(settings.kafka_opts, kafka_bootstrap(uri))
         self._timeout_s = settings.connect_timeout_s
-        self._heartbeat_s = settings.heartbeat_interval_s
-        self._last_heartbeat = 0.0
         self.encoder = Encoder.from_settings(settings)
         self._producer: Any = None
         self._max_record = int(self._config.get("max_request_size", 1_048_576))
@@ -163,12 +161,9 @@ class KafkaSink(Sink):
                 )  # fmt: skip
 
     async def heartbeat(self) -> None:
-        if self._heartbeat_s <= 0:
-            return
-        now = time.monotonic()
-        if now - self._last_heartbeat >= self._heartbeat_s:
-            self._last_heartbeat = now
-            await self.send([self.encoder.heartbeat()])
+        message = self.encoder.due_heartbeat()
+        if message is not None:
+            await self.send([message])
 
     async def flush(self) -> None:
         if self._producer is not None:

@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import os
 import sys
-import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -45,8 +44,6 @@ class LineSink(Sink):
         self._plain = settings.envelope == "plain"
         topics = self.encoder.topics
         self._meta_topics = frozenset({topics.transaction, topics.heartbeat})
-        self._heartbeat_s = settings.heartbeat_interval_s
-        self._last_heartbeat = 0.0
         self._fd: int | None = None
         self._lock = asyncio.Lock()
         self.lines = 0
@@ -66,9 +63,9 @@ class LineSink(Sink):
         await self._write(self.encoder.iter_encode(batch))
 
     async def heartbeat(self) -> None:
-        if self._heartbeat_s > 0 and time.monotonic() - self._last_heartbeat >= self._heartbeat_s:
-            self._last_heartbeat = time.monotonic()
-            await self._write([self.encoder.heartbeat()])
+        message = self.encoder.due_heartbeat()
+        if message is not None:
+            await self._write([message])
 
     async def _write(self, messages: Iterable[Message]) -> None:
         if self._plain:
