@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -108,3 +109,38 @@ def test_pre_images_fill_before(source_uri: str, tmp_path: Path) -> None:
     values = [json.loads(line)["value"] for line in out.stdout.splitlines()]
     befores = {v["op"]: json.loads(v["before"]) for v in values}
     assert befores == {"u": {"_id": {"$numberInt": "1"}, "v": "old"}, "d": {"_id": {"$numberInt": "2"}, "v": "gone"}}
+
+
+async def test_a_failed_write_leaves_no_half_batch_and_a_full_disk_is_retryable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from replicator.errors import SinkUnavailable
+    from replicator.sinks import lines as lines_module
+
+    path = tmp_path / "events.jsonl"
+    settings = resolve({"source": "mongodb://a:1", "target": f"jsonl:{path}"}, env={})
+    sink = LineSink(settings.target, settings)
+    real_write = os.write
+    calls = {"n": 0}
+
+    def full_disk_after_10_bytes(fd: int, data: bytes | memoryview) -> int:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return real_write(fd, bytes(data[:10]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    events = [snapshot_read(Namespace("d", "c"), {"_id": i}) for i in range(3)]
+    async with sink:
+        await sink.write(events[:1])
+        before = path.read_bytes()
+        monkeypatch.setattr(lines_module.os, "write", full_disk_after_10_bytes)
+        with pytest.raises(SinkUnavailable, match="No space left"):
+            await sink.write(events[1:])
+        assert path.read_bytes() == before  # the 10 bytes written are gone again
+        monkeypatch.setattr(lines_module.os, "write", real_write)
+        await sink.write(events[1:])  # the retry
+    assert [json.loads(line)["key"] for line in path.read_bytes().splitlines()] == [
+        {"id": f'{{"$numberInt":"{i}"}}'} for i in range(3)
+    ]

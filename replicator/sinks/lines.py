@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -25,10 +26,12 @@ from pathlib import Path
 import orjson
 
 from ..config import Settings
-from ..errors import ConfigError, OutputClosed
+from ..errors import ConfigError, OutputClosed, SinkError, SinkUnavailable
 from ..events import ChangeEvent
 from .base import Sink
 from .envelope import Encoder, Message
+
+_TRANSIENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EAGAIN})
 
 
 class LineSink(Sink):
@@ -82,6 +85,7 @@ class LineSink(Sink):
     def _write_all(self, data: bytes) -> None:
         fd = self._fd
         assert fd is not None, "start() first"
+        start = os.lseek(fd, 0, os.SEEK_END) if self.path is not None else 0
         view = memoryview(data)
         try:
             while view:
@@ -92,8 +96,13 @@ class LineSink(Sink):
             _silence_stdout()
             raise OutputClosed("the reader of stdout went away") from None
         except OSError as exc:
-            where = self.path if self.path is not None else "stdout"
-            raise ConfigError(f"cannot write to {where}: {exc.strerror}") from None
+            if self.path is None:
+                raise SinkError(f"cannot write to stdout: {exc.strerror}") from None
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)  # no half batch: the retry writes it whole
+            if exc.errno in _TRANSIENT_ERRNOS:  # a full disk can be freed: retried with backoff
+                raise SinkUnavailable(f"cannot write to {self.path}: {exc.strerror}") from None
+            raise SinkError(f"cannot write to {self.path}: {exc.strerror}") from None
 
     async def close(self) -> None:
         if self._fd is not None and self.path is not None:
