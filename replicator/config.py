@@ -19,7 +19,7 @@ from bson.timestamp import Timestamp
 
 from .errors import ConfigError
 from .filters import Renamer, Selection
-from .uri import check_mongo_uri, host_set, is_mongo_uri, redact
+from .uri import check_mongo_uri, host_set, is_mongo_uri, kafka_bootstrap, redact
 
 SNAPSHOT_MODES = ("initial", "always", "never", "when_needed")
 SPLIT_MODES = ("auto", "always", "never")
@@ -284,23 +284,6 @@ def _validate_event_options(s: Settings) -> None:
         if not sep or not key.strip():
             # never echo the value: it may be a password
             raise ConfigError(f"--kafka-opt {key.strip() or '?'}: expected KEY=VALUE (e.g. linger.ms=5)")
-
-
-def kafka_bootstrap(uri: str) -> list[str]:
-    """``kafka://HOST:PORT[,HOST:PORT...]`` -> the bootstrap servers, checked for shape."""
-    scheme, sep, rest = uri.partition("://")
-    if scheme.lower() != "kafka" or not sep:
-        raise ConfigError(f"Kafka target {redact(uri)!r} must look like kafka://HOST:PORT[,HOST:PORT...]")
-    hosts = rest.split("/", 1)[0].split("?", 1)[0]
-    if "@" in hosts:
-        raise ConfigError("Kafka credentials go in --kafka-opt sasl.username=... / sasl.password=..., not the URI")
-    out = []
-    for host in hosts.split(","):
-        name, colon, port = host.rpartition(":")
-        if not colon or not name or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"Kafka target {redact(uri)!r}: {host!r} is not HOST:PORT")
-        out.append(host)
-    return out
 
 
 def _replace(s: Settings, **changes: Any) -> Settings:

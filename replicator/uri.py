@@ -62,3 +62,20 @@ def host_set(uri: str) -> frozenset[str]:
             host += ":27017"
         hosts.add(host.replace("localhost", "127.0.0.1"))
     return frozenset(hosts)
+
+
+def kafka_bootstrap(uri: str) -> list[str]:
+    """``kafka://HOST:PORT[,HOST:PORT...]`` -> the bootstrap servers, checked for shape."""
+    scheme, sep, rest = uri.partition("://")
+    if scheme.lower() != "kafka" or not sep:
+        raise ConfigError(f"Kafka target {redact(uri)!r} must look like kafka://HOST:PORT[,HOST:PORT...]")
+    hosts = rest.split("/", 1)[0].split("?", 1)[0]
+    if "@" in hosts:
+        raise ConfigError("Kafka credentials go in --kafka-opt sasl.username=... / sasl.password=..., not the URI")
+    out = []
+    for host in hosts.split(","):
+        name, colon, port = host.rpartition(":")
+        if not colon or not name or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"Kafka target {redact(uri)!r}: {host!r} is not HOST:PORT")
+        out.append(host)
+    return out

@@ -27,10 +27,10 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..config import Settings, kafka_bootstrap
+from ..config import Settings
 from ..errors import ConfigError, ConnectionFailed, SinkError, SinkUnavailable
 from ..events import ChangeEvent
-from ..uri import redact
+from ..uri import kafka_bootstrap, redact
 from .base import Sink
 from .envelope import Encoder, Message
 from .kafka_options import producer_config
