@@ -288,3 +288,21 @@ def test_plain_format_covers_ddl_too() -> None:
         "wallTime": 1_700_000_000_000,
         "rs": "rs0",
     }
+
+
+def test_partitioner_matches_kafkas_default() -> None:
+    import random
+
+    from aiokafka.partitioner import DefaultPartitioner, murmur2
+
+    from replicator.sinks.partitioner import murmur2 as fast_murmur2
+    from replicator.sinks.partitioner import partition
+
+    rng = random.Random(7)
+    reference = DefaultPartitioner()
+    for size in [*range(40), 200]:
+        for _ in range(50):
+            key = bytes(rng.randrange(256) for _ in range(size))
+            assert fast_murmur2(key) == murmur2(key)
+            for count in (1, 3, 12):
+                assert partition(key, count) == reference(key, list(range(count)), list(range(count)))

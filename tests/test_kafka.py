@@ -15,6 +15,7 @@ from typing import Any
 
 import pymongo
 import pytest
+from aiokafka.partitioner import DefaultPartitioner
 
 from tests.support.corpus import load_corpus
 from tests.support.kafka import KafkaBroker, Record, consume_all, create_topic, list_topics
@@ -174,6 +175,12 @@ async def test_corpus_and_live_workload_with_transactions_rebuild_exactly(
     counts = _check_records(records)
     assert counts["r"] > 500 and counts["u"] and counts["d"] and counts["tombstone"] == counts["d"]
     assert {r.partition for r in records if r.topic == "mcdc.work.a"} == {0, 1, 2}
+    kafka_default = DefaultPartitioner()  # the partition any Kafka producer would pick for the key
+    assert all(
+        r.partition == kafka_default(r.key, [0, 1, 2], [0, 1, 2])
+        for r in records
+        if r.topic in ("mcdc.work.a", "mcdc.work.b")
+    )
     # transaction metadata: BEGIN ... END around each transaction, END counting its data records
     tx = [json.loads(r.value) for r in await consume_all(kafka.bootstrap, ["mcdc.transaction"]) if r.value]
     ends = {t["id"]: t for t in tx if t["status"] == "END"}

@@ -2,8 +2,8 @@
 
 Delivery: ``write(batch)`` encodes and hands records to the producer (acks=all, idempotent) and returns
 only when the broker acknowledged every one of them, so the checkpoint never passes an unacknowledged
-record. Records are keyed by document ``_id``, and Kafka's default partitioner sends equal keys to one
-partition: a document's events stay in order.
+record. Records are keyed by document ``_id`` and placed by Kafka's default partitioner (computed here,
+see ``partitioner.py``), so equal keys go to one partition: a document's events stay in order.
 
 A broker outage pauses ``write``: the idempotent producer retries until the broker is back (a warning
 is logged every 15 s meanwhile). Errors it does give up on (a full buffer, metadata unavailable) surface
@@ -34,6 +34,7 @@ from ..uri import kafka_bootstrap, redact
 from .base import Sink
 from .envelope import Encoder, Message
 from .kafka_options import producer_config
+from .partitioner import partition
 
 log = logging.getLogger("mcdc.sinks.kafka")
 
@@ -94,13 +95,19 @@ class KafkaSink(Sink):
         """Send records and wait until the broker acknowledged all of them."""
         producer = await self._ready()
         pending: list[asyncio.Future[Any]] = []
+        partitions: dict[str, list[int]] = {}  # per topic, read once per batch
         try:
             for i, message in enumerate(messages, 1):
                 size = len(message.value or b"") + len(message.key or b"") + _RECORD_OVERHEAD
                 if size > self._max_record:
                     self._too_large(message, size)
                     continue
-                pending.append(await producer.send(message.topic, message.value, key=message.key))
+                topic, key = message.topic, message.key
+                ids = partitions.get(topic)
+                if ids is None:
+                    ids = partitions[topic] = sorted(await producer.partitions_for(topic))
+                part = ids[partition(key, len(ids))] if key is not None else None
+                pending.append(await producer.send(topic, message.value, key=key, partition=part))
                 if i % _SLICE == 0:
                     await asyncio.sleep(0)  # let the sender ship what is ready
             await self._acknowledged(pending)
