@@ -92,24 +92,43 @@ class KafkaSink(Sink):
         await self.send(self.encoder.iter_encode(batch))
 
     async def send(self, messages: Iterable[Message]) -> None:
-        """Send records and wait until the broker acknowledged all of them."""
+        """Send records and wait until the broker acknowledged all of them.
+
+        Records are appended to one batch per partition (aiokafka's batch API), in order; a full batch is
+        handed to the producer at once, the rest at the end. That saves the per-record bookkeeping of
+        ``producer.send``, and the partition is computed here (see ``partitioner.py``)."""
         producer = await self._ready()
         pending: list[asyncio.Future[Any]] = []
-        partitions: dict[str, list[int]] = {}  # per topic, read once per batch
+        partitions: dict[str, list[int]] = {}  # per topic, read once per call
+        builders: dict[tuple[str, int], Any] = {}
+        sent = 0
         try:
-            for i, message in enumerate(messages, 1):
-                size = len(message.value or b"") + len(message.key or b"") + _RECORD_OVERHEAD
+            for message in messages:
+                topic, key, value = message.topic, message.key, message.value
+                size = len(value or b"") + len(key or b"") + _RECORD_OVERHEAD
                 if size > self._max_record:
                     self._too_large(message, size)
                     continue
-                topic, key = message.topic, message.key
+                sent += 1
+                if key is None:  # not made by the encoder; let the producer place it
+                    pending.append(await producer.send(topic, value))
+                    continue
                 ids = partitions.get(topic)
                 if ids is None:
                     ids = partitions[topic] = sorted(await producer.partitions_for(topic))
-                part = ids[partition(key, len(ids))] if key is not None else None
-                pending.append(await producer.send(topic, message.value, key=key, partition=part))
-                if i % _SLICE == 0:
+                part = ids[partition(key, len(ids))]
+                builder = builders.get((topic, part))
+                if builder is None:
+                    builder = builders[(topic, part)] = producer.create_batch()
+                if builder.append(key=key, value=value, timestamp=None) is None:  # full: ship it, start another
+                    pending.append(await producer.send_batch(builder, topic, partition=part))
+                    builder = builders[(topic, part)] = producer.create_batch()
+                    builder.append(key=key, value=value, timestamp=None)  # an empty batch takes any record
+                if sent % _SLICE == 0:
                     await asyncio.sleep(0)  # let the sender ship what is ready
+            for (topic, part), builder in builders.items():
+                if builder.record_count():
+                    pending.append(await producer.send_batch(builder, topic, partition=part))
             await self._acknowledged(pending)
         except (asyncio.CancelledError, SinkError):
             raise
@@ -130,7 +149,7 @@ class KafkaSink(Sink):
             if isinstance(exc, self._aiokafka.errors.UnknownTopicOrPartitionError):
                 hint = " (a topic that does not exist: create it, or enable the broker's auto.create.topics.enable)"
             raise SinkUnavailable(f"Kafka {redact(self.uri)}: {_describe(exc)}{hint}") from None
-        self.records += len(pending)
+        self.records += sent
 
     def _too_large(self, message: Message, size: int) -> None:
         """A record over max.request.size: stop with a clear message, or (--oversize skip) log and skip it."""
