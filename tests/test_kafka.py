@@ -221,6 +221,7 @@ async def test_sync_legacy_envelope_with_schemas_and_ddl_topic(
 ) -> None:
     with pymongo.MongoClient(source_uri) as client:
         client.shop.orders.insert_many([{"_id": i, "v": i, "tags": ["x", "y", "z"]} for i in range(50)])
+        client.shop.orders.insert_one({"_id": "wide", "pad": "x" * 600_000})  # a record over one 256 KB batch
     cp = str(tmp_path / "cp.json")
     flags = ("--envelope", "debezium-legacy", "--schemas", "--topic-prefix", "legacy")
     first = _mcdc("sync", "-s", source_uri, "-t", f"kafka://{kafka.bootstrap}", "-c", cp, *flags)
