@@ -99,6 +99,7 @@ from bson.timestamp import Timestamp
 from pymongo import DeleteOne, UpdateOne
 
 from replicator.checkpoint import CheckpointStore
+from replicator.cli import GC_THRESHOLDS
 from replicator.config import Settings, resolve
 from replicator.events import ChangeEvent, Namespace
 from replicator.normalize import normalize_change
@@ -773,6 +774,7 @@ def print_report(data: dict[str, Any]) -> None:
     heading("Results")
     print(data["note"])
     print(f"{data['cpus']} CPUs, Python {data['python']}, aiokafka {data['aiokafka']}; mcdc code: {data['mcdc_code']}")
+    print(f"in-process parts run with mcdc's GC thresholds {GC_THRESHOLDS} (python -m replicator.cli sets them)")
     mix = ", ".join(f"{n:,} {kind}" for kind, n in ev["mix"].items())
     print(
         f"change events: {ev['count']:,} on {DB}.{COLL} ({mix}); documents ~{ev['avg_doc_bytes']} BSON bytes, "
@@ -924,6 +926,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.events < 2 or args.repeat < 1 or args.batch < 1 or args.cpu_rounds < 1:
         parser.error("--events must be at least 2; --repeat, --batch and --cpu-rounds at least 1")
+    gc.set_threshold(*GC_THRESHOLDS)  # the in-process parts run with the GC settings of mcdc's CLI
     return run_bench("bench_kafka", lambda: bench(args), print_report, args.json)
 
 
