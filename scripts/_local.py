@@ -143,6 +143,16 @@ def run_bench(
     return 0
 
 
+def print_verdicts(targets: dict[str, bool], commands: dict[str, str] | None) -> None:
+    """The end of every benchmark report: PASS/FAIL per target, then the commands that were measured."""
+    for name, ok in targets.items():
+        print(f"{'PASS' if ok else 'FAIL'}  {name}")
+    if commands:
+        print("commands:")
+        for name, command in commands.items():
+            print(f"  {name}: {command}")
+
+
 def add_server_options(parser: argparse.ArgumentParser, mcdc_arg_help: str) -> None:
     """The options every benchmark takes: external servers, extra mcdc arguments, a log dir, JSON."""
     parser.add_argument("--source", help="use this source server (only its bench database is touched)")

@@ -90,7 +90,17 @@ import bson
 import orjson
 import psutil
 import pymongo
-from _local import BenchError, code_version, heading, local_kafka, local_servers, mcdc, run_bench, show
+from _local import (
+    BenchError,
+    code_version,
+    heading,
+    local_kafka,
+    local_servers,
+    mcdc,
+    print_verdicts,
+    run_bench,
+    show,
+)
 from bson import json_util
 from bson.int64 import Int64
 from bson.objectid import ObjectId
@@ -845,12 +855,7 @@ def print_report(data: dict[str, Any]) -> None:
             "CPU = the process's user + system; server CPU = the local source server's meanwhile)"
         )
     print()
-    for name, ok in data["targets"].items():
-        print(f"{'PASS' if ok else 'FAIL'}  {name}")
-    if "drain" in data:
-        print("commands:")
-        for name, command in data["drain"]["commands"].items():
-            print(f"  {name}: {command}")
+    print_verdicts(data["targets"], data["drain"]["commands"] if "drain" in data else None)
 
 
 # -- main ---------------------------------------------------------------------------------------------------

@@ -41,7 +41,18 @@ from typing import Any
 import orjson
 import psutil
 import pymongo
-from _local import BenchError, add_server_options, bench_servers, code_version, heading, mcdc, run_bench, show, tree_rss
+from _local import (
+    BenchError,
+    add_server_options,
+    bench_servers,
+    code_version,
+    heading,
+    mcdc,
+    print_verdicts,
+    run_bench,
+    show,
+    tree_rss,
+)
 from bson.raw_bson import RawBSONDocument
 from pymongo import monitoring
 
@@ -293,11 +304,7 @@ def print_report(data: dict[str, Any]) -> None:
     print(f"mcdc (elapsed_s)   {data['mcdc_summary_docs_per_s']:>10,} docs/s   (mcdc's own summary)")
     print(f"ratio mcdc/baseline {data['ratio']:>9.2f}   ({data['ratio_summary']:.2f} by elapsed_s)")
     print(f"mcdc peak RSS      {data['mcdc_peak_rss_mb']:>10.1f} MB")
-    for name, ok in data["targets"].items():
-        print(f"{'PASS' if ok else 'FAIL'}  {name}")
-    print("commands:")
-    for name, command in data["commands"].items():
-        print(f"  {name}: {command}")
+    print_verdicts(data["targets"], data["commands"])
 
 
 # -- main -------------------------------------------------------------------------------------------------

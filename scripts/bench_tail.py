@@ -63,7 +63,18 @@ from typing import Any, cast
 import bson
 import psutil
 import pymongo
-from _local import BenchError, add_server_options, bench_servers, code_version, heading, mcdc, run_bench, show, tree_rss
+from _local import (
+    BenchError,
+    add_server_options,
+    bench_servers,
+    code_version,
+    heading,
+    mcdc,
+    print_verdicts,
+    run_bench,
+    show,
+    tree_rss,
+)
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 from pymongo import DeleteOne, ReplaceOne, UpdateOne
@@ -740,11 +751,7 @@ def print_report(data: dict[str, Any]) -> None:
     )
     print(f"mcdc tail on SIGTERM: exit {lag['exit_code']} after {lag['stop_s']:.2f} s")
     print()
-    for name, ok in data["targets"].items():
-        print(f"{'PASS' if ok else 'FAIL'}  {name}")
-    print("commands:")
-    for name, command in data["commands"].items():
-        print(f"  {name}: {command}")
+    print_verdicts(data["targets"], data["commands"])
 
 
 # -- main ---------------------------------------------------------------------------------------------------
