@@ -108,6 +108,7 @@ class ChangeEvent:
     txn: Transaction | None = None
     before: Mapping[str, Any] | None = None  # fullDocumentBeforeChange, when pre-images are on
     rs: str | None = None  # the replica set (shard) whose change stream reported the event
+    origin: Namespace | None = None  # the source namespace, when --rename gave ``ns`` another name
 
     @property
     def document_key(self) -> Mapping[str, Any]:

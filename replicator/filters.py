@@ -98,11 +98,71 @@ class Renamer:
         return Renamer({v: k for k, v in self.collections.items()}, {v: k for k, v in self.databases.items()})
 
 
+@dataclass(frozen=True)
+class Scope:
+    """The target namespaces a run may write, drop or rename: exactly those its selection maps to.
+
+    A target namespace is in scope when a selected source namespace is renamed onto it. Everything else
+    on the target (other databases, collections that exist only there) is never touched.
+    """
+
+    selection: Selection = field(default_factory=Selection)
+    renamer: Renamer = field(default_factory=Renamer)
+
+    def source_of(self, target: Namespace) -> Namespace | None:
+        """The selected source namespace that maps to ``target``, or None when ``target`` is not ours."""
+        if target.coll is None:
+            return None
+        for candidate in (self.renamer.inverse()(target), target):
+            if self.selection(candidate) and self.renamer(candidate) == target:
+                return candidate
+        return None
+
+    def __call__(self, target: Namespace) -> bool:
+        return self.source_of(target) is not None
+
+    def database_drops(self, source_db: str, target_db: str, collections: Iterable[str]) -> list[Namespace]:
+        """What a ``dropDatabase`` of ``source_db`` drops among the ``collections`` of ``target_db`` (the
+        database it is renamed to): those a selected namespace of ``source_db`` maps to, and no other."""
+        inverse = {dst: Namespace(*src) for src, dst in self.renamer.collections.items() if src[0] == source_db}
+        out = []
+        for name in collections:
+            target = Namespace(target_db, name)
+            rule = inverse.get((target_db, name))
+            for candidate in (Namespace(source_db, name), rule):
+                if candidate is not None and self.selection(candidate) and self.renamer(candidate) == target:
+                    out.append(target)
+                    break
+        return out
+
+
 def keep_event(event: ChangeEvent, selection: Selection) -> bool:
     """Is this event in the selection? A rename is kept when either side is selected."""
     if selection(event.ns):
         return True
     return event.to is not None and selection(event.to)
+
+
+def bound_rename(event: ChangeEvent, selection: Selection) -> ChangeEvent:
+    """A rename that crosses the selection's edge, as the target sees it.
+
+    Renamed out of the selection, the collection leaves what the target mirrors: it is a drop of the
+    old name (the new name is not ours to create or overwrite). Renamed into the selection, whatever the
+    target held under the new name was replaced: a drop of the new name, after which the caller copies
+    the collection from the source (its earlier changes were never replicated)."""
+    if event.op is not Op.RENAME or event.to is None:
+        return event
+    source_in, target_in = selection(event.ns), selection(event.to)
+    if source_in and target_in:
+        return event
+    if source_in:
+        return replace(event, op=Op.DROP, to=None, ddl=None)
+    return replace(event, op=Op.DROP, ns=event.to, to=None, ddl=None)
+
+
+def renamed_into_selection(event: ChangeEvent, selection: Selection) -> bool:
+    """Does this rename bring a collection whose changes were never replicated into the selection?"""
+    return event.op is Op.RENAME and event.to is not None and selection(event.to) and not selection(event.ns)
 
 
 def rename_event(event: ChangeEvent, renamer: Renamer) -> ChangeEvent:
@@ -114,7 +174,7 @@ def rename_event(event: ChangeEvent, renamer: Renamer) -> ChangeEvent:
         ddl = {**ddl, "viewOn": renamer(Namespace(event.ns.db, str(ddl["viewOn"]))).coll}
     if ns == event.ns and to == event.to and ddl is event.ddl:
         return event
-    return replace(event, ns=ns, to=to, ddl=ddl)
+    return replace(event, ns=ns, to=to, ddl=ddl, origin=event.ns)
 
 
 def rename_spec(spec: CollectionSpec, renamer: Renamer) -> CollectionSpec:
@@ -132,13 +192,14 @@ def make_transform(
     selection: Selection, renamer: Renamer, *, skip_index_ddl: bool = False
 ) -> Callable[[ChangeEvent], ChangeEvent | None]:
     """The filter/transform stage: drop unselected events (and index DDL while indexes are deferred to
-    the end of a snapshot), then rename."""
+    the end of a snapshot), bound renames to the selection (see :func:`bound_rename`), then rename."""
 
     def transform(event: ChangeEvent) -> ChangeEvent | None:
         if not keep_event(event, selection):
             return None
         if skip_index_ddl and event.op in INDEX_DDL:
             return None
+        event = bound_rename(event, selection)
         return rename_event(event, renamer) if renamer else event
 
     return transform

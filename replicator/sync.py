@@ -24,7 +24,7 @@ from .checkpoint import Checkpoint, CheckpointStore, SnapshotProgress
 from .config import Settings, parse_start_at
 from .errors import ConfigError, HistoryLost, TopologyError
 from .events import ChangeEvent, Namespace, Op, Position
-from .filters import make_transform, rename_spec
+from .filters import make_transform, rename_spec, renamed_into_selection
 from .metrics import Metrics
 from .pipeline import CopyLimits, copy_partitions
 from .progress import Reporter
@@ -334,13 +334,19 @@ class SyncJob:
         In the snapshot window (changes made while the copy ran), index DDL waits for the index build
         at the end, and a collection renamed into the selection is copied again from the source: the
         snapshot may have listed it under its old name and read nothing, and the events after the
-        rename then converge on the fresh copy."""
+        rename then converge on the fresh copy. After the window, a collection renamed in from an
+        unselected name is copied the same way (its earlier changes were never replicated)."""
         transform = make_transform(self.s.selection, self.s.renamer, skip_index_ddl=snapshot_window)
 
         async def recopy_renamed(events: Sequence[ChangeEvent]) -> None:
             for event in events:
-                if event.op is Op.RENAME and event.to is not None and self.s.selection(event.to):
-                    await self._recopy(self._client, sink, event.to)
+                if event.op is not Op.RENAME or event.to is None:
+                    continue
+                # in the window, the snapshot may have listed it under its old name; after it, a
+                # collection renamed in from outside the selection brings changes never replicated
+                copy = snapshot_window and self.s.selection(event.to)
+                if copy or renamed_into_selection(event, self.s.selection):
+                    await self._recopy(self._client, sink, event.to, build_indexes=not snapshot_window)
 
         while True:
             merged = reader if follow and isinstance(reader, MergedReader) and self._topology.discovered else None
@@ -354,9 +360,7 @@ class SyncJob:
                 metrics=self.metrics,
             )  # fmt: skip
             try:
-                result = await applier.run(
-                    transform, to_now=not follow, after_write=recopy_renamed if snapshot_window else None
-                )
+                result = await applier.run(transform, to_now=not follow, after_write=recopy_renamed)
             finally:
                 if watcher is not None and not watcher.done():
                     watcher.cancel()
@@ -366,11 +370,15 @@ class SyncJob:
                 return
             await self._topology.apply(merged, cp, watcher.result())  # then go on with the new set
 
-    async def _recopy(self, client: Client, sink: Sink, ns: Namespace) -> None:
+    async def _recopy(self, client: Client, sink: Sink, ns: Namespace, *, build_indexes: bool) -> None:
+        """Copy one collection renamed into the selection from the source: created with its options,
+        and (outside the snapshot window, whose index build is still to come) with its indexes."""
         spec = await catalog.describe_one(client, ns)
         if spec is None or spec.is_view:  # renamed again or dropped since: later events say so
             return
-        self.reporter.info(f"{ns} was renamed during the snapshot: copying it again")
+        self.reporter.info(f"{ns} was renamed into the selection: copying it from the source")
+        target = rename_spec(spec, self.s.renamer)
+        await sink.prepare([target], drop_existing=False)
         coll = client[ns.db][ns.coll or ""]
         capped = bool(spec.options.get("capped"))
         plan = await plan_collection(coll, ns, self.s.partition_docs, capped=capped, split=self.s.split)
@@ -378,9 +386,13 @@ class SyncJob:
         async def done(part: Partition, docs: int) -> None:
             pass
 
-        self.summary.documents += await copy_partitions(
+        copied = await copy_partitions(
             client, sink, plan, limits=self._limits(), rename=self.s.renamer, on_done=done, reporter=self.reporter
         )
+        if build_indexes:
+            await sink.finish_snapshot([target])
+        self.summary.documents += copied
+        self.reporter.info(f"{ns}: copied {copied} documents")
 
 
 async def _capture(reader: Reader) -> tuple[Position, dict[str, Position]]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from replicator.events import ChangeEvent, Namespace, Op
-from replicator.filters import Renamer, Selection, make_transform
+from replicator.filters import Renamer, Scope, Selection, make_transform, renamed_into_selection
 
 
 def test_default_selection_skips_system_namespaces() -> None:
@@ -44,3 +44,37 @@ def test_transform_filters_renames_and_defers_index_ddl() -> None:
     t2 = make_transform(Selection(), Renamer.from_rules(["a.c=a.c2"]))
     out = t2(view)
     assert out is not None and out.ddl is not None and out.ddl["viewOn"] == "c2"
+
+
+def test_scope_is_what_the_selection_maps_to() -> None:
+    scope = Scope(Selection.from_patterns([r"shop\..*"]), Renamer.from_rules(["shop=shop_v2", "shop.a=arch.a"]))
+    assert scope(Namespace("shop_v2", "orders"))
+    assert scope.source_of(Namespace("arch", "a")) == Namespace("shop", "a")
+    assert not scope(Namespace("shop_v2", "a"))  # shop.a goes to arch.a, not here
+    assert not scope(Namespace("shop", "orders"))  # the source's name is not a target name when renamed
+    assert not scope(Namespace("other", "x"))
+    assert not scope(Namespace("shop_v2", "system.views"))
+    drops = scope.database_drops("shop", "shop_v2", ["orders", "a", "x", "system.views"])
+    assert drops == [Namespace("shop_v2", "orders"), Namespace("shop_v2", "x")]
+    assert scope.database_drops("shop", "arch", ["a", "b"]) == [Namespace("arch", "a")]
+    merged = Scope(Selection(), Renamer.from_rules(["a=c", "b=c"]))
+    assert merged.database_drops("a", "c", ["x"]) == [Namespace("c", "x")]
+    assert (
+        Scope(Selection.from_patterns([r"a\.x"]), Renamer.from_rules(["a=c", "b=c"])).database_drops("b", "c", ["x"])
+        == []
+    )  # c.x is a.x's copy: dropping database b leaves it
+
+
+def test_renames_across_the_selection_edge_become_drops_of_the_selected_side() -> None:
+    sel = Selection.from_patterns([r"sel\..*"])
+    t = make_transform(sel, Renamer())
+    inside = t(ChangeEvent(Op.RENAME, Namespace("sel", "a"), to=Namespace("sel", "b")))
+    assert inside is not None and inside.op is Op.RENAME
+    out = t(ChangeEvent(Op.RENAME, Namespace("sel", "a"), to=Namespace("other", "keep")))
+    assert out is not None and (out.op, out.ns, out.to) == (Op.DROP, Namespace("sel", "a"), None)
+    into = ChangeEvent(Op.RENAME, Namespace("staging", "x"), to=Namespace("sel", "x"))
+    dropped = t(into)
+    assert dropped is not None and (dropped.op, dropped.ns) == (Op.DROP, Namespace("sel", "x"))
+    assert renamed_into_selection(into, sel)
+    assert not renamed_into_selection(ChangeEvent(Op.RENAME, Namespace("sel", "a"), to=Namespace("sel", "b")), sel)
+    assert t(ChangeEvent(Op.RENAME, Namespace("x", "a"), to=Namespace("y", "b"))) is None

@@ -20,6 +20,7 @@ from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.errors import BulkWriteError, OperationFailure
 
 from ..events import ChangeEvent, CollectionSpec, Namespace, Op
+from ..filters import Scope
 from ..source.connection import ServerInfo, make_client, probe
 from .base import Sink
 from .mongo_schema import MongoSchema
@@ -104,10 +105,11 @@ class MongoSink(Sink):
 
     schemes = ("mongodb", "mongodb+srv")
 
-    def __init__(self, uri: str, *, timeout_s: float = 10.0) -> None:
+    def __init__(self, uri: str, *, timeout_s: float = 10.0, scope: Scope | None = None) -> None:
+        """``scope``: the target namespaces this run maps its selection to; DDL touches no other."""
         self.uri = uri
         self._client = make_client(uri, timeout_s=timeout_s, durable_writes=True)
-        self._schema = MongoSchema(self._client)
+        self._schema = MongoSchema(self._client, scope=scope)
         self._transactions = True
         self.server: ServerInfo | None = None
 

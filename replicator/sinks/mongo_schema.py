@@ -12,6 +12,7 @@ from pymongo import AsyncMongoClient
 from pymongo.errors import OperationFailure
 
 from ..events import ChangeEvent, CollectionSpec, Namespace, Op
+from ..filters import Scope
 from ..source.catalog import clean_index, clean_options
 from ..source.connection import DICT_CODEC
 
@@ -42,9 +43,13 @@ def _create_command(ns: Namespace, options: Mapping[str, Any]) -> dict[str, Any]
 class MongoSchema:
     """Creates and reconciles collections, views and indexes on the target, and replays DDL events."""
 
-    def __init__(self, client: AsyncMongoClient[Any], *, index_concurrency: int = 4) -> None:
+    def __init__(
+        self, client: AsyncMongoClient[Any], *, index_concurrency: int = 4, scope: Scope | None = None
+    ) -> None:
+        """``scope``: the target namespaces DDL may touch (None: all, for callers that filtered already)."""
         self._client = client
         self._index_slots = asyncio.Semaphore(index_concurrency)
+        self.scope = scope
 
     async def create(self, ns: Namespace, options: Mapping[str, Any]) -> None:
         try:
@@ -106,17 +111,31 @@ class MongoSchema:
         for spec in specs:  # one failed: build them one by one so the others still exist
             await self.create_indexes(ns, [spec])
 
+    def _outside_scope(self, event: ChangeEvent) -> Namespace | None:
+        """The namespace this DDL would touch that the selection does not map to, if any."""
+        if self.scope is None or event.op is Op.DROP_DATABASE:
+            return None
+        for ns in (event.ns, event.to):
+            if ns is not None and not self.scope(ns):
+                return ns
+        return None
+
     async def apply(self, event: ChangeEvent) -> None:
-        """Replay one DDL event idempotently (replaying it twice leaves the same state)."""
+        """Replay one DDL event idempotently (replaying it twice leaves the same state). DDL on a
+        namespace outside the scope is refused with a warning: it is never ours to change."""
         ns, ddl = event.ns, event.ddl or {}
         db = self._client[ns.db]
+        outside = self._outside_scope(event)
+        if outside is not None:
+            log.warning("not replaying %s: %s is outside the selection's target namespaces", event.op.value, outside)
+            return
         try:
             if event.op is Op.CREATE:
                 await self.create(ns, ddl)
             elif event.op is Op.DROP:
                 await db.drop_collection(ns.coll or "")
             elif event.op is Op.DROP_DATABASE:
-                await self._client.drop_database(ns.db)
+                await self._drop_database((event.origin or ns).db, ns.db)
             elif event.op is Op.RENAME and event.to is not None:
                 await self._client.admin.command(
                     {"renameCollection": str(ns), "to": str(event.to), "dropTarget": True},
@@ -132,6 +151,16 @@ class MongoSchema:
         except OperationFailure as exc:
             if exc.code != NAMESPACE_NOT_FOUND:
                 raise
+
+    async def _drop_database(self, source_db: str, name: str) -> None:
+        """A source database was dropped: drop what the selection mapped from it, never the whole
+        target database (it may hold collections that are not ours)."""
+        if self.scope is None:
+            await self._client.drop_database(name)
+            return
+        names = await self._client[name].list_collection_names()
+        for ns in self.scope.database_drops(source_db, name, names):
+            await self._client[name].drop_collection(ns.coll or "")
 
     async def _drop_index(self, ns: Namespace, name: str) -> None:
         try:

@@ -30,9 +30,10 @@ def open_sink(settings: Settings) -> Sink:
     uri = settings.target
     scheme = scheme_of(uri)
     if scheme in ("mongodb", "mongodb+srv"):
+        from ..filters import Scope
         from .mongo import MongoSink
 
-        return MongoSink(uri, timeout_s=settings.connect_timeout_s)
+        return MongoSink(uri, timeout_s=settings.connect_timeout_s, scope=Scope(settings.selection, settings.renamer))
     if scheme == "memory":
         from .memory import MemorySink
 
