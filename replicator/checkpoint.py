@@ -1,9 +1,13 @@
 """Checkpoint files: versioned JSON, written atomically, never ahead of what the sink acknowledged.
 
-A write goes to a temporary file (mode 0600) and is fsync'd; the current file is hard-linked to
-``<name>.backup`` (the previous version, for a person to fall back on), and the temporary file is renamed
-over the current one; the directory is fsync'd last. Every step is atomic, so at any instant the file is
-either the old or the new version, whole.
+A write goes to a temporary file (mode 0600), every byte of it (a short write is continued), is fsync'd
+and read back to compare; only then is the current file hard-linked to ``<name>.backup`` (the previous
+version, for a person to fall back on) and the temporary file renamed over the current one; the directory
+is fsync'd last. Every step is atomic, so at any instant the file is either the old or the new version,
+whole, and a disk too full to take the new one leaves the old one and its backup as they were.
+
+A checkpoint path that is a symbolic link stays one: the lock, backup and temporary files sit beside the
+file it points to, which is the file replaced.
 """
 
 from __future__ import annotations
@@ -117,14 +121,16 @@ class CheckpointStore:
     """Reads and atomically writes one checkpoint file, and holds its lock."""
 
     def __init__(self, path: Path) -> None:
-        self.path = path
-        self.backup = path.with_name(path.name + ".backup")
+        self.path = path  # as the user named it, for messages
+        # the file itself: a link's target (resolved once, so the lock and the saves agree on it)
+        self.real = Path(os.path.realpath(path))
+        self.backup = self.real.with_name(self.real.name + ".backup")
         self._lock_fd: int | None = None
 
     def load(self) -> Checkpoint | None:
         """The saved checkpoint, or None when there is none yet."""
         try:
-            text = self.path.read_text()
+            raw = self.real.read_bytes()
         except FileNotFoundError:
             if self.backup.exists():  # deleted by hand? starting over silently from the backup would surprise
                 raise CheckpointError(
@@ -135,33 +141,37 @@ class CheckpointStore:
         except OSError as exc:
             raise CheckpointError(f"checkpoint {self.path} cannot be read: {exc.strerror}") from None
         try:
-            return Checkpoint.from_json(json.loads(text))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError(
-                f"checkpoint {self.path} is corrupt ({exc}); fix or remove it (the previous version is "
-                f"{self.backup.name})"
-            ) from None
+            return Checkpoint.from_json(json.loads(raw.decode()))
+        # UnicodeDecodeError is a ValueError; a field of the wrong type fails as Attribute/Type/KeyError
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            previous = f" (the previous version is {self.backup.name})" if self.backup.exists() else ""
+            raise CheckpointError(f"checkpoint {self.path} is corrupt ({reason}); fix or remove it{previous}") from None
 
     def save(self, checkpoint: Checkpoint) -> None:
         checkpoint.updated_at = time.time()
         payload = json.dumps(checkpoint.to_json(), indent=1, sort_keys=True).encode()
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        real = self.real
+        tmp = real.with_name(f".{real.name}.{os.getpid()}.tmp")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            real.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                os.write(fd, payload)
+                _write_all(fd, payload)
                 os.fsync(fd)
+                _verify(fd, payload)
             finally:
                 os.close(fd)
-            if self.path.exists():
+            if real.exists():
                 self._keep_backup()
-            os.replace(tmp, self.path)
-            _fsync_dir(self.path.parent)
+            os.replace(tmp, real)
+            _fsync_dir(real.parent)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink()
-            raise CheckpointError(f"checkpoint {self.path} cannot be written: {exc.strerror}") from None
+            raise CheckpointError(
+                f"checkpoint {self.path} cannot be written: {exc.strerror or exc}; the previous version is kept"
+            ) from None
 
     def _keep_backup(self) -> None:
         """Point ``<name>.backup`` at the current version without a moment where neither file exists."""
@@ -169,29 +179,34 @@ class CheckpointStore:
         with contextlib.suppress(FileNotFoundError):
             staged.unlink()
         try:
-            os.link(self.path, staged)
-        except OSError:  # a file system without hard links
-            shutil.copy2(self.path, staged)
-        os.replace(staged, self.backup)
+            try:
+                os.link(self.real, staged)
+            except OSError:  # a file system without hard links
+                shutil.copy2(self.real, staged)
+            os.replace(staged, self.backup)
+        except OSError:
+            with contextlib.suppress(OSError):
+                staged.unlink()
+            raise
 
     def check_writable(self) -> None:
         """Fail before any work starts when the checkpoint's directory cannot take a file."""
+        directory = self.real.parent
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as exc:
-            raise CheckpointError(
-                f"checkpoint directory {self.path.parent} cannot be created: {exc.strerror}"
-            ) from None
-        if not os.access(self.path.parent, os.W_OK) or (self.path.exists() and not os.access(self.path, os.W_OK)):
+            raise CheckpointError(f"checkpoint directory {directory} cannot be created: {exc.strerror}") from None
+        if not os.access(directory, os.W_OK) or (self.real.exists() and not os.access(self.real, os.W_OK)):
             raise CheckpointError(f"checkpoint {self.path} is not writable")
-        if self.path.is_dir():
+        if self.real.is_dir():
             raise CheckpointError(f"checkpoint {self.path} is a directory")
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """Hold an exclusive lock on ``<checkpoint>.lock`` for the duration; a second holder fails at once."""
+        """Hold an exclusive lock on ``<checkpoint>.lock`` (beside the real file, when the checkpoint path is a
+        link) for the duration; a second holder fails at once."""
         self.check_writable()
-        lock_path = self.path.with_name(self.path.name + ".lock")
+        lock_path = self.real.with_name(self.real.name + ".lock")
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -209,6 +224,27 @@ class CheckpointStore:
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
+
+
+def _write_all(fd: int, payload: bytes) -> None:
+    """Write every byte: a write may take only part of them (a nearly full disk, a file size limit)."""
+    view = memoryview(payload)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[written:]
+
+
+def _verify(fd: int, payload: bytes) -> None:
+    """Read the written file back: a device that acknowledged bytes it did not keep fails here, before
+    the file replaces the current checkpoint."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    chunks = []
+    while chunk := os.read(fd, max(len(payload), 1) + 1):
+        chunks.append(chunk)
+    if b"".join(chunks) != payload:
+        raise OSError(errno.EIO, "the file read back differs from what was written")
 
 
 def _fsync_dir(path: Path) -> None:

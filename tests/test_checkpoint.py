@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -97,3 +99,132 @@ def test_second_holder_is_refused(tmp_path: Path) -> None:
         pass
     with b.locked():
         pass
+
+
+def _big_plan(parts: int) -> list[dict[str, object]]:
+    ns = Namespace("db", "c")
+    return [Partition(ns, i, "number", lower=Int64(i), upper=Int64(i + 1)).to_json() for i in range(parts)]
+
+
+_SAVE_UNDER_FILE_SIZE_LIMIT = """
+import resource, signal, sys
+from pathlib import Path
+from replicator.checkpoint import Checkpoint, CheckpointStore, SnapshotProgress
+from replicator.errors import CheckpointError
+from tests.test_checkpoint import _big_plan
+
+limit = int(sys.argv[2])
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write is short, then fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+try:
+    CheckpointStore(Path(sys.argv[1])).save(Checkpoint("rs:rs0", snapshot=SnapshotProgress(plan=_big_plan(200))))
+except CheckpointError as exc:
+    print(exc)
+    sys.exit(exc.exit_code)
+"""
+
+
+def test_disk_full_keeps_previous_checkpoint_and_backup(tmp_path: Path) -> None:
+    """A checkpoint larger than what the file system takes (here: RLIMIT_FSIZE in a child process) is
+    refused whole: the current file and its backup keep their bytes, and no temporary file is left."""
+    store = CheckpointStore(tmp_path / "cp.json")
+    cp = _sample()
+    store.save(cp)
+    cp.snapshot.done.add("db.c#1")
+    store.save(cp)
+    before = store.path.read_bytes(), store.backup.read_bytes()
+    limit = 4096
+    assert len(before[0]) < limit
+    result = subprocess.run(
+        [sys.executable, "-c", _SAVE_UNDER_FILE_SIZE_LIMIT, str(store.path), str(limit)],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent.parent,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout.count("\n") == 1 and "cannot be written: File too large" in result.stdout
+    assert (store.path.read_bytes(), store.backup.read_bytes()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cp.json", "cp.json.backup"]
+
+
+def test_short_writes_are_completed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_write = os.write
+    store = CheckpointStore(tmp_path / "cp.json")
+    cp = _sample()
+    cp.snapshot.plan = _big_plan(50)
+    with monkeypatch.context() as m:
+        m.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data)[:100]))  # at most 100 bytes a call
+        store.save(cp)
+    loaded = store.load()
+    assert loaded is not None and loaded.snapshot.plan == cp.snapshot.plan
+
+
+def test_write_that_reads_back_different_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_write = os.write
+    store = CheckpointStore(tmp_path / "cp.json")
+    store.save(_sample())
+    before = store.path.read_bytes()
+
+    def flip_last_byte(fd: int, data: bytes) -> int:  # a device that acknowledges bytes it did not keep
+        data = bytes(data)
+        return real_write(fd, data[:-1] + bytes([data[-1] ^ 1])) if data else 0
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "write", flip_last_byte)
+        with pytest.raises(CheckpointError, match="read back"):
+            store.save(_sample())
+    assert store.path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cp.json"]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"\xff\xfe\x00\x80garbage\xc3\x28",  # not UTF-8
+        b'{"format": "mcdc-checkpoint", "version": 1, "source": "rs:x", "position": 5}',  # a field of a wrong type
+        b'{"format": "mcdc-checkpoint", "version": 1, "source": "rs:x", "snapshot": "done"}',
+        b"[" * 100_000,  # nested past the parser's recursion limit
+    ],
+)
+def test_garbage_checkpoint_is_a_one_line_refusal(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "cp.json"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError, match="is corrupt") as caught:
+        CheckpointStore(path).load()
+    assert "\n" not in str(caught.value)
+    assert path.read_bytes() == content  # left as it was for the user to inspect
+
+
+def test_corrupt_message_names_the_backup_only_when_there_is_one(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "cp.json")
+    store.path.write_text("{not json")
+    with pytest.raises(CheckpointError) as caught:
+        store.load()
+    assert "backup" not in str(caught.value)
+    store.save(_sample())  # the corrupt file becomes the backup: make a good backup, then break the current one
+    store.save(_sample())
+    store.path.write_text("{not json")
+    with pytest.raises(CheckpointError, match=r"the previous version is cp\.json\.backup"):
+        store.load()
+
+
+def test_symlinked_checkpoint_stays_a_link_and_locks_the_real_file(tmp_path: Path) -> None:
+    real_dir = tmp_path / "real"
+    real_dir.mkdir()
+    real = real_dir / "cp.json"
+    link = tmp_path / "cp.json"
+    link.symlink_to(Path("real") / "cp.json")  # relative, and dangling until the first save
+    store = CheckpointStore(link)
+    cp = _sample()
+    with store.locked():
+        # the same file by its real name is the same checkpoint
+        with pytest.raises(CheckpointLocked), CheckpointStore(real).locked():
+            pass
+        store.save(cp)
+        cp.snapshot.done.add("db.c#1")
+        store.save(cp)
+    assert link.is_symlink() and os.readlink(link) == str(Path("real") / "cp.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cp.json", "real"]
+    assert sorted(p.name for p in real_dir.iterdir()) == ["cp.json", "cp.json.backup", "cp.json.lock"]
+    assert json.loads(real.read_text())["snapshot"]["done"] == ["db.c#0", "db.c#1"]
+    assert json.loads((real_dir / "cp.json.backup").read_text())["snapshot"]["done"] == ["db.c#0"]
+    loaded = CheckpointStore(link).load()
+    assert loaded is not None and loaded.snapshot.done == {"db.c#0", "db.c#1"}

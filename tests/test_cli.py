@@ -83,6 +83,12 @@ def test_verify_needs_a_mongodb_target() -> None:
     _assert_one_line_error(_mcdc("verify", "-s", "mongodb://a", "-t", "kafka://b:1"), 2, "is not mongodb://")
 
 
+def test_status_of_a_binary_garbage_checkpoint_is_one_line(tmp_path: Path) -> None:
+    cp = tmp_path / "garbage.json"
+    cp.write_bytes(b"\xff\xfe\x00\x80 not a checkpoint \xc3\x28")
+    _assert_one_line_error(_mcdc("status", "--checkpoint", str(cp)), 2, "is corrupt")
+
+
 @pytest.mark.integration
 def test_corrupt_checkpoint(source_uri: str, target_uri: str, tmp_path: Path) -> None:
     cp = tmp_path / "cp.json"
