@@ -24,7 +24,7 @@ from .checkpoint import Checkpoint, CheckpointStore, SnapshotProgress
 from .config import Settings, parse_start_at
 from .errors import ConfigError, HistoryLost, TopologyError
 from .events import ChangeEvent, Namespace, Op, Position
-from .filters import make_transform, rename_spec, renamed_into_selection
+from .filters import Scope, make_transform, rename_spec, renamed_into_selection
 from .metrics import Metrics
 from .pipeline import CopyLimits, copy_partitions
 from .progress import Reporter
@@ -32,6 +32,7 @@ from .sinks.base import Sink
 from .sinks.registry import open_sink
 from .source import catalog
 from .source.connection import Client, ServerInfo, make_client, probe
+from .source.lookup import source_lookup
 from .source.partitions import ALL, Partition, plan_collection
 from .source.shards import MergedReader
 from .source.topology import Reader, StreamTopology
@@ -120,6 +121,8 @@ class SyncJob:
                 try:
                     info = await probe(client, self.s.source, "source")
                     sink.source_name = info.set_name or ""
+                    scope = Scope(self.s.selection, self.s.renamer)
+                    sink.attach_source(source_lookup(client, scope, make_transform(self.s.selection, self.s.renamer)))
                     await sink.start()
                     _refuse_same_server(info, sink, self.s)
                     await self._run(client, info, sink)

@@ -64,3 +64,19 @@ async def test_transaction_applies_together(target_uri: str) -> None:
         await sink.write(events)
     with pymongo.MongoClient(target_uri) as client:
         assert client.sinkdb.c.count_documents({}) == 1 and client.sinkdb.d.count_documents({}) == 1
+
+
+async def test_dollar_prefixed_top_level_fields_replay_and_recopy(target_uri: str) -> None:
+    """Legal since MongoDB 5.0 ($setField); a replacement document refuses them (code 52)."""
+    doc = raw({"_id": 1, "$price": 3, "a": {"$inner": 1}, "z": -0.0})
+    newer = raw({"_id": 1, "$price": 4, "b": Int64(2)})
+    async with MongoSink(target_uri) as sink:
+        await sink.write([ChangeEvent(Op.READ, NS, document=doc)])
+        await sink.write([ChangeEvent(Op.READ, NS, document=doc)])  # a partition copied again after a crash
+        await sink.write([ChangeEvent(Op.REPLACE, NS, key=raw({"_id": 1}), document=newer)])
+        second = raw({"_id": 2, "$x": {"$y": 1}})
+        await sink.write([ChangeEvent(Op.INSERT, NS, key=raw({"_id": 2}), document=second)])
+        looked_up = raw({"_id": 2, "$x": 5, "n": 1.5})
+        await sink.write([ChangeEvent(Op.UPDATE, NS, key=raw({"_id": 2}), document=looked_up)])
+    with pymongo.MongoClient(target_uri, document_class=RawBSONDocument) as client:
+        assert [d.raw for d in client.sinkdb.c.find().sort("_id")] == [newer.raw, looked_up.raw]

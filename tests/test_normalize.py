@@ -12,7 +12,8 @@ from pymongo import DeleteOne, ReplaceOne, UpdateOne
 
 from replicator.events import ChangeEvent, Namespace, Op, Transaction
 from replicator.normalize import OPERATION_TYPES, normalize_change
-from replicator.sinks.mongo import _segments, write_ops
+from replicator.sinks.mongo import _segments
+from replicator.sinks.mongo_plan import write_ops
 from replicator.source.changestream import token_timestamp
 
 
@@ -110,7 +111,7 @@ def test_resume_token_time() -> None:
 
 def test_coalesce_keeps_each_documents_order() -> None:
     from replicator.events import UpdateDescription
-    from replicator.sinks.mongo import coalesce
+    from replicator.sinks.mongo_plan import coalesce
 
     ns = Namespace("d", "c")
 
@@ -124,12 +125,57 @@ def test_coalesce_keeps_each_documents_order() -> None:
         ChangeEvent(Op.DELETE, ns, key={"_id": 5}), ChangeEvent(Op.INSERT, ns, key={"_id": 5}, document={"_id": 5}),
     ]  # fmt: skip
     deletes, replaces, sequences = coalesce(events)
-    assert [op._filter for op in deletes] == [{"_id": 1}, {"_id": 4}]  # type: ignore[union-attr]
-    assert [(op._filter, op._doc) for op in replaces] == [  # type: ignore[union-attr]
+    assert [op._filter for _, op in deletes] == [{"_id": 1}, {"_id": 4}]  # type: ignore[union-attr]
+    assert [(op._filter, op._doc) for _, op in replaces] == [  # type: ignore[union-attr]
         ({"_id": 2}, {"_id": 2, "v": 2}), ({"_id": 5}, {"_id": 5}),
     ]  # fmt: skip
     # a delta keeps the document's whole sequence, in order
-    assert [type(op) for op in sequences] == [UpdateOne, ReplaceOne]
+    assert [type(op) for _, op in sequences] == [UpdateOne, ReplaceOne]
+
+
+def test_deltas_of_different_documents_keep_the_sources_order() -> None:
+    """A unique key moved from one document to another (A->tmp, B->a, A->b) is freed before it is taken."""
+    from replicator.events import UpdateDescription
+    from replicator.sinks.mongo_plan import coalesce
+
+    ns = Namespace("d", "c")
+
+    def move(i: int, email: str) -> ChangeEvent:
+        return ChangeEvent(Op.UPDATE, ns, key={"_id": i}, update=UpdateDescription({"email": email}))
+
+    _, _, sequence = coalesce([move(1, "tmp"), move(2, "a"), move(1, "b")])
+    assert [(op._filter["_id"], op._doc["$set"]["email"]) for _, op in sequence] == [  # type: ignore[union-attr]
+        (1, "tmp"), (2, "a"), (1, "b"),
+    ]  # fmt: skip
+
+
+def test_literal_ops_carry_dollar_prefixed_fields() -> None:
+    from replicator.events import UpdateDescription
+    from replicator.sinks.mongo_plan import literal_ops
+
+    ns = Namespace("d", "c")
+    doc = {"_id": 1, "$price": 3}
+    (replace,) = literal_ops(ChangeEvent(Op.REPLACE, ns, key={"_id": 1}, document=doc))
+    assert replace._doc == [{"$replaceWith": {"$literal": doc}}] and replace._upsert  # type: ignore[union-attr]
+    delta = UpdateDescription({"$price": 4, "a.b": 1}, removed_fields=("$old", "c"))
+    plain, pipeline = literal_ops(ChangeEvent(Op.UPDATE, ns, key={"_id": 1}, update=delta))
+    assert plain._doc == {"$set": {"a.b": 1}, "$unset": {"c": ""}}  # type: ignore[union-attr]
+    assert [s["$replaceWith"]["$setField"]["field"] for s in pipeline._doc] == [  # type: ignore[union-attr]
+        {"$literal": "$price"}, {"$literal": "$old"},
+    ]  # fmt: skip
+
+
+def test_duplicate_key_errors_name_the_index_and_key() -> None:
+    from replicator.sinks.mongo_plan import duplicate_key
+
+    error = {
+        "code": 11000, "keyPattern": {"email": 1}, "keyValue": {"email": "b@x"},
+        "errmsg": 'E11000 duplicate key error collection: p.users index: email_1 dup key: { email: "b@x" }',
+    }  # fmt: skip
+    dup = duplicate_key(error)
+    assert dup is not None and dup.index == "email_1" and "b@x" in dup.describe()
+    assert duplicate_key({**error, "errmsg": "E11000 ... index: _id_ dup key: { _id: 1 }"}) is None
+    assert duplicate_key({"code": 2}) is None
 
 
 async def test_an_event_held_back_is_never_acknowledged() -> None:

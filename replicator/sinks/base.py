@@ -18,10 +18,15 @@ namespace; the stream replay calls it from one task.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
+from typing import Any
 
 from ..events import ChangeEvent, CollectionSpec, Namespace
+
+#: Reads documents by ``_id`` from the source as they are now, named and shaped as on the target:
+#: ``await lookup(target_namespace, ids)`` -> the documents that still exist.
+SourceLookup = Callable[[Namespace, Sequence[Any]], Awaitable[list[Mapping[str, Any]]]]
 
 
 class Sink(ABC):
@@ -39,6 +44,10 @@ class Sink(ABC):
     @abstractmethod
     async def write(self, batch: Sequence[ChangeEvent]) -> None:
         """Deliver a batch; return only when all of it is acknowledged."""
+
+    def attach_source(self, lookup: SourceLookup) -> None:  # noqa: B027 - optional hook
+        """Called before ``start()`` with a way to re-read documents from the source, for a sink that
+        must settle a write as the source has it now (a unique-key conflict in MongoDB)."""
 
     async def heartbeat(self) -> None:  # noqa: B027 - optional hook
         """The stream moved without events for this sink (idle, or only filtered-out changes): a sink

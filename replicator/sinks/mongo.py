@@ -3,6 +3,14 @@
 Every write is idempotent, so re-delivering events after a crash converges to the same state:
 inserts and replaces are upserts by documentKey, updates replace with the full document when the stream
 looked it up (else apply the delta), deletes delete by documentKey, and DDL tolerates "already done".
+The plan (which writes) is :mod:`.mongo_plan`'s; this module sends it.
+
+Unique secondary indexes: the fast path reorders writes across documents (see ``coalesce``), and a
+looked-up full document or a re-applied event after a crash can hold a key that the target still gives
+to another document. On such a conflict the namespace's batch is applied again in source order, and a
+write that still collides is settled as the source has it: both documents (and any further holder) are
+read again from the source and written in one transaction (their later events in the batch are older
+than that read, so they are skipped).
 """
 
 from __future__ import annotations
@@ -10,82 +18,47 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import bson
 from bson.raw_bson import RawBSONDocument
-from pymongo import DeleteOne, ReplaceOne, UpdateOne
+from pymongo import ReplaceOne
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.errors import BulkWriteError, OperationFailure
 
+from ..errors import SinkError
 from ..events import ChangeEvent, CollectionSpec, Namespace, Op
 from ..filters import Scope
 from ..source.connection import ServerInfo, make_client, probe
-from .base import Sink
+from .base import Sink, SourceLookup
+from .mongo_plan import (
+    DOLLAR_PREFIXED,
+    DUPLICATE_KEY,
+    DuplicateKey,
+    Planned,
+    coalesce,
+    duplicate_key,
+    id_bytes,
+    literal_ops,
+    plan,
+    stale_delta,
+)
 from .mongo_schema import MongoSchema
 
 log = logging.getLogger("mcdc.sink.mongo")
 
-DUPLICATE_KEY = 11000
 # "Transaction numbers are only allowed on a replica set member or mongos" and friends
 _NO_TRANSACTIONS = frozenset({20, 263})
-
-WriteOp = ReplaceOne[Any] | UpdateOne | DeleteOne
-
-
-def write_ops(event: ChangeEvent) -> list[WriteOp]:
-    """The idempotent writes that replay one document event."""
-    op = event.op
-    if op in (Op.READ, Op.INSERT, Op.REPLACE) or (op is Op.UPDATE and event.document is not None):
-        if event.document is None:
-            return []
-        return [ReplaceOne(event.document_key, event.document, upsert=True)]
-    if op is Op.UPDATE:
-        update = event.update
-        if update is None:
-            return []
-        ops: list[WriteOp] = []
-        if update.truncated_arrays:
-            push = {field: {"$each": [], "$slice": size} for field, size in update.truncated_arrays}
-            ops.append(UpdateOne(event.document_key, {"$push": push}))
-        change: dict[str, Any] = {}
-        if update.updated_fields:
-            change["$set"] = update.updated_fields
-        if update.removed_fields:
-            change["$unset"] = dict.fromkeys(update.removed_fields, "")
-        if change:
-            ops.append(UpdateOne(event.document_key, change))
-        return ops
-    if op is Op.DELETE:
-        return [DeleteOne(event.document_key)]
-    raise ValueError(f"{op.value} is not a document operation")
+#: rounds of re-reading documents from the source to settle one unique-key conflict
+_RESOLVE_ROUNDS = 100
 
 
-def coalesce(events: Sequence[ChangeEvent]) -> tuple[list[WriteOp], list[WriteOp], list[WriteOp]]:
-    """One namespace's document events as (deletes, replacements, ordered sequences).
+class _Conflict(Exception):
+    """A write in a batch was refused by a unique secondary index (internal: the slow path takes over)."""
 
-    A document whose events in the batch all carry their full document or delete it ends in the state
-    of its last event: one write replaces them all. Those writes touch different documents, so they go
-    unordered, one command per kind. A document with a delta update keeps its whole sequence, in order.
-    """
-    by_key: dict[bytes, list[ChangeEvent]] = {}
-    for event in events:
-        by_key.setdefault(_key_bytes(event.document_key), []).append(event)
-    deletes: list[WriteOp] = []
-    replaces: list[WriteOp] = []
-    sequences: list[WriteOp] = []
-    for evs in by_key.values():
-        if all(e.op is Op.DELETE or e.document is not None for e in evs):
-            last = evs[-1]
-            (deletes if last.op is Op.DELETE else replaces).extend(write_ops(last))
-        else:
-            sequences.extend(op for e in evs for op in write_ops(e))
-    return deletes, replaces, sequences
-
-
-def _key_bytes(key: Any) -> bytes:
-    return bytes(key.raw) if isinstance(key, RawBSONDocument) else bson.encode(key)
+    def __init__(self, index: int, dup: DuplicateKey) -> None:
+        self.index = index
+        self.dup = dup
 
 
 def _segments(batch: Sequence[ChangeEvent]) -> list[tuple[str, list[ChangeEvent]]]:
@@ -111,6 +84,7 @@ class MongoSink(Sink):
         self._client = make_client(uri, timeout_s=timeout_s, durable_writes=True)
         self._schema = MongoSchema(self._client, scope=scope)
         self._transactions = True
+        self._lookup: SourceLookup | None = None
         self.server: ServerInfo | None = None
 
     async def start(self) -> None:
@@ -130,6 +104,10 @@ class MongoSink(Sink):
     async def finish_snapshot(self, specs: Sequence[CollectionSpec]) -> None:
         await self._schema.reconcile_indexes(specs)
 
+    def attach_source(self, lookup: SourceLookup) -> None:
+        """Where to re-read documents when a unique-key conflict must be settled as the source has it."""
+        self._lookup = lookup
+
     async def write(self, batch: Sequence[ChangeEvent]) -> None:
         for kind, events in _segments(batch):
             if kind == "ddl":
@@ -141,65 +119,170 @@ class MongoSink(Sink):
             else:
                 await self._apply(events)
 
-    async def _apply(self, events: Sequence[ChangeEvent], session: AsyncClientSession | None = None) -> None:
-        """Apply document events: namespaces in parallel, each namespace's events in order.
-
-        Outside a transaction, a namespace's events are first coalesced per document (see
-        :func:`coalesce`), which keeps every document's order but lets the writes of different
-        documents go as one command per kind instead of one per run of alternating kinds."""
+    async def _apply(self, events: Sequence[ChangeEvent]) -> None:
+        """Apply document events: namespaces in parallel, each namespace's events in order."""
         by_ns: dict[Namespace, list[ChangeEvent]] = defaultdict(list)
         for event in events:
             by_ns[event.ns].append(event)
-        if session is None:
-            await asyncio.gather(*(self._apply_namespace(ns, evs) for ns, evs in by_ns.items()))
-        else:  # one session cannot run operations concurrently, and a transaction keeps its exact order
-            for ns, evs in by_ns.items():
-                ops = [op for e in evs for op in write_ops(e)]
-                if ops:
-                    await self._bulk(ns, ops, session)
+        await asyncio.gather(*(self._apply_namespace(ns, evs) for ns, evs in by_ns.items()))
 
     async def _apply_namespace(self, ns: Namespace, events: Sequence[ChangeEvent]) -> None:
-        deletes, replaces, sequences = coalesce(events)
-        coll = self._client[ns.db][ns.coll or ""]
-        # deletes first: they free unique keys the replacements may take
-        for ops in (deletes, replaces):
-            if ops:
-                await coll.bulk_write(ops, ordered=False, bypass_document_validation=True)
-        if sequences:
-            await self._bulk(ns, sequences, None)
+        """The fast path: coalesced writes (see :func:`coalesce`), deletes first since they free unique
+        keys the replacements may take. A unique-key conflict switches to :meth:`_apply_in_order`."""
+        deletes, replaces, sequence = coalesce(events)
+        try:
+            for group in (deletes, replaces):
+                if group:
+                    await self._unordered(ns, group)
+            if sequence:
+                await self._ordered(ns, sequence)
+        except _Conflict as conflict:
+            log.info("%s: %s; applying the batch in source order", ns, conflict.dup.describe())
+            await self._apply_in_order(ns, events)
 
-    async def _bulk(self, ns: Namespace, ops: list[WriteOp], session: AsyncClientSession | None) -> None:
-        """One ordered bulk_write; a delta update the target's document cannot take is skipped and the
-        rest of the batch applied.
+    async def _apply_in_order(self, ns: Namespace, events: Sequence[ChangeEvent]) -> None:
+        """Every write in source order; a write that collides on a unique key is settled from the source
+        (:meth:`_resolve`), and the settled documents' remaining writes in the batch are skipped."""
+        todo = plan(events)
+        settled: set[bytes] = set()
+        while todo:
+            try:
+                await self._ordered(ns, todo)
+                return
+            except _Conflict as conflict:
+                event = todo[conflict.index][0]
+                settled |= await self._resolve(ns, event, conflict.dup)
+                todo = [p for p in todo[conflict.index + 1 :] if id_bytes(p[0].document_key) not in settled]
 
-        That happens when the target's copy is ahead of the event (it came from a snapshot read or a
-        full-document lookup made later than the event): ``$set`` of ``a.b`` on a document whose ``a``
-        has since become a number. The events that made it ahead follow, so skipping converges. Inside
-        a transaction nothing is skipped: the server aborts it and the error stands."""
+    async def _unordered(self, ns: Namespace, group: list[Planned]) -> None:
+        """Writes to different documents, in one unordered command."""
         coll = self._client[ns.db][ns.coll or ""]
+        try:
+            await coll.bulk_write([op for _, op in group], ordered=False, bypass_document_validation=True)
+        except BulkWriteError as exc:
+            errors = exc.details.get("writeErrors", [])
+            retry: list[Planned] = []
+            for error in errors:
+                event = group[int(error["index"])][0]
+                dup = duplicate_key(error)
+                if dup is not None:
+                    raise _Conflict(int(error["index"]), dup) from None
+                if error.get("code") != DOLLAR_PREFIXED:
+                    raise
+                retry.extend((event, op) for op in literal_ops(event))
+            await self._ordered(ns, retry)
+
+    async def _ordered(self, ns: Namespace, todo: list[Planned], session: AsyncClientSession | None = None) -> None:
+        """One ordered bulk_write, going on past the writes it can settle by itself:
+
+        * a delta update the target's document cannot take is skipped. That happens when the target's
+          copy is ahead of the event (it came from a snapshot read or a full-document lookup made later
+          than the event): ``$set`` of ``a.b`` on a document whose ``a`` has since become a number. The
+          events that made it ahead follow, so skipping converges;
+        * a document with ``$``-prefixed top-level fields is written again in a form that carries them
+          literally (:func:`literal_ops`).
+
+        A unique-key conflict raises :class:`_Conflict` with its position. Inside a transaction nothing
+        is settled: the server aborted it and the error stands."""
+        coll = self._client[ns.db][ns.coll or ""]
+        ops = list(todo)
+        rewritten: set[int] = set()  # events already in their literal form
         start = 0
         while start < len(ops):
             try:
-                await coll.bulk_write(ops[start:], ordered=True, bypass_document_validation=True, session=session)
+                await coll.bulk_write(
+                    [op for _, op in ops[start:]], ordered=True, bypass_document_validation=True, session=session
+                )
                 return
             except BulkWriteError as exc:
                 error = exc.details["writeErrors"][0]
                 failed = start + int(error["index"])
-                if session is not None or not _skippable(ops[failed], error):
+                event, op = ops[failed]
+                dup = duplicate_key(error)
+                if session is not None:
+                    raise
+                if dup is not None:
+                    raise _Conflict(failed, dup) from None
+                if error.get("code") == DOLLAR_PREFIXED and id(event) not in rewritten:
+                    rewritten.add(id(event))
+                    ops[failed : failed + 1] = [(event, o) for o in literal_ops(event)]
+                    start = failed
+                    continue
+                if not stale_delta(op, error):
                     raise
                 log.warning("skipped a delta update on %s the target cannot apply: %s", ns, error.get("errmsg"))
                 start = failed + 1
 
+    async def _resolve(self, ns: Namespace, event: ChangeEvent, dup: DuplicateKey) -> set[bytes]:
+        """Settle a unique-key conflict as the source has it now: read the event's document and every
+        target document holding a key it needs from the source, and write them in one transaction
+        (deletes, then inserts). Returns the settled documents' ``_id``s."""
+        if self._lookup is None:
+            raise SinkError(f"replaying into {ns}: {dup.describe()} and no source to settle it from")
+        coll = self._client[ns.db][ns.coll or ""]
+        ids: dict[bytes, Any] = {id_bytes(event.document_key): event.document_key["_id"]}
+        current = dup
+        for attempt in range(_RESOLVE_ROUNDS):
+            holder = await coll.find_one({**current.key_value, "_id": {"$nin": list(ids.values())}}, {"_id": 1})
+            if holder is not None:
+                ids[id_bytes(holder)] = holder["_id"]
+            docs = await self._lookup(ns, list(ids.values()))
+            try:
+                await self._replace_documents(ns, list(ids.values()), docs)
+                log.info("%s: settled %s from the source (%d documents, %d rounds)", ns, current.describe(), len(ids), attempt + 1)
+                return set(ids)
+            except BulkWriteError as exc:
+                errors = exc.details.get("writeErrors", [])
+                found = duplicate_key(errors[0]) if errors else None
+                if found is None:
+                    raise
+                current = found
+        raise SinkError(
+            f"replaying into {ns}: {current.describe()}; the conflict did not settle after "
+            f"{_RESOLVE_ROUNDS} reads of the source (is the source changing these documents right now?)"
+        )
+
+    async def _replace_documents(self, ns: Namespace, ids: list[Any], docs: list[Mapping[str, Any]]) -> None:
+        """Delete these ``_id``s and insert the given documents, atomically where the target can."""
+        coll = self._client[ns.db][ns.coll or ""]
+
+        async def swap(session: AsyncClientSession | None) -> None:
+            await coll.delete_many({"_id": {"$in": ids}}, session=session)
+            if docs:
+                await coll.insert_many(docs, ordered=True, bypass_document_validation=True, session=session)  # type: ignore[arg-type]
+
+        if not self._transactions:
+            await swap(None)
+            return
+        async with self._client.start_session() as session:
+            await session.with_transaction(swap)
+
     async def _apply_transaction(self, events: Sequence[ChangeEvent]) -> None:
+        """One target transaction for one source transaction. Where the target cannot keep it one unit
+        (no transactions, or a unique-key conflict the writes in source order do not avoid), its events
+        are applied as plain events: the end state is the same."""
         try:
             async with self._client.start_session() as session:
-                await session.with_transaction(lambda s: self._apply(events, s))
+                await session.with_transaction(lambda s: self._apply_in_session(events, s))
         except OperationFailure as exc:
-            if exc.code not in _NO_TRANSACTIONS:
+            if exc.code in _NO_TRANSACTIONS:
+                log.warning("target does not support transactions; applying them without one")
+                self._transactions = False
+            elif _write_error_code(exc) in (DUPLICATE_KEY, DOLLAR_PREFIXED):
+                log.info("a transaction could not be replayed as one unit (%s): applying its writes one by one", exc)
+            else:
                 raise
-            log.warning("target does not support transactions; applying them without one")
-            self._transactions = False
             await self._apply(events)
+
+    async def _apply_in_session(self, events: Sequence[ChangeEvent], session: AsyncClientSession) -> None:
+        """A transaction's writes, each namespace in order (one session runs one operation at a time)."""
+        by_ns: dict[Namespace, list[ChangeEvent]] = defaultdict(list)
+        for event in events:
+            by_ns[event.ns].append(event)
+        for ns, evs in by_ns.items():
+            todo = plan(evs)
+            if todo:
+                await self._ordered(ns, todo, session)
 
     async def _insert_snapshot(self, events: Sequence[ChangeEvent]) -> None:
         """Snapshot copies are plain inserts (fast); a document already there (a partition copied again
@@ -213,17 +296,20 @@ class MongoSink(Sink):
             errors = exc.details.get("writeErrors", [])
             if any(err.get("code") != DUPLICATE_KEY for err in errors):
                 raise
-            retry = [ReplaceOne({"_id": _id_of(docs[e["index"]])}, docs[e["index"]], upsert=True) for e in errors]
-            await coll.bulk_write(retry, ordered=False, bypass_document_validation=True)
+            retry: list[Planned] = []
+            for error in errors:
+                event, doc = events[int(error["index"])], docs[int(error["index"])]
+                assert doc is not None
+                retry.append((event, ReplaceOne({"_id": _id_of(doc)}, doc, upsert=True)))
+            await self._unordered(ns, retry)
 
 
-#: Errors of a delta update against a document that moved on: PathNotViable, TypeMismatch, BadValue,
-#: ConflictingUpdateOperators, and "cannot apply $push to a non-array" (DollarPrefixedFieldName is not one).
-_STALE_DELTA_CODES = frozenset({2, 14, 28, 40})
-
-
-def _skippable(op: WriteOp, error: dict[str, Any]) -> bool:
-    return isinstance(op, UpdateOne) and error.get("code") in _STALE_DELTA_CODES
+def _write_error_code(exc: OperationFailure) -> int | None:
+    if isinstance(exc, BulkWriteError):
+        errors = exc.details.get("writeErrors") or [{}]
+        code = errors[0].get("code")
+        return int(code) if code is not None else None
+    return exc.code
 
 
 def _id_of(doc: Any) -> Any:
