@@ -106,3 +106,17 @@ def test_bursts_of_swaps_under_tail_with_kill_9(source_uri: str, target_uri: str
             print(proc.stderr.read() if proc.stderr else "")
     code, _, err = _stop(proc)
     assert code == 0, err
+
+
+async def test_a_swap_under_a_case_insensitive_unique_index(source_uri: str, target_uri: str, tmp_path: Path) -> None:
+    with pymongo.MongoClient(source_uri) as client:
+        users = client.app.people
+        users.create_index("email", unique=True, collation={"locale": "en", "strength": 2})
+        users.insert_many([{"_id": 0, "email": "A@x"}, {"_id": 1, "email": "B@x"}])
+        cp = tmp_path / "cp.json"
+        await run_job(source_uri, target_uri, cp)
+        users.update_one({"_id": 0}, {"$set": {"email": "tmp"}})
+        users.update_one({"_id": 1}, {"$set": {"email": "a@X"}})
+        users.update_one({"_id": 0}, {"$set": {"email": "b@X"}})
+    await run_job(source_uri, target_uri, cp, command="catch-up")
+    assert_identical(source_uri, target_uri)

@@ -54,11 +54,13 @@ _RESOLVE_ROUNDS = 100
 
 
 class _Conflict(Exception):
-    """A write in a batch was refused by a unique secondary index (internal: the slow path takes over)."""
+    """A write was refused by a unique secondary index (internal: the slow path takes over). ``rest``:
+    the writes after it that were not sent."""
 
-    def __init__(self, index: int, dup: DuplicateKey) -> None:
-        self.index = index
+    def __init__(self, dup: DuplicateKey, event: ChangeEvent, rest: list[Planned]) -> None:
         self.dup = dup
+        self.event = event
+        self.rest = rest
 
 
 def _segments(batch: Sequence[ChangeEvent]) -> list[tuple[str, list[ChangeEvent]]]:
@@ -150,9 +152,8 @@ class MongoSink(Sink):
                 await self._ordered(ns, todo)
                 return
             except _Conflict as conflict:
-                event = todo[conflict.index][0]
-                settled |= await self._resolve(ns, event, conflict.dup)
-                todo = [p for p in todo[conflict.index + 1 :] if id_bytes(p[0].document_key) not in settled]
+                settled |= await self._resolve(ns, conflict.event, conflict.dup)
+                todo = [p for p in conflict.rest if id_bytes(p[0].document_key) not in settled]
 
     async def _unordered(self, ns: Namespace, group: list[Planned]) -> None:
         """Writes to different documents, in one unordered command."""
@@ -166,7 +167,7 @@ class MongoSink(Sink):
                 event = group[int(error["index"])][0]
                 dup = duplicate_key(error)
                 if dup is not None:
-                    raise _Conflict(int(error["index"]), dup) from None
+                    raise _Conflict(dup, event, []) from None
                 if error.get("code") != DOLLAR_PREFIXED:
                     raise
                 retry.extend((event, op) for op in literal_ops(event))
@@ -182,7 +183,7 @@ class MongoSink(Sink):
         * a document with ``$``-prefixed top-level fields is written again in a form that carries them
           literally (:func:`literal_ops`).
 
-        A unique-key conflict raises :class:`_Conflict` with its position. Inside a transaction nothing
+        A unique-key conflict raises :class:`_Conflict` with the writes after it. Inside a transaction nothing
         is settled: the server aborted it and the error stands."""
         coll = self._client[ns.db][ns.coll or ""]
         ops = list(todo)
@@ -202,7 +203,7 @@ class MongoSink(Sink):
                 if session is not None:
                     raise
                 if dup is not None:
-                    raise _Conflict(failed, dup) from None
+                    raise _Conflict(dup, event, ops[failed + 1 :]) from None
                 if error.get("code") == DOLLAR_PREFIXED and id(event) not in rewritten:
                     rewritten.add(id(event))
                     ops[failed : failed + 1] = [(event, o) for o in literal_ops(event)]
@@ -219,17 +220,20 @@ class MongoSink(Sink):
         (deletes, then inserts). Returns the settled documents' ``_id``s."""
         if self._lookup is None:
             raise SinkError(f"replaying into {ns}: {dup.describe()} and no source to settle it from")
-        coll = self._client[ns.db][ns.coll or ""]
         ids: dict[bytes, Any] = {id_bytes(event.document_key): event.document_key["_id"]}
         current = dup
+        idle = 0  # rounds in a row that found no new holder (the source changing under the reads)
         for attempt in range(_RESOLVE_ROUNDS):
-            holder = await coll.find_one({**current.key_value, "_id": {"$nin": list(ids.values())}}, {"_id": 1})
+            holder = await self._holder(ns, current, list(ids.values()))
             if holder is not None:
-                ids[id_bytes(holder)] = holder["_id"]
+                ids[id_bytes(holder)], idle = holder["_id"], 0
+            elif (idle := idle + 1) > 3:
+                break
             docs = await self._lookup(ns, list(ids.values()))
             try:
                 await self._replace_documents(ns, list(ids.values()), docs)
-                log.info("%s: settled %s from the source (%d documents, %d rounds)", ns, current.describe(), len(ids), attempt + 1)
+                log.info("%s: settled %s from the source (%d documents, %d rounds)", ns, current.describe(),
+                         len(ids), attempt + 1)  # fmt: skip
                 return set(ids)
             except BulkWriteError as exc:
                 errors = exc.details.get("writeErrors", [])
@@ -238,9 +242,23 @@ class MongoSink(Sink):
                     raise
                 current = found
         raise SinkError(
-            f"replaying into {ns}: {current.describe()}; the conflict did not settle after "
-            f"{_RESOLVE_ROUNDS} reads of the source (is the source changing these documents right now?)"
+            f"replaying into {ns}: {current.describe()}, and reading the documents involved again from the "
+            "source did not settle it (is the source changing them right now?)"
         )
+
+    async def _holder(self, ns: Namespace, dup: DuplicateKey, exclude: list[Any]) -> Mapping[str, Any] | None:
+        """The target document that holds ``dup``'s key, found the way its index compares keys (its
+        collation, its partial filter)."""
+        coll = self._client[ns.db][ns.coll or ""]
+        spec: Mapping[str, Any] = {}
+        async for index in await coll.list_indexes():
+            if index.get("name") == dup.index:
+                spec = index
+        query: dict[str, Any] = {**dup.key_value, "_id": {"$nin": exclude}}
+        if spec.get("partialFilterExpression"):
+            query = {"$and": [query, spec["partialFilterExpression"]]}
+        collation = spec.get("collation")
+        return await coll.find_one(query, {"_id": 1}, collation=collation)
 
     async def _replace_documents(self, ns: Namespace, ids: list[Any], docs: list[Mapping[str, Any]]) -> None:
         """Delete these ``_id``s and insert the given documents, atomically where the target can."""

@@ -107,9 +107,10 @@ def coalesce(events: Sequence[ChangeEvent]) -> tuple[list[Planned], list[Planned
     source's order across documents (a unique secondary key moved from one document to another is
     freed before it is taken, as on the source).
     """
+    keys = [key_bytes(event.document_key) for event in events]
     by_key: dict[bytes, list[ChangeEvent]] = {}
-    for event in events:
-        by_key.setdefault(key_bytes(event.document_key), []).append(event)
+    for key, event in zip(keys, events, strict=True):
+        by_key.setdefault(key, []).append(event)
     deletes: list[Planned] = []
     replaces: list[Planned] = []
     ordered: set[bytes] = set()
@@ -119,8 +120,9 @@ def coalesce(events: Sequence[ChangeEvent]) -> tuple[list[Planned], list[Planned
             (deletes if last.op is Op.DELETE else replaces).extend((last, op) for op in write_ops(last))
         else:
             ordered.add(key)
-    sequence = plan([e for e in events if key_bytes(e.document_key) in ordered]) if ordered else []
-    return deletes, replaces, sequence
+    if not ordered:
+        return deletes, replaces, []
+    return deletes, replaces, plan([e for key, e in zip(keys, events, strict=True) if key in ordered])
 
 
 def key_bytes(key: Any) -> bytes:
