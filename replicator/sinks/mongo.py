@@ -319,7 +319,10 @@ class MongoSink(Sink):
                 event, doc = events[int(error["index"])], docs[int(error["index"])]
                 assert doc is not None
                 retry.append((event, ReplaceOne({"_id": _id_of(doc)}, doc, upsert=True)))
-            await self._unordered(ns, retry)
+            try:
+                await self._unordered(ns, retry)
+            except _Conflict:  # a unique index already built (a collection copied after the snapshot)
+                await self._apply_in_order(ns, [event for event, _ in retry])
 
 
 def _write_error_code(exc: OperationFailure) -> int | None:
