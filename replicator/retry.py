@@ -7,13 +7,23 @@ consecutive failed attempts. Progress (an acknowledged batch) resets the count.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 
-#: Server codes that mean "this node is going away / not primary now": retry elsewhere or later.
-_TRANSIENT_CODES = frozenset({6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436, 50})
+from .errors import ConnectionFailed
+from .source.connection import server_message
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
+    from .progress import Reporter
+
+#: Server codes that mean "this node is going away / not primary now": retry elsewhere or later; and
+#: a read's cursor or plan killed under it (a restart, a dropped index, killCursors): read it again.
+_TRANSIENT_CODES = frozenset({6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436, 50, 43, 175, 237})
 _TRANSIENT_LABELS = ("ResumableChangeStreamError", "RetryableWriteError", "TransientTransactionError")
 
 
@@ -57,3 +67,62 @@ async def sleep_or_stop(delay: float, stop: asyncio.Event | None) -> bool:
         return True
     except TimeoutError:
         return False
+
+
+class Retrier:
+    """One retry budget, shared by everything one phase retries: counts consecutive failed attempts,
+    logs each retry ("...; retrying in 2.0s (attempt 2/16)") and waits with backoff; :meth:`progress`
+    (an acknowledged batch) resets the count. Gives up with ConnectionFailed past ``max_retries``."""
+
+    def __init__(
+        self, backoff: Backoff, reporter: Reporter, *, stop: asyncio.Event | None = None, metrics: Metrics | None = None
+    ) -> None:
+        self.backoff = backoff
+        self.reporter = reporter
+        self.stop = stop
+        self.metrics = metrics
+        self.retries = 0  # in all
+        self._attempt = 0  # in a row
+
+    def progress(self) -> None:
+        """Something was acknowledged: the next failure starts the backoff again."""
+        self._attempt = 0
+
+    async def wait(self, exc: Exception, source: str) -> bool:
+        """Back off after the retryable failure ``exc``; True when asked to stop meanwhile. ``source``
+        labels the retries metric when the error came from reading the source ("sink" otherwise)."""
+        self._attempt += 1
+        self.retries += 1
+        reason = _reason(exc)
+        if self.backoff.gives_up(self._attempt):
+            if self.metrics is not None:
+                self.metrics.error("gave_up")
+            raise ConnectionFailed(
+                f"gave up after {self._attempt - 1} retries (--max-retries {self.backoff.max_retries}): {reason}"
+            ) from None
+        if self.metrics is not None:
+            self.metrics.retry(source if from_source(exc) else "sink")
+            self.metrics.set_state("retrying")
+        delay = self.backoff.delay(self._attempt)
+        limit = "" if self.backoff.max_retries < 0 else f"/{self.backoff.max_retries}"
+        self.reporter.warn(f"{reason}; retrying in {delay:.1f}s (attempt {self._attempt}{limit})")
+        return await sleep_or_stop(delay, self.stop)
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, PyMongoError):  # a server selection timeout goes on with the whole topology: cut it
+        return server_message(exc).split(", Timeout: ")[0]
+    return str(exc) or type(exc).__name__
+
+
+_SOURCE_DIR = os.path.join(os.path.dirname(__file__), "source", "")
+
+
+def from_source(exc: BaseException) -> bool:
+    """Best effort for the retries metric: was the error raised reading the source (code under source/)?"""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.startswith(_SOURCE_DIR):
+            return True
+        tb = tb.tb_next
+    return False

@@ -16,19 +16,16 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 
 from bson.timestamp import Timestamp
-from pymongo.errors import PyMongoError
 
 from .checkpoint import Checkpoint, CheckpointStore
 from .config import Settings
-from .errors import ConnectionFailed
 from .events import ChangeEvent, Position
 from .metrics import Metrics
 from .pipeline import ReplayResult, Throttle, Transform, replay
 from .progress import Reporter
-from .retry import Backoff, is_retryable, sleep_or_stop
+from .retry import Backoff, Retrier, is_retryable
 from .sinks.base import Sink
 from .source.changestream import Batch, ChangeStreamReader, current_time, oplog_window
-from .source.connection import server_message
 from .source.shards import MergedReader
 
 log = logging.getLogger("mcdc.stream")
@@ -60,13 +57,17 @@ class StreamApplier:
         self.reporter = reporter
         self.stop = stop
         self.metrics = metrics
-        self.backoff = Backoff(settings.retry_initial_s, settings.retry_max_s, settings.max_retries)
+        backoff = Backoff(settings.retry_initial_s, settings.retry_max_s, settings.max_retries)
+        self._retrier = Retrier(backoff, reporter, stop=stop, metrics=metrics)
         self.queue_batches = max(settings.max_queue_events // settings.replay_batch, 1)
-        self.retries = 0
-        self._attempt = 0
         self._save = Throttle(1.0)
         self._window_check = Throttle(300.0)
         self._window_check()  # the first check runs when the stream opens
+
+    @property
+    def retries(self) -> int:
+        """Retries made so far."""
+        return self._retrier.retries
 
     async def run(
         self,
@@ -97,7 +98,7 @@ class StreamApplier:
             except Exception as exc:
                 if not is_retryable(exc):
                     raise
-                if await self._wait_before_retry(exc):
+                if await self._retrier.wait(exc, "stream"):
                     break
             finally:
                 await self.reader.close()
@@ -105,7 +106,7 @@ class StreamApplier:
         return result
 
     async def _ack(self, batch: Batch, events: Sequence[ChangeEvent]) -> None:
-        self._attempt = 0  # progress: the next failure starts the backoff again
+        self._retrier.progress()
         for name, position in (batch.shard_positions or {}).items():
             self.cp.shards[name] = _advance(self.cp.shards.get(name), position)
         if batch.shard_positions is None or events:
@@ -155,25 +156,6 @@ class StreamApplier:
             metrics.set_last_event_time(float(last.time))
             metrics.set_lag(max(0.0, time.time() - last.time))
 
-    async def _wait_before_retry(self, exc: Exception) -> bool:
-        """Back off after a retryable failure; True when asked to stop meanwhile."""
-        self._attempt += 1
-        self.retries += 1
-        reason = server_message(exc) if isinstance(exc, PyMongoError) else str(exc) or type(exc).__name__
-        if self.backoff.gives_up(self._attempt):
-            if self.metrics is not None:
-                self.metrics.error("gave_up")
-            raise ConnectionFailed(
-                f"gave up after {self._attempt - 1} retries (--max-retries {self.backoff.max_retries}): {reason}"
-            ) from None
-        if self.metrics is not None:
-            self.metrics.retry("stream" if _from_source(exc) else "sink")
-            self.metrics.set_state("retrying")
-        delay = self.backoff.delay(self._attempt)
-        limit = "" if self.backoff.max_retries < 0 else f"/{self.backoff.max_retries}"
-        self.reporter.warn(f"{reason}; retrying in {delay:.1f}s (attempt {self._attempt}{limit})")
-        return await sleep_or_stop(delay, self.stop)
-
 
 def _advance(old: Position | None, new: Position) -> Position:
     """The newer position; a post-batch token carries no time, so the last known time stays."""
@@ -182,13 +164,3 @@ def _advance(old: Position | None, new: Position) -> Position:
     return Position(
         resume_token=new.resume_token or old.resume_token, cluster_time=new.cluster_time or old.cluster_time
     )
-
-
-def _from_source(exc: Exception) -> bool:
-    """Best effort for the retries metric: did the error come from reading the change stream?"""
-    tb = exc.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename.endswith(("changestream.py", "shards.py")):
-            return True
-        tb = tb.tb_next
-    return False
