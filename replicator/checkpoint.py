@@ -38,13 +38,17 @@ class SnapshotProgress:
 
     ``plan`` is the partition list (JSON form, see source.partitions) fixed when the snapshot started, so a
     resumed run copies exactly the partitions not in ``done``. ``prepared`` lists target namespaces whose
-    collection (with options) was already created.
+    collection (with options) was already created; ``drop_target``: the snapshot replaces what the target
+    holds, so a namespace not prepared yet is dropped first. ``resume`` maps a partition not done to the
+    ``_id`` (extended JSON) of the end of its acknowledged batches, where its copy goes on.
     """
 
     status: str = "none"
     plan: list[dict[str, Any]] = field(default_factory=list)
     done: set[str] = field(default_factory=set)
     prepared: set[str] = field(default_factory=set)
+    drop_target: bool = False
+    resume: dict[str, Any] = field(default_factory=dict)
     started_at: float | None = None
     finished_at: float | None = None
 
@@ -72,6 +76,8 @@ class Checkpoint:
                 "plan": self.snapshot.plan,
                 "done": sorted(self.snapshot.done),
                 "prepared": sorted(self.snapshot.prepared),
+                "drop_target": self.snapshot.drop_target,
+                "resume": dict(self.snapshot.resume),
                 "started_at": self.snapshot.started_at,
                 "finished_at": self.snapshot.finished_at,
             },
@@ -93,6 +99,8 @@ class Checkpoint:
                 plan=list(snap.get("plan") or []),
                 done=set(snap.get("done") or []),
                 prepared=set(snap.get("prepared") or []),
+                drop_target=bool(snap.get("drop_target")),
+                resume=dict(snap.get("resume") or {}),
                 started_at=snap.get("started_at"),
                 finished_at=snap.get("finished_at"),
             ),

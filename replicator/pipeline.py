@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, cast
 
@@ -28,8 +28,9 @@ from .progress import Reporter, lag_seconds
 from .sinks.base import Sink
 from .source.changestream import Batch
 from .source.connection import Client
-from .source.partitions import Partition
+from .source.partitions import Partition, Resume
 from .source.snapshot import read_partition
+from .watermark import Watermark
 
 Transform = Callable[[ChangeEvent], ChangeEvent | None]
 T = TypeVar("T")
@@ -49,6 +50,14 @@ class CopyLimits:
     queue_batches: int
 
 
+@dataclass
+class CopyResult:
+    """Documents a copy wrote, counted as their batches are acknowledged: a caller that retries after an
+    error keeps the count of the failed attempt."""
+
+    documents: int = 0
+
+
 async def copy_partitions(
     client: Client,
     sink: Sink,
@@ -59,25 +68,34 @@ async def copy_partitions(
     on_done: Callable[[Partition, int], Awaitable[None]],
     reporter: Reporter,
     stop: asyncio.Event | None = None,
+    resume: Mapping[str, Resume] | None = None,
+    on_progress: Callable[[Partition, Resume], Awaitable[None]] | None = None,
+    result: CopyResult | None = None,
 ) -> int:
     """Copy partitions with ``workers`` concurrent readers sharing ``workers`` write slots, so a last big
-    partition still writes with all of them. Returns the number of documents written. Once ``stop`` is
-    set, no new partition starts (those running finish, so they can be marked done)."""
+    partition still writes with all of them. Returns the number of documents written (also added to
+    ``result`` as they are). Once ``stop`` is set, no new partition starts (those running finish, so they
+    can be marked done).
+
+    A partition with an entry in ``resume`` (by id) goes on after it. ``on_progress(partition, resume
+    point)`` runs each time a resumable partition's acknowledged prefix of batches grows."""
     todo: asyncio.Queue[Partition] = asyncio.Queue()
     for part in sorted(partitions, key=lambda p: -p.estimated_docs):  # biggest first: shorter tail
         todo.put_nowait(part)
     slots = asyncio.Semaphore(limits.workers)
-    copied = 0
+    result = result if result is not None else CopyResult()
+    before = result.documents
 
     async def worker() -> None:
-        nonlocal copied
         while stop is None or not stop.is_set():
             try:
                 part = todo.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            docs = await _copy_one(client, sink, part, limits, rename(part.ns), reporter, slots)
-            copied += docs
+            after = (resume or {}).get(part.id) if part.resumable else None
+            docs = await _copy_one(
+                client, sink, part, limits, rename(part.ns), reporter, slots, result, after, on_progress
+            )
             await on_done(part, docs)
 
     try:
@@ -86,7 +104,7 @@ async def copy_partitions(
                 group.create_task(worker())
     except ExceptionGroup as failed:  # the first failure stopped the others: report it, not the group
         raise failed.exceptions[0] from None
-    return copied
+    return result.documents - before
 
 
 async def _copy_one(
@@ -97,34 +115,47 @@ async def _copy_one(
     ns: Namespace,
     reporter: Reporter,
     slots: asyncio.Semaphore,
+    result: CopyResult,
+    after: Resume | None = None,
+    on_progress: Callable[[Partition, Resume], Awaitable[None]] | None = None,
 ) -> int:
-    """Read one partition ahead and write its batches, several at once unless its order matters."""
+    """Read one partition ahead and write its batches, several at once unless its order matters.
+
+    A resumable partition keeps at most ``workers`` batches past its acknowledged prefix (in flight, or
+    acknowledged after one still in flight), so a failure or a kill costs at most that many batches."""
     written = 0
     in_flight: set[asyncio.Task[None]] = set()
     most = 1 if part.ordered else limits.workers
+    acked = Watermark() if part.resumable and on_progress is not None else None
 
-    async def write(docs: list[Any]) -> None:
+    async def write(docs: list[Any], number: int) -> None:
         nonlocal written
         try:
             await sink.write([snapshot_read(ns, doc) for doc in docs])
         finally:
             slots.release()
         written += len(docs)
+        result.documents += len(docs)
         reporter.snapshot_advance(str(part.ns), len(docs))
+        moved = acked.acked(number) if acked is not None else None
+        if moved is not None and on_progress is not None:
+            await on_progress(part, moved)
 
     async def settle(until_below: int) -> None:
-        while len(in_flight) >= until_below and in_flight:
+        """Wait for writes until fewer than ``until_below`` are in flight or past the acknowledged prefix."""
+        while in_flight and max(len(in_flight), acked.pending if acked is not None else 0) >= until_below:
             done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
             in_flight.difference_update(done)
             for task in done:
                 task.result()  # a failed write fails the partition
 
-    batches = read_partition(client, part, batch_docs=limits.batch_docs, batch_bytes=limits.batch_bytes)
+    batches = read_partition(client, part, batch_docs=limits.batch_docs, batch_bytes=limits.batch_bytes, after=after)
     try:
         async for docs in read_ahead(batches, limits.queue_batches):
             await settle(most)
             await slots.acquire()
-            in_flight.add(asyncio.create_task(write(docs)))
+            number = acked.sent(docs[-1]["_id"]) if acked is not None else 0
+            in_flight.add(asyncio.create_task(write(docs, number)))
         await settle(1)
     finally:
         for task in in_flight:

@@ -9,7 +9,7 @@ from bson import Binary, Decimal128, Int64, MaxKey, MinKey, ObjectId, Timestamp
 from bson.raw_bson import RawBSONDocument
 
 from replicator.events import Namespace
-from replicator.source.partitions import ALL, BRACKETS, OTHER, Partition, bracket_of
+from replicator.source.partitions import ALL, BRACKETS, OTHER, UNBRACKETED, Partition, Resume, bracket_of
 
 NS = Namespace("db", "c")
 
@@ -74,3 +74,40 @@ def test_index_bounded_plans_are_recognised() -> None:
     collscan = {"winningPlan": {"stage": "COLLSCAN"}, "rejectedPlans": [{"stage": "IXSCAN"}]}
     assert all(_uses_index(p) for p in (mongod_classic, mongod_sbe, clustered, mongos))
     assert not _uses_index(collscan)
+
+
+def test_queries_after_a_resume_point() -> None:
+    numbers = list(BRACKETS["number"])
+    mid = Partition(NS, 1, "number", lower=100, upper=200)
+    assert mid.query(Resume(150)) == {"_id": {"$type": numbers, "$gt": 150, "$lt": 200}}
+    last = Partition(NS, 2, "number", lower=200)
+    assert last.query(Resume(250)) == {"_id": {"$type": numbers, "$gt": 250}}
+    # NaN sorts first among numbers but matches no $gt: after it comes every other number
+    first = Partition(NS, 0, "number", upper=100)
+    assert first.query(Resume(float("nan"))) == {"_id": {"$type": numbers, "$gte": float("-inf"), "$lt": 100}}
+    assert first.query(Resume(Decimal128("NaN")))["_id"]["$gte"] == float("-inf")
+    assert Partition(NS, 3, "null").query(Resume(None)) == {"_id": {"$type": ["null"], "$gt": None}}
+
+
+def test_a_whole_collection_goes_on_into_later_brackets() -> None:
+    whole = Partition(NS, 0, ALL)
+    later_than_strings = [t for b in list(BRACKETS)[4:] for t in BRACKETS[b]] + list(UNBRACKETED)
+    assert whole.query(Resume("m")) == {
+        "$or": [{"_id": {"$type": ["string", "symbol"], "$gt": "m"}}, {"_id": {"$type": later_than_strings}}]
+    }
+    after_max = whole.query(Resume(MaxKey()))["$or"]
+    assert after_max[1] == {"_id": {"$type": list(UNBRACKETED)}}  # only what has no bracket (copied again)
+    assert whole.query(Resume(bson.Regex("x"))) == {}  # an _id type without a bracket: from the start
+
+
+def test_what_cannot_resume_starts_over() -> None:
+    capped = Partition(NS, 0, ALL, ordered=True)
+    other = Partition(NS, 4, OTHER, excluded=("number",))
+    measurements = Partition(NS, 0, ALL, keyed=False)  # a time-series collection: _ids may repeat
+    assert not capped.resumable and not other.resumable and not measurements.resumable
+    assert Partition(NS, 0, ALL).resumable
+    assert capped.query(Resume(5)) == {} and other.query(Resume(5)) == other.query()
+    assert measurements.query(Resume(5)) == {}
+    assert Partition.from_json(measurements.to_json()) == measurements
+    older = {k: v for k, v in Partition(NS, 1, "number").to_json().items() if k != "keyed"}
+    assert Partition.from_json(older).keyed  # a plan saved before the field: every _id was unique

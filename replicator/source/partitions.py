@@ -10,6 +10,7 @@ is queried with ``$type`` plus its bounds. A catch-all partition takes the ``_id
 from __future__ import annotations
 
 import datetime
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,9 @@ BRACKETS: dict[str, tuple[str, ...]] = {
     "timestamp": ("timestamp",),
     "maxKey": ("maxKey",),
 }
+#: $type aliases of the _id types no bracket names (an OTHER partition's, or where ALL goes past the brackets);
+#: mongod refuses some of them as an _id, which does no harm here.
+UNBRACKETED = ("undefined", "array", "regex", "dbPointer", "javascript", "javascriptWithScope")
 ALL = "*"  # a whole collection in one partition
 OTHER = "other"  # every _id type no range of the plan names
 
@@ -73,6 +77,21 @@ def bracket_of(value: Any) -> str | None:
     return None
 
 
+def _is_nan(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isnan(value)
+    return isinstance(value, Decimal128) and value.to_decimal().is_nan()
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a partition's copy goes on: after ``last_id``, the end of what the sink acknowledged.
+
+    A wrapper rather than the bare value, since None is an ``_id`` too."""
+
+    last_id: Any
+
+
 @dataclass(frozen=True)
 class Partition:
     """One ``_id`` range of one collection: ``lower`` inclusive, ``upper`` exclusive, None = open.
@@ -88,13 +107,24 @@ class Partition:
     excluded: tuple[str, ...] = ()  # for OTHER: the brackets the plan's ranges cover
     estimated_docs: int = 0
     ordered: bool = False  # insertion order matters (capped): one writer, batches in read order
+    keyed: bool = True  # _id is unique (not a time-series collection's): a copy can go on after an _id
 
     @property
     def id(self) -> str:
         return f"{self.ns}#{self.index}"
 
-    def query(self) -> dict[str, Any]:
-        """The find() filter that selects exactly this partition's documents."""
+    @property
+    def resumable(self) -> bool:
+        """Can a failed copy go on after its last acknowledged ``_id`` (read in ``_id`` order)? Not a capped
+        collection's (read in insertion order), a time-series one's (measurements may share an ``_id``)
+        nor OTHER's (types without a bracket): those start over."""
+        return self.keyed and not self.ordered and self.bracket != OTHER
+
+    def query(self, after: Resume | None = None) -> dict[str, Any]:
+        """The find() filter that selects exactly this partition's documents; with ``after``, those past
+        its ``last_id`` in ``_id`` order (a partition that is not :attr:`resumable` starts over)."""
+        if after is not None and self.resumable:
+            return self._query_after(after.last_id)
         if self.bracket == ALL:
             return {}
         if self.bracket == OTHER:
@@ -111,6 +141,23 @@ class Partition:
                 cond["$lt"] = self.upper
         return {"_id": cond}
 
+    def _query_after(self, last: Any) -> dict[str, Any]:
+        bracket = self.bracket if self.bracket != ALL else bracket_of(last)
+        if bracket is None:  # an _id type with no bracket: no "after" to express, copy it all again
+            return self.query()
+        cond: dict[str, Any] = {"$type": list(BRACKETS[bracket])}
+        # NaN sorts first among numbers but matches no $gt: after it comes every number but NaN
+        cond.update({"$gte": float("-inf")} if _is_nan(last) else {"$gt": last})
+        if self.bracket != ALL:
+            if self.upper is not None:
+                cond["$lt"] = self.upper
+            return {"_id": cond}
+        # a whole collection goes on past last's bracket: every later bracket, and the unbracketed types
+        # wherever they sort (copying one twice is harmless, missing one is not)
+        names = list(BRACKETS)
+        later = [t for b in names[names.index(bracket) + 1 :] for t in BRACKETS[b]] + list(UNBRACKETED)
+        return {"$or": [{"_id": cond}, {"_id": {"$type": later}}]}
+
     def to_json(self) -> dict[str, Any]:
         return {
             "db": self.ns.db,
@@ -122,6 +169,7 @@ class Partition:
             "excluded": list(self.excluded),
             "estimated_docs": self.estimated_docs,
             "ordered": self.ordered,
+            "keyed": self.keyed,
         }
 
     @classmethod
@@ -135,6 +183,7 @@ class Partition:
             excluded=tuple(data.get("excluded") or ()),
             estimated_docs=int(data.get("estimated_docs") or 0),
             ordered=bool(data.get("ordered")),
+            keyed=bool(data.get("keyed", True)),
         )
 
 

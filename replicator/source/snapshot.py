@@ -7,16 +7,20 @@ from collections.abc import AsyncIterator
 from bson.raw_bson import RawBSONDocument
 
 from .connection import Client
-from .partitions import Partition
+from .partitions import Partition, Resume
 
 
 async def read_partition(
-    client: Client, partition: Partition, *, batch_docs: int, batch_bytes: int
+    client: Client, partition: Partition, *, batch_docs: int, batch_bytes: int, after: Resume | None = None
 ) -> AsyncIterator[list[RawBSONDocument]]:
     """Yield the partition's documents in batches of at most ``batch_docs`` documents and about
-    ``batch_bytes`` bytes (a single larger document is its own batch). Documents stay raw BSON."""
+    ``batch_bytes`` bytes (a single larger document is its own batch). Documents stay raw BSON.
+
+    A resumable partition is read in ``_id`` order (an index scan on MongoDB), so that the end of its
+    acknowledged batches is an ``_id`` to go on ``after``; a capped one in insertion order."""
     coll = client[partition.ns.db][partition.ns.coll or ""]
-    cursor = coll.find(partition.query(), batch_size=batch_docs, no_cursor_timeout=False)
+    sort = [("_id", 1)] if partition.resumable else None
+    cursor = coll.find(partition.query(after), sort=sort, batch_size=batch_docs, no_cursor_timeout=False)
     batch: list[RawBSONDocument] = []
     size = 0
     try:
