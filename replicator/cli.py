@@ -84,6 +84,15 @@ ShardOpt = Annotated[
     ),
 ]
 BatchDocs = Annotated[int | None, typer.Option("--batch-docs", help="Documents per write batch. [default: 1000]")]
+MaxRetries = Annotated[
+    int | None, typer.Option("--max-retries", help="-1 forever, 0 never, N attempts in a row. [default: 16]")
+]
+RetryInitial = Annotated[
+    float | None, typer.Option("--retry-initial-delay", help="Seconds before the first retry. [default: 1]")
+]
+RetryMax = Annotated[
+    float | None, typer.Option("--retry-max-delay", help="Longest wait between retries. [default: 120]")
+]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log debug details.")]
 # event sinks (kafka://, stdout, jsonl:): Debezium's conventions
 TopicPrefix = Annotated[
@@ -211,6 +220,9 @@ def sync(
     partition_docs: PartitionDocs = None,
     split: Split = None,
     batch_docs: BatchDocs = None,
+    max_retries: MaxRetries = None,
+    retry_initial_s: RetryInitial = None,
+    retry_max_s: RetryMax = None,
     topic_prefix: TopicPrefix = None,
     topic_routes: TopicRoute = None,
     sanitize_names: SanitizeNames = None,
@@ -230,8 +242,10 @@ def sync(
     """One-shot migration: snapshot every selected collection, then replay the changes made meanwhile.
 
     Records the change stream position first, copies collections (options, views, indexes) with
-    concurrent workers, replays changes up to the end of the copy, and exits 0 with a summary. Kill it at
-    any moment: the same command resumes without recopying finished partitions.
+    concurrent workers, replays changes up to the end of the copy, and exits 0 with a summary. Outages of
+    the source or the target are retried with backoff (--max-retries). Kill it at any moment: the same
+    command resumes without recopying finished partitions, and each other partition after its last
+    acknowledged _id.
     """
     flags = _flags(locals())
     _replicate("sync", flags, config, verbose)
@@ -250,6 +264,9 @@ def catch_up(
     exclude: Exclude = None,
     rename: Rename = None,
     workers: Workers = None,
+    max_retries: MaxRetries = None,
+    retry_initial_s: RetryInitial = None,
+    retry_max_s: RetryMax = None,
     topic_prefix: TopicPrefix = None,
     topic_routes: TopicRoute = None,
     sanitize_names: SanitizeNames = None,
@@ -339,15 +356,9 @@ def tail(
         str | None,
         typer.Option("--oversize", help="fail | skip: change events over 16 MB the server cannot split."),
     ] = None,
-    max_retries: Annotated[
-        int | None, typer.Option("--max-retries", help="-1 forever, 0 never, N attempts in a row. [default: 16]")
-    ] = None,
-    retry_initial_s: Annotated[
-        float | None, typer.Option("--retry-initial-delay", help="Seconds before the first retry. [default: 1]")
-    ] = None,
-    retry_max_s: Annotated[
-        float | None, typer.Option("--retry-max-delay", help="Longest wait between retries. [default: 120]")
-    ] = None,
+    max_retries: MaxRetries = None,
+    retry_initial_s: RetryInitial = None,
+    retry_max_s: RetryMax = None,
     replay_batch: Annotated[
         int | None, typer.Option("--max-batch-size", help="Events per write batch (Debezium's max.batch.size).")
     ] = None,

@@ -4,40 +4,49 @@ The order of a sync, each step checkpointed so a killed run resumes where it sto
 
 1. capture the change stream position (before anything is read), plan partitions, save
    ``snapshot.status = in_progress``;
-2. create target collections and views, copy partitions (each marked done after the sink acked it),
-   save ``copied``;
+2. create target collections and views, copy partitions (each marked done after the sink acked it,
+   and until then resumable after the end of its acknowledged batches), save ``copied``;
 3. replay changes up to the source's time at the end of the copy, deferring index DDL;
 4. reconcile indexes with the source's current catalog (secondary indexes are built after the data),
    save ``done``;
 5. replay up to the source's time once more (index DDL now applied) and exit.
+
+Steps 1 to 4 retry through outages of the source or the target as the replay does (same backoff and
+--max-retries): each retry goes on from the checkpoint.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from pymongo.errors import PyMongoError
 
 from .checkpoint import Checkpoint, CheckpointStore, SnapshotProgress
 from .config import Settings, parse_start_at
 from .errors import ConfigError, HistoryLost, TopologyError
 from .events import ChangeEvent, Namespace, Op, Position
+from .extjson import from_jsonable, to_jsonable
 from .filters import Scope, make_transform, rename_spec, renamed_into_selection
 from .metrics import Metrics
-from .pipeline import CopyLimits, copy_partitions
+from .pipeline import CopyLimits, CopyResult, copy_partitions
 from .progress import Reporter
+from .retry import Backoff, Retrier, is_retryable
 from .sinks.base import Sink
 from .sinks.registry import open_sink
 from .source import catalog
 from .source.connection import Client, ServerInfo, make_client, probe
 from .source.lookup import source_lookup
-from .source.partitions import ALL, Partition, plan_collection
+from .source.partitions import ALL, Partition, Resume, plan_collection
 from .source.shards import MergedReader
 from .source.topology import Reader, StreamTopology
 from .streaming import StreamApplier
 from .uri import host_set, redact
+from .watermark import SavePace
 
 
 @dataclass
@@ -105,6 +114,10 @@ class SyncJob:
         self.stop = stop
         self.metrics = metrics
         self.store = CheckpointStore(settings.checkpoint_path())
+        backoff = Backoff(settings.retry_initial_s, settings.retry_max_s, settings.max_retries)
+        self._retrier = Retrier(backoff, reporter, stop=stop, metrics=metrics)  # the snapshot's retries
+        self._resnapshot = False  # a new snapshot is due whatever the checkpoint says (history lost)
+        self._started_snapshot = False  # this run planned the snapshot it copies
         self.summary = Summary(
             command=command,
             source=redact(settings.source),
@@ -157,55 +170,80 @@ class SyncJob:
         self._client = client
         self._topology = StreamTopology(s, self.reporter, client)
         reader = await self._topology.reader(info, max_await_ms=await_ms)
-        force_snapshot = False
         try:
             while True:
-                cp = await self._snapshot_if_needed(client, reader, sink, cp, identity, force=force_snapshot)
-                if self.stop is not None and self.stop.is_set():
-                    break
                 try:
-                    await self._after_snapshot(client, reader, sink, cp)
+                    cp = await self._snapshot_phase(client, reader, sink, cp, identity)
+                    if cp is None or self._stopped():
+                        break
+                    if not s.snapshot_only:
+                        await self._replay(reader, sink, cp, snapshot_window=False, follow=self.command == "tail")
                     break
                 except HistoryLost as exc:
                     if s.on_history_lost != "resnapshot":
                         raise
                     self.reporter.warn(f"{exc}; taking a new snapshot (--on-history-lost resnapshot)")
-                    force_snapshot = True
+                    self._resnapshot = True
         finally:
             if isinstance(reader, MergedReader):
                 await reader.close_clients()
             else:
                 await reader.close()
-        self.summary.position = {
-            "cluster_time": str(cp.position.cluster_time) if cp.position.cluster_time else None,
-        }
+        time_now = cp.position.cluster_time if cp is not None else None
+        self.summary.position = {"cluster_time": str(time_now) if time_now else None}
 
-    async def _after_snapshot(self, client: Client, reader: Reader, sink: Sink, cp: Checkpoint) -> None:
-        """Finish a copied snapshot (replay its window, build indexes), then replay to now or follow."""
+    def _stopped(self) -> bool:
+        return self.stop is not None and self.stop.is_set()
+
+    async def _snapshot_phase(
+        self, client: Client, reader: Reader, sink: Sink, cp: Checkpoint | None, identity: str
+    ) -> Checkpoint | None:
+        """Everything up to a finished snapshot: the decision, the copy, its window's replay and the index
+        build. A retryable failure of the source or the target backs off as the stream does (and counts
+        against the same --max-retries in a row; an acknowledged batch resets the count), then goes on
+        from the checkpoint: partitions done are skipped, the others resume after the end of their
+        acknowledged batches. None when stopped before any checkpoint was saved."""
+        retries = self._retrier.retries
+        try:
+            while True:
+                try:
+                    cp = await self._snapshot_if_needed(client, reader, sink, cp, identity)
+                    if not self._stopped():
+                        await self._finish_snapshot(client, reader, sink, cp)
+                    return cp
+                except Exception as exc:
+                    if not is_retryable(exc):
+                        raise
+                    with contextlib.suppress(Exception):  # a stream the failure left open; it may be dead
+                        await reader.close()
+                    stopped = await self._retrier.wait(exc, "snapshot")
+                    cp = self.store.load()  # what was acknowledged: go on from there
+                    if stopped:
+                        return cp
+        finally:
+            self.summary.retries += self._retrier.retries - retries
+
+    async def _finish_snapshot(self, client: Client, reader: Reader, sink: Sink, cp: Checkpoint) -> None:
+        """A copied snapshot: replay its window, build indexes, save ``done``."""
         s = self.s
-        if cp.snapshot.status == "copied":
-            if not s.snapshot_only:
-                await self._replay(reader, sink, cp, snapshot_window=True)
-            specs = [rename_spec(x, s.renamer) for x in await catalog.describe(client, s.selection)]
-            self.reporter.info(f"building indexes on {len(specs)} collections")
-            await sink.finish_snapshot(specs)
-            cp.snapshot.status = "done"
-            cp.snapshot.finished_at = time.time()
-            self.store.save(cp)
+        if cp.snapshot.status != "copied":
+            return
         if not s.snapshot_only:
-            await self._replay(reader, sink, cp, snapshot_window=False, follow=self.command == "tail")
+            await self._replay(reader, sink, cp, snapshot_window=True)
+            if self._stopped():
+                return  # the window is not replayed to its end: the next run goes on with it
+        specs = [rename_spec(x, s.renamer) for x in await catalog.describe(client, s.selection)]
+        self.reporter.info(f"building indexes on {len(specs)} collections")
+        await sink.finish_snapshot(specs)
+        cp.snapshot.status = "done"
+        cp.snapshot.finished_at = time.time()
+        self.store.save(cp)
 
     async def _snapshot_if_needed(
-        self,
-        client: Client,
-        reader: Reader,
-        sink: Sink,
-        cp: Checkpoint | None,
-        identity: str,
-        *,
-        force: bool = False,
+        self, client: Client, reader: Reader, sink: Sink, cp: Checkpoint | None, identity: str
     ) -> Checkpoint:
         s = self.s
+        force = self._resnapshot
         status = cp.snapshot.status if cp is not None else "none"
         if status in ("in_progress", "copied") and not force:
             self.reporter.info(f"resuming the snapshot recorded in {self.store.path}")
@@ -255,20 +293,27 @@ class SyncJob:
             if not spec.is_view:
                 coll = client[spec.ns.db][spec.ns.coll or ""]
                 capped = bool(spec.options.get("capped"))
-                plan.extend(await plan_collection(coll, spec.ns, s.partition_docs, capped=capped, split=s.split))
+                parts = await plan_collection(coll, spec.ns, s.partition_docs, capped=capped, split=s.split)
+                if spec.kind == "timeseries" or spec.options.get("timeseries"):  # measurements may share an _id
+                    parts = [replace(p, keyed=False) for p in parts]
+                plan.extend(parts)
         cp = Checkpoint(
             identity,
             position=position,
             shards=shard_positions,
-            snapshot=SnapshotProgress(status="in_progress", plan=[p.to_json() for p in plan], started_at=time.time()),
+            snapshot=SnapshotProgress(
+                status="in_progress", plan=[p.to_json() for p in plan], drop_target=drop, started_at=time.time()
+            ),
         )
         self.store.save(cp)
+        self._resnapshot, self._started_snapshot = False, True  # from here on, a retry resumes this one
         self.reporter.info(
             f"snapshot of {len(targets)} namespaces in {len(plan)} partitions"
             + (f", stream position captured at {position.cluster_time}" if position else "")
         )
         await sink.prepare(targets, drop_existing=drop)
         cp.snapshot.prepared = {str(t.ns) for t in targets}
+        self.store.save(cp)  # before any copy: a resumed run must not prepare (drop) them again
         return await self._copy(client, sink, cp, fresh=True)
 
     async def _report_totals(self, client: Client, plan: list[Partition], done: set[str]) -> None:
@@ -284,7 +329,10 @@ class SyncJob:
                 self.reporter.snapshot_advance(str(p.ns), p.estimated_docs)
         self.reporter.snapshot_totals(totals)
         for ns in sorted(uncounted, key=str):
-            count = await client[ns.db][ns.coll or ""].estimated_document_count()
+            try:
+                count = await client[ns.db][ns.coll or ""].estimated_document_count()
+            except PyMongoError:
+                return  # only progress: the copy itself retries the source's failures
             self.reporter.snapshot_totals({str(ns): count})
 
     def _limits(self) -> CopyLimits:
@@ -296,16 +344,34 @@ class SyncJob:
         if cp.snapshot.status == "in_progress":
             if not fresh:  # a resumed run: create what the killed run had not created yet
                 specs = [rename_spec(x, s.renamer) for x in await catalog.describe(client, s.selection)]
-                await sink.prepare([t for t in specs if str(t.ns) not in cp.snapshot.prepared], drop_existing=False)
+                unprepared = [t for t in specs if str(t.ns) not in cp.snapshot.prepared]
+                await sink.prepare(unprepared, drop_existing=cp.snapshot.drop_target or s.drop_target)
+                cp.snapshot.prepared.update(str(t.ns) for t in unprepared)
+                self.store.save(cp)
             plan = [Partition.from_json(p) for p in cp.snapshot.plan]
             todo = [p for p in plan if p.id not in cp.snapshot.done]
+            resume = {pid: Resume(from_jsonable(value)) for pid, value in cp.snapshot.resume.items()}
             counting = asyncio.create_task(self._report_totals(client, plan, cp.snapshot.done))
 
             namespaces = {p.ns for p in plan}
+            pace = SavePace()
+
+            def save() -> None:
+                started = time.monotonic()
+                self.store.save(cp)
+                pace.saved(time.monotonic() - started)
+
+            async def progress(part: Partition, after: Resume) -> None:
+                self._retrier.progress()
+                cp.snapshot.resume[part.id] = to_jsonable(after.last_id)
+                if pace.due():
+                    save()
 
             async def done(part: Partition, docs: int) -> None:
+                self._retrier.progress()
+                cp.snapshot.resume.pop(part.id, None)
                 cp.snapshot.done.add(part.id)
-                self.store.save(cp)
+                save()
                 if self.metrics is not None:
                     remaining = {p.ns for p in plan if p.id not in cp.snapshot.done}
                     self.metrics.snapshot(len(namespaces), len(remaining))
@@ -314,19 +380,25 @@ class SyncJob:
             if self.metrics is not None:
                 self.metrics.set_state("snapshot")
 
+            copied = CopyResult()
             try:
-                self.summary.documents += await copy_partitions(
+                await copy_partitions(
                     client, sink, todo, limits=self._limits(), rename=s.renamer, on_done=done,
-                    reporter=self.reporter, stop=self.stop,
+                    reporter=self.reporter, stop=self.stop, resume=resume, on_progress=progress, result=copied,
                 )  # fmt: skip
+            except Exception:
+                if pace.owed:  # a resume point the pace held back: the retry goes on from it
+                    save()
+                raise
             finally:
                 counting.cancel()
-            if self.stop is not None and self.stop.is_set():
+                self.summary.documents += copied.documents  # a failed attempt's too: they were written
+            if self._stopped():
                 return cp  # stopped: the partitions not done are copied by the next run
             self.summary.collections = len({p.ns for p in plan})
             cp.snapshot.status = "copied"
             self.store.save(cp)
-            self.summary.snapshot = "completed" if fresh else "resumed"
+            self.summary.snapshot = "completed" if self._started_snapshot else "resumed"
         return cp
 
     async def _replay(

@@ -96,3 +96,38 @@ def test_kill_9_repeatedly_at_any_moment(source_uri: str, target_uri: str, tmp_p
     done = subprocess.run(_sync_args(source_uri, target_uri, cp), capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr.decode()
     assert_identical(source_uri, target_uri)
+
+
+def test_kill_9_mid_partition_copies_again_only_the_batches_in_flight(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    """One whole-collection partition, killed halfway: the rerun starts after the last acknowledged _id
+    (then goes on into the string _ids, a later type bracket), not from zero."""
+    from replicator.extjson import from_jsonable
+
+    total, strings, workers, batch = 20_000, 500, 2, 100
+    with pymongo.MongoClient(source_uri) as client:
+        load_bulk(client, "crash", "big", total, doc_size=200)
+        client.crash.big.insert_many([{"_id": f"s{i:04d}", "v": i} for i in range(strings)])
+    cp = tmp_path / "cp.json"
+    args = mcdc(
+        "sync", "--source", source_uri, "--target", target_uri, "--checkpoint", str(cp), "--split", "never",
+        "--batch-docs", str(batch), "--workers", str(workers), "--no-progress", "--json",
+    )  # fmt: skip
+
+    def acked(state: dict[str, Any]) -> int:
+        value = (state["snapshot"].get("resume") or {}).get("crash.big#0")
+        return -1 if value is None else int(from_jsonable(value))
+
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    killed_at = _kill_when(proc, cp, lambda s: acked(s) >= total // 2, timeout=120)
+    with pymongo.MongoClient(source_uri) as client:  # on both sides of the resume point, while mcdc is down
+        client.crash.big.update_many({"_id": {"$in": [3, total - 3]}}, {"$set": {"after_crash": True}})
+        client.crash.big.delete_one({"_id": 7})
+    done = subprocess.run(args, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()
+    summary = json.loads(done.stdout)
+    assert summary["snapshot"] == "resumed"
+    not_acked = total - (acked(killed_at) + 1) + strings
+    assert summary["documents"] <= not_acked + workers * workers * batch
+    assert_identical(source_uri, target_uri)
