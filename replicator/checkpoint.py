@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError, CheckpointLocked
+from .errors import CheckpointError, CheckpointLocked, ConfigError
 from .events import Position, ts_from_json, ts_to_json
 from .extjson import from_jsonable, to_jsonable
 
@@ -55,19 +55,28 @@ class SnapshotProgress:
 
 @dataclass
 class Checkpoint:
-    """In-memory form of one checkpoint file."""
+    """In-memory form of one checkpoint file.
+
+    ``source_id`` (the file's ``source``) is the replica set name, the only tie checkpoints written before
+    the identities had. ``source_identity`` and ``target_identity`` say which deployments the positions
+    belong to (see :meth:`CheckpointStore.claim`); None in such an older checkpoint until its next save.
+    """
 
     source_id: str
     position: Position = field(default_factory=Position)
     snapshot: SnapshotProgress = field(default_factory=SnapshotProgress)
     updated_at: float = 0.0
     shards: dict[str, Position] = field(default_factory=dict)  # per-shard stream positions
+    source_identity: str | None = None
+    target_identity: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "version": VERSION,
             "source": self.source_id,
+            "source_identity": self.source_identity,
+            "target_identity": self.target_identity,
             "updated_at": self.updated_at,
             "position": _position_json(self.position),
             "shards": {name: _position_json(pos) for name, pos in sorted(self.shards.items())},
@@ -92,6 +101,8 @@ class Checkpoint:
         snap = data.get("snapshot") or {}
         return cls(
             source_id=str(data["source"]),
+            source_identity=_optional_str(data.get("source_identity")),
+            target_identity=_optional_str(data.get("target_identity")),
             position=_position_from_json(data.get("position")),
             shards={str(k): _position_from_json(v) for k, v in (data.get("shards") or {}).items()},
             snapshot=SnapshotProgress(
@@ -106,6 +117,10 @@ class Checkpoint:
             ),
             updated_at=float(data.get("updated_at") or 0.0),
         )
+
+
+def _optional_str(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def _position_json(position: Position) -> dict[str, Any]:
@@ -134,6 +149,7 @@ class CheckpointStore:
         self.real = Path(os.path.realpath(path))
         self.backup = self.real.with_name(self.real.name + ".backup")
         self._lock_fd: int | None = None
+        self._owner: tuple[str, str] | None = None  # (source, target) identities of the run: see claim()
 
     def load(self) -> Checkpoint | None:
         """The saved checkpoint, or None when there is none yet."""
@@ -156,8 +172,31 @@ class CheckpointStore:
             previous = f" (the previous version is {self.backup.name})" if self.backup.exists() else ""
             raise CheckpointError(f"checkpoint {self.path} is corrupt ({reason}); fix or remove it{previous}") from None
 
+    def claim(self, checkpoint: Checkpoint | None, *, source: str, target: str, source_name: str) -> None:
+        """Refuse a checkpoint written for another source or target, before anything is written; from then
+        on every save records this run's identities (so an older checkpoint without them gets them).
+
+        ``source_name`` is the weaker tie in the ``source`` field, all an older checkpoint can be checked by.
+        """
+        if checkpoint is not None:
+            ours: dict[str, str | None] = {"source": source, "target": target}
+            theirs = {"source": checkpoint.source_identity, "target": checkpoint.target_identity}
+            if checkpoint.source_identity is None and checkpoint.target_identity is None:
+                theirs["source"] = checkpoint.source_id  # an older checkpoint: the replica set name only
+                differ = ["source"] if checkpoint.source_id != source_name else []
+            else:
+                differ = [role for role, identity in theirs.items() if identity is not None and identity != ours[role]]
+            if differ:
+                raise ConfigError(
+                    f"checkpoint {self.path} belongs to {_roles(theirs, differ)}, not this run's "
+                    f"{_roles(ours, differ)}: pass another --checkpoint, or delete {self.path} to start over"
+                )
+        self._owner = (source, target)
+
     def save(self, checkpoint: Checkpoint) -> None:
         checkpoint.updated_at = time.time()
+        if self._owner is not None:
+            checkpoint.source_identity, checkpoint.target_identity = self._owner
         payload = json.dumps(checkpoint.to_json(), indent=1, sort_keys=True).encode()
         real = self.real
         tmp = real.with_name(f".{real.name}.{os.getpid()}.tmp")
@@ -232,6 +271,10 @@ class CheckpointStore:
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
+
+
+def _roles(identities: dict[str, str | None], roles: list[str]) -> str:
+    return " and ".join(f"{role} {identities[role]!r}" for role in roles)
 
 
 def _write_all(fd: int, payload: bytes) -> None:

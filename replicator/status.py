@@ -43,6 +43,9 @@ async def checkpoint_status(path: Path, source: str | None = None, timeout_s: fl
     return {
         "checkpoint": str(path),
         "source": cp.source_id,
+        # None in a checkpoint written before mcdc recorded them: the next run fills them in
+        "source_identity": cp.source_identity,
+        "target_identity": cp.target_identity,
         "position": {
             "cluster_time": str(position_time) if position_time else None,
             "time": _iso(position_time.time) if position_time else None,
@@ -65,8 +68,11 @@ async def checkpoint_status(path: Path, source: str | None = None, timeout_s: fl
 def status_lines(status: dict[str, Any]) -> list[str]:
     snap = status["snapshot"]
     lag = status["lag_s"]
+    unknown = "- (not recorded yet: the next run records it)"
     return [
-        f"checkpoint {status['checkpoint']} (source {status['source']})",
+        f"checkpoint {status['checkpoint']}",
+        f"source     {status['source_identity'] or status['source']}",
+        f"target     {status['target_identity'] or unknown}",
         f"position   {status['position']['time'] or '-'} ({status['position']['cluster_time'] or 'no time'})",
         f"lag        {'-' if lag is None else f'{lag:.1f} s'} (against the {status['lag_measured_against']})",
         f"updated    {status['updated_at']} ({status['age_s']:.1f} s ago)",

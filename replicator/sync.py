@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -37,15 +38,15 @@ from .pipeline import CopyLimits, CopyResult, copy_partitions
 from .progress import Reporter
 from .retry import Backoff, Retrier, is_retryable
 from .sinks.base import Sink
-from .sinks.registry import open_sink
+from .sinks.registry import open_sink, scheme_of
 from .source import catalog
-from .source.connection import Client, ServerInfo, make_client, probe
+from .source.connection import Client, ServerInfo, deployment_identity, make_client, probe
 from .source.lookup import source_lookup
 from .source.partitions import ALL, Partition, Resume, plan_collection
 from .source.shards import MergedReader
 from .source.topology import Reader, StreamTopology
 from .streaming import StreamApplier
-from .uri import host_set, redact
+from .uri import host_set, is_mongo_uri, redact
 from .watermark import SavePace
 
 
@@ -86,11 +87,27 @@ def _refuse_same_server(source: ServerInfo, sink: Sink, settings: Settings) -> N
         raise ConfigError(f"target {redact(settings.target)} is the source server; replicate to a different server")
 
 
-def source_identity(info: ServerInfo, uri: str) -> str:
-    """What ties a checkpoint to its source: the replica set name, else the host list."""
+def _source_name(info: ServerInfo, uri: str) -> str:
+    """The checkpoint's ``source`` field: the replica set name, else the host list. Every ``rs0`` looks alike
+    by it, so it only serves older checkpoints, which carry nothing else (see CheckpointStore.claim)."""
     if info.set_name:
         return f"rs:{info.set_name}"
     return "hosts:" + ",".join(sorted(host_set(uri)))
+
+
+def target_identity(sink: Sink, settings: Settings) -> str | None:
+    """What ties a checkpoint to its target: a MongoDB target's deployment identity (None until ``start()``
+    has probed its server); for an event sink, its redacted URI (a file's absolute path) and topic prefix."""
+    target = settings.target
+    if is_mongo_uri(target):
+        server = getattr(sink, "server", None)
+        return deployment_identity(server, target) if isinstance(server, ServerInfo) else None
+    scheme = scheme_of(target)
+    if scheme == "stdout":
+        target = "stdout"
+    elif scheme == "jsonl":
+        target = "jsonl:" + os.path.abspath(os.path.expanduser(target[len("jsonl:") :]))
+    return f"{redact(target)}#{settings.topic_prefix}"
 
 
 class SyncJob:
@@ -134,11 +151,16 @@ class SyncJob:
                 try:
                     info = await probe(client, self.s.source, "source")
                     sink.source_name = info.set_name or ""
+                    cp = self.store.load()
+                    # an event sink's identity needs no I/O: claim before start() opens (or trims) its file
+                    claimed = self._claim(info, sink, cp, started=False)
                     scope = Scope(self.s.selection, self.s.renamer)
                     sink.attach_source(source_lookup(client, scope, make_transform(self.s.selection, self.s.renamer)))
                     await sink.start()
                     _refuse_same_server(info, sink, self.s)
-                    await self._run(client, info, sink)
+                    if not claimed:  # a MongoDB target, known now that start() probed it; nothing written yet
+                        self._claim(info, sink, cp, started=True)
+                    await self._run(client, info, sink, cp)
                 finally:
                     await client.close()
         finally:
@@ -146,7 +168,21 @@ class SyncJob:
         self.summary.elapsed_s = round(time.monotonic() - started, 3)
         return self.summary
 
-    async def _run(self, client: Client, info: ServerInfo, sink: Sink) -> None:
+    def _claim(self, info: ServerInfo, sink: Sink, cp: Checkpoint | None, *, started: bool) -> bool:
+        """Refuse a checkpoint written for another source or target; False when the target's identity
+        needs the sink started first."""
+        target = target_identity(sink, self.s)
+        if target is None and not started:
+            return False
+        self.store.claim(
+            cp,
+            source=deployment_identity(info, self.s.source),
+            target=target or redact(self.s.target),  # a MongoDB sink that did not expose its server
+            source_name=_source_name(info, self.s.source),
+        )
+        return True
+
+    async def _run(self, client: Client, info: ServerInfo, sink: Sink, cp: Checkpoint | None) -> None:
         s = self.s
         if not info.has_change_streams and not s.snapshot_only:
             raise TopologyError(
@@ -154,13 +190,7 @@ class SyncJob:
                 "during the copy would be lost. Convert it to a one-member replica set, or pass "
                 "--snapshot-only to copy anyway"
             )
-        identity = source_identity(info, s.source)
-        cp = self.store.load()
-        if cp is not None and cp.source_id != identity:
-            raise ConfigError(
-                f"checkpoint {self.store.path} belongs to source {cp.source_id!r}, not {identity!r}; "
-                "pass another --checkpoint"
-            )
+        identity = _source_name(info, s.source)
         if self.command == "catch-up" and cp is None:
             raise ConfigError(f"no checkpoint at {self.store.path}: run mcdc sync first (or pass --checkpoint)")
         if s.snapshot_only:

@@ -8,13 +8,15 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from bson import Binary, Int64
+from bson import Binary, Int64, ObjectId
 from bson.timestamp import Timestamp
+from pymongo.errors import OperationFailure
 
 from replicator.checkpoint import Checkpoint, CheckpointStore, SnapshotProgress
-from replicator.errors import CheckpointError, CheckpointLocked
+from replicator.errors import CheckpointError, CheckpointLocked, ConfigError
 from replicator.events import Namespace, Position
 from replicator.source.partitions import Partition
 
@@ -228,3 +230,145 @@ def test_symlinked_checkpoint_stays_a_link_and_locks_the_real_file(tmp_path: Pat
     assert json.loads((real_dir / "cp.json.backup").read_text())["snapshot"]["done"] == ["db.c#0"]
     loaded = CheckpointStore(link).load()
     assert loaded is not None and loaded.snapshot.done == {"db.c#0", "db.c#1"}
+
+
+# What a checkpoint belongs to: the source and target identities it records and checks.
+
+SOURCE = "rs:rs0/6552f0c0a1b2c3d4e5f60718"
+TARGET = "rs:rs0@dst:27017"
+
+
+def test_identities_round_trip_and_are_stamped_on_every_save(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "cp.json")
+    store.claim(None, source=SOURCE, target=TARGET, source_name="rs:rs0")
+    store.save(_sample())  # a checkpoint made by the run that claimed the store
+    data = json.loads(store.path.read_text())
+    assert (data["source_identity"], data["target_identity"], data["source"]) == (SOURCE, TARGET, "rs:rs0")
+    loaded = store.load()
+    assert loaded is not None and (loaded.source_identity, loaded.target_identity) == (SOURCE, TARGET)
+
+
+def test_old_checkpoint_without_identities_is_accepted_and_filled_in(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "cp.json")
+    old = _sample().to_json()
+    old.pop("source_identity", None)
+    old.pop("target_identity", None)
+    store.path.write_text(json.dumps(old))
+    cp = store.load()
+    assert cp is not None and cp.source_identity is None and cp.target_identity is None
+    store.claim(cp, source=SOURCE, target=TARGET, source_name="rs:rs0")
+    store.save(cp)
+    data = json.loads(store.path.read_text())
+    assert (data["version"], data["source_identity"], data["target_identity"]) == (1, SOURCE, TARGET)
+
+
+def test_old_checkpoint_of_another_replica_set_name_is_refused(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "cp.json")
+    with pytest.raises(ConfigError, match=r"belongs to source 'rs:rs0'.*not this run's source 'rs:other/"):
+        store.claim(_sample(), source="rs:other/65", target=TARGET, source_name="rs:other")
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "names"),
+    [
+        (SOURCE, "jsonl:/tmp/x.jsonl#mcdc", ["target 'rs:rs0@dst:27017'", "target 'jsonl:/tmp/x.jsonl#mcdc'"]),
+        ("rs:rs0/0000f0c0a1b2c3d4e5f60718", TARGET, [f"source '{SOURCE}'", "source 'rs:rs0/0000f0c0a1b2c3d4e5f60718'"]),
+        (TARGET, SOURCE, [f"source '{SOURCE}'", f"target '{TARGET}'", f"source '{TARGET}'", f"target '{SOURCE}'"]),
+    ],
+    ids=["other-target", "other-source", "swapped"],
+)
+def test_checkpoint_of_another_deployment_is_refused(
+    tmp_path: Path, source: str, target: str, names: list[str]
+) -> None:
+    store = CheckpointStore(tmp_path / "cp.json")
+    cp = _sample()
+    cp.source_identity, cp.target_identity = SOURCE, TARGET
+    with pytest.raises(ConfigError) as caught:
+        store.claim(cp, source=source, target=target, source_name="rs:rs0")
+    message = str(caught.value)
+    assert "\n" not in message and "another --checkpoint" in message and "delete" in message
+    for name in names:
+        assert name in message
+    store.save(cp)  # a refused claim stamps nothing
+    assert json.loads(store.path.read_text())["target_identity"] == TARGET
+
+
+def test_deployment_identity_prefers_the_servers_own_id() -> None:
+    from replicator.source.connection import ServerInfo, deployment_identity
+
+    strong = ServerInfo("replicaset", "rs0", "p", 21, deployment_id=SOURCE)
+    assert deployment_identity(strong, "mongodb://a:1,b:2/?replicaSet=rs0") == SOURCE
+    # no id to read (no privilege, or a server without one): the set name and the sorted seed hosts
+    weak = ServerInfo("replicaset", "rs0", "p", 21)
+    uri = "mongodb://user:hunter2@B:2,a:1/db?replicaSet=rs0&authSource=admin"
+    assert deployment_identity(weak, uri) == "rs:rs0@a:1,b:2"
+    mongos = ServerInfo("sharded", None, "p", 21)
+    assert deployment_identity(mongos, "mongodb://router") == "hosts:router:27017"
+
+
+def test_event_target_identity_is_the_redacted_uri_and_topic_prefix(tmp_path: Path) -> None:
+    from replicator.config import resolve
+    from replicator.sinks.registry import open_sink
+    from replicator.sync import target_identity
+
+    def identity(target: str, **flags: object) -> str | None:
+        settings = resolve({"source": "mongodb://a", "target": target, **flags}, env={})
+        return target_identity(open_sink(settings), settings)
+
+    assert identity("kafka://k1:9092", topic_prefix="prod") == "kafka://k1:9092#prod"
+    assert identity("-") == identity("stdout") == "stdout#mcdc"
+    assert identity(f"jsonl:{tmp_path}/out.jsonl") == f"jsonl:{tmp_path}/out.jsonl#mcdc"
+    assert identity("mongodb://u:hunter2@dst:27017") is None  # known once the sink has probed its server
+
+
+class _FakeServer:
+    """Answers the reads _deployment_id makes, like a real mongod / mongos would (or refuses them)."""
+
+    def __init__(self, config: dict[str, Any] | None, docs: dict[str, dict[str, Any]]) -> None:
+        self.config, self.docs = config, docs
+        self.admin = self
+
+    async def command(self, name: str, **kwargs: Any) -> dict[str, Any]:
+        assert name == "replSetGetConfig"
+        if self.config is None:
+            raise OperationFailure("not authorized on admin", code=13)
+        return {"config": self.config, "ok": 1}
+
+    def __getitem__(self, db: str) -> Any:
+        server = self
+
+        class _Db:
+            def get_collection(self, coll: str, **kwargs: Any) -> Any:
+                class _Coll:
+                    async def find_one(self) -> dict[str, Any] | None:
+                        if f"{db}.{coll}" not in server.docs:
+                            raise OperationFailure("not authorized", code=13)
+                        return server.docs[f"{db}.{coll}"]
+
+                return _Coll()
+
+        return _Db()
+
+
+RS_ID = ObjectId("6552f0c0a1b2c3d4e5f60718")
+
+
+@pytest.mark.parametrize(
+    ("hello", "config", "docs", "expected"),
+    [
+        ({"setName": "rs0"}, {"settings": {"replicaSetId": RS_ID}}, {}, f"rs:rs0/{RS_ID}"),
+        # no replSetGetConfig privilege: the same id from local.system.replset
+        ({"setName": "rs0"}, None, {"local.system.replset": {"settings": {"replicaSetId": RS_ID}}}, f"rs:rs0/{RS_ID}"),
+        ({"setName": "rs0"}, None, {}, None),  # may read neither: deployment_identity falls back to the hosts
+        ({"setName": "rs0"}, None, {"local.system.replset": None}, None),  # a server without one
+        ({"msg": "isdbgrid"}, None, {"config.version": {"_id": 1, "clusterId": RS_ID}}, f"cluster:{RS_ID}"),
+        ({"msg": "isdbgrid"}, None, {}, None),
+        ({}, None, {}, None),  # a standalone has no id
+    ],
+)
+async def test_deployment_id_is_read_from_the_server(
+    hello: dict[str, Any], config: dict[str, Any] | None, docs: dict[str, Any], expected: str | None
+) -> None:
+    from replicator.source.connection import _deployment_id
+
+    assert await _deployment_id(_FakeServer(config, docs), hello) == expected  # type: ignore[arg-type]

@@ -83,6 +83,26 @@ def test_verify_needs_a_mongodb_target() -> None:
     _assert_one_line_error(_mcdc("verify", "-s", "mongodb://a", "-t", "kafka://b:1"), 2, "is not mongodb://")
 
 
+def test_history_lost_message_names_commands_and_flags_that_exist() -> None:
+    import re
+
+    from pymongo.errors import OperationFailure
+
+    from replicator.events import Position
+    from replicator.source.changestream import _history_error
+
+    error = _history_error(OperationFailure("history lost", code=286), Position())
+    assert error is not None
+    commands = re.findall(r"`mcdc ([\w-]+)((?: --?[\w-]+(?: [\w-]+)?)*)`", str(error))
+    assert commands, str(error)
+    for command, args in commands:
+        help_text = runner.invoke(app, [command, "--help"], terminal_width=200).output
+        assert "Usage" in help_text, (command, help_text)
+        for flag, value in re.findall(r"(--[\w-]+)(?: ([\w-]+))?", args):
+            assert re.search(rf"{flag}(?![\w-])", help_text), f"mcdc {command} has no {flag}"
+            assert not value or value in help_text, f"mcdc {command} {flag} does not take {value}"
+
+
 def test_status_of_a_binary_garbage_checkpoint_is_one_line(tmp_path: Path) -> None:
     cp = tmp_path / "garbage.json"
     cp.write_bytes(b"\xff\xfe\x00\x80 not a checkpoint \xc3\x28")

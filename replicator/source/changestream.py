@@ -296,6 +296,7 @@ def _history_error(exc: OperationFailure, start: Position | None) -> HistoryLost
         where = f" (saved position {start.cluster_time.as_datetime():%Y-%m-%d %H:%M:%S} UTC)"
     return HistoryLost(
         f"the checkpoint's position{where} is no longer in the source's oplog: the events since then are "
-        "gone. Re-run with --snapshot always (or --snapshot when_needed) to copy the data again, and "
-        "enlarge the oplog (replSetResizeOplog) so the next gap fits"
+        "gone. Copy the data again with `mcdc sync --snapshot always` (or, to follow the source, "
+        "`mcdc tail --on-history-lost resnapshot`), and enlarge the oplog (replSetResizeOplog) so the next "
+        "gap fits"
     )

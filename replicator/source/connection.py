@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
@@ -13,7 +14,7 @@ from pymongo import AsyncMongoClient
 from pymongo.errors import ConfigurationError, OperationFailure, PyMongoError
 
 from ..errors import ConnectionFailed
-from ..uri import redact
+from ..uri import host_set, redact
 
 #: Documents stay raw bytes; dates outside Python's range survive; UUIDs stay Binary with their subtype.
 RAW_CODEC = CodecOptions(
@@ -39,10 +40,23 @@ class ServerInfo:
     set_name: str | None
     process_id: str | None
     max_wire_version: int
+    #: The deployment's own unique id ("rs:<set name>/<replicaSetId>" or "cluster:<clusterId>"), when the
+    #: server has one and lets us read it; see :func:`deployment_identity`.
+    deployment_id: str | None = None
 
     @property
     def has_change_streams(self) -> bool:
         return self.kind != "standalone"
+
+
+def deployment_identity(info: ServerInfo, uri: str) -> str:
+    """What tells this deployment from any other, for a checkpoint: its own id when the server gave one,
+    else the replica set name with the URI's sorted seed hosts (every replica set called rs0 looks alike by
+    name alone). Never holds credentials."""
+    if info.deployment_id:
+        return info.deployment_id
+    hosts = ",".join(sorted(host_set(uri)))
+    return f"rs:{info.set_name}@{hosts}" if info.set_name else f"hosts:{hosts}"
 
 
 def uri_options(uri: str) -> set[str]:
@@ -87,6 +101,7 @@ async def probe(client: Client, uri: str, role: str) -> ServerInfo:
     """Ping the server and classify it; a failure becomes a one-line ConnectionFailed."""
     try:
         hello = await client.admin.command("hello", codec_options=DICT_CODEC)
+        deployment_id = await _deployment_id(client, hello)
     except OperationFailure as exc:
         raise ConnectionFailed(f"{role} {redact(uri)} refused us: {server_message(exc)}") from None
     except PyMongoError as exc:
@@ -105,4 +120,29 @@ async def probe(client: Client, uri: str, role: str) -> ServerInfo:
         set_name=hello.get("setName"),
         process_id=str(pid) if pid is not None else None,
         max_wire_version=int(hello.get("maxWireVersion", 0)),
+        deployment_id=deployment_id,
     )
+
+
+async def _deployment_id(client: Client, hello: dict[str, Any]) -> str | None:
+    """A replica set's ``settings.replicaSetId`` (replSetGetConfig, else local.system.replset) or a sharded
+    cluster's ``clusterId`` (config.version); None where the server has neither or we may not read them."""
+    try:
+        if hello.get("msg") == "isdbgrid":
+            cluster_id = (await _first(client, "config", "version")).get("clusterId")
+            return f"cluster:{cluster_id}" if cluster_id is not None else None
+        if not hello.get("setName"):
+            return None
+        try:
+            reply = await client.admin.command("replSetGetConfig", codec_options=DICT_CODEC)
+            config = reply.get("config") or {}
+        except OperationFailure:  # no clusterMonitor privilege, or a server without the command
+            config = await _first(client, "local", "system.replset")
+        set_id = (config.get("settings") or {}).get("replicaSetId")
+        return f"rs:{hello['setName']}/{set_id}" if set_id is not None else None
+    except OperationFailure:  # not allowed to read it: deployment_identity falls back to the seed hosts
+        return None
+
+
+async def _first(client: Client, db: str, coll: str) -> Mapping[str, Any]:
+    return await client[db].get_collection(coll, codec_options=DICT_CODEC).find_one() or {}
