@@ -136,6 +136,30 @@ class Scope:
         return out
 
 
+def check_copy_within(
+    selected: Iterable[Namespace], existing: Iterable[Namespace], selection: Selection, renamer: Renamer
+) -> None:
+    """Source and target are one deployment (a copy made with ``--rename``): refuse any mapping that
+    would write over the source. Every selected namespace must be renamed onto a namespace that does
+    not exist on the source, and that the selection does not read (else replication would copy its
+    own writes again, forever)."""
+    on_source = set(existing)
+    for ns in selected:
+        target = renamer(ns)
+        if target == ns:
+            problem = "is not renamed, so it would be written onto itself"
+        elif target in on_source:
+            problem = f"is renamed onto {target}, which exists on the source"
+        elif selection(target):
+            problem = f"is renamed onto {target}, which the selection also reads: it would copy its own writes"
+        else:
+            continue
+        raise ConfigError(
+            f"source and target are the same deployment, and {ns} {problem}; narrow --include/--exclude "
+            "to the namespaces to copy and --rename each to a new name"
+        )
+
+
 def keep_event(event: ChangeEvent, selection: Selection) -> bool:
     """Is this event in the selection? A rename is kept when either side is selected."""
     if selection(event.ns):

@@ -32,7 +32,7 @@ from .config import Settings, parse_start_at
 from .errors import ConfigError, HistoryLost, TopologyError
 from .events import ChangeEvent, Namespace, Op, Position
 from .extjson import from_jsonable, to_jsonable
-from .filters import Scope, make_transform, rename_spec, renamed_into_selection
+from .filters import Scope, check_copy_within, make_transform, rename_spec, renamed_into_selection
 from .metrics import Metrics
 from .pipeline import CopyLimits, CopyResult, copy_partitions
 from .progress import Reporter
@@ -79,12 +79,33 @@ class Summary:
         ]
 
 
-def _refuse_same_server(source: ServerInfo, sink: Sink, settings: Settings) -> None:
-    """The host-name check in config misses aliases (a DNS name and its IP): compare server identities."""
+def _same_deployment(source: ServerInfo, sink: Sink, settings: Settings) -> bool:
+    """Is the target the source's own deployment? The host-name check misses aliases (a DNS name and its
+    IP): compare the servers' identities too."""
     target = getattr(sink, "server", None)
-    same = isinstance(target, ServerInfo) and target.process_id and target.process_id == source.process_id
-    if same and not settings.rename:
+    if not isinstance(target, ServerInfo):
+        return False
+    if target.process_id and target.process_id == source.process_id:
+        return True
+    if target.deployment_id and target.deployment_id == source.deployment_id:
+        return True
+    return bool(host_set(settings.source) & host_set(settings.target))
+
+
+async def _refuse_same_server(
+    client: Client, source: ServerInfo, sink: Sink, settings: Settings, *, first_run: bool
+) -> None:
+    """A target that is the source's deployment is refused, unless ``--rename`` makes it a copy within
+    it; then no selected namespace may be written over a namespace of the source (see
+    :func:`~replicator.filters.check_copy_within`). After the first run, the copies exist in the
+    deployment too: they are this checkpoint's own, not the source's."""
+    if not _same_deployment(source, sink, settings):
+        return
+    if not settings.rename:
         raise ConfigError(f"target {redact(settings.target)} is the source server; replicate to a different server")
+    selected = [spec.ns for spec in await catalog.describe(client, settings.selection)]
+    existing = await catalog.list_namespaces(client) if first_run else []
+    check_copy_within(selected, existing, settings.selection, settings.renamer)
 
 
 def _source_name(info: ServerInfo, uri: str) -> str:
@@ -157,7 +178,7 @@ class SyncJob:
                     scope = Scope(self.s.selection, self.s.renamer)
                     sink.attach_source(source_lookup(client, scope, make_transform(self.s.selection, self.s.renamer)))
                     await sink.start()
-                    _refuse_same_server(info, sink, self.s)
+                    await _refuse_same_server(client, info, sink, self.s, first_run=cp is None)
                     if not claimed:  # a MongoDB target, known now that start() probed it; nothing written yet
                         self._claim(info, sink, cp, started=True)
                     await self._run(client, info, sink, cp)

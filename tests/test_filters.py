@@ -78,3 +78,24 @@ def test_renames_across_the_selection_edge_become_drops_of_the_selected_side() -
     assert renamed_into_selection(into, sel)
     assert not renamed_into_selection(ChangeEvent(Op.RENAME, Namespace("sel", "a"), to=Namespace("sel", "b")), sel)
     assert t(ChangeEvent(Op.RENAME, Namespace("x", "a"), to=Namespace("y", "b"))) is None
+
+
+def test_a_copy_within_one_deployment_never_maps_onto_the_source() -> None:
+    import pytest
+
+    from replicator.errors import ConfigError
+    from replicator.filters import check_copy_within
+
+    existing = [Namespace("scratch", "a"), Namespace("scratch", "b"), Namespace("other", "c")]
+    sel = Selection.from_patterns([r"scratch\..*"])
+    no_copy = Selection.from_patterns([r"scratch\..*"], [r"scratch\.a_copy"])
+    rename = Renamer.from_rules(["scratch.a=scratch.a_copy"])
+    with pytest.raises(ConfigError, match=r"scratch\.b is not renamed"):  # --drop-target would empty it
+        check_copy_within([Namespace("scratch", "a"), Namespace("scratch", "b")], existing, no_copy, rename)
+    with pytest.raises(ConfigError, match="selection also reads"):
+        check_copy_within([Namespace("scratch", "a")], existing, sel, Renamer.from_rules(["scratch.a=scratch.a_copy"]))
+    with pytest.raises(ConfigError, match="exists on the source"):
+        check_copy_within([Namespace("scratch", "a")], existing, sel, Renamer.from_rules(["scratch.a=other.c"]))
+    only_a = Selection.from_patterns([r"scratch\.a"])
+    check_copy_within([Namespace("scratch", "a")], existing, only_a, Renamer.from_rules(["scratch.a=scratch.a_copy"]))
+    check_copy_within([Namespace("scratch", "a")], existing, only_a, Renamer.from_rules(["scratch=backup"]))

@@ -3,6 +3,8 @@ collection renamed into the selection after the snapshot is copied, not lost."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +102,39 @@ async def test_collection_renamed_into_the_selection_after_the_snapshot_is_copie
     assert summary["documents"] == 250
     with pymongo.MongoClient(target_uri) as client:
         assert "v_1" in client.sel.loaded.index_information()
+
+
+def _mcdc(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "replicator.cli", *args, "--no-progress"], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_a_copy_within_one_deployment_never_writes_over_the_source(source_uri: str, tmp_path: Path) -> None:
+    with pymongo.MongoClient(source_uri) as client:
+        client.scratch.a.insert_many([{"_id": i, "a": i} for i in range(10)])
+        client.scratch.b.insert_many([{"_id": i, "b": i} for i in range(7)])
+    before = {name: _docs(source_uri, "scratch", name) for name in ("a", "b")}
+    same = ("--source", source_uri, "--target", source_uri, "--checkpoint", str(tmp_path / "cp.json"))
+    refused = [
+        (r"scratch\..*", "scratch.a=scratch.a_copy"),  # scratch.b maps onto itself: --drop-target emptied it
+        (r"scratch\.a", "scratch.a=scratch.b"),  # onto another source namespace
+        (r"scratch\..*", "scratch=scratch"),
+    ]
+    for include, rename in refused:
+        done = _mcdc("sync", *same, "--include", include, "--rename", rename, "--drop-target")
+        assert done.returncode == 2, done.stderr
+        assert "same deployment" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "Traceback" not in done.stderr
+    assert {name: _docs(source_uri, "scratch", name) for name in ("a", "b")} == before
+    assert _names(source_uri, "scratch") == ["a", "b"]
+
+    done = _mcdc("sync", *same, "--include", r"scratch\.a", "--rename", "scratch.a=scratch.a_copy")
+    assert done.returncode == 0, done.stderr
+    with pymongo.MongoClient(source_uri) as client:
+        client.scratch.a.update_one({"_id": 1}, {"$set": {"changed": True}})
+        client.scratch.a.delete_one({"_id": 2})
+    done = _mcdc("catch-up", *same, "--include", r"scratch\.a", "--rename", "scratch.a=scratch.a_copy")
+    assert done.returncode == 0, done.stderr
+    assert _docs(source_uri, "scratch", "a_copy") == _docs(source_uri, "scratch", "a")
+    assert _docs(source_uri, "scratch", "b") == before["b"]

@@ -34,6 +34,16 @@ async def list_databases(client: AsyncMongoClient[Any], selection: Selection) ->
     return sorted(n for n in names if selection.database(n))
 
 
+async def list_namespaces(client: AsyncMongoClient[Any]) -> list[Namespace]:
+    """Every collection and view of every user database, selected or not (``system.*`` left out)."""
+    out: list[Namespace] = []
+    for db_name in await list_databases(client, Selection()):
+        for name in await client[db_name].list_collection_names():
+            if not name.startswith("system."):
+                out.append(Namespace(db_name, name))
+    return out
+
+
 async def describe(client: AsyncMongoClient[Any], selection: Selection) -> list[CollectionSpec]:
     """Every selected collection and view, collections first, in a stable order."""
     specs: list[CollectionSpec] = []
