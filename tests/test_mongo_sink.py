@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import bson
 import pymongo
 import pytest
@@ -80,3 +82,22 @@ async def test_dollar_prefixed_top_level_fields_replay_and_recopy(target_uri: st
         await sink.write([ChangeEvent(Op.UPDATE, NS, key=raw({"_id": 2}), document=looked_up)])
     with pymongo.MongoClient(target_uri, document_class=RawBSONDocument) as client:
         assert [d.raw for d in client.sinkdb.c.find().sort("_id")] == [newer.raw, looked_up.raw]
+
+
+async def test_a_transaction_with_dollar_prefixed_fields_stays_one_unit(
+    target_uri: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="mcdc.sink.mongo")
+    txn = Transaction({"id": bson.Binary(b"s" * 16, 4)}, 7)
+    first = raw({"_id": 1, "$price": 1})
+    newer = raw({"_id": 1, "$price": 2, "note": "in a transaction"})
+    other = raw({"_id": 2, "$x": True})
+    async with MongoSink(target_uri) as sink:
+        await sink.write([ChangeEvent(Op.INSERT, NS, key=raw({"_id": 1}), document=first)])
+        await sink.write([
+            ChangeEvent(Op.REPLACE, NS, key=raw({"_id": 1}), document=newer, txn=txn),
+            ChangeEvent(Op.INSERT, NS, key=raw({"_id": 2}), document=other, txn=txn),
+        ])  # fmt: skip
+    with pymongo.MongoClient(target_uri, document_class=RawBSONDocument) as client:
+        assert [d.raw for d in client.sinkdb.c.find().sort("_id")] == [newer.raw, other.raw]
+    assert "one by one" not in caplog.text  # replayed again in the literal form, still one transaction

@@ -19,6 +19,7 @@ import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from bson.raw_bson import RawBSONDocument
@@ -279,26 +280,38 @@ class MongoSink(Sink):
         """One target transaction for one source transaction. Where the target cannot keep it one unit
         (no transactions, or a unique-key conflict the writes in source order do not avoid), its events
         are applied as plain events: the end state is the same."""
-        try:
-            async with self._client.start_session() as session:
-                await session.with_transaction(lambda s: self._apply_in_session(events, s))
-        except OperationFailure as exc:
-            if exc.code in _NO_TRANSACTIONS:
-                log.warning("target does not support transactions; applying them without one")
-                self._transactions = False
-            elif _write_error_code(exc) in (DUPLICATE_KEY, DOLLAR_PREFIXED):
-                log.info("a transaction could not be replayed as one unit (%s): applying its writes one by one", exc)
-            else:
-                raise
-            await self._apply(events)
+        literal = False
+        while True:
+            try:
+                async with self._client.start_session() as session:
+                    await session.with_transaction(partial(self._apply_in_session, events, literal=literal))
+                return
+            except OperationFailure as exc:
+                code = _write_error_code(exc)
+                if code == DOLLAR_PREFIXED and not literal:
+                    literal = True  # again, with every write in the form that carries $-prefixed fields
+                    continue
+                if exc.code in _NO_TRANSACTIONS:
+                    log.warning("target does not support transactions; applying them without one")
+                    self._transactions = False
+                elif code in (DUPLICATE_KEY, DOLLAR_PREFIXED):
+                    log.info("a transaction on %s could not be replayed as one unit (error %s): applying its "
+                             "writes one by one", events[0].ns, code)  # fmt: skip
+                else:
+                    raise
+                await self._apply(events)
+                return
 
-    async def _apply_in_session(self, events: Sequence[ChangeEvent], session: AsyncClientSession) -> None:
-        """A transaction's writes, each namespace in order (one session runs one operation at a time)."""
+    async def _apply_in_session(
+        self, events: Sequence[ChangeEvent], session: AsyncClientSession, *, literal: bool = False
+    ) -> None:
+        """A transaction's writes, each namespace in order (one session runs one operation at a time);
+        ``literal``: every write in the form of :func:`literal_ops`."""
         by_ns: dict[Namespace, list[ChangeEvent]] = defaultdict(list)
         for event in events:
             by_ns[event.ns].append(event)
         for ns, evs in by_ns.items():
-            todo = plan(evs)
+            todo = [(e, op) for e in evs for op in literal_ops(e)] if literal else plan(evs)
             if todo:
                 await self._ordered(ns, todo, session)
 
