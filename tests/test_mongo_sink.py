@@ -101,3 +101,17 @@ async def test_a_transaction_with_dollar_prefixed_fields_stays_one_unit(
     with pymongo.MongoClient(target_uri, document_class=RawBSONDocument) as client:
         assert [d.raw for d in client.sinkdb.c.find().sort("_id")] == [newer.raw, other.raw]
     assert "one by one" not in caplog.text  # replayed again in the literal form, still one transaction
+
+
+async def test_an_unsettled_unique_key_conflict_names_namespace_index_and_key(target_uri: str) -> None:
+    from replicator.errors import SinkError
+
+    with pymongo.MongoClient(target_uri) as client:
+        client.sinkdb.c.create_index("email", unique=True)
+        client.sinkdb.c.insert_one({"_id": 1, "email": "a@x"})
+    clash = raw({"_id": 2, "email": "a@x"})
+    async with MongoSink(target_uri) as sink:  # no source attached: nothing to settle it from
+        with pytest.raises(SinkError) as failed:
+            await sink.write([ChangeEvent(Op.INSERT, NS, key=raw({"_id": 2}), document=clash)])
+    message = str(failed.value)
+    assert "sinkdb.c" in message and "email_1" in message and "a@x" in message, message
