@@ -106,6 +106,8 @@ class Settings:
     heartbeat_interval_s: float = 0.0  # [heartbeat.interval.ms] 0: off
     kafka_opts: tuple[str, ...] = ()  # [kafka.producer.*] KEY=VALUE producer settings
     pre_images: str = "off"  # fullDocumentBeforeChange: off | whenAvailable | required ("before")
+    field_exclude: tuple[str, ...] = ()  # [field.exclude.list] db.coll.path: dropped from documents and updates
+    field_rename: tuple[str, ...] = ()  # [field.renames] db.coll.path=newname
     selection: Selection = field(default_factory=Selection, compare=False)
     renamer: Renamer = field(default_factory=Renamer, compare=False)
 
@@ -122,7 +124,9 @@ class Settings:
 
 
 _FIELDS = {f.name: f for f in fields(Settings) if f.name not in ("selection", "renamer")}
-_TUPLE_FIELDS = {"include", "exclude", "rename", "shards", "topic_routes", "kafka_opts"}
+_TUPLE_FIELDS = {
+    *("include", "exclude", "rename", "shards", "topic_routes", "kafka_opts", "field_exclude", "field_rename"),
+}
 _BOOL_FIELDS = {"snapshot_only", "drop_target", "json_output", "progress", "sanitize_names", "schemas", "tx_metadata"}
 _INT_FIELDS = {
     "workers",

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 
 from .errors import ConfigError
 from .events import ChangeEvent, CollectionSpec, Namespace, Op
+from .fields import FieldRules, transform_fields
 
 SYSTEM_DATABASES = frozenset({"admin", "local", "config"})
 
@@ -213,10 +214,12 @@ INDEX_DDL = frozenset({Op.CREATE_INDEXES, Op.DROP_INDEXES})
 
 
 def make_transform(
-    selection: Selection, renamer: Renamer, *, skip_index_ddl: bool = False
+    selection: Selection, renamer: Renamer, *, skip_index_ddl: bool = False, fields: FieldRules | None = None
 ) -> Callable[[ChangeEvent], ChangeEvent | None]:
     """The filter/transform stage: drop unselected events (and index DDL while indexes are deferred to
-    the end of a snapshot), bound renames to the selection (see :func:`bound_rename`), then rename."""
+    the end of a snapshot), bound renames to the selection (see :func:`bound_rename`), apply the field
+    rules (named by source namespace), then rename."""
+    edit = transform_fields(fields) if fields else None
 
     def transform(event: ChangeEvent) -> ChangeEvent | None:
         if not keep_event(event, selection):
@@ -224,6 +227,8 @@ def make_transform(
         if skip_index_ddl and event.op in INDEX_DDL:
             return None
         event = bound_rename(event, selection)
+        if edit is not None:
+            event = edit(event)
         return rename_event(event, renamer) if renamer else event
 
     return transform

@@ -23,6 +23,7 @@ from bson.timestamp import Timestamp
 
 from .aio import DONE, get_or_raise, pump
 from .events import ChangeEvent, Namespace
+from .fields import FieldEditor, FieldRules
 from .normalize import snapshot_read
 from .progress import Reporter, lag_seconds
 from .sinks.base import Sink
@@ -71,6 +72,7 @@ async def copy_partitions(
     resume: Mapping[str, Resume] | None = None,
     on_progress: Callable[[Partition, Resume], Awaitable[None]] | None = None,
     result: CopyResult | None = None,
+    fields: FieldRules | None = None,
 ) -> int:
     """Copy partitions with ``workers`` concurrent readers sharing ``workers`` write slots, so a last big
     partition still writes with all of them. Returns the number of documents written (also added to
@@ -78,7 +80,8 @@ async def copy_partitions(
     can be marked done).
 
     A partition with an entry in ``resume`` (by id) goes on after it. ``on_progress(partition, resume
-    point)`` runs each time a resumable partition's acknowledged prefix of batches grows."""
+    point)`` runs each time a resumable partition's acknowledged prefix of batches grows. ``fields``: the
+    field rules documents go through (the stream's events go through the same, in the transform stage)."""
     todo: asyncio.Queue[Partition] = asyncio.Queue()
     for part in sorted(partitions, key=lambda p: -p.estimated_docs):  # biggest first: shorter tail
         todo.put_nowait(part)
@@ -93,8 +96,9 @@ async def copy_partitions(
             except asyncio.QueueEmpty:
                 return
             after = (resume or {}).get(part.id) if part.resumable else None
+            editor = fields.for_namespace(part.ns) if fields else None
             docs = await _copy_one(
-                client, sink, part, limits, rename(part.ns), reporter, slots, result, after, on_progress
+                client, sink, part, limits, rename(part.ns), reporter, slots, result, after, on_progress, editor
             )
             await on_done(part, docs)
 
@@ -118,6 +122,7 @@ async def _copy_one(
     result: CopyResult,
     after: Resume | None = None,
     on_progress: Callable[[Partition, Resume], Awaitable[None]] | None = None,
+    editor: FieldEditor | None = None,
 ) -> int:
     """Read one partition ahead and write its batches, several at once unless its order matters.
 
@@ -131,7 +136,10 @@ async def _copy_one(
     async def write(docs: list[Any], number: int) -> None:
         nonlocal written
         try:
-            await sink.write([snapshot_read(ns, doc) for doc in docs])
+            if editor is None:
+                await sink.write([snapshot_read(ns, doc) for doc in docs])
+            else:
+                await sink.write([snapshot_read(ns, editor.document(doc)) for doc in docs])
         finally:
             slots.release()
         written += len(docs)

@@ -32,6 +32,7 @@ from .config import Settings, parse_start_at
 from .errors import ConfigError, HistoryLost, TopologyError
 from .events import ChangeEvent, Namespace, Op, Position
 from .extjson import from_jsonable, to_jsonable
+from .fields import FieldRules
 from .filters import Scope, check_copy_within, make_transform, rename_spec, renamed_into_selection
 from .metrics import Metrics
 from .pipeline import CopyLimits, CopyResult, copy_partitions
@@ -152,6 +153,7 @@ class SyncJob:
         self.stop = stop
         self.metrics = metrics
         self.store = CheckpointStore(settings.checkpoint_path())
+        self._fields = FieldRules(settings.field_exclude, settings.field_rename)
         backoff = Backoff(settings.retry_initial_s, settings.retry_max_s, settings.max_retries)
         self._retrier = Retrier(backoff, reporter, stop=stop, metrics=metrics)  # the snapshot's retries
         self._resnapshot = False  # a new snapshot is due whatever the checkpoint says (history lost)
@@ -176,7 +178,8 @@ class SyncJob:
                     # an event sink's identity needs no I/O: claim before start() opens (or trims) its file
                     claimed = self._claim(info, sink, cp, started=False)
                     scope = Scope(self.s.selection, self.s.renamer)
-                    sink.attach_source(source_lookup(client, scope, make_transform(self.s.selection, self.s.renamer)))
+                    transform = make_transform(self.s.selection, self.s.renamer, fields=self._fields)
+                    sink.attach_source(source_lookup(client, scope, transform))
                     await sink.start()
                     await _refuse_same_server(client, info, sink, self.s, first_run=cp is None)
                     if not claimed:  # a MongoDB target, known now that start() probed it; nothing written yet
@@ -436,6 +439,7 @@ class SyncJob:
                 await copy_partitions(
                     client, sink, todo, limits=self._limits(), rename=s.renamer, on_done=done,
                     reporter=self.reporter, stop=self.stop, resume=resume, on_progress=progress, result=copied,
+                    fields=self._fields,
                 )  # fmt: skip
             except Exception:
                 if pace.owed:  # a resume point the pace held back: the retry goes on from it
@@ -462,7 +466,9 @@ class SyncJob:
         snapshot may have listed it under its old name and read nothing, and the events after the
         rename then converge on the fresh copy. After the window, a collection renamed in from an
         unselected name is copied the same way (its earlier changes were never replicated)."""
-        transform = make_transform(self.s.selection, self.s.renamer, skip_index_ddl=snapshot_window)
+        transform = make_transform(
+            self.s.selection, self.s.renamer, skip_index_ddl=snapshot_window, fields=self._fields
+        )
 
         async def recopy_renamed(events: Sequence[ChangeEvent]) -> None:
             for event in events:
@@ -513,8 +519,9 @@ class SyncJob:
             pass
 
         copied = await copy_partitions(
-            client, sink, plan, limits=self._limits(), rename=self.s.renamer, on_done=done, reporter=self.reporter
-        )
+            client, sink, plan, limits=self._limits(), rename=self.s.renamer, on_done=done, reporter=self.reporter,
+            fields=self._fields,
+        )  # fmt: skip
         if build_indexes:
             await sink.finish_snapshot([target])
         self.summary.documents += copied

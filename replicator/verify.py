@@ -15,7 +15,7 @@ import itertools
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import bson
 from bson.raw_bson import RawBSONDocument
@@ -24,6 +24,7 @@ from . import extjson
 from .config import Settings
 from .errors import ConfigError
 from .events import CollectionSpec, Namespace
+from .fields import FieldRules
 from .filters import Selection, rename_spec
 from .sinks.mongo_schema import same_index
 from .source import catalog
@@ -216,6 +217,7 @@ class _Verifier:
         self.target = target
         self.slots = asyncio.Semaphore(settings.workers)
         self.documents = 0
+        self.fields = FieldRules(settings.field_exclude, settings.field_rename)
 
     async def run(self) -> VerifyReport:
         s = self.s
@@ -262,8 +264,11 @@ class _Verifier:
     async def _partition(self, part: Partition, dst: Namespace) -> DocumentDiff:
         async with self.slots:
             differ = DocumentDiffer(self.s.verify_sample)
+            editor = self.fields.for_namespace(part.ns)  # the source as the field rules want it on the target
             async for batch in self._read(self.source, part):
-                differ.add_source(batch)
+                differ.add_source(
+                    batch if editor is None else [cast(RawBSONDocument, editor.document(d)) for d in batch]
+                )
             # the plan's $type + bound filters mean the same on any server, so they select the same range there
             async for batch in self._read(self.target, replace(part, ns=dst)):
                 differ.add_target(batch)
