@@ -1,10 +1,12 @@
 """Prometheus metrics and a health endpoint for long runs (``mcdc tail``, sync, catch-up).
 
-:class:`Metrics` is a plain in-process registry: the pipeline updates dicts and numbers per batch, and
-:meth:`Metrics.render` turns them into the text exposition format 0.0.4 only when scraped.
-:func:`serve` answers ``GET /metrics`` and ``GET /health`` on a tiny asyncio HTTP/1.1 server, so no
-HTTP dependency is needed. Label values the caller passes (``set_info(source=...)``) must already be
-redacted; nothing here redacts.
+:class:`Metrics` holds one run's counters: the pipeline updates dicts and numbers per batch, and the
+families are built from them only when scraped (:meth:`Metrics.collect`, a prometheus_client collector).
+Each run has a ``CollectorRegistry`` of its own, with the standard process and platform collectors;
+prometheus_client writes the exposition (text 0.0.4, or OpenMetrics when the scraper asks for it).
+:func:`serve` answers ``GET /metrics`` and ``GET /health`` on a tiny asyncio HTTP/1.1 server, in the
+run's event loop (prometheus_client's own servers run in a thread, and have no /health).
+``set_info`` label values pass through :func:`~replicator.uri.redact`: no credentials reach a label.
 """
 
 from __future__ import annotations
@@ -15,28 +17,32 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from typing import Any, NamedTuple
 
 import orjson
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
+from prometheus_client.exposition import choose_encoder, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+
+from .uri import redact
 
 log = logging.getLogger("mcdc.metrics")
 
 STATES = ("starting", "snapshot", "streaming", "retrying", "stopping")
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _MAX_HEAD = 8192  # request line + headers; a scrape sends a few hundred bytes
 _READ_TIMEOUT_S = 10.0  # a client that sends nothing must not hold a connection open
-
-Samples = Iterable[tuple[dict[str, str], float]]
 
 
 class Metrics:
     """Counters and gauges of one run; every update is a dict or attribute write, cheap per batch.
 
-    ``clock`` is the monotonic clock behind :meth:`health` (tests pass a fake one).
+    ``registry`` is the run's CollectorRegistry: these metrics, the process's (CPU, memory, open files)
+    and the platform's (``python_info``). ``clock`` is the monotonic clock behind :meth:`health` (tests
+    pass a fake one).
     """
 
     def __init__(
@@ -61,6 +67,10 @@ class Metrics:
         self._batches = 0
         self._state = "starting"
         self._state_since = self._progress_at = clock()
+        self.registry = CollectorRegistry()
+        self.registry.register(self)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
 
     # --- updates (hot path) ---
 
@@ -110,7 +120,7 @@ class Metrics:
         for name in labels:
             if not _LABEL_NAME.fullmatch(name) or name.startswith("__"):
                 raise ValueError(f"invalid Prometheus label name {name!r}")
-        self._info = {name: str(value) for name, value in labels.items()}
+        self._info = {name: redact(str(value)) for name, value in labels.items()}
 
     # --- reads ---
 
@@ -135,90 +145,58 @@ class Metrics:
         return reason is None, detail
 
     def render(self) -> str:
-        """The registry in the Prometheus text exposition format 0.0.4."""
+        """The run's registry (these metrics and the process's) in the Prometheus text format 0.0.4."""
+        return generate_latest(self.registry).decode()
+
+    def collect(self) -> Iterator[Metric]:
+        """The families of this run, built from its counters when scraped (prometheus_client's Collector)."""
         nan = math.nan  # an unknown gauge is NaN, not 0: a 0 lag would read as "caught up"
-        families: list[tuple[str, str, str, Samples]] = [
-            ("mcdc_info", "gauge", "Run information; the value is always 1.", [(self._info, 1)]),
-            (
-                "mcdc_state",
-                "gauge",
-                "Replicator state: 1 for the current state, 0 for the others.",
-                [({"state": s}, int(s == self._state)) for s in STATES],
-            ),
-            (
-                "mcdc_events_total",
-                "counter",
-                "Change events applied, by operation and namespace.",
-                [({"op": op, "namespace": ns}, n) for (op, ns), n in sorted(self._events.items())],
-            ),
-            ("mcdc_batches_total", "counter", "Batches the sink acknowledged.", [({}, self._batches)]),
-            (
-                "mcdc_lag_seconds",
-                "gauge",
-                "Seconds the last applied event's cluster time is behind the clock; NaN when unknown.",
-                [({}, nan if self._lag is None else self._lag)],
-            ),
-            (
-                "mcdc_last_applied_timestamp_seconds",
-                "gauge",
-                "Cluster time of the last applied event, in Unix seconds; NaN before the first.",
-                [({}, nan if self._last_event_time is None else self._last_event_time)],
-            ),
-            (
-                "mcdc_snapshot_collections_total",
-                "gauge",
-                "Collections the snapshot plans to copy.",
-                [({}, self._snapshot_total)],
-            ),
-            (
-                "mcdc_snapshot_collections_remaining",
-                "gauge",
-                "Collections the snapshot has not finished copying.",
-                [({}, self._snapshot_remaining)],
-            ),
-            (
-                "mcdc_snapshot_documents_scanned_total",
-                "counter",
-                "Documents the snapshot read from the source.",
-                [({}, self._snapshot_docs)],
-            ),
-            ("mcdc_retries_total", "counter", "Retried operations, by what was retried.", _by_what(self._retries)),
-            ("mcdc_errors_total", "counter", "Errors, by where they happened.", _by_what(self._errors)),
-        ]
-        lines: list[str] = []
-        for name, kind, help_text, samples in families:
-            lines.append(f"# HELP {name} {_escape_help(help_text)}")
-            lines.append(f"# TYPE {name} {kind}")
-            lines.extend(f"{name}{_labels(labels)} {_number(value)}" for labels, value in samples)
-        return "\n".join(lines) + "\n"
+        yield InfoMetricFamily("mcdc", "Run information; the value is always 1.", value=self._info)
+        state = GaugeMetricFamily(
+            "mcdc_state", "Replicator state: 1 for the current state, 0 for the others.", labels=["state"]
+        )
+        for name in STATES:
+            state.add_metric([name], int(name == self._state))
+        yield state
+        events = CounterMetricFamily(
+            "mcdc_events_total", "Change events applied, by operation and namespace.", labels=["op", "namespace"]
+        )
+        for (op, ns), n in sorted(self._events.items()):
+            events.add_metric([op, ns], n)
+        yield events
+        yield CounterMetricFamily("mcdc_batches_total", "Batches the sink acknowledged.", value=self._batches)
+        yield GaugeMetricFamily(
+            "mcdc_lag_seconds",
+            "Seconds the last applied event's cluster time is behind the clock; NaN when unknown.",
+            value=nan if self._lag is None else self._lag,
+        )
+        yield GaugeMetricFamily(
+            "mcdc_last_applied_timestamp_seconds",
+            "Cluster time of the last applied event, in Unix seconds; NaN before the first.",
+            value=nan if self._last_event_time is None else self._last_event_time,
+        )
+        yield GaugeMetricFamily(
+            "mcdc_snapshot_collections_total", "Collections the snapshot plans to copy.", value=self._snapshot_total
+        )
+        yield GaugeMetricFamily(
+            "mcdc_snapshot_collections_remaining",
+            "Collections the snapshot has not finished copying.",
+            value=self._snapshot_remaining,
+        )
+        yield CounterMetricFamily(
+            "mcdc_snapshot_documents_scanned_total",
+            "Documents the snapshot read from the source.",
+            value=self._snapshot_docs,
+        )
+        yield _by_what("mcdc_retries_total", "Retried operations, by what was retried.", self._retries)
+        yield _by_what("mcdc_errors_total", "Errors, by where they happened.", self._errors)
 
 
-def _by_what(counts: dict[str, int]) -> Samples:
-    return [({"what": what}, n) for what, n in sorted(counts.items())]
-
-
-def _labels(labels: dict[str, str]) -> str:
-    if not labels:
-        return ""
-    return "{" + ",".join(f'{name}="{_escape_label(value)}"' for name, value in labels.items()) + "}"
-
-
-def _escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def _escape_label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _number(value: float) -> str:
-    if isinstance(value, int):
-        return str(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(value)  # shortest round-trip form, e.g. 1e-05 or 1700000000.25, which Go's ParseFloat reads
+def _by_what(name: str, help_text: str, counts: dict[str, int]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, help_text, labels=["what"])
+    for what, n in sorted(counts.items()):
+        family.add_metric([what], n)
+    return family
 
 
 # --- HTTP ---
@@ -272,8 +250,9 @@ async def _handle(metrics: Metrics, reader: asyncio.StreamReader, writer: asynci
 
 def _respond(metrics: Metrics, head: bytes) -> tuple[_Response, bool]:
     """The response to a request head, and whether to send its body (not for HEAD)."""
+    first_line, _, header_lines = head.partition(b"\r\n")
     try:
-        request_line = head.split(b"\r\n", 1)[0].decode("ascii")
+        request_line = first_line.decode("ascii")
     except UnicodeDecodeError:
         return _text(HTTPStatus.BAD_REQUEST, "request line is not ASCII\n"), True
     parts = request_line.split(" ")
@@ -287,8 +266,9 @@ def _respond(metrics: Metrics, head: bytes) -> tuple[_Response, bool]:
         response = _text(HTTPStatus.METHOD_NOT_ALLOWED, "use GET\n")
         return response._replace(headers=(("Allow", "GET, HEAD"),)), True
     try:
-        if path == "/metrics":
-            response = _Response(HTTPStatus.OK, _CONTENT_TYPE, metrics.render().encode())
+        if path == "/metrics":  # the format the scraper asks for, as prometheus_client's own servers do
+            encode, content_type = choose_encoder(_header(header_lines, b"accept"))
+            response = _Response(HTTPStatus.OK, content_type, encode(metrics.registry))
         else:
             ok, detail = metrics.health()
             body = orjson.dumps({"healthy": ok, **detail})
@@ -297,6 +277,15 @@ def _respond(metrics: Metrics, head: bytes) -> tuple[_Response, bool]:
         log.exception("metrics: could not answer %s", path)
         response = _text(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error\n")
     return response, method != "HEAD"
+
+
+def _header(lines: bytes, name: bytes) -> str:
+    """A request header's value ("" when absent); ``name`` in lower case."""
+    for line in lines.split(b"\r\n"):
+        key, colon, value = line.partition(b":")
+        if colon and key.strip().lower() == name:
+            return value.strip().decode("latin-1")
+    return ""
 
 
 def _text(status: HTTPStatus, message: str) -> _Response:

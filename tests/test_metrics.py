@@ -69,6 +69,7 @@ def _value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: s
 
 def test_every_family_has_help_and_type() -> None:
     meta, samples = parse(Metrics().render())
+    meta = {name: value for name, value in meta.items() if name.startswith("mcdc_")}
     assert set(meta) == {
         "mcdc_info",
         "mcdc_state",
@@ -89,6 +90,36 @@ def test_every_family_has_help_and_type() -> None:
     assert _value(samples, "mcdc_batches_total") == 0
     assert math.isnan(_value(samples, "mcdc_lag_seconds"))
     assert math.isnan(_value(samples, "mcdc_last_applied_timestamp_seconds"))
+
+
+def test_process_and_platform_metrics_are_exposed() -> None:
+    meta, samples = parse(Metrics().render())
+    assert meta["process_cpu_seconds_total"][1] == "counter"
+    assert _value(samples, "process_resident_memory_bytes") > 0
+    assert _value(samples, "process_open_fds") > 0
+    assert {labels for name, labels in samples if name == "python_info"}  # the interpreter's version
+
+
+def test_each_run_has_a_registry_of_its_own() -> None:
+    from prometheus_client import REGISTRY, CollectorRegistry
+
+    first, second = Metrics(), Metrics()
+    assert isinstance(first.registry, CollectorRegistry) and first.registry is not second.registry
+    assert first.registry is not REGISTRY
+    first.events("insert", "db.a", 2)
+    assert _value(parse(first.render())[1], "mcdc_events_total", op="insert", namespace="db.a") == 2
+    assert not any(name == "mcdc_events_total" for name, _ in parse(second.render())[1])
+    assert REGISTRY.get_sample_value("mcdc_batches_total") is None  # nothing in the process-wide registry
+
+
+def test_no_credentials_in_labels() -> None:
+    m = Metrics()
+    m.set_info(source="mongodb://admin:s3cret@h1:27017/?tlsCertificateKeyFilePassword=k3y", target="kafka://b:9092")
+    text = m.render()
+    assert "s3cret" not in text and "k3y" not in text
+    _, samples = parse(text)
+    info = next(dict(labels) for name, labels in samples if name == "mcdc_info")
+    assert info["source"].startswith("mongodb://***@h1:27017/") and info["target"] == "kafka://b:9092"
 
 
 def test_counters_accumulate_and_gauges_overwrite() -> None:
@@ -243,6 +274,11 @@ async def test_http_scrape() -> None:
         assert (await _request(port, b"garbage\r\n\r\n"))[0] == 400
         assert (await _request(port, b"GET /metrics\r\n"))[0] == 400  # closed before the headers ended
         assert (await _request(port, b"GET /" + b"x" * 10_000 + b" HTTP/1.1\r\n\r\n"))[0] == 400
+        # a scraper that asks for OpenMetrics gets it, as from prometheus_client's own servers
+        accept = b"Accept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n"
+        status, headers, body = await _request(port, b"GET /metrics HTTP/1.1\r\n" + accept + b"\r\n")
+        assert status == 200 and headers["content-type"].startswith("application/openmetrics-text")
+        assert body.endswith(b"# EOF\n") and b'mcdc_events_total{namespace="db.a",op="insert"} 3.0' in body
         status, headers, body = await _request(port, b"HEAD /metrics HTTP/1.1\r\n\r\n")
         assert status == 200 and body == b"" and int(headers["content-length"]) > 0
 
