@@ -180,7 +180,9 @@ class SyncJob:
                     scope = Scope(self.s.selection, self.s.renamer)
                     transform = make_transform(self.s.selection, self.s.renamer, fields=self._fields)
                     sink.attach_source(source_lookup(client, scope, transform))
-                    await sink.start()
+                    if not await self._start_sink(sink):  # stopped while the target was unreachable
+                        self.summary.elapsed_s = round(time.monotonic() - started, 3)
+                        return self.summary
                     await _refuse_same_server(client, info, sink, self.s, first_run=cp is None)
                     if not claimed:  # a MongoDB target, known now that start() probed it; nothing written yet
                         self._claim(info, sink, cp, started=True)
@@ -191,6 +193,25 @@ class SyncJob:
             await sink.close()
         self.summary.elapsed_s = round(time.monotonic() - started, 3)
         return self.summary
+
+    async def _start_sink(self, sink: Sink) -> bool:
+        """Start the sink. A target unreachable for now (a Kafka broker not up yet) backs off and is tried
+        again as an outage later in the run would be, under the same --max-retries; False when stopped
+        meanwhile. A MongoDB target's probe failure is not retried (ConnectionFailed)."""
+        retries = self._retrier.retries
+        try:
+            while True:
+                try:
+                    await sink.start()
+                    self._retrier.progress()
+                    return True
+                except Exception as exc:
+                    if not is_retryable(exc):
+                        raise
+                    if await self._retrier.wait(exc, "sink"):
+                        return False
+        finally:
+            self.summary.retries += self._retrier.retries - retries
 
     def _claim(self, info: ServerInfo, sink: Sink, cp: Checkpoint | None, *, started: bool) -> bool:
         """Refuse a checkpoint written for another source or target; False when the target's identity

@@ -295,12 +295,46 @@ async def test_heartbeats_routes_and_sanitized_names(source_uri: str, kafka: Kaf
     assert beats and all(json.loads(b.key or b"") == {"serverName": "mcdc"} for b in beats)
 
 
+def _no_repr(stderr: str) -> None:
+    """No Python repr of an aiokafka error, an address tuple or a class in what the user reads."""
+    for marker in ("KafkaConnectionError", "Error(", "AddressFamily", "('127.0.0.1'", "<class", "Traceback"):
+        assert marker not in stderr, f"{marker} in {stderr[-3000:]}"
+
+
 def test_unreachable_broker_is_a_one_line_error(source_uri: str, tmp_path: Path) -> None:
     from tests.support.servers import free_port
 
+    port = free_port()
     out = _mcdc(
-        "sync", "-s", source_uri, "-t", f"kafka://127.0.0.1:{free_port()}", "-c", str(tmp_path / "cp"), timeout=60
-    )
-    assert out.returncode == 2 and "Traceback" not in out.stderr
+        "sync", "-s", source_uri, "-t", f"kafka://127.0.0.1:{port}", "-c", str(tmp_path / "cp"), "--max-retries", "1",
+        timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2
+    _no_repr(out.stderr)
     lines = [line for line in out.stderr.splitlines() if line.strip()]
-    assert lines[-1].startswith("mcdc: error: Kafka kafka://127.0.0.1:") and "unreachable" in lines[-1]
+    unreachable = f"Kafka kafka://127.0.0.1:{port} is unreachable: could not connect to the broker; check that"
+    assert lines[-1].startswith("mcdc: error: gave up after 1 retries (--max-retries 1): " + unreachable), lines
+    assert sum("retrying in" in line for line in lines) == 1  # sync retries the start too, under --max-retries
+
+
+async def test_tail_waits_for_a_broker_that_is_not_up_yet(source_uri: str, kafka: KafkaBroker, tmp_path: Path) -> None:
+    if kafka.external:
+        pytest.skip("stops the broker")
+    with pymongo.MongoClient(source_uri) as client:
+        client.late.c.insert_many([{"_id": i} for i in range(5)])
+    kafka.stop()
+    tail = _tail(source_uri, kafka.bootstrap, tmp_path / "cp.json", "--max-retries", "-1")
+    try:
+        await asyncio.sleep(3)  # several attempts, each refused
+        assert tail.poll() is None, tail.communicate()[1][-3000:]
+        kafka.start()
+        deadline = time.monotonic() + 60
+        while len(await consume_all(kafka.bootstrap, ["mcdc.late.c"])) < 5:
+            assert tail.poll() is None and time.monotonic() < deadline, "tail did not deliver once the broker was up"
+            await asyncio.sleep(0.3)
+    finally:
+        code, err = _stop(tail)
+    assert code == 0, err
+    assert f"Kafka kafka://{kafka.bootstrap} is unreachable: could not connect to the broker" in err
+    assert "retrying in" in err and "(attempt 2)" in err  # --max-retries -1: no limit shown
+    _no_repr(err)

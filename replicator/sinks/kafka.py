@@ -5,6 +5,9 @@ only when the broker acknowledged every one of them, so the checkpoint never pas
 record. Records are keyed by document ``_id`` and placed by Kafka's default partitioner (computed here,
 see ``partitioner.py``), so equal keys go to one partition: a document's events stay in order.
 
+A broker that cannot be reached at ``start`` is :class:`SinkUnavailable` too: the run retries it with
+backoff under ``--max-retries`` as it does an outage later on.
+
 A broker outage pauses ``write``: the idempotent producer retries until the broker is back (a warning
 is logged every 15 s meanwhile). Errors it does give up on (a full buffer, metadata unavailable) surface
 as :class:`SinkUnavailable`, which the stream retries with backoff from the checkpoint (at-least-once:
@@ -13,6 +16,9 @@ cannot fix (authorization, a record over the broker's size limit) are :class:`Si
 
 A record over ``max.request.size`` (1 MiB unless ``--kafka-opt`` says otherwise, like Kafka's own
 default) stops the run with the document's topic and key, or is skipped and logged with ``--oversize skip``.
+
+Errors are told in words (:func:`describe_error`), never as Python reprs; aiokafka's own error line for
+each failed connection attempt is left to ``--verbose``, since the sink reports the outage itself.
 
 Encoding runs in slices between sends, so the producer's sender ships the first records while the rest
 of the batch is still being encoded.
@@ -23,12 +29,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..config import Settings
-from ..errors import ConfigError, ConnectionFailed, SinkError, SinkUnavailable
+from ..errors import ConfigError, SinkError, SinkUnavailable
 from ..events import ChangeEvent
 from ..uri import kafka_bootstrap, redact
 from .base import Sink
@@ -41,6 +48,9 @@ log = logging.getLogger("mcdc.sinks.kafka")
 _SLICE = 512  # records encoded between two yields to the producer's sender
 _STALL_WARN_S = 15.0
 _RECORD_OVERHEAD = 128  # a record's framing in a batch, generously
+_UNREACHABLE_HINT = "check that the broker is running and reachable from here, and that --target names its listener"
+_REFUSED_HINT = "check --kafka-opt sasl.* / ssl.* and the ACLs of this client on the broker"
+_REPR = re.compile(r"[\[\](){}<>'\"]")  # a message carrying a Python repr (of an address, a tuple, ...)
 
 
 def _import_aiokafka() -> Any:
@@ -48,7 +58,24 @@ def _import_aiokafka() -> Any:
         import aiokafka
     except ImportError:
         raise ConfigError("the Kafka sink needs aiokafka: pip install 'mcdc[kafka]'") from None
+    logging.getLogger("aiokafka").addFilter(_QUIET_CONNECT_ERRORS)
     return aiokafka
+
+
+class _QuietConnectErrors(logging.Filter):
+    """aiokafka logs an ERROR for each connection attempt that fails, with a tuple repr of the address
+    (and one with a list of node ids when no broker answers for metadata); the sink reports an unreachable
+    broker itself (and the run retries it), so these lines show only with --verbose (DEBUG)."""
+
+    _NOISE = ("Unable connect to", "Unable to update metadata from")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and str(record.msg).startswith(self._NOISE):
+            return logging.getLogger("aiokafka").isEnabledFor(logging.DEBUG)
+        return True
+
+
+_QUIET_CONNECT_ERRORS = _QuietConnectErrors()  # one instance: addFilter adds it once however many sinks
 
 
 class KafkaSink(Sink):
@@ -70,22 +97,22 @@ class KafkaSink(Sink):
         self.records = 0
 
     async def start(self) -> None:
+        """Connect; an unreachable broker is :class:`SinkUnavailable` (retried), a refusal :class:`SinkError`."""
         self.encoder.source_name = self.source_name
-        try:
-            await self._connect()
-        except SinkUnavailable as exc:
-            raise ConnectionFailed(str(exc)) from None
+        await self._connect()
 
     async def _connect(self) -> None:
         producer = self._aiokafka.AIOKafkaProducer(**self._config)
         try:
             await asyncio.wait_for(producer.start(), self._timeout_s)
         except Exception as exc:  # aiokafka raises KafkaConnectionError, KafkaError, OSError, TimeoutError
+            log.debug("starting the Kafka producer failed", exc_info=True)
             with contextlib.suppress(Exception):
                 await producer.stop()
+            reason = describe_error(exc, self._timeout_s)
             if self._fatal(exc):
-                raise SinkError(f"Kafka {redact(self.uri)} refused the producer: {_describe(exc)}") from None
-            raise SinkUnavailable(f"Kafka {redact(self.uri)} is unreachable: {_describe(exc)}") from None
+                raise SinkError(f"Kafka {redact(self.uri)} refused the producer: {reason}; {_REFUSED_HINT}") from None
+            raise SinkUnavailable(f"Kafka {redact(self.uri)} is unreachable: {reason}; {_UNREACHABLE_HINT}") from None
         self._producer = producer
 
     async def write(self, batch: Sequence[ChangeEvent]) -> None:
@@ -142,13 +169,14 @@ class KafkaSink(Sink):
                     "the broker refused a record as too large: raise its message.max.bytes (or the topic's "
                     "max.message.bytes), or lower --kafka-opt max.request.size so mcdc catches such records first"
                 ) from None
+            reason = describe_error(exc, self._timeout_s)
             if self._fatal(exc):
-                raise SinkError(f"Kafka refused a record: {_describe(exc)}") from None
+                raise SinkError(f"Kafka {redact(self.uri)} refused a record: {reason}; {_REFUSED_HINT}") from None
             await self._discard(producer)  # the retry starts with a fresh producer
             hint = ""
             if isinstance(exc, self._aiokafka.errors.UnknownTopicOrPartitionError):
                 hint = " (a topic that does not exist: create it, or enable the broker's auto.create.topics.enable)"
-            raise SinkUnavailable(f"Kafka {redact(self.uri)}: {_describe(exc)}{hint}") from None
+            raise SinkUnavailable(f"Kafka {redact(self.uri)} did not take a batch: {reason}{hint}") from None
         self.records += sent
 
     def _too_large(self, message: Message, size: int) -> None:
@@ -228,7 +256,22 @@ class KafkaSink(Sink):
         return isinstance(exc, fatal)
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip()
-    name = type(exc).__name__
-    return f"{name}: {text}" if text and text != name else name
+def describe_error(exc: BaseException, timeout_s: float) -> str:
+    """What went wrong, in words a user reads: a broker's answer by its Kafka error name and meaning,
+    a timeout with its limit, an OS error by its reason; never a Python repr."""
+    from aiokafka import errors
+
+    if isinstance(exc, errors.KafkaConnectionError):
+        return "could not connect to the broker"
+    if isinstance(exc, errors.KafkaTimeoutError):
+        return "timed out waiting for the broker (for metadata, or for room in the send buffer)"
+    if isinstance(exc, errors.BrokerResponseError):
+        meaning = exc.description.strip().rstrip(".")
+        return f"the broker answered {exc.message}" + (f": {meaning}" if meaning else "")
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {timeout_s:g} s"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    name = re.sub(r"(?<=[a-z])(?=[A-Z])", " ", type(exc).__name__).lower()  # NodeNotReadyError: node not ready error
+    text = str(exc.args[0]).strip() if exc.args else ""
+    return f"{name}: {text}" if text and not _REPR.search(text) else name

@@ -45,6 +45,7 @@ _SSL = {
     "ssl.password": "password",
 }
 _SECRET = {"sasl.password", "sasl.jaas.config", "ssl.key.password", "ssl.password"}
+_KIND = {int: "a whole number", str: "text"}
 _COMPRESSION = ("none", "gzip", "snappy", "lz4", "zstd")
 _JAAS_PAIR = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
 
@@ -65,13 +66,13 @@ def producer_config(opts: tuple[str, ...], bootstrap: list[str]) -> dict[str, An
     for opt in opts:
         key, _, value = opt.partition("=")
         key, value = key.strip(), value.strip()
-        shown = "***" if key in _SECRET else repr(value)
+        shown = "***" if key in _SECRET else value
         if key in _SIMPLE:
             name, kind = _SIMPLE[key]
             try:
                 config[name] = kind(value)
             except ValueError:
-                raise ConfigError(f"--kafka-opt {key}: {shown} is not a {kind.__name__}") from None
+                raise ConfigError(f"--kafka-opt {key}={shown}: not {_KIND[kind]}") from None
         elif key in _SSL:
             ssl[_SSL[key]] = value
         elif key == "ssl.endpoint.identification.algorithm":
@@ -112,11 +113,20 @@ def _has_codecs() -> bool:
 
 
 def _ssl_context(files: dict[str, str], check_hostname: bool) -> Any:
+    import ssl
+
     from aiokafka.helpers import create_ssl_context
 
     try:
         context = create_ssl_context(**files)
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"--kafka-opt ssl.*: cannot load the TLS files: {exc.__class__.__name__}") from None
+        paths = ", ".join(path for name, path in sorted(files.items()) if name != "password") or "(none given)"
+        if isinstance(exc, ssl.SSLError):  # also an OSError: its strerror is OpenSSL's "[SSL] PEM lib (_ssl.c:...)"
+            why = "not a PEM certificate or key, or the key's password (ssl.key.password) does not open it"
+        elif isinstance(exc, OSError) and exc.strerror:
+            why = exc.strerror + (f": {exc.filename}" if exc.filename else "")
+        else:
+            why = "not usable TLS files"
+        raise ConfigError(f"--kafka-opt ssl.*: cannot load the TLS files {paths}: {why}") from None
     context.check_hostname = check_hostname
     return context
