@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -11,8 +12,8 @@ from pathlib import Path
 import pymongo
 import pytest
 
-from replicator.config import resolve
-from replicator.events import Namespace
+from replicator.config import Settings, resolve
+from replicator.events import CollectionSpec, Namespace
 from replicator.normalize import snapshot_read
 from replicator.sinks.lines import LineSink
 from tests.support.corpus import load_corpus
@@ -38,6 +39,88 @@ async def test_jsonl_file_is_fsynced_per_batch_and_a_cut_line_is_dropped(tmp_pat
     records = [json.loads(line) for line in lines[1:]]
     assert [r["value"]["after"] for r in records] == expected
     assert {r["topic"] for r in records} == {"mcdc.d.c"} and records[0]["key"] == {"id": '{"$numberInt":"0"}'}
+
+
+def _jsonl_settings(path: Path, cp: Path, *, drop_target: bool = False) -> Settings:
+    return resolve(
+        {"source": "mongodb://a:1", "target": f"jsonl:{path}", "checkpoint": cp, "drop_target": drop_target}, env={}
+    )
+
+
+_NS = Namespace("d", "c")
+
+
+async def test_a_jsonl_file_with_records_met_by_a_new_checkpoint_is_named_as_holding_data(tmp_path: Path) -> None:
+    path, cp = tmp_path / "events.jsonl", tmp_path / "cp.json"
+    path.write_bytes(b'{"a":1}\n{"a":2}\n')
+    sink = LineSink(f"jsonl:{path}", _jsonl_settings(path, cp))
+    async with sink:
+        assert await sink.existing([_NS, Namespace("d", "e")]) == [Namespace(str(path))]  # sync refuses, naming it
+        await sink.prepare([CollectionSpec(_NS, "collection", {})], drop_existing=False)
+    assert path.read_bytes() == b'{"a":1}\n{"a":2}\n'
+    empty = tmp_path / "empty.jsonl"
+    async with LineSink(f"jsonl:{empty}", _jsonl_settings(empty, cp)) as fresh:
+        assert await fresh.existing([_NS]) == []
+    stdout = resolve({"source": "mongodb://a:1", "target": "stdout"}, env={})
+    async with LineSink("stdout", stdout) as out:
+        assert await out.existing([_NS]) == []
+
+
+async def test_drop_target_truncates_the_file_and_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path, cp = tmp_path / "events.jsonl", tmp_path / "cp.json"
+    path.write_bytes(b'{"a":1}\n')
+    sink = LineSink(f"jsonl:{path}", _jsonl_settings(path, cp, drop_target=True))
+    async with sink:
+        with caplog.at_level(logging.INFO, logger="mcdc"):
+            await sink.prepare([CollectionSpec(_NS, "collection", {})], drop_existing=True)
+        assert path.read_bytes() == b""
+        await sink.write([snapshot_read(_NS, {"_id": 1})])
+    assert len(path.read_bytes().splitlines()) == 1
+    assert any(str(path) in r.getMessage() and "--drop-target" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_jsonl_file_continued_under_its_own_checkpoint_is_appended_to(tmp_path: Path) -> None:
+    path, cp = tmp_path / "events.jsonl", tmp_path / "cp.json"
+    path.write_bytes(b'{"a":1}\n')
+    cp.write_text("{}")  # the checkpoint of the run that wrote the file: catch-up, tail, a resumed snapshot
+    for drop_target in (False, True):
+        sink = LineSink(f"jsonl:{path}", _jsonl_settings(path, cp, drop_target=drop_target))
+        async with sink:
+            assert await sink.existing([_NS]) == []  # a new snapshot under it (history lost) appends too
+            # what a resumed snapshot prepares: the namespaces created since it began
+            await sink.prepare([CollectionSpec(_NS, "collection", {})], drop_existing=True)
+            await sink.prepare([], drop_existing=True)
+            await sink.write([snapshot_read(_NS, {"_id": 1})])
+    assert len(path.read_bytes().splitlines()) == 3
+
+
+@pytest.mark.integration
+def test_a_second_snapshot_into_a_jsonl_file_needs_drop_target(source_uri: str, tmp_path: Path) -> None:
+    with pymongo.MongoClient(source_uri) as client:
+        client.work.a.insert_many([{"_id": i} for i in range(5)])
+    path = tmp_path / "events.jsonl"
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    sync = ("sync", "-s", source_uri, "-t", f"jsonl:{path}")
+    assert _mcdc(*sync, "-c", str(first)).returncode == 0
+    assert len(path.read_bytes().splitlines()) == 5
+    with pymongo.MongoClient(source_uri) as client:
+        client.work.a.insert_one({"_id": 5})
+    out = _mcdc("catch-up", "-s", source_uri, "-t", f"jsonl:{path}", "-c", str(first))
+    assert out.returncode == 0, out.stderr
+    assert len(path.read_bytes().splitlines()) == 6  # the same checkpoint appends
+    before = path.read_bytes()
+
+    out = _mcdc(*sync, "-c", str(second))  # another checkpoint: a second snapshot would mix with the first
+    lines = [line for line in out.stderr.decode().splitlines() if line.strip()]
+    assert out.returncode == 2 and lines[-1].startswith("mcdc: error: ") and "Traceback" not in out.stderr.decode()
+    assert str(path) in lines[-1] and "--drop-target" in lines[-1]
+    assert path.read_bytes() == before
+
+    out = _mcdc(*sync, "-c", str(second), "--drop-target")
+    assert out.returncode == 0, out.stderr
+    assert f"truncated {path}" in out.stderr.decode()
+    values = [json.loads(line)["value"] for line in path.read_bytes().splitlines()]
+    assert len(values) == 6 and {v["op"] for v in values} == {"r"}
 
 
 @pytest.mark.integration

@@ -11,6 +11,12 @@ batch it was writing is not acknowledged.
 
 At start, a file whose last line was cut short by a crash is truncated back to its last whole line
 (that line's batch was never acknowledged, so it is written again).
+
+A file is one destination for every namespace, and it belongs to the checkpoint that wrote it: catch-up,
+tail, a resumed snapshot, even a new snapshot under that checkpoint append to it. A run that starts a
+new checkpoint and would snapshot into a file that already holds records is refused, as a MongoDB
+target holding data is (the two snapshots would mix); with ``--drop-target`` the file is truncated
+first, and the log says so.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -27,9 +34,11 @@ import orjson
 
 from ..config import Settings
 from ..errors import ConfigError, OutputClosed, SinkError, SinkUnavailable
-from ..events import ChangeEvent
+from ..events import ChangeEvent, CollectionSpec, Namespace
 from .base import Sink
 from .envelope import Encoder, Message
+
+log = logging.getLogger("mcdc.sinks.lines")
 
 _TRANSIENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EAGAIN})
 
@@ -50,6 +59,9 @@ class LineSink(Sink):
         self._fd: int | None = None
         self._lock = asyncio.Lock()
         self.lines = 0
+        self._drop_target = settings.drop_target
+        # read before this run saves anything: does the file go on under the checkpoint that wrote it?
+        self._new_checkpoint = not settings.checkpoint_path().exists()
 
     async def start(self) -> None:
         self.encoder.source_name = self.source_name
@@ -61,6 +73,30 @@ class LineSink(Sink):
             _cut_partial_line(self._fd)
         except OSError as exc:
             raise ConfigError(f"--target jsonl:{self.path}: cannot open for writing: {exc.strerror}") from None
+
+    async def existing(self, namespaces: Sequence[Namespace]) -> list[Namespace]:
+        """A file is one destination for all namespaces: when it holds records and a new checkpoint meets it,
+        the file itself is what holds data (any snapshot into it would mix), and it is named as such."""
+        if self.path is None or self._fd is None or not self._new_checkpoint:
+            return []
+        records = await asyncio.to_thread(_count_lines, self._fd)
+        if records:
+            log.info("%s holds %s records of an earlier run (another checkpoint)", self.path, f"{records:,}")
+            return [Namespace(str(self.path))]
+        return []
+
+    async def prepare(self, specs: Sequence[CollectionSpec], *, drop_existing: bool) -> None:
+        """With ``--drop-target``, a run that starts a new checkpoint starts the file anew: truncated. Under
+        the checkpoint that wrote the file (a resumed snapshot preparing the namespaces created since it
+        began, a new snapshot after the stream's history was lost) its records stay."""
+        fd = self._fd
+        if not (drop_existing and self._drop_target and self._new_checkpoint and specs and self.path):
+            return
+        if fd is None or not os.fstat(fd).st_size:
+            return
+        async with self._lock:
+            records = await asyncio.to_thread(_truncate, fd)
+        log.warning("truncated %s (--drop-target): %s records of an earlier run removed", self.path, f"{records:,}")
 
     async def write(self, batch: Sequence[ChangeEvent]) -> None:
         await self._write(self.encoder.iter_encode(batch))
@@ -113,6 +149,22 @@ class LineSink(Sink):
 def _record(m: Message) -> bytes:
     assert m.value is not None
     return b'{"topic":' + orjson.dumps(m.topic) + b',"key":' + (m.key or b"null") + b',"value":' + m.value + b"}"
+
+
+def _count_lines(fd: int) -> int:
+    count, offset = 0, 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        count += chunk.count(b"\n")
+        offset += len(chunk)
+    return count
+
+
+def _truncate(fd: int) -> int:
+    """Empty the file (durably); the number of records it held."""
+    records = _count_lines(fd)
+    os.ftruncate(fd, 0)
+    os.fsync(fd)
+    return records
 
 
 def _cut_partial_line(fd: int) -> None:
