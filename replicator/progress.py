@@ -1,21 +1,32 @@
-"""What a run shows a person: rich progress bars per collection during the snapshot, a lag readout
-during replay, and one-line messages. Everything shown passes through :func:`~replicator.uri.redact`."""
+"""What a run shows a person while it works: snapshot progress (documents done of the total, docs/s,
+ETA), the replay's events/s and lag, and one-line messages. Everything shown passes through
+:func:`~replicator.uri.redact`.
+
+Two faces over the same counts (:mod:`replicator.tally`): :class:`RichReporter` draws bars on a
+terminal, :class:`LogReporter` writes log lines at a steady pace.
+"""
 
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
-from collections import deque
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from bson.timestamp import Timestamp
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
+from .tally import Clock, CollectionProgress, ReplayTally, SnapshotTally, listing
 from .uri import redact
 
 log = logging.getLogger("mcdc")
+
+#: a log line at least this often, and at each further tenth of a snapshot
+LOG_EVERY_S = 5.0
+LOG_PARTS = 10
 
 
 class Reporter(Protocol):
@@ -23,9 +34,24 @@ class Reporter(Protocol):
 
     def info(self, message: str) -> None: ...
     def warn(self, message: str) -> None: ...
-    def snapshot_totals(self, totals: dict[str, int]) -> None: ...
-    def snapshot_advance(self, ns: str, docs: int) -> None: ...
+    def snapshot_begin(self, collections: Iterable[CollectionProgress]) -> None:
+        """A copy starts (again, after a retry): what each collection holds and what is done already."""
+
+    def snapshot_totals(self, totals: Mapping[str, int]) -> None:
+        """Counts that came in after the begin (collections not counted when planned)."""
+
+    def snapshot_advance(self, ns: str, docs: int) -> None:
+        """The sink acknowledged ``docs`` more documents of ``ns``."""
+
+    def snapshot_collection_done(self, ns: str) -> None:
+        """Every partition of ``ns`` is copied."""
+
+    def snapshot_end(self, complete: bool) -> None:
+        """The copy ended: ``complete``, or stopped with partitions left for the next run."""
+
+    def replay_begin(self) -> None: ...
     def replay_advance(self, events: int, lag_s: float | None) -> None: ...
+    def replay_end(self) -> None: ...
     def close(self) -> None: ...
 
 
@@ -34,35 +60,40 @@ def lag_seconds(last: Timestamp | None) -> float | None:
     return None if last is None else max(0.0, time.time() - last.time)
 
 
-class Rate:
-    """Events per second over a sliding window of a few seconds."""
+class _Pace:
+    """Due once ``every_s`` passed since it last was, or when the share done reaches a further one of
+    ``parts`` (short of the whole: the end has a line of its own)."""
 
-    def __init__(self, window_s: float = 5.0) -> None:
-        self._window = window_s
-        self._marks: deque[tuple[float, int]] = deque()
-        self._total = 0
+    def __init__(self, clock: Clock, every_s: float, parts: int = 1) -> None:
+        self._clock = clock
+        self._every = every_s
+        self._parts = parts
+        self._last = clock()
+        self._steps = 0
 
-    def add(self, n: int) -> float:
-        now = time.monotonic()
-        self._total += n
-        self._marks.append((now, self._total))
-        while len(self._marks) > 2 and now - self._marks[0][0] > self._window:
-            self._marks.popleft()
-        first_t, first_n = self._marks[0]
-        return (self._total - first_n) / (now - first_t) if now > first_t else 0.0
+    def due(self, fraction: float | None = None) -> bool:
+        now = self._clock()
+        steps = self._steps
+        if fraction is not None and fraction < 1:
+            steps = math.floor(fraction * self._parts + 1e-9)  # 0.3 * 10 may be 2.999...
+        if now - self._last >= self._every or steps > self._steps:
+            self._last, self._steps = now, steps
+            return True
+        return False
 
 
 class LogReporter:
-    """Plain log lines (no TTY, --json, or --no-progress): one line per collection and at most one
-    replay line every few seconds."""
+    """Log lines (no terminal, ``--json`` or ``--no-progress``): during a snapshot, done/total, percent,
+    docs/s and ETA every few seconds and at each further tenth, and a line at its end; during a replay,
+    events/s and lag every few seconds, and events/s over the whole replay at its end."""
 
-    def __init__(self, every_s: float = 5.0) -> None:
+    def __init__(self, every_s: float = LOG_EVERY_S, clock: Clock = time.monotonic) -> None:
         self._every = every_s
-        self._last = 0.0
-        self._events = 0
-        self._totals: dict[str, int] = {}
-        self._done: dict[str, int] = {}
-        self._rate = Rate()
+        self._clock = clock
+        self._snapshot: SnapshotTally | None = None
+        self._snapshot_pace = _Pace(clock, every_s, LOG_PARTS)
+        self._replay: ReplayTally | None = None
+        self._replay_pace = _Pace(clock, every_s)
 
     def info(self, message: str) -> None:
         log.info(redact(message))
@@ -70,48 +101,78 @@ class LogReporter:
     def warn(self, message: str) -> None:
         log.warning(redact(message))
 
-    def snapshot_totals(self, totals: dict[str, int]) -> None:
-        self._totals.update(totals)
+    def snapshot_begin(self, collections: Iterable[CollectionProgress]) -> None:
+        self._snapshot = tally = SnapshotTally(collections, self._clock)
+        self._snapshot_pace = _Pace(self._clock, self._every, LOG_PARTS)
+        if tally.resumed:
+            names = sorted(tally.resumed)
+            log.info(f"snapshot: {len(names)} of {len(tally.collections)} collections already copied: {listing(names)}")
+
+    def _tally(self) -> SnapshotTally:
+        if self._snapshot is None:
+            self._snapshot = SnapshotTally(clock=self._clock)
+        return self._snapshot
+
+    def snapshot_totals(self, totals: Mapping[str, int]) -> None:
+        for ns, total in totals.items():
+            self._tally().count(ns, total)
 
     def snapshot_advance(self, ns: str, docs: int) -> None:
-        self._done[ns] = self._done.get(ns, 0) + docs
-        self._tick(f"snapshot: {sum(self._done.values())} documents copied")
+        tally = self._tally()
+        tally.advance(ns, docs)
+        if self._snapshot_pace.due(tally.fraction()):
+            log.info("snapshot: " + tally.status())
+
+    def snapshot_collection_done(self, ns: str) -> None:
+        self._tally().finish(ns)
+
+    def snapshot_end(self, complete: bool) -> None:
+        if self._snapshot is not None:
+            log.info("snapshot: " + self._snapshot.end(complete))
+            self._snapshot = None
+
+    def replay_begin(self) -> None:
+        self._replay = ReplayTally(self._clock)
+        self._replay_pace = _Pace(self._clock, self._every)
 
     def replay_advance(self, events: int, lag_s: float | None) -> None:
-        self._events += events
-        rate = self._rate.add(events)
-        lag = "-" if lag_s is None else f"{lag_s:.1f}s"
-        self._tick(f"replay: {self._events} events applied, {rate:,.0f} events/s, lag {lag}")
+        if self._replay is None:
+            self.replay_begin()
+        assert self._replay is not None
+        self._replay.advance(events, lag_s)
+        if self._replay_pace.due():
+            log.info("replay: " + self._replay.status())
 
-    def _tick(self, message: str) -> None:
-        now = time.monotonic()
-        if now - self._last >= self._every:
-            self._last = now
-            log.info(message)
+    def replay_end(self) -> None:
+        if self._replay is not None:
+            log.info("replay: " + self._replay.end())
+            self._replay = None
 
     def close(self) -> None:
         pass
 
 
 class RichReporter:
-    """Rich progress bars on stderr: one per collection (docs, docs/s, ETA) and a replay line with lag."""
+    """Rich progress on stderr: an overall snapshot bar (documents, docs/s, ETA), a row per collection
+    (every one when there are few, else those being copied), and a replay row with events/s and lag."""
 
-    def __init__(self) -> None:
-        self.console = Console(stderr=True)
+    MAX_ROWS = 20  # more collections than this: rows only for those being copied
+
+    def __init__(self, console: Console | None = None, clock: Clock = time.monotonic) -> None:
+        self.console = console if console is not None else Console(stderr=True)
+        self._clock = clock
         self._progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]}"),
-            TimeRemainingColumn(),
+            TextColumn("{task.fields[text]}"),
             console=self.console,
             transient=False,
         )
-        self._tasks: dict[str, TaskID] = {}
-        self._started: dict[str, float] = {}
-        self._replay: TaskID | None = None
-        self._events = 0
-        self._rate = Rate()
+        self._snapshot: SnapshotTally | None = None
+        self._overall: TaskID | None = None
+        self._rows: dict[str, TaskID] = {}
+        self._replay: ReplayTally | None = None
+        self._replay_row: TaskID | None = None
         self._progress.start()
 
     def info(self, message: str) -> None:
@@ -120,41 +181,81 @@ class RichReporter:
     def warn(self, message: str) -> None:
         self._progress.console.print("warning: " + redact(message), style="yellow", markup=False)
 
-    def snapshot_totals(self, totals: dict[str, int]) -> None:
-        for ns, total in totals.items():  # 0: not counted (yet)
-            task = self._tasks.get(ns)
-            if task is None:
-                self._tasks[ns] = self._progress.add_task(ns, total=total or None, rate="")
-            elif total:
-                self._progress.update(task, total=max(total, self._progress.tasks[task].completed))
+    def snapshot_begin(self, collections: Iterable[CollectionProgress]) -> None:
+        self._snapshot = SnapshotTally(collections, self._clock)
+        self._show_snapshot(self._snapshot.collections)
+
+    def _tally(self) -> SnapshotTally:
+        if self._snapshot is None:
+            self._snapshot = SnapshotTally(clock=self._clock)
+        return self._snapshot
+
+    def snapshot_totals(self, totals: Mapping[str, int]) -> None:
+        tally = self._tally()
+        for ns, total in totals.items():
+            tally.count(ns, total)
+        self._show_snapshot(totals)
 
     def snapshot_advance(self, ns: str, docs: int) -> None:
-        task = self._tasks.get(ns)
-        if task is None:
-            self.snapshot_totals({ns: 0})
-            task = self._tasks[ns]
-        started = self._started.setdefault(ns, time.monotonic())  # rate from the first batch, not the plan
-        self._progress.advance(task, docs)
-        done = self._progress.tasks[task].completed
-        total = self._progress.tasks[task].total
-        if total is not None and done > total:  # documents inserted since the count
-            self._progress.update(task, total=done)
-        rate = done / max(time.monotonic() - started, 1e-3)
-        self._progress.update(task, rate=f"{rate:,.0f} docs/s")
+        self._tally().advance(ns, docs)
+        self._show_snapshot([ns])
+
+    def snapshot_collection_done(self, ns: str) -> None:
+        self._tally().finish(ns)
+        self._show_snapshot([ns])
+
+    def snapshot_end(self, complete: bool) -> None:
+        if self._snapshot is not None:
+            text = self._snapshot.end(complete, notes=False)  # the rows say which are done or empty
+            self._show_snapshot(self._snapshot.collections)
+            assert self._overall is not None
+            self._progress.update(self._overall, text=text)
+        self._snapshot = None
+
+    def _show_snapshot(self, names: Iterable[str]) -> None:
+        tally = self._tally()
+        if self._overall is None:  # above the collections' rows
+            self._overall = self._progress.add_task("snapshot", total=None, text="")
+        many = len(tally.collections) > self.MAX_ROWS
+        for ns in names:
+            done, total = tally.of(ns)
+            copying = done > 0 and not tally.collections[ns].finished
+            row = self._rows.get(ns)
+            if row is None:
+                row = self._rows[ns] = self._progress.add_task(ns, total=total, text="", visible=False)
+            self._progress.update(
+                row, completed=done, total=total, text=tally.describe(ns), visible=copying or not many
+            )
+        done, total = tally.totals()
+        self._progress.update(self._overall, completed=done, total=total, text=tally.status())
+
+    def replay_begin(self) -> None:
+        self._replay = ReplayTally(self._clock)
 
     def replay_advance(self, events: int, lag_s: float | None) -> None:
-        self._events += events
         if self._replay is None:
-            self._replay = self._progress.add_task("replay", total=None, rate="")
-        rate = self._rate.add(events)
-        lag = "-" if lag_s is None else f"{lag_s:.1f}s"
-        self._progress.update(self._replay, completed=self._events, rate=f"{rate:,.0f} events/s, lag {lag}")
+            self.replay_begin()
+        assert self._replay is not None
+        self._replay.advance(events, lag_s)
+        self._show_replay(self._replay.status())
+
+    def replay_end(self) -> None:
+        if self._replay is not None:
+            self._show_replay(self._replay.end())
+            self._replay = None
+
+    def _show_replay(self, text: str) -> None:
+        assert self._replay is not None
+        if self._replay_row is None:
+            self._replay_row = self._progress.add_task("replay", total=None, text="")
+        self._progress.update(self._replay_row, completed=self._replay.events, text=text)
 
     def close(self) -> None:
         self._progress.stop()
 
 
 def make_reporter(show_progress: bool) -> Reporter:
+    """Bars when asked for and stderr is a terminal; log lines otherwise."""
     if show_progress and sys.stderr.isatty():
         return RichReporter()
     return LogReporter()

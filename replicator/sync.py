@@ -21,21 +21,23 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
+from bson.timestamp import Timestamp
 from pymongo.errors import PyMongoError
 
 from .checkpoint import Checkpoint, CheckpointStore, SnapshotProgress
 from .config import Settings, parse_start_at
 from .errors import ConfigError, HistoryLost, TopologyError
-from .events import ChangeEvent, Namespace, Op, Position
+from .events import ChangeEvent, Namespace, Op, Position, ts_to_json
 from .extjson import from_jsonable, to_jsonable
 from .fields import FieldRules
 from .filters import Scope, check_copy_within, make_transform, rename_spec, renamed_into_selection
 from .metrics import Metrics
-from .pipeline import CopyLimits, CopyResult, copy_partitions
+from .pipeline import CopyLimits, CopyResult, Transform, copy_partitions
 from .progress import Reporter
 from .retry import Backoff, Retrier, is_retryable
 from .sinks.base import Sink
@@ -47,13 +49,18 @@ from .source.partitions import ALL, Partition, Resume, plan_collection
 from .source.shards import MergedReader
 from .source.topology import Reader, StreamTopology
 from .streaming import StreamApplier
+from .tally import CollectionProgress, format_rate, format_ts, per_second
 from .uri import host_set, is_mongo_uri, redact
 from .watermark import SavePace
 
 
 @dataclass
 class Summary:
-    """What a run did; printed as a table or, with --json, as JSON."""
+    """What this run did (not earlier runs of the same checkpoint); printed as lines or, with --json, as JSON.
+
+    ``documents``: written by this run's copies, failed attempts' included (they were written);
+    ``events``: replayed by this run; ``snapshot_s``/``replay_s``: the wall time of the copies and of the
+    replays, which the rates divide by; ``position``: the checkpoint's cluster time at the end."""
 
     command: str
     source: str
@@ -64,20 +71,43 @@ class Summary:
     events: int = 0
     snapshot: str = "skipped"
     elapsed_s: float = 0.0
+    snapshot_s: float = 0.0
+    replay_s: float = 0.0
     retries: int = 0
-    position: dict[str, Any] = field(default_factory=dict)
+    position: Timestamp | None = None
+
+    @property
+    def docs_per_s(self) -> float | None:
+        return per_second(self.documents, self.snapshot_s)
+
+    @property
+    def events_per_s(self) -> float | None:
+        return per_second(self.events, self.replay_s)
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        data = dict(self.__dict__)
+        data["snapshot_s"], data["replay_s"] = round(self.snapshot_s, 3), round(self.replay_s, 3)
+        data["docs_per_s"], data["events_per_s"] = _rounded(self.docs_per_s), _rounded(self.events_per_s)
+        data["position"] = ts_to_json(self.position)
+        return data
 
     def lines(self) -> list[str]:
         """The summary a person reads at the end of a run."""
+        copied = f"{self.documents:,} documents copied (snapshot {self.snapshot}"
+        if self.documents:
+            copied += f", {format_rate(self.docs_per_s)} docs/s"
+        replayed = f"{self.events:,} change events replayed"
+        if self.replay_s:
+            replayed += f" in {self.replay_s:.1f} s ({format_rate(self.events_per_s)} events/s)"
         return [
-            f"{self.command} finished in {self.elapsed_s:.1f} s: {self.collections} collections, "
-            f"{self.documents} documents copied (snapshot {self.snapshot}), {self.events} change events replayed",
+            f"{self.command} finished in {self.elapsed_s:.1f} s: {self.collections} collections, {copied}), {replayed}",
             f"source {self.source} -> target {self.target}",
-            f"checkpoint {self.checkpoint}, position {self.position.get('cluster_time') or '-'}",
+            f"checkpoint {self.checkpoint}, position {format_ts(self.position) if self.position else '-'}",
         ]
+
+
+def _rounded(rate: float | None) -> float | None:
+    return None if rate is None else round(rate, 1)
 
 
 def _same_deployment(source: ServerInfo, sink: Sink, settings: Settings) -> bool:
@@ -264,8 +294,7 @@ class SyncJob:
                 await reader.close_clients()
             else:
                 await reader.close()
-        time_now = cp.position.cluster_time if cp is not None else None
-        self.summary.position = {"cluster_time": str(time_now) if time_now else None}
+        self.summary.position = cp.position.cluster_time if cp is not None else None
 
     def _stopped(self) -> bool:
         return self.stop is not None and self.stop.is_set()
@@ -325,9 +354,10 @@ class SyncJob:
             assert cp is not None
             return await self._copy(client, sink, cp, fresh=False)
         if cp is None and s.start_at is not None and not force:
-            cp = Checkpoint(identity, position=Position(cluster_time=parse_start_at(s.start_at)))
+            start = parse_start_at(s.start_at)
+            cp = Checkpoint(identity, position=Position(cluster_time=start))
             self.store.save(cp)
-            self.reporter.info(f"no snapshot: replicating from --start-at {s.start_at} ({cp.position.cluster_time})")
+            self.reporter.info(f"no snapshot: replicating from --start-at {s.start_at} ({format_ts(start)})")
             return cp
         fresh = (
             force
@@ -384,26 +414,17 @@ class SyncJob:
         self._resnapshot, self._started_snapshot = False, True  # from here on, a retry resumes this one
         self.reporter.info(
             f"snapshot of {len(targets)} namespaces in {len(plan)} partitions"
-            + (f", stream position captured at {position.cluster_time}" if position else "")
+            + (f", stream position captured at {format_ts(position.cluster_time)}" if position.cluster_time else "")
         )
         await sink.prepare(targets, drop_existing=drop)
         cp.snapshot.prepared = {str(t.ns) for t in targets}
         self.store.save(cp)  # before any copy: a resumed run must not prepare (drop) them again
         return await self._copy(client, sink, cp, fresh=True)
 
-    async def _report_totals(self, client: Client, plan: list[Partition], done: set[str]) -> None:
+    async def _count(self, client: Client, uncounted: Sequence[Namespace]) -> None:
         """Progress totals, alongside the copy: a collection kept whole was not counted when planned
         (a count can be a full scan), so count it here without holding up the copy."""
-        totals: dict[str, int] = {}
-        uncounted: set[Namespace] = set()
-        for p in plan:
-            totals[str(p.ns)] = totals.get(str(p.ns), 0) + p.estimated_docs
-            if p.bracket == ALL and not p.estimated_docs:
-                uncounted.add(p.ns)
-            if p.id in done:
-                self.reporter.snapshot_advance(str(p.ns), p.estimated_docs)
-        self.reporter.snapshot_totals(totals)
-        for ns in sorted(uncounted, key=str):
+        for ns in uncounted:
             try:
                 count = await client[ns.db][ns.coll or ""].estimated_document_count()
             except PyMongoError:
@@ -426,7 +447,10 @@ class SyncJob:
             plan = [Partition.from_json(p) for p in cp.snapshot.plan]
             todo = [p for p in plan if p.id not in cp.snapshot.done]
             resume = {pid: Resume(from_jsonable(value)) for pid, value in cp.snapshot.resume.items()}
-            counting = asyncio.create_task(self._report_totals(client, plan, cp.snapshot.done))
+            collections, uncounted = _progress_plan(plan, cp.snapshot.done)
+            self.reporter.snapshot_begin(collections)  # partitions done before show as done, not as copied now
+            counting = asyncio.create_task(self._count(client, uncounted))
+            left = Counter(p.ns for p in todo)
 
             namespaces = {p.ns for p in plan}
             pace = SavePace()
@@ -447,6 +471,9 @@ class SyncJob:
                 cp.snapshot.resume.pop(part.id, None)
                 cp.snapshot.done.add(part.id)
                 save()
+                left[part.ns] -= 1
+                if not left[part.ns]:
+                    self.reporter.snapshot_collection_done(str(part.ns))
                 if self.metrics is not None:
                     remaining = {p.ns for p in plan if p.id not in cp.snapshot.done}
                     self.metrics.snapshot(len(namespaces), len(remaining))
@@ -456,6 +483,7 @@ class SyncJob:
                 self.metrics.set_state("snapshot")
 
             copied = CopyResult()
+            started = time.monotonic()
             try:
                 await copy_partitions(
                     client, sink, todo, limits=self._limits(), rename=s.renamer, on_done=done,
@@ -469,6 +497,8 @@ class SyncJob:
             finally:
                 counting.cancel()
                 self.summary.documents += copied.documents  # a failed attempt's too: they were written
+                self.summary.snapshot_s += time.monotonic() - started
+            self.reporter.snapshot_end(complete=not self._stopped())
             if self._stopped():
                 return cp  # stopped: the partitions not done are copied by the next run
             self.summary.collections = len({p.ns for p in plan})
@@ -501,6 +531,25 @@ class SyncJob:
                 if copy or renamed_into_selection(event, self.s.selection):
                     await self._recopy(self._client, sink, event.to, build_indexes=not snapshot_window)
 
+        self.reporter.replay_begin()
+        started = time.monotonic()
+        try:
+            await self._replay_until_done(reader, sink, cp, transform, recopy_renamed, follow=follow)
+        finally:
+            self.summary.replay_s += time.monotonic() - started
+        self.reporter.replay_end()
+
+    async def _replay_until_done(
+        self,
+        reader: Reader,
+        sink: Sink,
+        cp: Checkpoint,
+        transform: Transform,
+        after_write: Callable[[Sequence[ChangeEvent]], Awaitable[None]],
+        *,
+        follow: bool,
+    ) -> None:
+        """The replay, with a new stream for each change of the shard set while it follows."""
         while True:
             merged = reader if follow and isinstance(reader, MergedReader) and self._topology.discovered else None
             local_stop = asyncio.Event()  # set by the watcher: on the user's stop, or when shards change
@@ -513,7 +562,7 @@ class SyncJob:
                 metrics=self.metrics,
             )  # fmt: skip
             try:
-                result = await applier.run(transform, to_now=not follow, after_write=recopy_renamed)
+                result = await applier.run(transform, to_now=not follow, after_write=after_write)
             finally:
                 if watcher is not None and not watcher.done():
                     watcher.cancel()
@@ -539,14 +588,38 @@ class SyncJob:
         async def done(part: Partition, docs: int) -> None:
             pass
 
+        self.reporter.snapshot_begin(_progress_plan(plan, set())[0])
+        started = time.monotonic()
         copied = await copy_partitions(
             client, sink, plan, limits=self._limits(), rename=self.s.renamer, on_done=done, reporter=self.reporter,
             fields=self._fields,
         )  # fmt: skip
+        self.summary.snapshot_s += time.monotonic() - started
+        self.reporter.snapshot_end(complete=True)
         if build_indexes:
             await sink.finish_snapshot([target])
         self.summary.documents += copied
         self.reporter.info(f"{ns}: copied {copied} documents")
+
+
+def _progress_plan(plan: Sequence[Partition], done: set[str]) -> tuple[list[CollectionProgress], list[Namespace]]:
+    """What the reporter is told as a copy begins, per collection: its estimated documents (None for one
+    kept whole, which is not counted when planned), those of its partitions already done, and whether
+    all are. Also the collections to count."""
+    collections: dict[Namespace, CollectionProgress] = {}
+    uncounted: list[Namespace] = []
+    for p in plan:
+        c = collections.setdefault(p.ns, CollectionProgress(str(p.ns), total=0, finished=True))
+        if p.bracket == ALL and not p.estimated_docs:
+            c.total = None
+            uncounted.append(p.ns)
+        elif c.total is not None:
+            c.total += p.estimated_docs
+        if p.id in done:
+            c.done += p.estimated_docs
+        else:
+            c.finished = False
+    return list(collections.values()), sorted(uncounted, key=str)
 
 
 async def _capture(reader: Reader) -> tuple[Position, dict[str, Position]]:

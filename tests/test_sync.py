@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from replicator.config import resolve
 from replicator.progress import LogReporter
 from replicator.sync import SyncJob
+from replicator.tally import CollectionProgress
 from tests.support.compare import assert_identical
 from tests.support.corpus import load_bulk, load_corpus
 
@@ -121,9 +123,13 @@ class RenameWhenCopyStarts(LogReporter):
     def __init__(self, uri: str) -> None:
         super().__init__()
         self.uri = uri
+        self.renamed = False
 
-    def snapshot_totals(self, totals: dict[str, int]) -> None:
-        super().snapshot_totals(totals)
+    def snapshot_begin(self, collections: Iterable[CollectionProgress]) -> None:
+        super().snapshot_begin(collections)
+        if self.renamed:  # the copy of the renamed collection begins too
+            return
+        self.renamed = True
         with pymongo.MongoClient(self.uri) as client:
             client.live.before.rename("after")
             client.live.after.insert_one({"_id": "post-rename"})
