@@ -49,7 +49,7 @@ from .source.partitions import ALL, Partition, Resume, plan_collection
 from .source.shards import MergedReader
 from .source.topology import Reader, StreamTopology
 from .streaming import StreamApplier
-from .tally import CollectionProgress, format_rate, format_ts, per_second
+from .tally import CollectionProgress, format_rate, format_ts, listing, per_second
 from .uri import host_set, is_mongo_uri, redact
 from .watermark import SavePace
 
@@ -385,14 +385,12 @@ class SyncJob:
         specs = await catalog.describe(client, s.selection)
         targets = [rename_spec(x, s.renamer) for x in specs]
         drop = s.drop_target or force or (cp is not None and status == "done")
-        if not drop:
-            busy = await sink.existing([t.ns for t in targets if not t.is_view])
-            if busy:
-                names = ", ".join(str(ns) for ns in busy[:5]) + (" ..." if len(busy) > 5 else "")
-                raise ConfigError(
-                    f"the target already holds data in {names}; pass --drop-target to replace it, "
-                    "or --snapshot never to only replay changes"
-                )
+        busy = await sink.existing([t.ns for t in targets if not t.is_view])
+        if busy and not drop:
+            raise ConfigError(
+                f"the target already holds data in {listing(busy, 5)}; pass --drop-target to replace it, "
+                "or --snapshot never to only replay changes"
+            )
         plan: list[Partition] = []
         for spec in specs:
             if not spec.is_view:
@@ -416,6 +414,9 @@ class SyncJob:
             f"snapshot of {len(targets)} namespaces in {len(plan)} partitions"
             + (f", stream position captured at {format_ts(position.cluster_time)}" if position.cluster_time else "")
         )
+        if busy:  # say what is replaced before it is gone
+            why = "--drop-target" if s.drop_target else "a new snapshot"
+            self.reporter.info(f"{why}: replacing the target's data in {listing(busy, 50)}")
         await sink.prepare(targets, drop_existing=drop)
         cp.snapshot.prepared = {str(t.ns) for t in targets}
         self.store.save(cp)  # before any copy: a resumed run must not prepare (drop) them again

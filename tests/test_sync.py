@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -57,16 +58,22 @@ async def test_sync_again_only_replays(source_uri: str, target_uri: str, tmp_pat
     assert_identical(source_uri, target_uri)
 
 
-async def test_refuses_to_mix_into_a_target_holding_data(source_uri: str, target_uri: str, tmp_path: Path) -> None:
+async def test_refuses_to_mix_into_a_target_holding_data_and_says_what_drop_target_replaced(
+    source_uri: str, target_uri: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from replicator.errors import ConfigError
 
     with pymongo.MongoClient(source_uri) as src, pymongo.MongoClient(target_uri) as dst:
         src.db.c.insert_one({"_id": 1, "v": "source"})
+        src.db.new_here.insert_one({"_id": 1})
         dst.db.c.insert_one({"_id": 2, "v": "stale"})
     with pytest.raises(ConfigError, match=r"already holds data in db\.c"):
         await run_job(source_uri, target_uri, tmp_path / "cp.json")
+    caplog.set_level(logging.INFO, logger="mcdc")
     await run_job(source_uri, target_uri, tmp_path / "cp.json", drop_target=True)
     assert_identical(source_uri, target_uri)
+    dropped = [r.getMessage() for r in caplog.records if "replacing" in r.getMessage()]
+    assert dropped == ["--drop-target: replacing the target's data in db.c"]  # not db.new_here: the target held none
 
 
 async def _workload(uri: str, stop: asyncio.Event) -> int:
