@@ -19,14 +19,18 @@ from .uri import redact
 FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
+MCDC_LOGGER = "mcdc"  # the parent of every mcdc logger ("mcdc.stream", "mcdc.sink.mongo", ...)
 _HANDLER_NAME = "mcdc"  # marks the handler setup_logging owns, so a second call replaces it
 # attributes every LogRecord has; anything else on a record came from extra=
 _STANDARD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 _JSON_FIELDS = ("ts", "level", "logger", "message", "error", "stack")
 
 
-def setup_logging(fmt: str = "text", verbose: bool = False, stream: TextIO | None = None) -> None:
-    """Send log records at INFO (DEBUG when ``verbose``) and above to ``stream`` (stderr) as ``fmt``.
+def setup_logging(
+    fmt: str = "text", verbose: bool = False, stream: TextIO | None = None, *, driver: bool = False
+) -> None:
+    """Send log records at INFO and above to ``stream`` (stderr) as ``fmt``; ``verbose`` adds mcdc's own
+    DEBUG records, ``driver`` the MongoDB driver's (its command log, which would drown mcdc's).
 
     Calling it again replaces the handler it installed earlier; handlers others added are kept.
     """
@@ -41,9 +45,10 @@ def setup_logging(fmt: str = "text", verbose: bool = False, stream: TextIO | Non
         root.removeHandler(old)
         old.close()
     root.addHandler(handler)
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    root.setLevel(logging.INFO)
+    logging.getLogger(MCDC_LOGGER).setLevel(logging.DEBUG if verbose else logging.NOTSET)
     # pymongo's DEBUG/INFO (command monitoring, server selection) drowns ours unless asked for
-    logging.getLogger("pymongo").setLevel(logging.NOTSET if verbose else logging.WARNING)
+    logging.getLogger("pymongo").setLevel(logging.DEBUG if driver else logging.WARNING)
 
 
 class RedactFilter(logging.Filter):

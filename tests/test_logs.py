@@ -18,15 +18,15 @@ SECRET_URI = "mongodb://user:secret@h:27017/?authSource=admin"
 
 @pytest.fixture(autouse=True)
 def _restore_logging() -> Iterator[None]:
-    """setup_logging changes the root and pymongo loggers; put them back for the other tests."""
-    root, pymongo = logging.getLogger(), logging.getLogger("pymongo")
-    handlers, level, pymongo_level = list(root.handlers), root.level, pymongo.level
+    """setup_logging changes the root, mcdc and pymongo loggers; put them back for the other tests."""
+    root, mcdc, pymongo = logging.getLogger(), logging.getLogger("mcdc"), logging.getLogger("pymongo")
+    handlers, levels = list(root.handlers), [(logger, logger.level) for logger in (root, mcdc, pymongo)]
     yield
     for handler in root.handlers:
         if handler not in handlers:
             root.removeHandler(handler)
-    root.setLevel(level)
-    pymongo.setLevel(pymongo_level)
+    for logger, level in levels:
+        logger.setLevel(level)
 
 
 def _json_lines(stream: io.StringIO) -> list[dict[str, Any]]:
@@ -84,7 +84,21 @@ def test_text_format() -> None:
     logging.getLogger("mcdc.test").debug("hello")
     line = out.getvalue().rstrip("\n")
     assert line.endswith(" DEBUG mcdc.test: hello")
-    assert logging.getLogger("pymongo").getEffectiveLevel() == logging.DEBUG
+
+
+def test_verbose_shows_mcdc_debug_lines_and_the_driver_has_its_own_flag() -> None:
+    out = io.StringIO()
+    setup_logging("text", verbose=True, stream=out)
+    logging.getLogger("pymongo.command").debug("find: {...}")
+    logging.getLogger("aiokafka").debug("metadata")
+    logging.getLogger("mcdc.stream").debug("batch of 3")
+    assert out.getvalue().splitlines()[0].endswith("DEBUG mcdc.stream: batch of 3")
+    assert len(out.getvalue().splitlines()) == 1
+    out = io.StringIO()
+    setup_logging("text", stream=out, driver=True)
+    logging.getLogger("pymongo.command").debug("find: {...}")
+    logging.getLogger("mcdc.stream").debug("not without verbose")
+    assert [line.split(" ", 2)[2] for line in out.getvalue().splitlines()] == ["DEBUG pymongo.command: find: {...}"]
 
 
 def test_second_setup_replaces_the_handler() -> None:
