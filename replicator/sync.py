@@ -205,6 +205,7 @@ class SyncJob:
                     info = await probe(client, self.s.source, "source")
                     sink.source_name = info.set_name or ""
                     cp = self.store.load()
+                    await self._check_selection(client, first_run=cp is None)
                     # an event sink's identity needs no I/O: claim before start() opens (or trims) its file
                     claimed = self._claim(info, sink, cp, started=False)
                     scope = Scope(self.s.selection, self.s.renamer)
@@ -223,6 +224,16 @@ class SyncJob:
             await sink.close()
         self.summary.elapsed_s = round(time.monotonic() - started, 3)
         return self.summary
+
+    async def _check_selection(self, client: Client, *, first_run: bool) -> None:
+        """A first run whose --include matches nothing on the source is a mistake: refused before anything
+        is written. Otherwise a selection that matches nothing is worth a warning (sync and tail): the
+        source may be empty yet, or its namespaces dropped since the last run."""
+        problem = catalog.unmatched(self.s.selection, await catalog.list_namespaces(client))
+        if problem is not None and self.s.include and first_run:
+            raise ConfigError(problem)
+        if problem is not None and self.command != "catch-up":
+            self.reporter.warn(problem)
 
     async def _start_sink(self, sink: Sink) -> bool:
         """Start the sink. A target unreachable for now (a Kafka broker not up yet) backs off and is tried

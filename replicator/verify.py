@@ -221,6 +221,9 @@ class _Verifier:
 
     async def run(self) -> VerifyReport:
         s = self.s
+        problem = catalog.unmatched(s.selection, await catalog.list_namespaces(self.source))
+        if problem is not None:  # nothing to compare would pass as "identical"
+            raise ConfigError(f"nothing to verify: {problem}")
         specs = await catalog.describe(self.source, s.selection)
         wanted = {s.renamer(spec.ns): spec for spec in specs}
         found = {spec.ns: spec for spec in await catalog.describe(self.target, Selection())}

@@ -174,3 +174,25 @@ def test_verify_exit_codes_after_sync(source_uri: str, target_uri: str, tmp_path
     assert [(d["ns"], d["kind"], d["ids"]) for d in report["differences"]] == [
         ("corpus_other.things", "changed", ['{"$numberInt": "3"}'])
     ]
+
+
+@pytest.mark.integration
+def test_a_selection_that_matches_nothing(source_uri: str, target_uri: str, tmp_path: Path) -> None:
+    uris = ("-s", source_uri, "-t", target_uri)
+    empty = _mcdc("verify", *uris)  # an empty source: nothing compared is not "identical"
+    _assert_one_line_error(empty, 2, "nothing to verify", "no collection")
+    with pymongo.MongoClient(source_uri) as client:
+        client.shop.customers.insert_one({"_id": 1})
+    typo = _mcdc("verify", *uris, "--include", r"shop\.custmers")
+    _assert_one_line_error(typo, 2, r"--include 'shop\\.custmers' matches no namespace", "shop.customers")
+    excluded = _mcdc("verify", *uris, "--exclude", r"shop\..*")
+    _assert_one_line_error(excluded, 2, "--exclude leaves no namespace")
+    cp = tmp_path / "cp.json"
+    refused = _mcdc("sync", *uris, "-c", str(cp), "--include", r"shop\.orders", "--no-progress")
+    _assert_one_line_error(refused, 2, r"--include 'shop\\.orders' matches no namespace on the source")
+    assert not cp.exists()
+    with pymongo.MongoClient(source_uri) as client:
+        client.drop_database("shop")
+    synced = _mcdc("sync", *uris, "-c", str(cp), "--no-progress")  # an empty source: a warning
+    assert synced.returncode == 0, synced.stderr
+    assert "WARNING" in synced.stderr and "the source holds no collection" in synced.stderr

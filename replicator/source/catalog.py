@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pymongo import AsyncMongoClient
@@ -42,6 +43,23 @@ async def list_namespaces(client: AsyncMongoClient[Any]) -> list[Namespace]:
             if not name.startswith("system."):
                 out.append(Namespace(db_name, name))
     return out
+
+
+def unmatched(selection: Selection, namespaces: Sequence[Namespace]) -> str | None:
+    """What of ``selection`` matches nothing among the source's ``namespaces`` (from
+    :func:`list_namespaces`), said in one line; None when it selects something and each --include
+    pattern matches a namespace. Pure, so every engine can ask it."""
+    names = [str(ns) for ns in namespaces]
+    for pattern in selection.include:
+        if not any(pattern.fullmatch(name) for name in names):
+            near = difflib.get_close_matches(pattern.pattern.replace("\\", ""), names, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            return f"--include {pattern.pattern!r} matches no namespace on the source{hint}"
+    if any(selection(ns) for ns in namespaces):
+        return None
+    if not namespaces:
+        return "the source holds no collection (admin, local, config and system.* are never copied)"
+    return "--exclude leaves no namespace of the source selected"
 
 
 async def describe(client: AsyncMongoClient[Any], selection: Selection) -> list[CollectionSpec]:
