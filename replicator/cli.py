@@ -1,32 +1,43 @@
-"""The ``mcdc`` command line: options -> Settings -> one library call. No I/O logic lives here."""
+"""The ``mcdc`` command line: options -> Settings -> one library call. No I/O logic lives here.
+
+No command lists its flags: :func:`_command` gives each command's function a signature made from the
+option table (options.py), so a flag, its MCDC_* variable and its config-file key cannot drift apart.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import gc
+import inspect
 import logging
-import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import orjson
 import typer
 from pymongo.errors import PyMongoError
 
 from . import __version__
-from .config import Settings, resolve
+from .config import Settings, field_kind, resolve
 from .errors import ConfigError, McdcError, OutputClosed, VerifyMismatch
 from .logs import setup_logging
+from .options import ENV_CONFIG, Option, for_command
 from .progress import make_reporter
 from .sinks.registry import scheme_of
 from .source.connection import server_message
 from .sync import Summary, SyncJob
-from .uri import check_mongo_uri, redact
+from .uri import redact
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
 
 T = TypeVar("T")
+log = logging.getLogger("mcdc")
 
 app = typer.Typer(
     name="mcdc",
@@ -35,123 +46,110 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-# Shared options. Every default is None ("not given"), so config.resolve can layer flags over MCDC_*
-# variables over the --config file over Settings' defaults.
-Source = Annotated[str | None, typer.Option("--source", "-s", help="Source MongoDB URI (replica set or mongos).")]
-Target = Annotated[
-    str | None,
-    typer.Option(
-        "--target", "-t", help="mongodb://..., kafka://HOST:PORT[,...], stdout (or -), jsonl:PATH, or a plug-in scheme."
-    ),
-]
-CheckpointOpt = Annotated[
-    Path | None, typer.Option("--checkpoint", "-c", help="Checkpoint file (default: one per source/target pair).")
-]
-Include = Annotated[
-    list[str] | None, typer.Option("--include", help="Regex on db.collection to copy (repeatable; default: all).")
-]
-Exclude = Annotated[list[str] | None, typer.Option("--exclude", help="Regex on db.collection to skip (repeatable).")]
-Rename = Annotated[
-    list[str] | None, typer.Option("--rename", help="SRC_NS=DST_NS, a collection or a whole database (repeatable).")
-]
-ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML file of settings (flags win).")]
-JsonOpt = Annotated[bool | None, typer.Option("--json", help="Print a machine-readable JSON summary on stdout.")]
-ProgressOpt = Annotated[bool | None, typer.Option("--progress/--no-progress", help="Show progress bars.")]
-Workers = Annotated[int | None, typer.Option("--workers", "-w", help="Concurrent snapshot workers. [default: 4]")]
-Snapshot = Annotated[
-    str | None,
-    typer.Option("--snapshot", help="initial | always | never | when_needed (as Debezium's snapshot.mode)."),
-]
-SnapshotOnly = Annotated[
-    bool | None, typer.Option("--snapshot-only", help="Copy without replaying changes (standalone sources).")
-]
-DropTarget = Annotated[
-    bool | None, typer.Option("--drop-target", help="Drop target collections that already hold data before copying.")
-]
-PartitionDocs = Annotated[
-    int | None, typer.Option("--partition-docs", help="Split collections into _id ranges of this many documents.")
-]
-Split = Annotated[
-    str | None,
-    typer.Option("--split", help="Split large collections into _id ranges: auto (when index-bounded), always, never."),
-]
-ShardOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--shard", help="A shard's replica set URI: one change stream each (repeatable; default: listShards)."
-    ),
-]
-BatchDocs = Annotated[int | None, typer.Option("--batch-docs", help="Documents per write batch. [default: 1000]")]
-MaxRetries = Annotated[
-    int | None, typer.Option("--max-retries", help="-1 forever, 0 never, N attempts in a row. [default: 16]")
-]
-RetryInitial = Annotated[
-    float | None, typer.Option("--retry-initial-delay", help="Seconds before the first retry. [default: 1]")
-]
-RetryMax = Annotated[
-    float | None, typer.Option("--retry-max-delay", help="Longest wait between retries. [default: 120]")
-]
-Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Log debug details.")]
-# event sinks (kafka://, stdout, jsonl:): Debezium's conventions
-TopicPrefix = Annotated[
-    str | None, typer.Option("--topic-prefix", help="Topics are PREFIX.db.collection (Debezium's topic.prefix).")
-]
-TopicRoute = Annotated[
-    list[str] | None,
-    typer.Option("--topic-route", help="REGEX=TOPIC: namespaces matching REGEX go to TOPIC (\\1 = group; repeatable)."),
-]
-SanitizeNames = Annotated[
-    bool | None, typer.Option("--sanitize-names", help="Avro-safe topic and schema names ([A-Za-z0-9_] only).")
-]
-EnvelopeOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--envelope", "--format", help="debezium | debezium-legacy (after/patch/filter) | plain (mcdc's own event)."
-    ),
-]
-SchemasOpt = Annotated[
-    bool | None, typer.Option("--schemas", help="Wrap key and value in {schema, payload} (Kafka Connect JSON).")
-]
-ExtJsonOpt = Annotated[
-    str | None, typer.Option("--extended-json", help="canonical (lossless, default) | relaxed extended JSON.")
-]
-TombstonesOpt = Annotated[
-    str | None, typer.Option("--tombstones", help="on | off: a null-value record after each delete. [default: on]")
-]
-TxMetadata = Annotated[
-    bool | None, typer.Option("--tx-metadata", help="Transaction BEGIN/END records to PREFIX.transaction.")
-]
-HeartbeatOpt = Annotated[
-    float | None,
-    typer.Option("--heartbeat-interval", help="Seconds between heartbeat records while idle (0: off)."),
-]
-KafkaOpt = Annotated[
-    list[str] | None,
-    typer.Option("--kafka-opt", help="KEY=VALUE producer setting, e.g. compression.type=zstd (repeatable)."),
-]
-PreImages = Annotated[
-    str | None, typer.Option("--pre-images", help="off | whenAvailable | required: emit 'before' (MongoDB 6.0+).")
-]
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        typer.echo(f"mcdc {__version__}")
+        raise typer.Exit()
 
 
-def _flags(params: dict[str, Any]) -> dict[str, Any]:
-    """A command's parameters that are Settings fields (not --config or --verbose)."""
-    return {k: v for k, v in params.items() if k not in ("config", "verbose")}
+@app.callback()
+def _main(
+    version: Annotated[
+        bool | None,
+        typer.Option("--version", is_eager=True, callback=_print_version, help="Print mcdc's version and exit."),
+    ] = None,
+) -> None:
+    pass
 
 
-def _settings(flags: dict[str, Any], config: Path | None, *, need_target: bool = True) -> Settings:
-    flags = {k: (tuple(v) if isinstance(v, list) else v) for k, v in flags.items()}
-    return resolve(flags, config_file=config, need_target=need_target)
+# --------------------------------------------------------------------------- flags from the option table
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Settings)}
+_METAVARS = {int: "INTEGER", float: "NUMBER", str: "TEXT", Path: "PATH", tuple: "TEXT"}
+_CONFIG = inspect.Parameter(
+    "config",
+    inspect.Parameter.KEYWORD_ONLY,
+    default=None,
+    annotation=Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            metavar="PATH",
+            help=f"TOML file of settings, keys named like the flags ({ENV_CONFIG} names one too). "
+            "Flags win over MCDC_* variables, which win over the file.",
+        ),
+    ],
+)
 
 
-def _setup_logging(verbose: bool, fmt: str | None = None) -> None:
+def _parameter(option: Option, command: str) -> inspect.Parameter:
+    """One typer option of ``mcdc COMMAND``. Values stay text: config.resolve parses flags, MCDC_*
+    variables and the config file alike, so a bad value reads the same whichever way it came."""
+    kind = field_kind(option.field)
+    names = [option.flag, *option.aliases, *([option.short] if option.short else [])]
+    default = _DEFAULTS[option.field]
+    if kind is bool and default is True:
+        names[0] += f"/--no-{option.name}"
+    annotation: Any = bool if kind is bool else list[str] if kind is tuple else str
+    info = typer.Option(
+        *names,
+        help=option.help_on(command) + _shown(default),
+        metavar=None if kind is bool else option.metavar or _METAVARS[kind],
+        show_default=False,
+    )
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    return inspect.Parameter(option.field, keyword, default=None, annotation=Annotated[annotation | None, info])
+
+
+def _shown(default: Any) -> str:
+    """`` [default: 4]`` for a help text; nothing for flags, lists and options without a default."""
+    if default is None or default is dataclasses.MISSING or isinstance(default, bool) or default in ((), ""):
+        return ""
+    return f" [default: {default:g}]" if isinstance(default, float) else f" [default: {default}]"
+
+
+def _command(
+    name: str, example: str, heading: str = "Example"
+) -> Callable[[Callable[[Settings], None]], Callable[[Settings], None]]:
+    """Register ``body`` as ``mcdc NAME``, with the flags of the options NAME takes: the flags given
+    (and MCDC_*, and --config) resolve into Settings, logging is set up, then ``body(settings)`` runs."""
+    # "\b": click leaves the example's lines as they are
+    epilog = f"{heading}:\n\n\b\n  " + "\n      ".join(line.strip() for line in example.splitlines())
+
+    def register(body: Callable[[Settings], None]) -> Callable[[Settings], None]:
+        def command(config: Path | None = None, **flags: Any) -> None:
+            body(_settings(name, flags, config))
+
+        params = [_parameter(option, name) for option in for_command(name)]
+        command.__signature__ = inspect.Signature([*params, _CONFIG])  # type: ignore[attr-defined]
+        app.command(name, help=body.__doc__, epilog=epilog)(command)
+        return body
+
+    return register
+
+
+def _settings(command: str, flags: dict[str, Any], config: Path | None) -> Settings:
+    warnings: list[str] = []  # logged once logging is set up as the settings say
     try:
-        setup_logging(fmt or os.environ.get("MCDC_LOG_FORMAT") or "text", verbose)
+        settings = resolve(flags, config_file=config, command=command, warn=warnings.append)
+        setup_logging(settings.log_format, settings.verbose, driver=settings.debug_driver)
     except McdcError as exc:
-        typer.echo(f"mcdc: error: {exc}", err=True)
-        raise typer.Exit(exc.exit_code) from None
+        _fail(exc)
+    for warning in warnings:
+        logging.getLogger("mcdc.config").warning(warning)
+    return settings
+
+
+# --------------------------------------------------------------------------- running a library call
+
+
+def _fail(exc: McdcError) -> NoReturn:
+    typer.echo(f"mcdc: error: {redact(str(exc))}", err=True)
+    raise typer.Exit(exc.exit_code) from None
 
 
 def _run(make: Callable[[], Awaitable[T]]) -> T:
@@ -161,12 +159,11 @@ def _run(make: Callable[[], Awaitable[T]]) -> T:
     except OutputClosed:
         raise typer.Exit(0) from None  # `mcdc tail --target - | head`: the reader has what it wanted
     except McdcError as exc:
-        typer.echo(f"mcdc: error: {redact(str(exc))}", err=True)
-        raise typer.Exit(exc.exit_code) from None
+        _fail(exc)
     except PyMongoError as exc:
         # a server refusal (permissions, a dropped connection that outlived the retries, ...): one line;
         # --verbose logs the traceback for a bug report
-        logging.getLogger("mcdc").debug("server error", exc_info=True)
+        log.debug("server error", exc_info=True)
         typer.echo(f"mcdc: error: MongoDB: {server_message(exc)} (--verbose shows where)", err=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
@@ -178,18 +175,63 @@ def _emit_json(data: dict[str, Any]) -> None:
     sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
-def _replicate(command: str, flags: dict[str, Any], config: Path | None, verbose: bool) -> None:
-    _setup_logging(verbose)
+def _replicate(command: str, settings: Settings) -> None:
+    """sync, catch-up and tail: one SyncJob, with metrics served when --metrics-port says so."""
 
-    async def go() -> tuple[Summary, Settings]:
-        settings = _settings(flags, config)
-        reporter = make_reporter(settings.progress and not settings.json_output)
-        try:
-            return await SyncJob(settings, reporter, command=command).run(), settings
-        finally:
-            reporter.close()
+    async def go() -> Summary:
+        stop = _stop_on_signals() if command == "tail" else None
+        async with _metrics(settings) as metrics:
+            reporter = make_reporter(settings.progress and not settings.json_output)
+            try:
+                return await SyncJob(settings, reporter, command=command, stop=stop, metrics=metrics).run()
+            finally:
+                reporter.close()
 
-    _print_summary(*_run(go))
+    try:
+        summary = _run(go)
+    except asyncio.CancelledError:
+        raise typer.Exit(130) from None
+    _print_summary(summary, settings)
+
+
+def _stop_on_signals() -> asyncio.Event:
+    """SIGINT/SIGTERM set the returned event: the run flushes, saves the checkpoint and returns. A second
+    signal cancels the run at once (the checkpoint is still consistent)."""
+    stop = asyncio.Event()
+    task = asyncio.current_task()
+
+    def on_signal() -> None:
+        if stop.is_set() and task is not None:
+            task.cancel()
+        stop.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    return stop
+
+
+@contextlib.asynccontextmanager
+async def _metrics(settings: Settings) -> AsyncIterator[Metrics | None]:
+    """The run's metrics, served on --metrics-port while it lasts; None without the flag."""
+    if settings.metrics_port is None:
+        yield None
+        return
+    from .metrics import Metrics, serve
+
+    metrics = Metrics()
+    metrics.set_info(version=__version__, source=redact(settings.source), target=redact(settings.target))
+    try:
+        server = await serve(metrics, settings.metrics_port, settings.metrics_host)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: {exc.strerror}"
+        ) from None
+    try:
+        yield metrics
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 def _print_summary(summary: Summary, settings: Settings) -> None:
@@ -202,43 +244,15 @@ def _print_summary(summary: Summary, settings: Settings) -> None:
     typer.echo(text, err=to_stderr)
 
 
-@app.command(
-    epilog="Example:\n\n  mcdc sync --source mongodb://src:27017/?replicaSet=rs0 --target mongodb://dst:27017 "
-    "--workers 8 --exclude 'logs\\..*'",
+# --------------------------------------------------------------------------- the commands
+
+
+@_command(
+    "sync",
+    """mcdc sync --source "mongodb://src:27017/?replicaSet=rs0" --target "mongodb://dst:27017" \\
+      --workers 8 --exclude 'logs\\..*'""",
 )
-def sync(
-    source: Source = None,
-    target: Target = None,
-    checkpoint: CheckpointOpt = None,
-    include: Include = None,
-    exclude: Exclude = None,
-    rename: Rename = None,
-    workers: Workers = None,
-    snapshot: Snapshot = None,
-    snapshot_only: SnapshotOnly = None,
-    drop_target: DropTarget = None,
-    partition_docs: PartitionDocs = None,
-    split: Split = None,
-    batch_docs: BatchDocs = None,
-    max_retries: MaxRetries = None,
-    retry_initial_s: RetryInitial = None,
-    retry_max_s: RetryMax = None,
-    topic_prefix: TopicPrefix = None,
-    topic_routes: TopicRoute = None,
-    sanitize_names: SanitizeNames = None,
-    envelope: EnvelopeOpt = None,
-    schemas: SchemasOpt = None,
-    extended_json: ExtJsonOpt = None,
-    tombstones: TombstonesOpt = None,
-    tx_metadata: TxMetadata = None,
-    heartbeat_interval_s: HeartbeatOpt = None,
-    kafka_opts: KafkaOpt = None,
-    pre_images: PreImages = None,
-    config: ConfigOpt = None,
-    json_output: JsonOpt = None,
-    progress: ProgressOpt = None,
-    verbose: Verbose = False,
-) -> None:
+def sync(settings: Settings) -> None:
     """One-shot migration: snapshot every selected collection, then replay the changes made meanwhile.
 
     Records the change stream position first, copies collections (options, views, indexes) with
@@ -247,147 +261,30 @@ def sync(
     command resumes without recopying finished partitions, and each other partition after its last
     acknowledged _id.
     """
-    flags = _flags(locals())
-    _replicate("sync", flags, config, verbose)
+    _replicate("sync", settings)
 
 
-@app.command(
+@_command(
     "catch-up",
-    epilog="Example (cron, every 5 minutes):\n\n  */5 * * * * mcdc catch-up --source mongodb://src/?replicaSet=rs0 "
-    "--target mongodb://dst --checkpoint /var/lib/mcdc/prod.json --no-progress",
+    """*/5 * * * * mcdc catch-up --source "mongodb://src/?replicaSet=rs0" --target "mongodb://dst" \\
+      --checkpoint /var/lib/mcdc/prod.json --no-progress""",
+    heading="Example (cron, every 5 minutes)",
 )
-def catch_up(
-    source: Source = None,
-    target: Target = None,
-    checkpoint: CheckpointOpt = None,
-    include: Include = None,
-    exclude: Exclude = None,
-    rename: Rename = None,
-    workers: Workers = None,
-    max_retries: MaxRetries = None,
-    retry_initial_s: RetryInitial = None,
-    retry_max_s: RetryMax = None,
-    topic_prefix: TopicPrefix = None,
-    topic_routes: TopicRoute = None,
-    sanitize_names: SanitizeNames = None,
-    envelope: EnvelopeOpt = None,
-    schemas: SchemasOpt = None,
-    extended_json: ExtJsonOpt = None,
-    tombstones: TombstonesOpt = None,
-    tx_metadata: TxMetadata = None,
-    heartbeat_interval_s: HeartbeatOpt = None,
-    kafka_opts: KafkaOpt = None,
-    pre_images: PreImages = None,
-    config: ConfigOpt = None,
-    json_output: JsonOpt = None,
-    progress: ProgressOpt = None,
-    verbose: Verbose = False,
-) -> None:
+def catch_up(settings: Settings) -> None:
     """Resume from the checkpoint, replicate up to the source's current time, and exit 0.
 
     The unit a cron job runs. A second run on the same checkpoint while one is active exits at once with
     code 3. An interrupted snapshot is finished first.
     """
-    flags = _flags(locals())
-    _replicate("catch-up", flags, config, verbose)
+    _replicate("catch-up", settings)
 
 
-@app.command(
-    epilog="Example:\n\n  mcdc verify --source mongodb://src/?replicaSet=rs0 --target mongodb://dst --json",
+@_command(
+    "tail",
+    """mcdc tail --source "mongodb://src/?replicaSet=rs0" --target "mongodb://dst" \\
+      --checkpoint /var/lib/mcdc/live.json --metrics-port 9464 --log-format json""",
 )
-def verify(
-    source: Source = None,
-    target: Target = None,
-    include: Include = None,
-    exclude: Exclude = None,
-    rename: Rename = None,
-    workers: Workers = None,
-    config: ConfigOpt = None,
-    json_output: JsonOpt = None,
-    verbose: Verbose = False,
-) -> None:
-    """Compare source and target: counts, every document byte for byte, indexes, collection options.
-
-    Exit 0 when identical; exit 1 with a report (namespace, a few _ids) when not.
-    """
-    flags = _flags(locals())
-    _setup_logging(verbose)
-
-    async def go() -> bool:
-        from .verify import verify as run_verify
-
-        report = await run_verify(_settings(flags, config))
-        if json_output:
-            _emit_json(report.to_json())
-        else:
-            for line in report.lines():
-                typer.echo(line)
-        return report.ok
-
-    if not _run(go):
-        raise typer.Exit(VerifyMismatch.exit_code)
-
-
-LogFormat = Annotated[str | None, typer.Option("--log-format", help="text | json (one JSON object per line).")]
-
-
-@app.command(
-    epilog="Example:\n\n  mcdc tail --source mongodb://src/?replicaSet=rs0 --target mongodb://dst "
-    "--checkpoint /var/lib/mcdc/live.json --metrics-port 9464 --log-format json",
-)
-def tail(
-    source: Source = None,
-    target: Target = None,
-    checkpoint: CheckpointOpt = None,
-    include: Include = None,
-    exclude: Exclude = None,
-    rename: Rename = None,
-    start_at: Annotated[
-        str | None,
-        typer.Option("--start-at", help="Without a checkpoint: start here (ISO-8601 time or SECONDS,INCREMENT)."),
-    ] = None,
-    snapshot: Snapshot = None,
-    workers: Workers = None,
-    shards: ShardOpt = None,
-    on_history_lost: Annotated[
-        str | None, typer.Option("--on-history-lost", help="fail | resnapshot, when the position left the oplog.")
-    ] = None,
-    oversize: Annotated[
-        str | None,
-        typer.Option("--oversize", help="fail | skip: change events over 16 MB the server cannot split."),
-    ] = None,
-    max_retries: MaxRetries = None,
-    retry_initial_s: RetryInitial = None,
-    retry_max_s: RetryMax = None,
-    replay_batch: Annotated[
-        int | None, typer.Option("--max-batch-size", help="Events per write batch (Debezium's max.batch.size).")
-    ] = None,
-    max_queue_events: Annotated[
-        int | None, typer.Option("--max-queue-size", help="Events read ahead at most (Debezium's max.queue.size).")
-    ] = None,
-    metrics_port: Annotated[
-        int | None, typer.Option("--metrics-port", help="Serve Prometheus /metrics and /health on this port.")
-    ] = None,
-    metrics_host: Annotated[
-        str | None, typer.Option("--metrics-host", help="Address to bind the metrics port. [default: 127.0.0.1]")
-    ] = None,
-    log_format: LogFormat = None,
-    topic_prefix: TopicPrefix = None,
-    topic_routes: TopicRoute = None,
-    sanitize_names: SanitizeNames = None,
-    envelope: EnvelopeOpt = None,
-    schemas: SchemasOpt = None,
-    extended_json: ExtJsonOpt = None,
-    tombstones: TombstonesOpt = None,
-    tx_metadata: TxMetadata = None,
-    heartbeat_interval_s: HeartbeatOpt = None,
-    kafka_opts: KafkaOpt = None,
-    pre_images: PreImages = None,
-    config: ConfigOpt = None,
-    json_output: JsonOpt = None,
-    progress: ProgressOpt = None,
-    verbose: Verbose = False,
-) -> None:
+def tail(settings: Settings) -> None:
     """Live replication: follow the source from the checkpoint until SIGINT/SIGTERM, then flush, save
     the checkpoint and exit 0.
 
@@ -396,76 +293,42 @@ def tail(
     source or the target; nothing is skipped (events after the checkpoint are applied again,
     idempotently).
     """
-    flags = _flags(locals())
-    _setup_logging(verbose, log_format)
-
-    async def go() -> tuple[Summary, Settings]:
-        from .metrics import Metrics, serve
-
-        settings = _settings(flags, config)
-        stop = asyncio.Event()
-        task = asyncio.current_task()
-
-        def on_signal() -> None:
-            if stop.is_set() and task is not None:
-                task.cancel()  # a second signal: stop now; the checkpoint is still consistent
-            stop.set()
-
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal)
-        metrics = Metrics()
-        metrics.set_info(version=__version__, source=redact(settings.source), target=redact(settings.target))
-        server = None
-        if settings.metrics_port is not None:
-            try:
-                server = await serve(metrics, settings.metrics_port, settings.metrics_host)
-            except OSError as exc:
-                raise ConfigError(
-                    f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: {exc.strerror}"
-                ) from None
-        reporter = make_reporter(settings.progress and not settings.json_output)
-        try:
-            job = SyncJob(settings, reporter, command="tail", stop=stop, metrics=metrics)
-            return await job.run(), settings
-        finally:
-            reporter.close()
-            if server is not None:
-                server.close()
-                await server.wait_closed()
-
-    try:
-        summary, settings = _run(go)
-    except asyncio.CancelledError:
-        raise typer.Exit(130) from None
-    _print_summary(summary, settings)
+    _replicate("tail", settings)
 
 
-@app.command(
-    epilog="Example:\n\n  mcdc status --checkpoint /var/lib/mcdc/live.json --source mongodb://src/?replicaSet=rs0",
-)
-def status(
-    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="The checkpoint file to read.")],
-    source: Annotated[
-        str | None, typer.Option("--source", "-s", help="Measure lag against this source's current time.")
-    ] = None,
-    json_output: JsonOpt = None,
-) -> None:
-    """Print a checkpoint's position, age, lag and snapshot state (reads the file; changes nothing)."""
+@_command("verify", 'mcdc verify --source "mongodb://src/?replicaSet=rs0" --target "mongodb://dst" --json')
+def verify(settings: Settings) -> None:
+    """Compare source and target: counts, every document byte for byte, indexes, collection options.
 
-    async def go() -> dict[str, Any]:
-        from .status import checkpoint_status
+    Exit 0 when identical; exit 1 with a report (namespace, a few _ids) when not; exit 2 when the
+    selection matches no namespace on the source.
+    """
+    from .verify import verify as run_verify
 
-        if source is not None:
-            check_mongo_uri(source, "--source")
-        return await checkpoint_status(checkpoint, source)
+    report = _run(lambda: run_verify(settings))
+    if settings.json_output:
+        _emit_json(report.to_json())
+    else:
+        for line in report.lines():
+            typer.echo(line)
+    if not report.ok:
+        raise typer.Exit(VerifyMismatch.exit_code)
 
-    data = _run(go)
-    if json_output:
+
+@_command("status", 'mcdc status --checkpoint /var/lib/mcdc/live.json --source "mongodb://src/?replicaSet=rs0"')
+def status(settings: Settings) -> None:
+    """Print a checkpoint's position, age, lag and snapshot state (reads the file; changes nothing).
+
+    The checkpoint is --checkpoint's, else the default one of --source and --target (as sync, catch-up
+    and tail find it; --config works too).
+    """
+    from .status import status as read_status
+    from .status import status_lines
+
+    data = _run(lambda: read_status(settings))
+    if settings.json_output:
         _emit_json(data)
     else:
-        from .status import status_lines
-
         typer.echo("\n".join(status_lines(data)))
 
 

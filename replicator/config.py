@@ -1,33 +1,37 @@
 """Frozen settings and their one resolution path: flags > MCDC_* environment > TOML file > defaults.
 
-Every default lives here. Nothing else reads the environment or the config file.
+Every default lives here, on :class:`Settings`. The options that set its fields are declared once in
+options.py; this module reads every layer through that table (:func:`resolve`, and
+:func:`settings_from_strings` for engines that pass options as text). Nothing else reads the environment
+or the config file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
+import logging
+import math
 import os
 import re
 import tomllib
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, get_args, get_origin, get_type_hints
 
 from bson.timestamp import Timestamp
 
 from .errors import ConfigError
+from .fields import FieldRules
 from .filters import Renamer, Selection
+from .options import BY_ENV, BY_FIELD, BY_NAME, ENV_CONFIG, OPTIONS, OTHER_ENV, OTHER_ENV_PREFIXES, Option, closest
 from .uri import check_mongo_uri, host_set, is_mongo_uri, kafka_bootstrap, redact
 
-SNAPSHOT_MODES = ("initial", "always", "never", "when_needed")
-SPLIT_MODES = ("auto", "always", "never")
-HISTORY_LOST_MODES = ("fail", "resnapshot")
-LOG_FORMATS = ("text", "json")
-ENVELOPES = ("debezium", "debezium-legacy", "plain")
-EXTENDED_JSON_MODES = ("canonical", "relaxed")
-PRE_IMAGE_MODES = ("off", "whenAvailable", "required")
+_log = logging.getLogger("mcdc.config")
 
 
 def parse_start_at(text: str) -> Timestamp:
@@ -49,12 +53,12 @@ def parse_start_at(text: str) -> Timestamp:
     return Timestamp(int(when.timestamp()), 1)
 
 
-FULL_DOCUMENT_MODES = ("updateLookup", "whenAvailable", "required", "default")
-
-
 @dataclass(frozen=True)
 class Settings:
-    """Everything one mcdc run needs. Build it with :func:`resolve`; pass it to constructors."""
+    """Everything one mcdc run needs. Build it with :func:`resolve`; pass it to constructors.
+
+    Every field but ``selection`` and ``renamer`` (compiled from include/exclude/rename) is set by one
+    option of options.py: its flag, MCDC_* variable and config-file key."""
 
     source: str
     target: str = ""
@@ -108,6 +112,8 @@ class Settings:
     pre_images: str = "off"  # fullDocumentBeforeChange: off | whenAvailable | required ("before")
     field_exclude: tuple[str, ...] = ()  # [field.exclude.list] db.coll.path: dropped from documents and updates
     field_rename: tuple[str, ...] = ()  # [field.renames] db.coll.path=newname
+    verbose: bool = False  # mcdc's debug lines
+    debug_driver: bool = False  # pymongo's debug lines (commands, server selection)
     selection: Selection = field(default_factory=Selection, compare=False)
     renamer: Renamer = field(default_factory=Renamer, compare=False)
 
@@ -123,56 +129,112 @@ class Settings:
         return base / "mcdc" / f"checkpoint-{digest}.json"
 
 
-_FIELDS = {f.name: f for f in fields(Settings) if f.name not in ("selection", "renamer")}
-_TUPLE_FIELDS = {
-    *("include", "exclude", "rename", "shards", "topic_routes", "kafka_opts", "field_exclude", "field_rename"),
-}
-_BOOL_FIELDS = {"snapshot_only", "drop_target", "json_output", "progress", "sanitize_names", "schemas", "tx_metadata"}
-_INT_FIELDS = {
-    "workers",
-    "partition_docs",
-    "batch_docs",
-    "batch_bytes",
-    "queue_batches",
-    "replay_batch",
-    "max_queue_events",
-    "max_retries",
-    "verify_sample",
-    "metrics_port",
-}
-_FLOAT_FIELDS = {"retry_initial_s", "retry_max_s", "connect_timeout_s", "shard_refresh_s", "heartbeat_interval_s"}
+def _kind(hint: Any) -> Any:
+    """How a field's value is read: its type without ``| None`` (tuple: a repeatable option)."""
+    if get_origin(hint) is UnionType:
+        (hint,) = (a for a in get_args(hint) if a is not type(None))
+    return get_origin(hint) or hint
 
 
-def _coerce(name: str, value: Any, origin: str) -> Any:
-    flag = "--" + name.replace("_", "-")
-    try:
-        if name in _TUPLE_FIELDS:
-            if isinstance(value, str):
-                return tuple(v for v in value.split(",") if v) if origin == "env" else (value,)
-            return tuple(str(v) for v in value)
-        if name in _BOOL_FIELDS:
-            if isinstance(value, str):
-                if value.lower() in ("1", "true", "yes", "on"):
-                    return True
-                if value.lower() in ("0", "false", "no", "off", ""):
-                    return False
-                raise ValueError(value)
-            return bool(value)
-        if name in _INT_FIELDS:
-            if isinstance(value, bool):
-                raise ValueError(value)
-            return int(value)
-        if name in _FLOAT_FIELDS:
-            return float(value)
-        if name == "checkpoint":
-            return Path(value).expanduser()
-        return str(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{flag} ({origin}) has an invalid value {value!r}") from None
+_KINDS = {name: _kind(hint) for name, hint in get_type_hints(Settings).items()}
+
+
+def field_kind(name: str) -> Any:
+    """The type a Settings field's option reads: bool (a flag), int, float, str, Path, or tuple (repeatable)."""
+    return _KINDS[name]
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def _parse(option: Option, value: Any, origin: str, *, split: bool = False) -> Any:
+    """``value`` as ``option``'s field wants it, from a flag, the config file, MCDC_* or a strings map.
+
+    Text is parsed by the field's type; ``split`` reads a repeatable option's text as a list (comma-separated,
+    or a JSON array when an item holds a comma). ``origin`` names where the value came from in the error."""
+    kind = _KINDS[option.field]
+    if kind is tuple:
+        items = (_split(value) if split else [value]) if isinstance(value, str) else value
+        if not isinstance(items, list | tuple) or not all(isinstance(v, str) for v in items):
+            raise _invalid(origin, "must be a string or a list of strings", value)
+        return tuple(items)
+    if isinstance(value, str) and kind is not str:
+        value = value.strip()
+    if kind is bool:
+        if isinstance(value, str) and value.lower() in _TRUE + _FALSE:
+            value = value.lower() in _TRUE
+        if not isinstance(value, bool):
+            raise _invalid(origin, "must be true or false", value)
+    elif kind is int:
+        if isinstance(value, str) and re.fullmatch(r"[+-]?\d+", value):
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise _invalid(origin, "must be a whole number", value)
+    elif kind is float:
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                value = float(value)
+        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+            raise _invalid(origin, "must be a number", value)
+        value = float(value)
+    elif kind is Path:
+        if not isinstance(value, str | os.PathLike) or not str(value):
+            raise _invalid(origin, "must be a file path", value)
+        value = Path(value).expanduser()
+    elif not isinstance(value, str):
+        raise _invalid(origin, "must be a string", value)
+    _check(option, value, origin)
+    return value
+
+
+def _check(option: Option, value: Any, origin: str) -> None:
+    """The option's own bounds: its choices, its minimum and maximum."""
+    if option.choices and value not in option.choices:
+        raise _invalid(origin, f"must be one of {', '.join(option.choices)}", value)
+    if option.minimum is not None and value < option.minimum:
+        raise _invalid(origin, f"must be at least {option.minimum}", value)
+    if option.maximum is not None and value > option.maximum:
+        raise _invalid(origin, f"must be at most {option.maximum}", value)
+
+
+def _split(text: str) -> list[str]:
+    """A repeatable option's value in one string: ``a,b``, or ``["a{1,3}", "b"]`` when an item holds a comma."""
+    if text.lstrip().startswith("["):
+        try:
+            items = json.loads(text)
+        except ValueError:
+            pass
+        else:
+            if isinstance(items, list) and all(isinstance(v, str) for v in items):
+                return items
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _invalid(origin: str, problem: str, value: Any) -> ConfigError:
+    return ConfigError(f"{origin} {problem}, got {value!r}")
+
+
+def _format(value: Any) -> str:
+    """The text :func:`_parse` reads back as ``value``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return json.dumps(list(value)) if any("," in v for v in value) else ",".join(value)
+    return str(value)
+
+
+def _named(key: str) -> Option | None:
+    """The option a config-file or strings-map key names: its long flag name, with dashes or underscores."""
+    return BY_NAME.get(key.replace("_", "-"))
+
+
+def _unknown(what: str, word: str, render: Callable[[Option], str]) -> str:
+    option = closest(word)
+    return f"{what} {word!r}" + (f" (did you mean {render(option)!r}?)" if option is not None else "")
 
 
 def load_toml(path: Path) -> dict[str, Any]:
-    """Read a config file: top-level keys named like the long flags (dashes or underscores)."""
+    """Read a config file: top-level keys are the long flag names (dashes or underscores)."""
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
@@ -183,19 +245,48 @@ def load_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
     out = {}
     for key, value in data.items():
-        name = key.replace("-", "_")
-        if name not in _FIELDS:
-            raise ConfigError(f"config file {path}: unknown setting {key!r}")
-        out[name] = _coerce(name, value, "config file")
+        option = _named(key)
+        if option is None:
+            raise ConfigError(f"config file {path}: " + _unknown("unknown setting", key, lambda o: o.name))
+        out[option.field] = _parse(option, value, f"config file {path}: {key}")
     return out
 
 
-def load_env(env: Mapping[str, str]) -> dict[str, Any]:
+def load_env(env: Mapping[str, str], warn: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The MCDC_* variables that name options; any other MCDC_* variable is a warning (a typo would
+    otherwise be ignored without a word)."""
     out = {}
-    for name in _FIELDS:
-        value = env.get("MCDC_" + name.upper())
+    for name, value in env.items():
+        if not name.startswith("MCDC_"):
+            continue
+        option = BY_ENV.get(name)
+        if option is not None:
+            out[option.field] = _parse(option, value, name, split=True)
+        elif name not in OTHER_ENV and not name.startswith(OTHER_ENV_PREFIXES):
+            (warn or _log.warning)(_unknown("ignoring the unknown variable", name, lambda o: o.env))
+    return out
+
+
+def settings_from_strings(options: Mapping[str, str], *, command: str | None = None) -> Settings:
+    """Settings from option names and text values, as Spark passes options: ``{"source": "mongodb://...",
+    "max-batch-size": "500", "include": "shop\\..*,crm\\.customers"}``. Names are the long flag names;
+    repeatable options are comma-separated (or a JSON array). No environment, no config file."""
+    merged = {}
+    for key, value in options.items():
+        option = _named(key)
+        if option is None:
+            raise ConfigError(_unknown("unknown option", key, lambda o: o.name))
+        merged[option.field] = _parse(option, value, f"option {key}", split=True)
+    return _build(merged, command)
+
+
+def settings_to_strings(settings: Settings) -> dict[str, str]:
+    """The options that :func:`settings_from_strings` turns back into ``settings`` (unset ones left out)."""
+    out = {}
+    for option in OPTIONS:
+        value = getattr(settings, option.field)
         if value is not None:
-            out[name] = _coerce(name, value, f"MCDC_{name.upper()}")
+            out[option.name] = _format(value)
     return out
 
 
@@ -204,77 +295,71 @@ def resolve(
     *,
     env: Mapping[str, str] | None = None,
     config_file: Path | None = None,
-    need_target: bool = True,
+    command: str | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> Settings:
-    """Merge flags (only those the user set: None means unset), MCDC_* variables and a TOML file."""
+    """Merge flags (keyed by Settings field; None means not given), MCDC_* variables and a TOML file
+    (``config_file``, else $MCDC_CONFIG) over the defaults. ``command`` relaxes what ``status`` needs
+    (neither source nor target); ``warn`` receives the warnings (default: logged)."""
+    env = os.environ if env is None else env
+    if config_file is None and env.get(ENV_CONFIG):
+        config_file = Path(env[ENV_CONFIG]).expanduser()
     merged: dict[str, Any] = {}
     if config_file is not None:
         merged.update(load_toml(config_file))
-    merged.update(load_env(os.environ if env is None else env))
-    merged.update({k: _coerce(k, v, "flag") for k, v in flags.items() if v is not None and v != ()})
-    if not merged.get("source"):
+    merged.update(load_env(env, warn))
+    for name, value in flags.items():
+        if value is None or (isinstance(value, list | tuple) and not value):
+            continue
+        option = BY_FIELD[name]
+        merged[name] = _parse(option, tuple(value) if isinstance(value, list) else value, option.flag)
+    return _build(merged, command)
+
+
+def _build(merged: dict[str, Any], command: str | None) -> Settings:
+    if not merged.get("source") and command != "status":
         raise ConfigError("no source: pass --source URI (or set MCDC_SOURCE)")
-    settings = Settings(**merged)
-    return validate(settings, need_target=need_target)
+    return validate(Settings(**{"source": "", **merged}), command=command)
 
 
-def validate(s: Settings, *, need_target: bool = True) -> Settings:
-    """Check values and cross-field rules; returns the settings with selection/renamer compiled."""
-    check_mongo_uri(s.source, "--source")
-    if need_target:
-        if not s.target:
-            raise ConfigError("no target: pass --target URI (or set MCDC_TARGET)")
-        if s.target.lower().startswith("kafka:"):
-            kafka_bootstrap(s.target)
-        if s.target.lower().startswith("jsonl:") and not s.target[len("jsonl:") :]:
-            raise ConfigError("--target jsonl:PATH needs a file path, e.g. jsonl:/var/lib/mcdc/events.jsonl")
-        if is_mongo_uri(s.target):
-            check_mongo_uri(s.target, "--target")
-            if host_set(s.source) & host_set(s.target) and not s.rename:
-                raise ConfigError(f"target {redact(s.target)} is the source server; replicate to a different server")
-    if s.snapshot not in SNAPSHOT_MODES:
-        raise ConfigError(f"--snapshot must be one of {', '.join(SNAPSHOT_MODES)}, got {s.snapshot!r}")
-    if s.on_history_lost not in HISTORY_LOST_MODES:
-        raise ConfigError(f"--on-history-lost must be one of {', '.join(HISTORY_LOST_MODES)}")
-    if s.oversize not in ("fail", "skip"):
-        raise ConfigError("--oversize must be fail or skip")
-    if s.log_format not in LOG_FORMATS:
-        raise ConfigError(f"--log-format must be one of {', '.join(LOG_FORMATS)}")
+def validate(s: Settings, *, command: str | None = None) -> Settings:
+    """Check values and cross-field rules; returns the settings with selection/renamer compiled.
+    ``status`` needs neither a source nor a target (a --checkpoint is enough)."""
+    for option in OPTIONS:  # flags, MCDC_* and the file were checked as they were read; Settings made in code
+        value = getattr(s, option.field)
+        if value is not None:
+            _check(option, value, option.flag)
+    if s.source or command != "status":
+        check_mongo_uri(s.source, "--source")
+    if s.target or command != "status":
+        _validate_target(s)
     if s.start_at is not None:
         parse_start_at(s.start_at)
-    if s.metrics_port is not None and not 0 <= s.metrics_port <= 65535:
-        raise ConfigError("--metrics-port must be between 0 and 65535")
     for shard in s.shards:
         check_mongo_uri(shard, "--shard")
-    if s.split not in SPLIT_MODES:
-        raise ConfigError(f"--split must be one of {', '.join(SPLIT_MODES)}, got {s.split!r}")
-    if s.full_document not in FULL_DOCUMENT_MODES:
-        raise ConfigError(f"--full-document must be one of {', '.join(FULL_DOCUMENT_MODES)}")
-    for name in ("workers", "partition_docs", "batch_docs", "batch_bytes", "queue_batches", "replay_batch"):
-        if getattr(s, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
     _validate_event_options(s)
-    if s.max_retries < -1:
-        raise ConfigError("--max-retries must be -1 (forever), 0 (never) or a positive count")
+    FieldRules(s.field_exclude, s.field_rename)  # a bad rule fails now, before any connection
     selection = Selection.from_patterns(s.include, s.exclude)
     renamer = Renamer.from_rules(s.rename)
-    return _replace(s, selection=selection, renamer=renamer)
+    return replace(s, selection=selection, renamer=renamer)
 
 
-def _choice(value: str, allowed: tuple[str, ...], flag: str) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{flag} must be one of {', '.join(allowed)}, got {value!r}")
+def _validate_target(s: Settings) -> None:
+    if not s.target:
+        raise ConfigError("no target: pass --target URI (or set MCDC_TARGET)")
+    if s.target.lower().startswith("kafka:"):
+        kafka_bootstrap(s.target)
+    if s.target.lower().startswith("jsonl:") and not s.target[len("jsonl:") :]:
+        raise ConfigError("--target jsonl:PATH needs a file path, e.g. jsonl:/var/lib/mcdc/events.jsonl")
+    if is_mongo_uri(s.target):
+        check_mongo_uri(s.target, "--target")
+        if host_set(s.source) & host_set(s.target) and not s.rename:
+            raise ConfigError(f"target {redact(s.target)} is the source server; replicate to a different server")
 
 
 def _validate_event_options(s: Settings) -> None:
-    _choice(s.envelope, ENVELOPES, "--envelope")
-    _choice(s.extended_json, EXTENDED_JSON_MODES, "--extended-json")
-    _choice(s.tombstones, ("on", "off"), "--tombstones")
-    _choice(s.pre_images, PRE_IMAGE_MODES, "--pre-images")
     if not s.topic_prefix or any(c in s.topic_prefix for c in "/\\ \t\n"):
         raise ConfigError(f"--topic-prefix {s.topic_prefix!r} is not a usable topic name prefix")
-    if s.heartbeat_interval_s < 0:
-        raise ConfigError("--heartbeat-interval must be 0 (off) or a number of seconds")
     for route in s.topic_routes:
         pattern, sep, topic = route.partition("=")
         if not sep or not pattern or not topic:
@@ -288,9 +373,3 @@ def _validate_event_options(s: Settings) -> None:
         if not sep or not key.strip():
             # never echo the value: it may be a password
             raise ConfigError(f"--kafka-opt {key.strip() or '?'}: expected KEY=VALUE (e.g. linger.ms=5)")
-
-
-def _replace(s: Settings, **changes: Any) -> Settings:
-    from dataclasses import replace
-
-    return replace(s, **changes)

@@ -10,6 +10,7 @@ from typing import Any
 from bson.timestamp import Timestamp
 
 from .checkpoint import CheckpointStore
+from .config import Settings
 from .errors import ConfigError
 from .source.changestream import current_time
 from .source.connection import make_client, probe
@@ -63,6 +64,23 @@ async def checkpoint_status(path: Path, source: str | None = None, timeout_s: fl
             "collections_remaining": len({p.ns for p in plan if p.id not in cp.snapshot.done}),
         },
     }
+
+
+async def status(settings: Settings) -> dict[str, Any]:
+    """``mcdc status``: the status of --checkpoint, else of the default checkpoint of --source and --target
+    (the one sync, catch-up and tail use without --checkpoint)."""
+    if settings.checkpoint is None and not (settings.source and settings.target):
+        raise ConfigError(
+            "which checkpoint? pass --checkpoint PATH, or --source and --target (or a --config naming them) "
+            "to read the default one"
+        )
+    path = settings.checkpoint_path()
+    if settings.checkpoint is None and not path.exists():
+        raise ConfigError(
+            f"no checkpoint at {path}, the default one of this source and target "
+            "(pass --checkpoint if the run was given one)"
+        )
+    return await checkpoint_status(path, settings.source or None, settings.connect_timeout_s)
 
 
 def status_lines(status: dict[str, Any]) -> list[str]:

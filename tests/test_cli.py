@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pymongo
 import pytest
+import typer
 from typer.testing import CliRunner
 
-from replicator.checkpoint import CheckpointStore
+import replicator
+from replicator import __version__
+from replicator.checkpoint import Checkpoint, CheckpointStore
 from replicator.cli import app
+from replicator.config import Settings, field_kind, settings_from_strings
+from replicator.options import BY_ENV, for_command
+from tests.test_config import SAMPLE
 
 runner = CliRunner()
 COMMANDS = ["sync", "catch-up", "tail", "status", "verify", "version"]
+SETTINGS_COMMANDS = ["sync", "catch-up", "tail", "verify", "status"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -25,9 +37,140 @@ def test_every_command_has_help_with_an_example(command: str) -> None:
     assert "Example" in result.output and "mcdc " + command in result.output
 
 
-def _mcdc(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+@pytest.mark.parametrize("command", SETTINGS_COMMANDS)
+def test_help_is_conventional(command: str) -> None:
+    text = runner.invoke(app, [command, "-h"], terminal_width=200).output
+    assert text == runner.invoke(app, [command, "--help"], terminal_width=200).output
+    assert "<" not in text.split("Options:")[1].split("Example")[0]  # TEXT, INTEGER, URI, ..., not <list[str]>
+    example = text.split("Example")[1]
+    assert "mongodb://" in example and not re.search(r"(?<![\"'])mongodb://", example)  # URIs are quoted
+    if command != "status":
+        assert re.search(r"--workers INTEGER +.*\[default: 4\]", text)
+        assert "--include REGEX" in text and "--rename SRC=DST" in text
+
+
+def test_version_flag_and_verify_help_lists_only_mongodb_targets() -> None:
+    assert runner.invoke(app, ["--version"]).output == f"mcdc {__version__}\n"
+    assert runner.invoke(app, ["-h"]).exit_code == 0
+    verify_help = runner.invoke(app, ["verify", "-h"], terminal_width=200).output
+    target = next(line for line in verify_help.splitlines() if "--target" in line)
+    assert "mongodb://" in target and not re.search("kafka|stdout|jsonl", target)
+
+
+#: Fields a command's code reads that it offers no flag for, and why.
+NOT_APPLICABLE = {
+    "sync": {"shard_refresh_s": "only tail follows shards being added or removed"},
+    "catch-up": {
+        "shard_refresh_s": "only tail follows shards being added or removed",
+        "start_at": "catch-up needs a checkpoint, and a checkpoint wins over --start-at",
+    },
+    "tail": {"snapshot_only": "tail follows the stream: a copy without it is sync --snapshot-only"},
+    "verify": {},
+    "status": {},
+}
+ROOT = Path(replicator.__file__).parent
+#: The code each command runs: modules, and the functions of cli.py on its way.
+_NOT_THE_JOB = ("cli.py", "config.py", "options.py", "verify.py", "status.py")
+READERS = {
+    "job": (
+        [p for p in ROOT.rglob("*.py") if p.name not in _NOT_THE_JOB],
+        ["_settings", "_replicate", "_metrics", "_print_summary"],
+    ),
+    "verify": ([ROOT / "verify.py"], ["_settings", "verify"]),
+    "status": ([ROOT / "status.py"], ["_settings", "status"]),
+}
+FIELDS = {f.name for f in dataclasses.fields(Settings)}
+DERIVED = {"selection": {"include", "exclude"}, "renamer": {"rename"}}
+
+
+def _reads(tree: ast.AST) -> set[str]:
+    """The Settings fields read in ``tree``: attributes of ``s``, ``settings``, ``self.s``, and the fields
+    behind ``selection``, ``renamer`` and ``checkpoint_path()``."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        owner = node.value
+        if not (isinstance(owner, ast.Name) and owner.id in ("s", "settings", "self")) and not (
+            isinstance(owner, ast.Attribute) and owner.attr == "s"
+        ):
+            continue
+        if node.attr == "checkpoint_path":
+            out |= {"checkpoint", "source", "target", "topic_prefix"}  # checked below against its code
+        elif node.attr in FIELDS and not (isinstance(owner, ast.Name) and owner.id == "self"):
+            out |= DERIVED.get(node.attr, {node.attr})
+    return out
+
+
+def _fields_read(command: str) -> set[str]:
+    modules, functions = READERS.get(command, READERS["job"])
+    out = set().union(*(_reads(ast.parse(path.read_text())) for path in modules))
+    cli = ast.parse((ROOT / "cli.py").read_text())
+    defs = {node.name: node for node in cli.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)}
+    for name in functions:
+        out |= _reads(defs[name])
+    return out
+
+
+def test_checkpoint_path_reads_what_the_walk_assumes() -> None:
+    config = ast.parse((ROOT / "config.py").read_text())
+    method = next(n for n in ast.walk(config) if isinstance(n, ast.FunctionDef) and n.name == "checkpoint_path")
+    reads = {n.attr for n in ast.walk(method) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
+    assert reads & FIELDS == {"checkpoint", "source", "target", "topic_prefix"}
+
+
+@pytest.mark.parametrize("command", SETTINGS_COMMANDS)
+def test_every_command_has_a_flag_for_each_setting_it_reads_and_no_other(command: str) -> None:
+    offered = {option.field for option in for_command(command)}
+    needed = _fields_read(command) - set(NOT_APPLICABLE[command])
+    assert needed - offered == set(), f"mcdc {command} reads these settings but has no flag for them"
+    assert offered - needed == set(), f"mcdc {command} has flags for settings it never reads"
+    assert set(NOT_APPLICABLE[command]) <= _fields_read(command)  # the exceptions are real ones
+    click_command = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
+    assert {p.name for p in click_command.params} == offered | {"config"}
+
+
+def _args(command: str) -> list[str]:
+    """Every flag ``mcdc COMMAND`` takes, with SAMPLE's value."""
+    args = []
+    for option in for_command(command):
+        value, kind = SAMPLE[option.name], field_kind(option.field)
+        if kind is bool:
+            args.append(option.flag if value == "true" else f"--no-{option.name}")
+        elif kind is tuple:
+            for item in value.split(","):
+                args += [option.flag, item]
+        else:
+            args += [option.flag, value]
+    return args
+
+
+@pytest.mark.parametrize("command", SETTINGS_COMMANDS)
+def test_every_flag_reaches_the_settings(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in BY_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr("replicator.cli.setup_logging", lambda *args, **kwargs: None)
+    seen: list[Settings] = []
+
+    async def library_call(settings: Settings) -> Any:
+        seen.append(settings)
+        return {} if command == "status" else VerifyReport(0, 0, [])
+
+    from replicator.verify import VerifyReport
+
+    monkeypatch.setattr("replicator.cli._replicate", lambda name, settings: seen.append(settings))
+    monkeypatch.setattr("replicator.verify.verify", library_call)
+    monkeypatch.setattr("replicator.status.status", library_call)
+    result = runner.invoke(app, [command, *_args(command)])
+    assert result.exit_code == 0, result.output
+    expected = settings_from_strings({o.name: SAMPLE[o.name] for o in for_command(command)}, command=command)
+    assert seen == [expected]
+    assert seen[0].replay_batch == (250 if command in ("sync", "catch-up", "tail") else 1000)
+
+
+def _mcdc(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "replicator.cli", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "replicator.cli", *args], capture_output=True, text=True, timeout=timeout, env=env
     )
 
 
@@ -196,3 +339,35 @@ def test_a_selection_that_matches_nothing(source_uri: str, target_uri: str, tmp_
     synced = _mcdc("sync", *uris, "-c", str(cp), "--no-progress")  # an empty source: a warning
     assert synced.returncode == 0, synced.stderr
     assert "WARNING" in synced.stderr and "the source holds no collection" in synced.stderr
+
+
+@pytest.mark.integration
+def test_status_finds_the_default_checkpoint(source_uri: str, target_uri: str, tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path)}
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.insert_one({"_id": 1})
+    synced = _mcdc("sync", "-s", source_uri, "-t", target_uri, "--no-progress", env=env)
+    assert synced.returncode == 0, synced.stderr
+    (default,) = (tmp_path / "mcdc").glob("checkpoint-*.json")
+    status = _mcdc("status", "-s", source_uri, "-t", target_uri, "--json", env=env)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["checkpoint"] == str(default)
+    cfg = tmp_path / "mcdc.toml"
+    cfg.write_text(f'source = "{source_uri}"\ntarget = "{target_uri}"\njson = true\n')
+    from_config = _mcdc("status", "--config", str(cfg), env=env)
+    assert json.loads(from_config.stdout)["checkpoint"] == str(default)
+    _assert_one_line_error(_mcdc("status", env=env), 2, "pass --checkpoint PATH, or --source and --target")
+    other = _mcdc("status", "-s", source_uri, "-t", "mongodb://elsewhere.example", env=env)
+    _assert_one_line_error(other, 2, "no checkpoint at", "the default one of this source and target")
+
+
+@pytest.mark.integration
+def test_verbose_is_mcdc_and_the_driver_log_has_its_own_flag(source_uri: str, tmp_path: Path) -> None:
+    cp = tmp_path / "cp.json"
+    CheckpointStore(cp).save(Checkpoint("rs:x"))
+    verbose = _mcdc("status", "-c", str(cp), "-s", source_uri, "-v")
+    assert verbose.returncode == 0, verbose.stderr
+    assert " pymongo" not in verbose.stderr
+    driver = _mcdc("status", "-c", str(cp), "-s", source_uri, "--debug-driver")
+    assert driver.returncode == 0, driver.stderr
+    assert " DEBUG pymongo." in driver.stderr

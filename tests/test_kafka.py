@@ -44,7 +44,7 @@ def _tail(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "MCDC_RETRY_INITIAL_S": "0.2", **(env or {})},
+        env={**os.environ, "MCDC_RETRY_INITIAL_DELAY": "0.2", **(env or {})},
     )
 
 

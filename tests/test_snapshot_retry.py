@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 TOTAL, BATCH, WORKERS = 20_000, 10, 2
 #: an outage longer than the connect timeout surfaces as an error to retry; small batches make a copy long
 #: enough to stop a server in the middle of it (as variables: tail has no --batch-docs)
-ENV = {"MCDC_CONNECT_TIMEOUT_S": "1", "MCDC_BATCH_DOCS": str(BATCH), "MCDC_WORKERS": str(WORKERS)}
+ENV = {"MCDC_CONNECT_TIMEOUT": "1", "MCDC_BATCH_DOCS": str(BATCH), "MCDC_WORKERS": str(WORKERS)}
 RETRY = ("--retry-initial-delay", "0.2", "--retry-max-delay", "2")
 
 

@@ -107,7 +107,7 @@ def test_source_restart_and_target_outage(
         pytest.skip("external servers cannot be restarted by the tests")
     cp = tmp_path / "cp.json"
     port = free_port()
-    fast_fail = {"MCDC_CONNECT_TIMEOUT_S": "1"}  # an outage longer than this surfaces as an error to retry
+    fast_fail = {"MCDC_CONNECT_TIMEOUT": "1"}  # an outage longer than this surfaces as an error to retry
     args = ("--snapshot", "never", "--metrics-port", str(port), "--max-retries", "-1")
     proc = _tail(source_uri, target_uri, cp, *args, env=fast_fail)
     _wait(cp.exists, what="the first checkpoint")
