@@ -30,7 +30,8 @@ from .options import ENV_CONFIG, Option, for_command
 from .progress import make_reporter
 from .sinks.registry import scheme_of
 from .source.connection import server_message
-from .sync import Summary, SyncJob
+from .summary import Summary
+from .sync import SyncJob
 from .uri import redact
 
 if TYPE_CHECKING:

@@ -19,29 +19,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
 
-from bson.timestamp import Timestamp
 from pymongo.errors import PyMongoError
 
 from .checkpoint import Checkpoint, CheckpointStore, SnapshotProgress
 from .config import Settings, parse_start_at
 from .errors import ConfigError, HistoryLost, TopologyError
-from .events import ChangeEvent, Namespace, Op, Position, ts_to_json
+from .events import ChangeEvent, Namespace, Op, Position
 from .extjson import from_jsonable, to_jsonable
 from .fields import FieldRules
-from .filters import Scope, check_copy_within, make_transform, rename_spec, renamed_into_selection
+from .filters import Scope, make_transform, rename_spec, renamed_into_selection
 from .metrics import Metrics
 from .pipeline import CopyLimits, CopyResult, Transform, copy_partitions
+from .preflight import refuse_same_server, source_name, target_identity
 from .progress import Reporter
 from .retry import Backoff, Retrier, is_retryable
 from .sinks.base import Sink
-from .sinks.registry import open_sink, scheme_of
+from .sinks.registry import open_sink
 from .source import catalog
 from .source.connection import Client, ServerInfo, deployment_identity, make_client, probe
 from .source.lookup import source_lookup
@@ -49,117 +47,10 @@ from .source.partitions import ALL, Partition, Resume, plan_collection
 from .source.shards import MergedReader
 from .source.topology import Reader, StreamTopology
 from .streaming import StreamApplier
-from .tally import CollectionProgress, format_rate, format_ts, listing, per_second
-from .uri import host_set, is_mongo_uri, redact
+from .summary import Summary
+from .tally import CollectionProgress, format_ts, listing
+from .uri import redact
 from .watermark import SavePace
-
-
-@dataclass
-class Summary:
-    """What this run did (not earlier runs of the same checkpoint); printed as lines or, with --json, as JSON.
-
-    ``documents``: written by this run's copies, failed attempts' included (they were written);
-    ``events``: replayed by this run; ``snapshot_s``/``replay_s``: the wall time of the copies and of the
-    replays, which the rates divide by; ``position``: the checkpoint's cluster time at the end."""
-
-    command: str
-    source: str
-    target: str
-    checkpoint: str
-    collections: int = 0
-    documents: int = 0
-    events: int = 0
-    snapshot: str = "skipped"
-    elapsed_s: float = 0.0
-    snapshot_s: float = 0.0
-    replay_s: float = 0.0
-    retries: int = 0
-    position: Timestamp | None = None
-
-    @property
-    def docs_per_s(self) -> float | None:
-        return per_second(self.documents, self.snapshot_s)
-
-    @property
-    def events_per_s(self) -> float | None:
-        return per_second(self.events, self.replay_s)
-
-    def to_json(self) -> dict[str, Any]:
-        data = dict(self.__dict__)
-        data["snapshot_s"], data["replay_s"] = round(self.snapshot_s, 3), round(self.replay_s, 3)
-        data["docs_per_s"], data["events_per_s"] = _rounded(self.docs_per_s), _rounded(self.events_per_s)
-        data["position"] = ts_to_json(self.position)
-        return data
-
-    def lines(self) -> list[str]:
-        """The summary a person reads at the end of a run."""
-        copied = f"{self.documents:,} documents copied (snapshot {self.snapshot}"
-        if self.documents:
-            copied += f", {format_rate(self.docs_per_s)} docs/s"
-        replayed = f"{self.events:,} change events replayed"
-        if self.replay_s:
-            replayed += f" in {self.replay_s:.1f} s ({format_rate(self.events_per_s)} events/s)"
-        return [
-            f"{self.command} finished in {self.elapsed_s:.1f} s: {self.collections} collections, {copied}), {replayed}",
-            f"source {self.source} -> target {self.target}",
-            f"checkpoint {self.checkpoint}, position {format_ts(self.position) if self.position else '-'}",
-        ]
-
-
-def _rounded(rate: float | None) -> float | None:
-    return None if rate is None else round(rate, 1)
-
-
-def _same_deployment(source: ServerInfo, sink: Sink, settings: Settings) -> bool:
-    """Is the target the source's own deployment? The host-name check misses aliases (a DNS name and its
-    IP): compare the servers' identities too."""
-    target = getattr(sink, "server", None)
-    if not isinstance(target, ServerInfo):
-        return False
-    if target.process_id and target.process_id == source.process_id:
-        return True
-    if target.deployment_id and target.deployment_id == source.deployment_id:
-        return True
-    return bool(host_set(settings.source) & host_set(settings.target))
-
-
-async def _refuse_same_server(
-    client: Client, source: ServerInfo, sink: Sink, settings: Settings, *, first_run: bool
-) -> None:
-    """A target that is the source's deployment is refused, unless ``--rename`` makes it a copy within
-    it; then no selected namespace may be written over a namespace of the source (see
-    :func:`~replicator.filters.check_copy_within`). After the first run, the copies exist in the
-    deployment too: they are this checkpoint's own, not the source's."""
-    if not _same_deployment(source, sink, settings):
-        return
-    if not settings.rename:
-        raise ConfigError(f"target {redact(settings.target)} is the source server; replicate to a different server")
-    selected = [spec.ns for spec in await catalog.describe(client, settings.selection)]
-    existing = await catalog.list_namespaces(client) if first_run else []
-    check_copy_within(selected, existing, settings.selection, settings.renamer)
-
-
-def _source_name(info: ServerInfo, uri: str) -> str:
-    """The checkpoint's ``source`` field: the replica set name, else the host list. Every ``rs0`` looks alike
-    by it, so it only serves older checkpoints, which carry nothing else (see CheckpointStore.claim)."""
-    if info.set_name:
-        return f"rs:{info.set_name}"
-    return "hosts:" + ",".join(sorted(host_set(uri)))
-
-
-def target_identity(sink: Sink, settings: Settings) -> str | None:
-    """What ties a checkpoint to its target: a MongoDB target's deployment identity (None until ``start()``
-    has probed its server); for an event sink, its redacted URI (a file's absolute path) and topic prefix."""
-    target = settings.target
-    if is_mongo_uri(target):
-        server = getattr(sink, "server", None)
-        return deployment_identity(server, target) if isinstance(server, ServerInfo) else None
-    scheme = scheme_of(target)
-    if scheme == "stdout":
-        target = "stdout"
-    elif scheme == "jsonl":
-        target = "jsonl:" + os.path.abspath(os.path.expanduser(target[len("jsonl:") :]))
-    return f"{redact(target)}#{settings.topic_prefix}"
 
 
 class SyncJob:
@@ -214,7 +105,7 @@ class SyncJob:
                     if not await self._start_sink(sink):  # stopped while the target was unreachable
                         self.summary.elapsed_s = round(time.monotonic() - started, 3)
                         return self.summary
-                    await _refuse_same_server(client, info, sink, self.s, first_run=cp is None)
+                    await refuse_same_server(client, info, sink, self.s, first_run=cp is None)
                     if not claimed:  # a MongoDB target, known now that start() probed it; nothing written yet
                         self._claim(info, sink, cp, started=True)
                     await self._run(client, info, sink, cp)
@@ -264,7 +155,7 @@ class SyncJob:
             cp,
             source=deployment_identity(info, self.s.source),
             target=target or redact(self.s.target),  # a MongoDB sink that did not expose its server
-            source_name=_source_name(info, self.s.source),
+            source_name=source_name(info, self.s.source),
         )
         return True
 
@@ -276,7 +167,7 @@ class SyncJob:
                 "during the copy would be lost. Convert it to a one-member replica set, or pass "
                 "--snapshot-only to copy anyway"
             )
-        identity = _source_name(info, s.source)
+        identity = source_name(info, s.source)
         if self.command == "catch-up" and cp is None:
             raise ConfigError(f"no checkpoint at {self.store.path}: run mcdc sync first (or pass --checkpoint)")
         if s.snapshot_only:

@@ -308,8 +308,8 @@ def test_deployment_identity_prefers_the_servers_own_id() -> None:
 
 def test_event_target_identity_is_the_redacted_uri_and_topic_prefix(tmp_path: Path) -> None:
     from replicator.config import resolve
+    from replicator.preflight import target_identity
     from replicator.sinks.registry import open_sink
-    from replicator.sync import target_identity
 
     def identity(target: str, **flags: object) -> str | None:
         settings = resolve({"source": "mongodb://a", "target": target, **flags}, env={})

@@ -14,7 +14,8 @@ from rich.console import Console
 from replicator.events import Namespace
 from replicator.progress import LogReporter, RichReporter
 from replicator.source.partitions import ALL, Partition
-from replicator.sync import Summary, _progress_plan
+from replicator.summary import Summary
+from replicator.sync import _progress_plan
 from replicator.tally import CollectionProgress, Rate, ReplayTally, SnapshotTally, per_second
 
 RUNNING = re.compile(r"snapshot: ([\d,]+)/([\d,]+) documents \((\d+)%\), ([\d,]+|-) docs/s, ETA (\S+)$")
