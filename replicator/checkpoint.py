@@ -19,7 +19,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,21 @@ class Checkpoint:
     shards: dict[str, Position] = field(default_factory=dict)  # per-shard stream positions
     source_identity: str | None = None
     target_identity: str | None = None
+
+    def acknowledge(
+        self, position: Position, shard_positions: Mapping[str, Position] | None = None, *, applied: bool = True
+    ) -> None:
+        """The sink acknowledged everything up to ``position`` (and, for merged shard streams, each shard
+        up to its entry in ``shard_positions``): move there, never backwards in what is known. With shard
+        streams the overall position moves only with applied events (an idle poll moves just its shard)."""
+        for name, shard_position in (shard_positions or {}).items():
+            self.shards[name] = advance(self.shards.get(name), shard_position)
+        if shard_positions is None or applied:
+            self.position = advance(self.position, position)
+
+    def add_shard(self, name: str, since: Position) -> None:
+        """Follow a shard that appeared: from ``since`` unless it is known already."""
+        self.shards.setdefault(name, since)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -121,6 +136,15 @@ class Checkpoint:
 
 def _optional_str(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+def advance(old: Position | None, new: Position) -> Position:
+    """The newer position; a post-batch token carries no time, so the last known time stays."""
+    if old is None:
+        return new
+    return Position(
+        resume_token=new.resume_token or old.resume_token, cluster_time=new.cluster_time or old.cluster_time
+    )
 
 
 def _position_json(position: Position) -> dict[str, Any]:

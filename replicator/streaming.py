@@ -19,7 +19,7 @@ from bson.timestamp import Timestamp
 
 from .checkpoint import Checkpoint, CheckpointStore
 from .config import Settings
-from .events import ChangeEvent, Position
+from .events import ChangeEvent
 from .metrics import Metrics
 from .pipeline import ReplayResult, Throttle, Transform, replay
 from .progress import Reporter
@@ -107,10 +107,7 @@ class StreamApplier:
 
     async def _ack(self, batch: Batch, events: Sequence[ChangeEvent]) -> None:
         self._retrier.progress()
-        for name, position in (batch.shard_positions or {}).items():
-            self.cp.shards[name] = _advance(self.cp.shards.get(name), position)
-        if batch.shard_positions is None or events:
-            self.cp.position = _advance(self.cp.position, batch.position)
+        self.cp.acknowledge(batch.position, batch.shard_positions, applied=bool(events))
         if self.metrics is not None:
             self._measure(events)
         if self._save():
@@ -155,12 +152,3 @@ class StreamApplier:
         if last is not None:
             metrics.set_last_event_time(float(last.time))
             metrics.set_lag(max(0.0, time.time() - last.time))
-
-
-def _advance(old: Position | None, new: Position) -> Position:
-    """The newer position; a post-batch token carries no time, so the last known time stays."""
-    if old is None:
-        return new
-    return Position(
-        resume_token=new.resume_token or old.resume_token, cluster_time=new.cluster_time or old.cluster_time
-    )

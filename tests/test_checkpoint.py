@@ -372,3 +372,21 @@ async def test_deployment_id_is_read_from_the_server(
     from replicator.source.connection import _deployment_id
 
     assert await _deployment_id(_FakeServer(config, docs), hello) == expected  # type: ignore[arg-type]
+
+
+def test_the_checkpoint_moves_its_positions_on_acknowledgement() -> None:
+    from bson.timestamp import Timestamp
+
+    from replicator.events import Position
+
+    cp = Checkpoint("rs:x", position=Position({"_data": "a"}, Timestamp(10, 1)))
+    cp.acknowledge(Position({"_data": "b"}, None))  # an idle post-batch token: the last known time stays
+    assert cp.position == Position({"_data": "b"}, Timestamp(10, 1))
+    shards = {"s1": Position({"_data": "s1"}, Timestamp(11, 1))}
+    cp.acknowledge(Position({"_data": "c"}, Timestamp(12, 1)), shards, applied=False)  # shards polled idle
+    assert cp.position.resume_token == {"_data": "b"} and cp.shards["s1"] == shards["s1"]
+    cp.acknowledge(Position({"_data": "c"}, Timestamp(12, 1)), shards, applied=True)
+    assert cp.position == Position({"_data": "c"}, Timestamp(12, 1))
+    cp.add_shard("s2", Position(cluster_time=Timestamp(9, 1)))
+    cp.add_shard("s1", Position(cluster_time=Timestamp(1, 1)))  # known already: kept
+    assert cp.shards["s1"] == shards["s1"] and cp.shards["s2"].cluster_time == Timestamp(9, 1)

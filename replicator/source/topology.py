@@ -111,7 +111,7 @@ class StreamTopology:
         """Start streams for added shards (from ``change.since``) and close those of removed ones."""
         for sh in change.added:
             self.reporter.info(f"shard added: {sh}; following it from {change.since}")
-            cp.shards.setdefault(sh.name, Position(cluster_time=change.since))
+            cp.add_shard(sh.name, Position(cluster_time=change.since))
             reader.readers[sh.name] = await self._shard_reader(sh)
         for name in change.removed:
             self.reporter.info(f"shard removed: {name}")
