@@ -111,3 +111,22 @@ def test_what_cannot_resume_starts_over() -> None:
     assert Partition.from_json(measurements.to_json()) == measurements
     older = {k: v for k, v in Partition(NS, 1, "number").to_json().items() if k != "keyed"}
     assert Partition.from_json(older).keyed  # a plan saved before the field: every _id was unique
+
+
+def test_range_cutter_cuts_at_brackets_and_every_n_keys() -> None:
+    from bson.regex import Regex
+
+    from replicator.source.partitions import RangeCutter
+
+    cutter = RangeCutter(Namespace("d", "c"), 2)
+    for value in (1, 2.5, Int64(3), 4, 5, "a", "b", Regex("x"), ObjectId(b"\x00" * 12)):
+        cutter.add(value)
+    parts = cutter.partitions()
+    shape = [(p.bracket, p.lower, p.upper, p.estimated_docs) for p in parts]
+    assert shape == [
+        ("number", None, Int64(3), 2), ("number", Int64(3), 5, 2), ("number", 5, None, 1),
+        ("string", None, None, 2), ("objectId", None, None, 1), (OTHER, None, None, 1),
+    ]  # fmt: skip
+    assert parts[-1].excluded == ("number", "string", "objectId")
+    assert [p.index for p in parts] == list(range(6))
+    assert RangeCutter(Namespace("d", "c"), 2).partitions()[0].bracket == ALL

@@ -212,6 +212,47 @@ def _uses_index(node: Any) -> bool:
     return False
 
 
+class RangeCutter:
+    """Cuts a collection's ``_id``s, fed in ascending order, into partitions: at every bracket change and
+    every ``partition_docs`` keys inside a bracket. Pure: the engines feed it from their own reads."""
+
+    def __init__(self, ns: Namespace, partition_docs: int) -> None:
+        self.ns = ns
+        self.partition_docs = partition_docs
+        self._ranges: list[list[Any]] = []  # [bracket, lower bound or None, docs]
+        self._unknown = 0
+
+    def add(self, value: Any) -> None:
+        """The next ``_id`` in ascending order."""
+        bracket = bracket_of(value)
+        if bracket is None:
+            self._unknown += 1
+            return
+        last = self._ranges[-1] if self._ranges else None
+        if last is None or last[0] != bracket:
+            last = [bracket, None, 0]
+            self._ranges.append(last)
+        elif last[2] >= self.partition_docs:
+            last = [bracket, value, 0]
+            self._ranges.append(last)
+        last[2] += 1
+
+    def partitions(self) -> list[Partition]:
+        """The plan: one range per cut (upper bound: the next range's lower bound in the same bracket),
+        plus a catch-all for ``_id`` types no bracket names; one whole partition when nothing was cut."""
+        if not self._ranges:
+            return [Partition(self.ns, 0, ALL, estimated_docs=self._unknown)]
+        parts: list[Partition] = []
+        for i, (bracket, lower, docs) in enumerate(self._ranges):
+            nxt = self._ranges[i + 1] if i + 1 < len(self._ranges) else None
+            upper = nxt[1] if nxt is not None and nxt[0] == bracket else None
+            parts.append(Partition(self.ns, len(parts), bracket, lower, upper, estimated_docs=docs))
+        if self._unknown:
+            covered = tuple(dict.fromkeys(p.bracket for p in parts))
+            parts.append(Partition(self.ns, len(parts), OTHER, excluded=covered, estimated_docs=self._unknown))
+        return parts
+
+
 async def plan_collection(
     coll: AsyncCollection[Any], ns: Namespace, partition_docs: int, *, capped: bool = False, split: str = "auto"
 ) -> list[Partition]:
@@ -231,34 +272,7 @@ async def plan_collection(
     estimated = await coll.estimated_document_count()
     if estimated <= partition_docs:
         return [Partition(ns, 0, ALL, estimated_docs=estimated)]
-    ranges: list[tuple[str, Any, int]] = []  # (bracket, lower bound or None, docs)
-    current: str | None = None
-    count = 0
-    unknown = 0
-    cursor = coll.find({}, {"_id": 1}, batch_size=10_000).sort("_id", 1)
-    async for doc in cursor:
-        value = doc["_id"]
-        bracket = bracket_of(value)
-        if bracket is None:
-            unknown += 1
-            continue
-        if bracket != current:
-            ranges.append((bracket, None, 0))
-            current, count = bracket, 0
-        elif count >= partition_docs:
-            ranges.append((bracket, value, 0))
-            count = 0
-        count += 1
-        b, lo, n = ranges[-1]
-        ranges[-1] = (b, lo, n + 1)
-    if not ranges:
-        return [Partition(ns, 0, ALL, estimated_docs=unknown)]
-    parts: list[Partition] = []
-    for i, (bracket, lower, docs) in enumerate(ranges):
-        nxt = ranges[i + 1] if i + 1 < len(ranges) else None
-        upper = nxt[1] if nxt is not None and nxt[0] == bracket else None
-        parts.append(Partition(ns, len(parts), bracket, lower, upper, estimated_docs=docs))
-    if unknown:
-        covered = tuple(dict.fromkeys(p.bracket for p in parts))
-        parts.append(Partition(ns, len(parts), OTHER, excluded=covered, estimated_docs=unknown))
-    return parts
+    cutter = RangeCutter(ns, partition_docs)
+    async for doc in coll.find({}, {"_id": 1}, batch_size=10_000).sort("_id", 1):
+        cutter.add(doc["_id"])
+    return cutter.partitions()
