@@ -40,6 +40,7 @@ from .progress import Reporter
 from .retry import Backoff, Retrier, is_retryable
 from .sinks.base import Sink
 from .sinks.registry import open_sink
+from .snapshot_mode import Checkpointed, Start, decide, drops_target
 from .source import catalog
 from .source.connection import Client, ServerInfo, deployment_identity, make_client, probe
 from .source.lookup import source_lookup
@@ -250,31 +251,31 @@ class SyncJob:
     ) -> Checkpoint:
         s = self.s
         force = self._resnapshot
-        status = cp.snapshot.status if cp is not None else "none"
-        if status in ("in_progress", "copied") and not force:
+        saved = Checkpointed(cp.snapshot.status, bool(cp.position)) if cp is not None else None
+        start = decide(
+            saved, mode=s.snapshot, snapshot_only=s.snapshot_only, start_at=s.start_at is not None, force=force
+        )
+        if start is Start.RESUME:
             self.reporter.info(f"resuming the snapshot recorded in {self.store.path}")
             assert cp is not None
             return await self._copy(client, sink, cp, fresh=False)
-        if cp is None and s.start_at is not None and not force:
-            start = parse_start_at(s.start_at)
-            cp = Checkpoint(identity, position=Position(cluster_time=start))
+        if start is Start.START_AT:
+            assert s.start_at is not None
+            at = parse_start_at(s.start_at)
+            cp = Checkpoint(identity, position=Position(cluster_time=at))
             self.store.save(cp)
-            self.reporter.info(f"no snapshot: replicating from --start-at {s.start_at} ({format_ts(start)})")
+            self.reporter.info(f"no snapshot: replicating from --start-at {s.start_at} ({format_ts(at)})")
             return cp
-        fresh = (
-            force
-            or s.snapshot_only
-            or s.snapshot == "always"
-            or (s.snapshot in ("initial", "when_needed") and (cp is None or not cp.position))
-        )
-        if cp is not None and not fresh and s.snapshot == "when_needed":
+        if start is Start.CHECK_HISTORY:
+            assert cp is not None
             try:  # the saved position must still be in the oplog, or the data is copied again
                 await _open(reader, cp)
                 await reader.close()
+                start = Start.REPLAY
             except HistoryLost as exc:
                 self.reporter.warn(f"{exc}; taking a new snapshot (--snapshot when_needed)")
-                fresh = True
-        if not fresh:
+                start = Start.FRESH
+        if start is Start.REPLAY:
             if cp is None:
                 position, shard_positions = await _capture(reader)
                 cp = Checkpoint(identity, position=position, shards=shard_positions)
@@ -286,7 +287,7 @@ class SyncJob:
             position, shard_positions = await _capture(reader)
         specs = await catalog.describe(client, s.selection)
         targets = [rename_spec(x, s.renamer) for x in specs]
-        drop = s.drop_target or force or (cp is not None and status == "done")
+        drop = drops_target(saved, drop_target=s.drop_target, force=force)
         busy = await sink.existing([t.ns for t in targets if not t.is_view])
         if busy and not drop:
             raise ConfigError(
