@@ -10,11 +10,13 @@ use a real broker instead, whose topics and consumer groups are then all deleted
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 
 from tests.support.kafka import KafkaBroker, delete_consumer_groups, delete_topics
 from tests.support.servers import Clients, ServerPair, connect, drop_user_databases, start_pair
+from tests.support.spark import start_session
 
 
 @pytest.fixture(scope="session")
@@ -70,3 +72,13 @@ async def kafka(kafka_broker: KafkaBroker) -> AsyncIterator[KafkaBroker]:
     await delete_topics(kafka_broker.bootstrap)
     await delete_consumer_groups(kafka_broker.bootstrap)
     yield kafka_broker
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """The session's one ``local[2]`` SparkSession (tests/support/spark.py), stopped at the end."""
+    session = start_session()
+    try:
+        yield session
+    finally:
+        session.stop()
