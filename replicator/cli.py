@@ -304,7 +304,10 @@ def verify(settings: Settings) -> None:
     Exit 0 when identical; exit 1 with a report (namespace, a few _ids) when not; exit 2 when the
     selection matches no namespace on the source.
     """
-    from .verify import verify as run_verify
+    if settings.engine == "spark":
+        from .engines.spark.verify import verify_on_spark as run_verify
+    else:
+        from .verify import verify as run_verify
 
     report = _run(lambda: run_verify(settings))
     if settings.json_output:

@@ -112,6 +112,9 @@ class Settings:
     pre_images: str = "off"  # fullDocumentBeforeChange: off | whenAvailable | required ("before")
     field_exclude: tuple[str, ...] = ()  # [field.exclude.list] db.coll.path: dropped from documents and updates
     field_rename: tuple[str, ...] = ()  # [field.renames] db.coll.path=newname
+    engine: str = "asyncio"  # or "spark": snapshot partitions as Spark tasks, the replay as a streaming query
+    spark_master: str = "local[*]"  # ignored under spark-submit, whose session is used
+    spark_conf: tuple[str, ...] = ()  # KEY=VALUE Spark settings
     verbose: bool = False  # mcdc's debug lines
     debug_driver: bool = False  # pymongo's debug lines (commands, server selection)
     selection: Selection = field(default_factory=Selection, compare=False)
@@ -338,6 +341,7 @@ def validate(s: Settings, *, command: str | None = None) -> Settings:
     for shard in s.shards:
         check_mongo_uri(shard, "--shard")
     _validate_event_options(s)
+    _validate_engine(s)
     FieldRules(s.field_exclude, s.field_rename)  # a bad rule fails now, before any connection
     selection = Selection.from_patterns(s.include, s.exclude)
     renamer = Renamer.from_rules(s.rename)
@@ -355,6 +359,18 @@ def _validate_target(s: Settings) -> None:
         check_mongo_uri(s.target, "--target")
         if host_set(s.source) & host_set(s.target) and not s.rename:
             raise ConfigError(f"target {redact(s.target)} is the source server; replicate to a different server")
+
+
+def _validate_engine(s: Settings) -> None:
+    for item in s.spark_conf:
+        key, sep, _ = item.partition("=")
+        if not sep or not key.strip():  # never echo the value: it may be a secret
+            raise ConfigError(f"--spark-conf {key.strip() or '?'}: expected KEY=VALUE (e.g. spark.executor.memory=2g)")
+    if s.engine == "spark" and (s.target in ("-", "stdout") or s.target.lower().startswith("jsonl:")):
+        raise ConfigError(
+            f"--engine spark writes from its executors, and --target {s.target} exists only on this machine's "
+            "driver: use --engine asyncio for stdout or jsonl:, or a mongodb:// or kafka:// target"
+        )
 
 
 def _validate_event_options(s: Settings) -> None:

@@ -182,6 +182,14 @@ OPTIONS: tuple[Option, ...] = (
            "(0: off).", JOB, metavar="SECONDS", minimum=0),
     Option("kafka-opt", "kafka_opts", "A Kafka producer setting, e.g. compression.type=zstd (repeatable).",
            JOB, metavar="KEY=VALUE"),
+    # the engine
+    _choice("engine", "engine", ("asyncio", "spark"), "The loop that runs the pipeline: asyncio (embedded, "
+            "one process) or spark (PySpark tasks and Structured Streaming; pip install 'mcdc[spark]').",
+            SELECTING),
+    Option("spark-master", "spark_master", "--engine spark: the Spark master (local[*], spark://HOST:PORT, "
+           "yarn, k8s://...); under spark-submit, its session is used.", SELECTING, metavar="MASTER"),
+    Option("spark-conf", "spark_conf", "--engine spark: a Spark setting, e.g. spark.executor.memory=2g "
+           "(repeatable).", SELECTING, metavar="KEY=VALUE"),
     # output
     Option("metrics-port", "metrics_port", "Serve Prometheus /metrics and /health on this port (0: any free one).",
            JOB, metavar="PORT", minimum=0, maximum=65535),

@@ -111,6 +111,10 @@ async def copy_partitions(
     return result.documents - before
 
 
+#: copy_partitions' signature: how a job copies its snapshot partitions (--engine spark: as Spark tasks).
+Copier = Callable[..., Awaitable[int]]
+
+
 async def _copy_one(
     client: Client,
     sink: Sink,

@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
 from pymongo.errors import PyMongoError
 
@@ -34,7 +35,7 @@ from .extjson import from_jsonable, to_jsonable
 from .fields import FieldRules
 from .filters import Scope, make_transform, rename_spec, renamed_into_selection
 from .metrics import Metrics
-from .pipeline import CopyLimits, CopyResult, Transform, copy_partitions
+from .pipeline import Copier, CopyLimits, CopyResult, Transform, copy_partitions
 from .preflight import refuse_same_server, source_name, target_identity
 from .progress import Reporter
 from .retry import Backoff, Retrier, is_retryable
@@ -78,6 +79,8 @@ class SyncJob:
         self._fields = FieldRules(settings.field_exclude, settings.field_rename)
         backoff = Backoff(settings.retry_initial_s, settings.retry_max_s, settings.max_retries)
         self._retrier = Retrier(backoff, reporter, stop=stop, metrics=metrics)  # the snapshot's retries
+        self._copier: Copier = copy_partitions  # the asyncio engine's; --engine spark's runs Spark tasks
+        self._spark: Any = None  # the SparkSession of --engine spark
         self._resnapshot = False  # a new snapshot is due whatever the checkpoint says (history lost)
         self._started_snapshot = False  # this run planned the snapshot it copies
         self.summary = Summary(
@@ -90,6 +93,8 @@ class SyncJob:
     async def run(self) -> Summary:
         started = time.monotonic()
         sink = open_sink(self.s)  # before any connection: a bad target or sink option fails at once
+        if self.s.engine == "spark":
+            await self._start_spark()
         try:
             with self.store.locked():
                 client = make_client(self.s.source, timeout_s=self.s.connect_timeout_s)
@@ -116,6 +121,15 @@ class SyncJob:
             await sink.close()
         self.summary.elapsed_s = round(time.monotonic() - started, 3)
         return self.summary
+
+    async def _start_spark(self) -> None:
+        """--engine spark: the session (started here, or spark-submit's), and the Spark copier."""
+        from .engines.spark.session import session
+        from .engines.spark.snapshot import SparkCopier
+
+        self.reporter.info(f"starting Spark ({self.s.spark_master})")
+        self._spark = await asyncio.to_thread(session, self.s)
+        self._copier = SparkCopier(self.s, self._spark)
 
     async def _check_selection(self, client: Client, *, first_run: bool) -> None:
         """A first run whose --include matches nothing on the source is a mistake: refused before anything
@@ -389,7 +403,7 @@ class SyncJob:
             copied = CopyResult()
             started = time.monotonic()
             try:
-                await copy_partitions(
+                await self._copier(
                     client, sink, todo, limits=self._limits(), rename=s.renamer, on_done=done,
                     reporter=self.reporter, stop=self.stop, resume=resume, on_progress=progress, result=copied,
                     fields=self._fields,

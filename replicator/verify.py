@@ -13,7 +13,7 @@ import asyncio
 import hashlib
 import itertools
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, cast
 
@@ -210,14 +210,33 @@ def schema_differences(ns: str, want: CollectionSpec, found: CollectionSpec) -> 
     return out
 
 
+async def diff_partition(
+    settings: Settings, source: Client, target: Client, part: Partition, dst: Namespace
+) -> DocumentDiff:
+    """Compare one source partition with the same ``_id`` range of ``dst`` on the target."""
+    differ = DocumentDiffer(settings.verify_sample)
+    editor = FieldRules(settings.field_exclude, settings.field_rename).for_namespace(part.ns)
+    docs, size = settings.batch_docs, settings.batch_bytes
+    async for batch in read_partition(source, part, batch_docs=docs, batch_bytes=size):  # as edited for the target
+        differ.add_source(batch if editor is None else [cast(RawBSONDocument, editor.document(d)) for d in batch])
+    # the plan's $type + bound filters mean the same on any server, so they select the same range there
+    async for batch in read_partition(target, replace(part, ns=dst), batch_docs=docs, batch_bytes=size):
+        differ.add_target(batch)
+    return differ.finish()
+
+
+#: How a namespace's partitions are compared: each with the target's ``dst``, results in plan order.
+RangeDiffer = Callable[[Sequence[Partition], Namespace], Awaitable[list[DocumentDiff]]]
+
+
 class _Verifier:
-    def __init__(self, settings: Settings, source: Client, target: Client) -> None:
+    def __init__(self, settings: Settings, source: Client, target: Client, differ: RangeDiffer | None = None) -> None:
         self.s = settings
         self.source = source
         self.target = target
         self.slots = asyncio.Semaphore(settings.workers)
         self.documents = 0
-        self.fields = FieldRules(settings.field_exclude, settings.field_rename)
+        self._differ = differ or self._diff_here
 
     async def run(self) -> VerifyReport:
         s = self.s
@@ -257,28 +276,19 @@ class _Verifier:
             plan = await plan_collection(
                 self.source[src.db][src.coll or ""], src, self.s.partition_docs, split=self.s.split
             )
-        parts = await asyncio.gather(*(self._partition(p, dst) for p in plan))
+        parts = await self._differ(plan, dst)
         total = DocumentDiff(self.s.verify_sample)
         for part in parts:  # in plan order, so the sampled _ids do not depend on timing
             total.merge(part)
         self.documents += total.source_docs
         return total.differences(ns)
 
-    async def _partition(self, part: Partition, dst: Namespace) -> DocumentDiff:
-        async with self.slots:
-            differ = DocumentDiffer(self.s.verify_sample)
-            editor = self.fields.for_namespace(part.ns)  # the source as the field rules want it on the target
-            async for batch in self._read(self.source, part):
-                differ.add_source(
-                    batch if editor is None else [cast(RawBSONDocument, editor.document(d)) for d in batch]
-                )
-            # the plan's $type + bound filters mean the same on any server, so they select the same range there
-            async for batch in self._read(self.target, replace(part, ns=dst)):
-                differ.add_target(batch)
-            return differ.finish()
+    async def _diff_here(self, plan: Sequence[Partition], dst: Namespace) -> list[DocumentDiff]:
+        async def one(part: Partition) -> DocumentDiff:
+            async with self.slots:
+                return await diff_partition(self.s, self.source, self.target, part, dst)
 
-    def _read(self, client: Client, part: Partition) -> AsyncIterator[list[RawBSONDocument]]:
-        return read_partition(client, part, batch_docs=self.s.batch_docs, batch_bytes=self.s.batch_bytes)
+        return list(await asyncio.gather(*(one(p) for p in plan)))
 
     async def _count(self, src: Namespace, dst: Namespace, ns: str) -> list[Difference]:
         async with self.slots:
@@ -289,9 +299,10 @@ class _Verifier:
         return [Difference(ns, "count", f"{on_source} documents on the source, {on_target} on the target")]
 
 
-async def verify(settings: Settings) -> VerifyReport:
+async def verify(settings: Settings, differ: RangeDiffer | None = None) -> VerifyReport:
     """Compare the selected source namespaces with their (renamed) target namespaces: kinds, options,
-    indexes and every document, byte for byte. Differences are reported, not raised."""
+    indexes and every document, byte for byte. Differences are reported, not raised. ``differ``: how
+    ranges are compared (default: here, ``--workers`` at once; the Spark engine's runs them as tasks)."""
     if not is_mongo_uri(settings.target):
         raise ConfigError(
             f"verify compares two MongoDB deployments: --target {redact(settings.target)} is not mongodb://"
@@ -303,7 +314,7 @@ async def verify(settings: Settings) -> VerifyReport:
         try:
             await probe(source, settings.source, "source")
             await probe(target, settings.target, "target")
-            report = await _Verifier(settings, source, target).run()
+            report = await _Verifier(settings, source, target, differ).run()
         finally:
             await target.close()
     finally:

@@ -1,5 +1,6 @@
-"""The test session's SparkSession: one ``local[2]`` session shared by every Spark test (its start costs
-5-10 s and its Python workers about a gigabyte), with the UI off and the driver on 127.0.0.1.
+"""The test session's SparkSession: one ``local[2,2]`` session (2 cores, a failed task tried twice) shared
+by every Spark test (its start costs 5-10 s and its Python workers about a gigabyte), with the UI off and
+the driver on 127.0.0.1.
 
 The executors' Python is this interpreter, so they import the mcdc under test.
 """
@@ -20,7 +21,7 @@ SPARK_CONF = {
 }
 
 
-def start_session(master: str = "local[2]") -> Any:
+def start_session(master: str = "local[2,2]") -> Any:
     """A new (or the already active) SparkSession on ``master``."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

@@ -1,0 +1,124 @@
+"""Getting a SparkSession for ``--engine spark``: pyspark and Java checked first, with one-line errors;
+the session ``spark-submit`` started is used as it is; Spark's console noise goes to a log file unless
+``--verbose``."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ...config import Settings
+from ...errors import ConfigError
+
+log = logging.getLogger("mcdc.spark")
+
+MIN_JAVA = 17
+#: Spark settings mcdc sets unless --spark-conf or spark-submit says otherwise.
+DEFAULTS = {
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "8",
+    "spark.python.worker.reuse": "true",
+    "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+}
+#: A local master retries a failed task this many times (Spark's local mode does not retry otherwise).
+LOCAL_TASK_ATTEMPTS = 4
+_LOCAL = re.compile(r"^local(\[(\*|\d+)\])?$")
+
+
+def require_pyspark() -> None:
+    if importlib.util.find_spec("pyspark") is None:
+        raise ConfigError("--engine spark needs PySpark: pip install 'mcdc[spark]'")
+
+
+def java_version(java: str) -> int | None:
+    """The major version ``java -version`` reports, or None when it cannot be read."""
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return parse_java_version(out.stderr + out.stdout)
+
+
+def parse_java_version(text: str) -> int | None:
+    """``openjdk version "17.0.15"`` -> 17, ``java version "1.8.0_392"`` -> 8."""
+    found = re.search(r'version "(\d+)(?:\.(\d+))?', text)
+    if found is None:
+        return None
+    major = int(found.group(1))
+    return int(found.group(2) or 0) if major == 1 else major
+
+
+def check_java() -> None:
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    if not java or not Path(java).exists():
+        raise ConfigError(f"--engine spark needs Java {MIN_JAVA}+: no java found (install one, or set JAVA_HOME)")
+    version = java_version(java)
+    if version is None or version < MIN_JAVA:
+        found = f"Java {version}" if version else "a Java whose version could not be read"
+        raise ConfigError(f"--engine spark needs Java {MIN_JAVA}+: {java} is {found} (set JAVA_HOME to a newer one)")
+
+
+def master_url(master: str) -> str:
+    """A local master with task retries (``local[*]`` -> ``local[*,4]``); others as given."""
+    found = _LOCAL.match(master)
+    if found is None:
+        return master
+    return f"local[{found.group(2) or 1},{LOCAL_TASK_ATTEMPTS}]"
+
+
+def spark_conf(settings: Settings) -> dict[str, str]:
+    conf = dict(DEFAULTS)
+    for item in settings.spark_conf:
+        key, _, value = item.partition("=")
+        conf[key.strip()] = value.strip()
+    return conf
+
+
+def session(settings: Settings) -> Any:
+    """The active SparkSession (under spark-submit, or a test's), else a new one on --spark-master."""
+    require_pyspark()
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    check_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors import this mcdc
+    builder = SparkSession.builder.master(master_url(settings.spark_master)).appName("mcdc")
+    for key, value in spark_conf(settings).items():
+        builder = builder.config(key, value)
+    with _console_to_log(settings.verbose):
+        spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("INFO" if settings.verbose else "ERROR")
+    return spark
+
+
+@contextlib.contextmanager
+def _console_to_log(verbose: bool) -> Iterator[None]:
+    """The JVM Spark starts inherits this process's stderr: unless --verbose, give it a log file instead,
+    so its start-up lines and later warnings stay out of mcdc's output."""
+    if verbose:
+        yield
+        return
+    path = Path(tempfile.gettempdir()) / f"mcdc-spark-{os.getpid()}.log"
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(path, "ab") as sink:
+            os.dup2(sink.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    log.debug("Spark's console output goes to %s", path)

@@ -1,0 +1,122 @@
+"""What runs in a Spark task: one snapshot partition copied, or one verify range hashed, each through the
+asyncio engine's own code for one unit (one event loop per task). Tasks open their own connections:
+nothing but settings and a partition crosses from the driver."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from ...config import Settings
+from ...events import Namespace
+from ...fields import FieldRules
+from ...pipeline import CopyLimits, copy_partitions
+from ...tally import CollectionProgress
+from ...sinks.registry import open_sink
+from ...source.connection import make_client
+from ...source.partitions import Partition, Resume
+from ...verify import DocumentDiff, diff_partition
+
+
+class QuietReporter:
+    """Progress inside a task goes nowhere: the driver reports each partition as its task returns."""
+
+    def info(self, message: str) -> None:
+        pass
+
+    def warn(self, message: str) -> None:
+        pass
+
+    def snapshot_begin(self, collections: Iterable[CollectionProgress]) -> None:
+        pass
+
+    def snapshot_totals(self, totals: Mapping[str, int]) -> None:
+        pass
+
+    def snapshot_advance(self, ns: str, docs: int) -> None:
+        pass
+
+    def snapshot_collection_done(self, ns: str) -> None:
+        pass
+
+    def snapshot_end(self, complete: bool) -> None:
+        pass
+
+    def replay_begin(self) -> None:
+        pass
+
+    def replay_advance(self, events: int, lag_s: float | None) -> None:
+        pass
+
+    def replay_end(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class CopyTask:
+    """One partition to copy: everything a task needs (pickled to the executor)."""
+
+    settings: Settings
+    partition: Partition
+    after: Resume | None  # go on after this _id (the checkpoint's resume point for the partition)
+    source_name: str  # the source's replica set name, for event sinks' source block
+
+
+def copy(task: CopyTask) -> int:
+    """Copy the task's partition through the run's sink; the number of documents written."""
+    return asyncio.run(_copy(task))
+
+
+async def _copy(task: CopyTask) -> int:
+    s = task.settings
+    part = task.partition
+    client = make_client(s.source, timeout_s=s.connect_timeout_s)
+    sink = open_sink(s)
+    try:
+        sink.source_name = task.source_name
+        await sink.start()
+        limits = CopyLimits(s.workers, s.batch_docs, s.batch_bytes, s.queue_batches)
+
+        async def done(part: Partition, docs: int) -> None:
+            pass
+
+        written = await copy_partitions(
+            client, sink, [part], limits=limits, rename=s.renamer, on_done=done, reporter=QuietReporter(),
+            resume={part.id: task.after} if task.after is not None else None,
+            fields=FieldRules(s.field_exclude, s.field_rename),
+        )  # fmt: skip
+        await sink.flush()
+        return written
+    finally:
+        await sink.close()
+        await client.close()
+
+
+@dataclass(frozen=True)
+class DiffTask:
+    """One verify range: the source partition and the target namespace it is compared with."""
+
+    settings: Settings
+    partition: Partition
+    target_db: str
+    target_coll: str
+
+
+def diff(task: DiffTask) -> DocumentDiff:
+    return asyncio.run(_diff(task))
+
+
+async def _diff(task: DiffTask) -> DocumentDiff:
+    s = task.settings
+    source = make_client(s.source, timeout_s=s.connect_timeout_s)
+    target = make_client(s.target, timeout_s=s.connect_timeout_s)
+    try:
+        part = task.partition
+        return await diff_partition(s, source, target, part, Namespace(task.target_db, task.target_coll))
+    finally:
+        await source.close()
+        await target.close()
