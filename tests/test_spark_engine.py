@@ -4,6 +4,11 @@ verify's ranges as tasks, against the real test servers and the session's local 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +19,7 @@ from replicator.config import resolve
 from replicator.progress import LogReporter
 from replicator.sync import SyncJob
 from tests.support.compare import assert_identical
-from tests.support.corpus import load_corpus
+from tests.support.corpus import load_bulk, load_corpus
 
 pytestmark = pytest.mark.integration
 
@@ -46,3 +51,57 @@ async def test_sync_on_spark_copies_every_bson_type_byte_exact(
     assert len(spark.sparkContext.statusTracker().getJobIdsForGroup()) - jobs_before >= len(
         checkpoint["snapshot"]["plan"]
     )
+
+
+def _sync_args(source: str, target: str, cp: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "replicator.cli", "sync", "--engine", "spark", "--spark-master", "local[2]",
+        "--spark-conf", "spark.ui.enabled=false", "--spark-conf", "spark.driver.host=127.0.0.1",
+        "--source", source, "--target", target, "--checkpoint", str(cp),
+        "--partition-docs", "500", "--split", "always", "--batch-docs", "100", "--no-progress", "--json",
+    ]  # fmt: skip
+
+
+def _checkpoint(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())  # type: ignore[no-any-return]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def test_kill_9_of_the_driver_mid_snapshot_then_the_same_command(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    with pymongo.MongoClient(source_uri) as client:
+        load_bulk(client, "crash", "a", 8000, doc_size=300)
+    cp = tmp_path / "cp.json"
+    proc = subprocess.Popen(_sync_args(source_uri, target_uri, cp), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 180
+    killed_at = None
+    while time.monotonic() < deadline:
+        state = _checkpoint(cp)
+        if state is not None and len(state["snapshot"]["done"]) >= 3:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            killed_at = _checkpoint(cp)  # the last save before the kill
+            break
+        assert proc.poll() is None, f"sync ended before the kill point: {proc.communicate()}"
+        time.sleep(0.02)
+    assert killed_at is not None, "kill point never reached"
+    assert killed_at["snapshot"]["status"] == "in_progress"
+    plan = {p_id(p): p["estimated_docs"] for p in killed_at["snapshot"]["plan"]}
+    copied_before = sum(plan[pid] for pid in killed_at["snapshot"]["done"])
+    assert 0 < copied_before < 8000
+    done = subprocess.run(_sync_args(source_uri, target_uri, cp), capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()
+    summary = json.loads(done.stdout)
+    assert summary["snapshot"] == "resumed"
+    assert summary["documents"] == 8000 - copied_before  # finished partitions were not copied again
+    assert_identical(source_uri, target_uri)
+    assert b"Traceback" not in done.stderr and b"WARN" not in done.stderr  # Spark's console noise stays out
+
+
+def p_id(part: dict[str, Any]) -> str:
+    from replicator.source.partitions import Partition
+
+    return Partition.from_json(part).id
