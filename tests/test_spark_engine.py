@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -105,3 +106,94 @@ def p_id(part: dict[str, Any]) -> str:
     from replicator.source.partitions import Partition
 
     return Partition.from_json(part).id
+
+
+def _python_workers() -> list[Any]:
+    """The session's Python worker processes (forked by pyspark.daemon), not the daemon itself."""
+    import psutil
+
+    workers = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            parent = proc.parent()
+            if parent is not None and "pyspark.daemon" in " ".join(parent.cmdline()):
+                workers.append(proc)
+        except psutil.Error:
+            continue
+    return workers
+
+
+def _failed_tasks(spark: Any, jobs: set[int]) -> int:
+    tracker = spark.sparkContext.statusTracker()
+    failed = 0
+    for job in jobs:
+        info = tracker.getJobInfo(job)
+        for stage in info.stageIds if info else ():
+            stage_info = tracker.getStageInfo(stage)
+            failed += stage_info.numFailedTasks if stage_info else 0
+    return failed
+
+
+async def test_a_task_that_fails_is_retried_and_the_target_is_identical(
+    spark: Any, source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    with pymongo.MongoClient(source_uri) as client:
+        load_bulk(client, "retry", "a", 6000, doc_size=300)
+    cp = tmp_path / "cp.json"
+    before = set(spark.sparkContext.statusTracker().getJobIdsForGroup())
+    killed: list[int] = []
+
+    def kill_a_busy_worker() -> None:  # the Python process running a task dies: Spark retries the task
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not killed:
+            state = _checkpoint(cp)
+            if state is not None and state.get("snapshot", {}).get("done"):
+                for worker in _python_workers():
+                    if worker.cpu_percent(interval=0.05) > 0:
+                        worker.kill()
+                        killed.append(worker.pid)
+                        return
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_a_busy_worker)
+    killer.start()
+    try:
+        summary = await run_job(source_uri, target_uri, cp, partition_docs=250, split="always", batch_docs=50)
+    finally:
+        killer.join()
+    assert killed, "no busy Python worker was found to kill"
+    jobs = set(spark.sparkContext.statusTracker().getJobIdsForGroup()) - before
+    assert _failed_tasks(spark, jobs) >= 1
+    assert summary["snapshot"] == "completed"
+    assert_identical(source_uri, target_uri)
+
+
+async def test_verify_on_spark_reports_what_asyncio_reports(
+    spark: Any, source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    from replicator.engines.spark.verify import verify_on_spark
+    from replicator.verify import verify
+
+    with pymongo.MongoClient(source_uri) as client:
+        load_corpus(client, mixed_count=600)
+    await run_job(source_uri, target_uri, tmp_path / "cp.json", partition_docs=200, split="always")
+    flags = {"source": source_uri, "target": target_uri, "partition_docs": 200, "split": "always"}
+
+    async def both() -> tuple[dict[str, Any], dict[str, Any]]:
+        on_asyncio = (await verify(resolve(flags, env={}))).to_json()
+        on_spark = (await verify_on_spark(resolve({**flags, "engine": "spark"}, env={}))).to_json()
+        for report in (on_asyncio, on_spark):
+            report.pop("elapsed_s", None)
+        return on_asyncio, on_spark
+
+    same, same_spark = await both()
+    assert same["ok"] is True and same == same_spark
+    with pymongo.MongoClient(target_uri) as client:
+        first, second = client.corpus.mixed_ids.find({}, {"_id": 1}).limit(2)
+        client.corpus.mixed_ids.delete_one({"_id": first["_id"]})
+        client.corpus.mixed_ids.update_one({"_id": second["_id"]}, {"$set": {"changed": 1}})
+        client.corpus.mixed_ids.insert_one({"_id": "only-on-target"})
+    changed, changed_spark = await both()
+    assert changed["ok"] is False and changed == changed_spark
+    kinds = {d["kind"] for d in changed["differences"]}
+    assert {"missing", "extra", "changed"} <= kinds
