@@ -12,10 +12,10 @@ from ...config import Settings
 from ...events import Namespace
 from ...fields import FieldRules
 from ...pipeline import CopyLimits, copy_partitions
-from ...tally import CollectionProgress
 from ...sinks.registry import open_sink
 from ...source.connection import make_client
 from ...source.partitions import Partition, Resume
+from ...tally import CollectionProgress
 from ...verify import DocumentDiff, diff_partition
 
 
