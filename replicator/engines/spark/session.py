@@ -86,11 +86,12 @@ def spark_conf(settings: Settings) -> dict[str, str]:
 
 
 def session(settings: Settings) -> Any:
-    """The active SparkSession (under spark-submit, or a test's), else a new one on --spark-master."""
+    """The active SparkSession (under spark-submit, or a test's), else a new one on --spark-master (see
+    :func:`owned`)."""
     require_pyspark()
     from pyspark.sql import SparkSession
 
-    active = SparkSession.getActiveSession()
+    active = SparkSession.getActiveSession() or existing()
     if active is not None:
         return active
     check_java()
@@ -122,3 +123,18 @@ def _console_to_log(verbose: bool) -> Iterator[None]:
         os.dup2(saved, 2)
         os.close(saved)
     log.debug("Spark's console output goes to %s", path)
+
+
+def existing() -> Any:
+    """The session this process already runs, or None (getActiveSession only sees the thread that made it)."""
+    if importlib.util.find_spec("pyspark") is None:
+        return None
+    from pyspark.sql import SparkSession
+
+    return SparkSession._instantiatedSession
+
+
+def stop_owned(spark: Any, before: Any) -> None:
+    """Stop ``spark`` if this run started it (``before``: the session that existed when it began)."""
+    if spark is not None and spark is not before:
+        spark.stop()

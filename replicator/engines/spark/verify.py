@@ -12,7 +12,7 @@ from ...events import Namespace
 from ...source.partitions import Partition
 from ...verify import DocumentDiff, VerifyReport, verify
 from . import tasks
-from .session import session
+from .session import existing, session, stop_owned
 
 
 class SparkDiffer:
@@ -33,5 +33,9 @@ class SparkDiffer:
 
 
 async def verify_on_spark(settings: Settings) -> VerifyReport:
+    before = existing()
     spark = await asyncio.to_thread(session, settings)
-    return await verify(settings, SparkDiffer(settings, spark))
+    try:
+        return await verify(settings, SparkDiffer(settings, spark))
+    finally:
+        await asyncio.to_thread(stop_owned, spark, before)
