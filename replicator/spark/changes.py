@@ -1,0 +1,144 @@
+"""A change stream read as raw documents with the synchronous driver, in Spark's Python processes.
+
+The same stream as :class:`~replicator.source.changestream.ChangeStreamReader` (the whole deployment but
+admin, local and config, expanded DDL events, large events split and assembled again), without
+normalizing: a row keeps the change document's bytes, and offsets need only each event's ``_id``,
+``clusterTime`` and transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import pymongo
+from bson.codec_options import DatetimeConversion
+from bson.raw_bson import RawBSONDocument
+from pymongo.change_stream import ChangeStream
+from pymongo.errors import OperationFailure
+
+from ..config import Settings
+from ..events import Position
+from ..source.changestream import (
+    _OVERSIZE_FLAG,
+    _SYSTEM_FILTER,
+    _TRIM_OVERSIZE,
+    _UNKNOWN_OPTION_CODES,
+    _UNKNOWN_STAGE_CODES,
+    _assemble,
+    _history_error,
+)
+
+log = logging.getLogger("mcdc.spark")
+
+SyncClient = pymongo.MongoClient[RawBSONDocument]
+
+
+def sync_client(uri: str, timeout_s: float) -> SyncClient:
+    """A synchronous client returning raw BSON, with the codec options of the asyncio engine's clients
+    (dates outside Python's range kept, UUIDs left as binary)."""
+    return pymongo.MongoClient(
+        uri,
+        document_class=RawBSONDocument,
+        datetime_conversion=DatetimeConversion.DATETIME_AUTO,
+        uuidRepresentation="unspecified",
+        serverSelectionTimeoutMS=int(timeout_s * 1000),
+        connectTimeoutMS=int(timeout_s * 1000),
+        appname="mcdc-spark",
+    )
+
+
+def transaction_of(raw: Mapping[str, Any]) -> tuple[bytes, int] | None:
+    """The (lsid bytes, txnNumber) of an event inside a multi-document transaction, else None."""
+    lsid, number = raw.get("lsid"), raw.get("txnNumber")
+    if lsid is None or number is None:
+        return None
+    lsid_id = lsid.get("id")
+    return bytes(lsid_id) if lsid_id is not None else b"", int(number)
+
+
+class RawChangeStream:
+    """One deployment's (or shard's) change stream, opened at a position, read one whole event at a time."""
+
+    def __init__(self, client: SyncClient, settings: Settings, *, max_await_ms: int = 200) -> None:
+        self.client = client
+        self._s = settings
+        self._max_await_ms = max_await_ms
+        self._split = True  # until the server says it has no $changeStreamSplitLargeEvent
+        self._fragments: list[Any] = []
+        self._stream: ChangeStream[RawBSONDocument] | None = None
+
+    def open(self, start: Position) -> None:
+        kwargs: dict[str, Any] = {"max_await_time_ms": self._max_await_ms, "show_expanded_events": True}
+        if self._s.full_document != "default":
+            kwargs["full_document"] = self._s.full_document
+        if self._s.pre_images != "off":
+            kwargs["full_document_before_change"] = self._s.pre_images
+        if start.resume_token is not None:
+            kwargs["resume_after"] = start.resume_token
+        elif start.cluster_time is not None:
+            kwargs["start_at_operation_time"] = start.cluster_time
+        self._fragments = []
+        while True:
+            try:
+                self._stream = self.client.watch([_SYSTEM_FILTER, *self._extra_stages()], **kwargs)
+                return
+            except OperationFailure as exc:  # the same fallbacks as ChangeStreamReader.open
+                if exc.code in _UNKNOWN_STAGE_CODES and self._split:
+                    self._split = False
+                elif exc.code in _UNKNOWN_OPTION_CODES and kwargs.pop("show_expanded_events", False):
+                    pass
+                else:
+                    raise _history_error(exc, start) or exc from None
+
+    def _extra_stages(self) -> list[dict[str, Any]]:
+        if self._split:
+            return [{"$changeStreamSplitLargeEvent": {}}]
+        return _TRIM_OVERSIZE if self._s.oversize == "skip" else []
+
+    @property
+    def resume_token(self) -> Any:
+        assert self._stream is not None, "open() first"
+        return self._stream.resume_token
+
+    def poll(self) -> Mapping[str, Any] | None:
+        """The next whole event, or None when the server has nothing more right now. Fragments of a
+        split event are assembled (the event's ``_id`` is its last fragment's). An event over 16 MB
+        that ``oversize skip`` trimmed on the server is returned flagged (see :func:`skipped`)."""
+        stream = self._stream
+        assert stream is not None, "open() first"
+        while True:
+            try:
+                raw = stream.try_next()
+            except OperationFailure as exc:
+                raise _history_error(exc, None) or exc from None
+            if raw is None:
+                if self._fragments:  # the rest of a split event is on its way
+                    continue
+                return None
+            if "splitEvent" in raw:
+                self._fragments.append(raw)
+                if raw["splitEvent"]["fragment"] < raw["splitEvent"]["of"]:
+                    continue
+                whole, self._fragments = _assemble(self._fragments), []
+                return whole
+            return raw
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+
+def skipped(raw: Mapping[str, Any]) -> bool:
+    """An event over 16 MB trimmed on the server (``oversize skip``): it moves the offset, makes no row."""
+    return _OVERSIZE_FLAG in raw and bool(raw[_OVERSIZE_FLAG])
+
+
+def log_skipped(raw: Mapping[str, Any]) -> None:
+    ns = raw.get("ns") or {}
+    log.warning(
+        "skipped a change event over 16 MB (oversize skip): %s on %s.%s, %s",
+        raw.get("operationType"), ns.get("db"), ns.get("coll"), raw.get("documentKey"),
+    )  # fmt: skip

@@ -1,0 +1,101 @@
+"""Streaming offsets of the ``mcdc`` source: per-shard resume tokens, never clock seconds. Pure.
+
+An offset is the JSON dict Spark keeps in the query's checkpointLocation::
+
+    {"shards": {"<shard name, or "" for a replica set>": {"token": "<resume token as canonical Extended
+     JSON, or null>", "t": <cluster time seconds or null>, "i": <increment or null>}}}
+
+A shard's entry is where its stream goes on: after ``token`` when there is one (the last event read, or
+the stream's post-batch token), else at the cluster time ``t,i`` (startAtOperationTime).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from bson import json_util
+from bson.timestamp import Timestamp
+
+from ..errors import ConfigError
+from ..events import Position
+from ..extjson import CANONICAL, dumps_str
+
+REPLICA_SET = ""  # the one stream of a replica set, under this name
+
+
+@dataclass(frozen=True)
+class ShardOffset:
+    """One shard's place in its change stream."""
+
+    token: str | None = None  # canonical Extended JSON of the resume token
+    t: int | None = None
+    i: int | None = None
+
+    @classmethod
+    def of(cls, token: Any, ts: Timestamp | None) -> ShardOffset:
+        """From a resume token (a BSON document) and a cluster time."""
+        return cls(dumps_str(token) if token is not None else None, ts.time if ts else None, ts.inc if ts else None)
+
+    @property
+    def cluster_time(self) -> Timestamp | None:
+        return Timestamp(self.t, self.i) if self.t is not None and self.i is not None else None
+
+    @property
+    def resume_token(self) -> Any:
+        return json_util.loads(self.token, json_options=CANONICAL) if self.token is not None else None
+
+    def position(self) -> Position:
+        return Position(self.resume_token, self.cluster_time)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"token": self.token, "t": self.t, "i": self.i}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ShardOffset:
+        t, i = data.get("t"), data.get("i")
+        return cls(data.get("token"), int(t) if t is not None else None, int(i) if i is not None else None)
+
+
+Offsets = dict[str, ShardOffset]
+
+
+def to_json(offsets: Mapping[str, ShardOffset]) -> dict[str, Any]:
+    """The offset dict Spark stores."""
+    return {"shards": {name: offsets[name].to_json() for name in sorted(offsets)}}
+
+
+def from_json(data: Mapping[str, Any]) -> Offsets:
+    """The inverse of :func:`to_json`; a malformed offset is a ConfigError naming what is wrong."""
+    shards = data.get("shards") if isinstance(data, Mapping) else None
+    if not isinstance(shards, Mapping) or not all(isinstance(v, Mapping) for v in shards.values()):
+        raise ConfigError(f'a stream offset must look like {{"shards": {{NAME: {{"token", "t", "i"}}}}}}, got {data!r}')
+    out = {str(name): ShardOffset.from_json(entry) for name, entry in shards.items()}
+    for name, entry in out.items():
+        if entry.token is None and entry.cluster_time is None:
+            raise ConfigError(f"stream offset of shard {name!r} has neither a resume token nor a cluster time")
+    return out
+
+
+def parse(text: str, option: str) -> Offsets:
+    """An offset given as JSON text (the ``start-positions`` option)."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"option {option} is not JSON: {exc}") from None
+    return from_json(data)
+
+
+def start_of(offsets: Mapping[str, ShardOffset], name: str) -> ShardOffset:
+    """Where ``name``'s stream starts: its own entry, or for a shard the offset does not know yet (added
+    since) the earliest cluster time of the others (a resume token belongs to one stream only)."""
+    entry = offsets.get(name)
+    if entry is not None:
+        return entry
+    times = [e.cluster_time for e in offsets.values() if e.cluster_time is not None]
+    if not times:
+        raise ConfigError(f"shard {name!r} is new and the stream offset has no cluster time to start it at")
+    earliest = min(times)
+    return ShardOffset(None, earliest.time, earliest.inc)

@@ -1,0 +1,244 @@
+"""``spark.readStream.format("mcdc")``: the source's change streams as micro-batches.
+
+Offsets are per-shard resume tokens (offsets.py). On the driver, ``latestOffset`` reads each shard's
+stream after the start (raw events, nothing decoded) up to the read limit and the end of what the server
+has now, and never ends inside a multi-document transaction or a split event. On the executors, one task
+per shard that moved reads its stream again from the start and yields exactly the events up to the end
+token, in stream order. Events outside the selection make no row, but offsets move over every event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from bson.timestamp import Timestamp
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+
+from ..config import Settings, parse_start_at
+from ..errors import ConfigError
+from ..extjson import dumps_str
+from ..filters import keep_event
+from ..normalize import normalize_change
+from ..source.connection import make_client, probe
+from ..source.shards import discover
+from ..uri import host_set, redact
+from . import offsets
+from .changes import RawChangeStream, SyncClient, log_skipped, skipped, sync_client, transaction_of
+from .offsets import REPLICA_SET, ShardOffset
+from .options import START_POSITIONS, settings_for
+from .rows import Row, bson_bytes, event_row
+
+log = logging.getLogger("mcdc.spark")
+
+#: How long a task waits for events its range holds before it says the stream lost them.
+READ_PATIENCE_S = 120.0
+
+
+@dataclass(frozen=True)
+class ShardRange(InputPartition):
+    """One shard's events of a micro-batch: after ``start`` up to and including ``end``'s token."""
+
+    shard: str
+    uri: str
+    start: dict[str, Any]
+    end: dict[str, Any]
+
+
+class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """The ``mcdc`` source's stream reader. Holds only option strings (it is pickled to the executors)."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.options = dict(options)
+        settings_for(self.options, "source")  # a bad option fails now, on the driver
+        self._shards: dict[str, str] | None = None
+        self._until: Timestamp | None = None  # Trigger.AvailableNow: the source's time when the query began
+
+    @property
+    def settings(self) -> Settings:
+        return settings_for(self.options, "source")
+
+    # --- driver ---------------------------------------------------------------------------------------------
+
+    def shards(self) -> dict[str, str]:
+        """Shard name -> URI of each stream: ``""`` -> the source for a replica set."""
+        if self._shards is None:
+            self._shards = asyncio.run(stream_uris(self.settings))
+        return self._shards
+
+    def initialOffset(self) -> dict[str, Any]:
+        """``start-positions`` (an offset: mcdc's checkpoint), else ``start-at``, else each stream's now."""
+        text = self.options.get(START_POSITIONS)
+        if text:
+            return offsets.to_json(offsets.parse(text, START_POSITIONS))
+        s = self.settings
+        if s.start_at is not None:
+            ts = parse_start_at(s.start_at)
+            return offsets.to_json({name: ShardOffset(None, ts.time, ts.inc) for name in self.shards()})
+        start: dict[str, ShardOffset] = {}
+        for name, uri in self.shards().items():
+            with sync_client(uri, s.connect_timeout_s) as client:
+                start[name] = position_now(client, s)
+        log.info("mcdc stream starts at %s", start)
+        return offsets.to_json(start)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.settings.replay_batch)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        s = self.settings
+        with sync_client(s.source, s.connect_timeout_s) as client:
+            self._until = source_time(client)
+        log.info("mcdc stream: available now = up to %s", self._until)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        begin = offsets.from_json(start)
+        shards = self.shards()
+        rows = None  # ReadAllAvailable
+        if isinstance(limit, ReadMaxRows):  # a share each: a busy shard cannot starve the others
+            rows = max(1, limit.max_rows // max(1, len(shards)))
+        end = dict(begin)
+        s = self.settings
+        for name, uri in shards.items():
+            with sync_client(uri, s.connect_timeout_s) as client:
+                stream = RawChangeStream(client, s)
+                first = offsets.start_of(begin, name)
+                stream.open(first.position())
+                try:
+                    end[name] = advance(stream, first, limit=rows, until=self._until)
+                finally:
+                    stream.close()
+        return offsets.to_json(end)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[ShardRange]:
+        begin, finish = offsets.from_json(start), offsets.from_json(end)
+        shards = self.shards()
+        return [
+            ShardRange(name, shards[name], offsets.start_of(begin, name).to_json(), finish[name].to_json())
+            for name in sorted(finish)
+            if name in shards and finish[name] != offsets.start_of(begin, name)
+        ]
+
+    def commit(self, end: dict[str, Any]) -> None:
+        log.debug("mcdc stream: Spark committed %s", end)  # stateless: the offsets are Spark's checkpoint
+
+    # --- executors ------------------------------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[Row]:
+        assert isinstance(partition, ShardRange)
+        s = self.settings
+        with sync_client(partition.uri, s.connect_timeout_s) as client:
+            stream = RawChangeStream(client, s)
+            stream.open(ShardOffset.from_json(partition.start).position())
+            try:
+                yield from read_range(stream, partition.shard, ShardOffset.from_json(partition.end), s)
+            finally:
+                stream.close()
+
+
+def advance(stream: RawChangeStream, start: ShardOffset, *, limit: int | None, until: Timestamp | None) -> ShardOffset:
+    """How far an opened stream goes now: up to ``limit`` events (more only to finish a transaction),
+    none later than ``until``, and no further than what the server has right now. The start when nothing
+    new came."""
+    end = start
+    last_txn: tuple[bytes, int] | None = None
+    count = 0
+    while True:
+        raw = stream.poll()
+        if raw is None:
+            return end
+        txn = transaction_of(raw)
+        ts = raw.get("clusterTime")
+        if last_txn is None or txn != last_txn:  # the transaction we are in is always finished
+            if limit is not None and count >= limit:
+                return end
+            if until is not None and ts is not None and ts > until:
+                return end
+        count += 1
+        end, last_txn = ShardOffset.of(raw["_id"], ts), txn
+
+
+def read_range(stream: RawChangeStream, shard: str, end: ShardOffset, s: Settings) -> Iterator[Row]:
+    """The rows of an opened stream's events up to and including ``end``'s token."""
+    stop = end.cluster_time
+    rs = shard or None
+    deadline = time.monotonic() + READ_PATIENCE_S
+    while True:
+        raw = stream.poll()
+        if raw is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the change stream{_of(shard)} did not reach the micro-batch's end {end.token} within "
+                    f"{READ_PATIENCE_S:.0f} s: its events are no longer there"
+                )
+            continue
+        token = dumps_str(raw["_id"])
+        ts = raw.get("clusterTime")
+        if token != end.token and stop is not None and ts is not None and ts > stop:
+            raise RuntimeError(
+                f"the change stream{_of(shard)} passed the micro-batch's end ({end.token} at {stop}) without "
+                f"meeting it (it is at {ts}): the stream changed since the offset was planned"
+            )
+        if skipped(raw):
+            log_skipped(raw)
+        else:
+            event = normalize_change(raw, rs)
+            if event is not None and keep_event(event, s.selection):
+                yield event_row(event, bson_bytes(raw))
+        if token == end.token:
+            return
+
+
+def _of(shard: str) -> str:
+    return f" of shard {shard}" if shard else ""
+
+
+def source_time(client: SyncClient) -> Timestamp:
+    """The source's latest operation time (a cluster-wide "now")."""
+    reply = client.admin.command("ping")
+    ts = reply.get("operationTime") or (reply.get("$clusterTime") or {}).get("clusterTime")
+    if ts is None:
+        raise RuntimeError("the source did not report an operation time")
+    return ts  # type: ignore[no-any-return]
+
+
+def position_now(client: SyncClient, s: Settings) -> ShardOffset:
+    """A stream's position now: the post-batch resume token of a stream opened without a start, with the
+    operation time read just before it (never later than the token)."""
+    ts = source_time(client)
+    stream = RawChangeStream(client, s)
+    stream.open(offsets.ShardOffset().position())
+    try:
+        return ShardOffset.of(stream.resume_token, ts)
+    finally:
+        stream.close()
+
+
+async def stream_uris(s: Settings) -> dict[str, str]:
+    """Shard name -> URI of each change stream to read: the ``shard`` option's replica sets (named as the
+    asyncio engine's checkpoint names them), else a mongos's shards, else the source itself under ``""``."""
+    if s.shards:
+        named = {}
+        for uri in s.shards:
+            client = make_client(uri, timeout_s=s.connect_timeout_s)
+            try:
+                info = await probe(client, uri, "shard")
+            finally:
+                await client.close()
+            named[f"{info.set_name or 'shard'}@{','.join(sorted(host_set(uri)))}"] = uri
+        return named
+    client = make_client(s.source, timeout_s=s.connect_timeout_s)
+    try:
+        info = await probe(client, s.source, "source")
+        if info.kind == "sharded":
+            return {shard.name: shard.uri for shard in await discover(client, s.source)}
+        if not info.has_change_streams:
+            raise ConfigError(f"source {redact(s.source)} is a standalone server: it has no change stream to read")
+        return {REPLICA_SET: s.source}
+    finally:
+        await client.close()
