@@ -81,6 +81,7 @@ class SyncJob:
         self._retrier = Retrier(backoff, reporter, stop=stop, metrics=metrics)  # the snapshot's retries
         self._copier: Copier = copy_partitions  # the asyncio engine's; --engine spark's runs Spark tasks
         self._spark: Any = None  # the SparkSession of --engine spark
+        self._spark_before: Any = None  # the session that ran before this job (spark-submit's): not stopped
         self._resnapshot = False  # a new snapshot is due whatever the checkpoint says (history lost)
         self._started_snapshot = False  # this run planned the snapshot it copies
         self.summary = Summary(
@@ -119,15 +120,21 @@ class SyncJob:
                     await client.close()
         finally:
             await sink.close()
+            if self._spark is not None:
+                from .engines.spark.session import stop_owned
+
+                await asyncio.to_thread(stop_owned, self._spark, self._spark_before)
         self.summary.elapsed_s = round(time.monotonic() - started, 3)
         return self.summary
 
     async def _start_spark(self) -> None:
         """--engine spark: the session (started here, or spark-submit's), and the Spark copier."""
-        from .engines.spark.session import session
+        from .engines.spark.session import existing, session
         from .engines.spark.snapshot import SparkCopier
 
-        self.reporter.info(f"starting Spark ({self.s.spark_master})")
+        self._spark_before = existing()
+        if self._spark_before is None:
+            self.reporter.info(f"starting Spark ({self.s.spark_master})")
         self._spark = await asyncio.to_thread(session, self.s)
         self._copier = SparkCopier(self.s, self._spark)
 
@@ -468,6 +475,17 @@ class SyncJob:
         follow: bool,
     ) -> None:
         """The replay, with a new stream for each change of the shard set while it follows."""
+        if self._spark is not None:  # a streaming query over the shards' streams (shards it follows are fixed)
+            from .engines.spark.replay import SparkReplay
+
+            spark_replay = SparkReplay(self.s, self._spark, self.store, self.reporter, stop=self.stop)
+            try:
+                self.summary.events += await spark_replay.run(
+                    cp, sink, transform, follow=follow, after_write=after_write
+                )
+            finally:
+                self.summary.retries += spark_replay.retries
+            return
         while True:
             merged = reader if follow and isinstance(reader, MergedReader) and self._topology.discovered else None
             local_stop = asyncio.Event()  # set by the watcher: on the user's stop, or when shards change

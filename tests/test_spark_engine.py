@@ -197,3 +197,67 @@ async def test_verify_on_spark_reports_what_asyncio_reports(
     assert changed["ok"] is False and changed == changed_spark
     kinds = {d["kind"] for d in changed["differences"]}
     assert {"missing", "extra", "changed"} <= kinds
+
+
+async def test_catch_up_on_spark_reaches_now(spark: Any, source_uri: str, target_uri: str, tmp_path: Path) -> None:
+    cp = tmp_path / "cp.json"
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.insert_many([{"_id": i, "v": 0} for i in range(300)])
+    await run_job(source_uri, target_uri, cp, partition_docs=100, split="always")
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.delete_many({"_id": {"$lt": 20}})
+        client.db.c.update_many({"_id": {"$gte": 200}}, {"$inc": {"v": 1}})
+        client.db.c.insert_many([{"_id": f"new{i}"} for i in range(50)])
+        with client.start_session() as session, session.start_transaction():
+            client.db.c.update_one({"_id": 50}, {"$set": {"txn": 1}}, session=session)
+            client.db.d.insert_one({"_id": "txn"}, session=session)
+        client.db.c.create_index("v")
+        client.db.e.insert_one({"_id": 1})
+        client.db.e.rename("f")
+        written = client.admin.command("ping")["operationTime"]  # just after the last write
+    summary = await run_job(source_uri, target_uri, cp, command="catch-up", replay_batch=25)
+    assert summary["snapshot"] == "skipped" and summary["events"] >= 20 + 100 + 50 + 2
+    assert_identical(source_uri, target_uri)
+    saved = json.loads(cp.read_text())
+    assert saved["position"]["cluster_time"]["t"] >= written.time - 1  # the rename, the last event, is in
+    again = await run_job(source_uri, target_uri, cp, command="catch-up")
+    assert again["events"] == 0  # nothing read twice
+
+
+def test_tail_on_spark_converges_under_writes_and_exits_0_on_sigterm(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    from tests.support.workload import random_workload
+
+    cp = tmp_path / "cp.json"
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.insert_many([{"_id": i} for i in range(200)])
+    args = [
+        sys.executable, "-m", "replicator.cli", "tail", "--engine", "spark", "--spark-master", "local[2]",
+        "--spark-conf", "spark.ui.enabled=false", "--spark-conf", "spark.driver.host=127.0.0.1",
+        "-s", source_uri, "-t", target_uri, "-c", str(cp), "--no-progress",
+    ]  # fmt: skip
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (cp.exists() and json.loads(cp.read_text())["snapshot"]["status"] == "done"):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the snapshot never finished"
+            time.sleep(0.2)
+        random_workload(source_uri, rounds=300, seed=7)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                assert_identical(source_uri, target_uri)
+                break
+            except AssertionError:
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, "tail --engine spark never converged"
+                time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert "Traceback" not in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()

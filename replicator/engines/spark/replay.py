@@ -1,0 +1,212 @@
+"""The change replay on Spark: a Structured Streaming query over the ``mcdc`` data source's stream reader
+(one change stream per shard, offsets = per-shard resume tokens), each micro-batch applied by the run's
+sink and acknowledged in mcdc's checkpoint.
+
+Where the position lives: in mcdc's checkpoint file only. Each run starts its query from the checkpoint's
+per-shard positions, with a checkpointLocation of its own that is deleted when the run ends. A micro-batch
+is applied through the same sink code as the asyncio engine (in order, idempotently), and only then does
+the checkpoint move to its last event per shard. A driver killed at any moment restarts from the last
+acknowledged micro-batch, whose events are applied again idempotently. The stream is read on the
+executors; the micro-batch, at most ``--max-batch-size`` events per shard, is applied on the driver,
+which keeps the events of each document in order across shards (merged by cluster time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import tempfile
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from bson.timestamp import Timestamp
+
+from ...checkpoint import Checkpoint, CheckpointStore
+from ...config import Settings, settings_to_strings
+from ...errors import McdcError
+from ...events import ChangeEvent, Position
+from ...pipeline import Transform
+from ...progress import Reporter, lag_seconds
+from ...retry import Backoff, Retrier, is_retryable
+from ...sinks.base import Sink
+from ...spark import offsets
+from ...spark.offsets import REPLICA_SET, ShardOffset
+
+#: Options of the data source the replay sets itself (the run's settings give the rest).
+_STREAM_OPTIONS = ("source", "full-document", "pre-images", "oversize", "max-batch-size", "connect-timeout")
+
+
+def start_positions(cp: Checkpoint) -> dict[str, Any]:
+    """The stream reader's start offset from the checkpoint: each shard's position, or the one position
+    of a replica set."""
+    positions = cp.shards if cp.shards else {REPLICA_SET: cp.position}
+    return offsets.to_json({name: ShardOffset.of(p.resume_token, p.cluster_time) for name, p in positions.items()})
+
+
+def batch_positions(events: Sequence[ChangeEvent]) -> dict[str, Position]:
+    """Each shard's last event position in a micro-batch ("" for a replica set)."""
+    last: dict[str, Position] = {}
+    for event in events:
+        if event.position is not None:
+            last[event.rs or REPLICA_SET] = event.position
+    return last
+
+
+def merged_order(events: list[tuple[Timestamp, ChangeEvent]]) -> list[ChangeEvent]:
+    """The shards' events in cluster-time order; a stable sort, so each shard's own order stays."""
+    return [e for _, e in sorted(events, key=lambda pair: (pair[0].time, pair[0].inc))]
+
+
+class SparkReplay:
+    """Replays the source's changes into ``sink`` from the checkpoint, up to now (``follow=False``,
+    ``Trigger.AvailableNow``) or until ``stop`` is set."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        spark: Any,
+        store: CheckpointStore,
+        reporter: Reporter,
+        *,
+        stop: asyncio.Event | None = None,
+    ) -> None:
+        self.s = settings
+        self.spark = spark
+        self.store = store
+        self.reporter = reporter
+        self.stop = stop
+        backoff = Backoff(settings.retry_initial_s, settings.retry_max_s, settings.max_retries)
+        self._retrier = Retrier(backoff, reporter, stop=stop)
+        self.events = 0
+
+    @property
+    def retries(self) -> int:
+        return self._retrier.retries
+
+    async def run(
+        self,
+        cp: Checkpoint,
+        sink: Sink,
+        transform: Transform,
+        *,
+        follow: bool,
+        after_write: Callable[[Sequence[ChangeEvent]], Awaitable[None]] | None = None,
+    ) -> int:
+        """Run queries until caught up (or stopped); a retryable failure of the sink or the source backs
+        off and starts a new query from the checkpoint. Returns the events applied."""
+        while True:
+            try:
+                await self._query(cp, sink, transform, follow=follow, after_write=after_write)
+                break
+            except Exception as exc:
+                if not is_retryable(exc):
+                    raise
+                if await self._retrier.wait(exc, "stream"):
+                    break
+        self.store.save(cp)
+        return self.events
+
+    async def _query(
+        self,
+        cp: Checkpoint,
+        sink: Sink,
+        transform: Transform,
+        *,
+        follow: bool,
+        after_write: Callable[[Sequence[ChangeEvent]], Awaitable[None]] | None,
+    ) -> None:
+        from ...spark import register
+        from ...spark.rows import event_from_row
+
+        register(self.spark)
+        loop = asyncio.get_running_loop()
+        lock = threading.Lock()  # a micro-batch is applied whole, or not at all, around a stop
+        stopping = threading.Event()
+        failure: list[BaseException] = []
+
+        async def apply(events: list[ChangeEvent]) -> None:
+            kept = [t for t in (transform(e) for e in events) if t is not None]
+            if kept:
+                await sink.write(kept)
+                await sink.flush()
+                if after_write is not None:
+                    await after_write(kept)
+            positions = batch_positions(events)
+            if cp.shards:
+                times = [p.cluster_time for p in positions.values() if p.cluster_time is not None]
+                overall = Position(cluster_time=min(times)) if times else Position()
+                cp.acknowledge(overall, positions)
+            elif REPLICA_SET in positions:
+                cp.acknowledge(positions[REPLICA_SET])
+            self.store.save(cp)
+            self._retrier.progress()
+            self.events += len(kept)
+            last = events[-1].position.cluster_time if events[-1].position else None
+            self.reporter.replay_advance(len(kept), lag_seconds(last))
+
+        def each_batch(frame: Any, batch_id: int) -> None:
+            with lock:
+                if stopping.is_set() or failure:
+                    raise RuntimeError("mcdc is stopping")  # not applied: the next run reads it again
+                rows = frame.collect()
+                timed = []
+                for row in rows:
+                    event = event_from_row(row.asDict(recursive=True))
+                    ts = event.position.cluster_time if event.position else None
+                    timed.append((ts or Timestamp(0, 0), event))
+                if not timed:
+                    return
+                try:
+                    asyncio.run_coroutine_threadsafe(apply(merged_order(timed)), loop).result()
+                except BaseException as exc:
+                    failure.append(exc)
+                    raise
+
+        location = tempfile.mkdtemp(prefix="mcdc-stream-")
+        reader = self.spark.readStream.format("mcdc")
+        for name, value in self._options(cp).items():
+            reader = reader.option(name, value)
+        writer = reader.load().writeStream.foreachBatch(each_batch).option("checkpointLocation", location)
+        writer = writer.trigger(processingTime="500 milliseconds") if follow else writer.trigger(availableNow=True)
+        query = await asyncio.to_thread(writer.start)
+        try:
+            await self._wait(query, follow=follow, lock=lock, stopping=stopping)
+        finally:
+            shutil.rmtree(location, ignore_errors=True)
+        if failure:
+            raise failure[0]
+        if not stopping.is_set() and query.exception() is not None:
+            raise McdcError(f"the change stream on Spark failed: {_first_line(query.exception())}")
+
+    def _options(self, cp: Checkpoint) -> dict[str, str]:
+        options = {k: v for k, v in settings_to_strings(self.s).items() if k in _STREAM_OPTIONS}
+        options["start-positions"] = json.dumps(start_positions(cp))
+        return options
+
+    async def _wait(self, query: Any, *, follow: bool, lock: threading.Lock, stopping: threading.Event) -> None:
+        """Until the query ends (caught up) or ``stop`` is set; then stop it between two micro-batches."""
+        while True:
+            ended = await asyncio.to_thread(query.awaitTermination, 0.5)
+            if ended:
+                return
+            if self.stop is not None and self.stop.is_set():
+                stopping.set()  # a micro-batch that starts from now on is not applied
+                await asyncio.to_thread(_stop_between_batches, query, lock)
+                return
+
+
+def _stop_between_batches(query: Any, lock: threading.Lock) -> None:
+    with lock:  # the micro-batch being applied, if any, is applied and acknowledged whole
+        pass
+    query.stop()
+
+
+def _first_line(exc: Any) -> str:
+    text = str(getattr(exc, "desc", None) or exc)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in lines:  # the Python error the reader raised, without the JVM's stack
+        if "Error:" in line and "Traceback" not in line:
+            return line
+    return lines[0] if lines else "unknown error"
