@@ -62,9 +62,15 @@ class ShardOffset:
 Offsets = dict[str, ShardOffset]
 
 
-def to_json(offsets: Mapping[str, ShardOffset]) -> dict[str, Any]:
-    """The offset dict Spark stores."""
-    return {"shards": {name: offsets[name].to_json() for name in sorted(offsets)}}
+def to_json(offsets: Mapping[str, ShardOffset], *, initial: bool = False) -> dict[str, Any]:
+    """The offset dict Spark stores. ``initial`` marks a query's first offset, which no later offset
+    equals: so Spark always runs a first (maybe empty) micro-batch and records where the stream started
+    in the query's checkpoint. Without it, an availableNow run that found nothing new would record
+    nothing, and the next run would start at its own "now", skipping what happened in between."""
+    data: dict[str, Any] = {"shards": {name: offsets[name].to_json() for name in sorted(offsets)}}
+    if initial:
+        data["initial"] = True
+    return data
 
 
 def from_json(data: Mapping[str, Any]) -> Offsets:

@@ -53,7 +53,7 @@ _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 def snapshot_row(ns: Namespace, document: RawBSONDocument) -> Row:
     """A document read by a snapshot: op ``r`` with key, document and bson set."""
     return (
-        "r", ns.db, ns.coll, dumps_str({"_id": document["_id"]}), dumps_str(document), document.raw,
+        "r", ns.db, ns.coll, dumps_str({"_id": document["_id"]}), dumps_str(document), bson_bytes(document),
         None, None, None, None, None, None, None, None,
     )  # fmt: skip
 

@@ -58,6 +58,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         settings_for(self.options, "source")  # a bad option fails now, on the driver
         self._shards: dict[str, str] | None = None
         self._until: Timestamp | None = None  # Trigger.AvailableNow: the source's time when the query began
+        self._initial: dict[str, Any] | None = None
 
     @property
     def settings(self) -> Settings:
@@ -72,20 +73,26 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._shards
 
     def initialOffset(self) -> dict[str, Any]:
-        """``start-positions`` (an offset: mcdc's checkpoint), else ``start-at``, else each stream's now."""
+        """``start-positions`` (an offset: mcdc's checkpoint), else ``start-at``, else each stream's now.
+        Always the same answer: Spark asks again when it plans the first micro-batch."""
+        if self._initial is None:
+            self._initial = self._first_offset()
+        return self._initial
+
+    def _first_offset(self) -> dict[str, Any]:
         text = self.options.get(START_POSITIONS)
         if text:
-            return offsets.to_json(offsets.parse(text, START_POSITIONS))
+            return offsets.to_json(offsets.parse(text, START_POSITIONS), initial=True)
         s = self.settings
         if s.start_at is not None:
             ts = parse_start_at(s.start_at)
-            return offsets.to_json({name: ShardOffset(None, ts.time, ts.inc) for name in self.shards()})
+            return offsets.to_json({name: ShardOffset(None, ts.time, ts.inc) for name in self.shards()}, initial=True)
         start: dict[str, ShardOffset] = {}
         for name, uri in self.shards().items():
             with sync_client(uri, s.connect_timeout_s) as client:
                 start[name] = position_now(client, s)
         log.info("mcdc stream starts at %s", start)
-        return offsets.to_json(start)
+        return offsets.to_json(start, initial=True)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.settings.replay_batch)

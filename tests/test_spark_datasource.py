@@ -1,0 +1,152 @@
+"""The ``mcdc`` Spark data source against the real test servers and the session's local SparkSession:
+batch read of every BSON type, streaming reads with availableNow (per-shard token offsets, no re-read,
+no skip), micro-batch bounds, and writes back to MongoDB byte for byte."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import bson
+import pymongo
+import pytest
+from bson.raw_bson import RawBSONDocument
+
+from replicator.spark import register
+from replicator.spark.rows import NAMES
+from tests.support.compare import RAW
+from tests.support.corpus import load_corpus
+from tests.support.servers import Clients
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def mcdc(spark: Any) -> Any:
+    register(spark)
+    return spark
+
+
+def raw_docs(uri: str, ns: str) -> dict[bytes, bytes]:
+    """{encoded _id: raw document} of one collection."""
+    db, coll = ns.split(".", 1)
+    with pymongo.MongoClient(uri) as client:
+        docs = client.get_database(db, codec_options=RAW)[coll].find()
+        return {bson.encode({"_id": d["_id"]}, codec_options=RAW): d.raw for d in docs}
+
+
+def stream_rows(
+    spark: Any, source: str, checkpoint: Path, **options: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One availableNow run of the change stream: (its rows in order, the end offset of each micro-batch
+    the query's checkpoint holds)."""
+    rows: list[dict[str, Any]] = []
+    reader = spark.readStream.format("mcdc").option("source", source)
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    query = (
+        reader.load()
+        .writeStream.foreachBatch(lambda df, _: rows.extend(r.asDict() for r in df.collect()))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None, query.exception()
+    ends = []
+    for path in sorted((checkpoint / "offsets").glob("[0-9]*"), key=lambda p: int(p.name)):
+        ends.append(json.loads(path.read_text().splitlines()[-1]))
+    return rows, ends
+
+
+def test_batch_read_gives_every_document_of_the_corpus_byte_exact(mcdc: Any, clients: Clients, source_uri: str) -> None:
+    info = load_corpus(clients.source)
+    df = (
+        mcdc.read.format("mcdc")
+        .option("source", source_uri)
+        .option("include", "corpus\\.(types|mixed_ids|validated_view)")
+        .option("partition-docs", "500")
+        .option("split", "always")
+        .load()
+    )
+    assert tuple(df.columns) == NAMES
+    assert df.rdd.getNumPartitions() >= 8  # the mixed _ids are split per type bracket
+    rows = df.collect()
+    assert {r.op for r in rows} == {"r"} and {r.change for r in rows} == {None}
+    for ns in ("corpus.types", "corpus.mixed_ids"):
+        got = {
+            bson.encode({"_id": RawBSONDocument(bytes(r.bson), RAW)["_id"]}, codec_options=RAW): bytes(r.bson)
+            for r in rows
+            if f"{r.db}.{r.coll}" == ns
+        }
+        assert got == raw_docs(source_uri, ns)
+        assert len(got) == info["namespaces"][ns]
+    assert not [r for r in rows if r.coll == "validated_view"]  # a view has no documents of its own
+    one = next(r for r in rows if r.coll == "types")
+    assert json.loads(one.document)["_id"] == json.loads(one.key)["_id"]
+
+
+def shop_changes(client: pymongo.MongoClient[dict[str, Any]]) -> None:
+    """An insert, an update, a delete, a two-insert transaction, and a write outside the selection."""
+    orders = client.shop.orders
+    orders.insert_one({"_id": 1, "qty": 1})
+    orders.update_one({"_id": 1}, {"$set": {"qty": 2}})
+    orders.delete_one({"_id": 0})
+    with client.start_session() as session, session.start_transaction():
+        orders.insert_one({"_id": 2}, session=session)
+        orders.insert_one({"_id": 3}, session=session)
+    client.other.skipped.insert_one({"_id": 9})
+
+
+def test_stream_available_now_reads_each_change_once_in_order_with_token_offsets(
+    mcdc: Any, clients: Clients, source_uri: str, tmp_path: Path
+) -> None:
+    clients.source.shop.orders.insert_one({"_id": 0})  # before the stream: never a row
+    options = {"include": "shop\\..*"}
+    first, offsets = stream_rows(mcdc, source_uri, tmp_path / "cp", **options)
+    assert first == [] and len(offsets) == 1  # the start is recorded, though nothing happened yet
+
+    shop_changes(clients.source)
+    rows, offsets = stream_rows(mcdc, source_uri, tmp_path / "cp", **options)
+    got = [(r["op"], json.loads(r["key"])["_id"]) for r in rows]
+    one, two = {"$numberInt": "1"}, {"$numberInt": "2"}
+    assert got == [("c", one), ("u", one), ("d", {"$numberInt": "0"}), ("c", two), ("c", {"$numberInt": "3"})]
+    assert {r["db"] for r in rows} == {"shop"} and {r["shard"] for r in rows} == {None}
+    assert json.loads(rows[1]["document"]) == {"_id": one, "qty": two}  # updateLookup
+    assert rows[2]["document"] is None and rows[2]["bson"] is None  # a delete is a row with its key
+    assert rows[3]["txn"] is not None and rows[3]["txn"] == rows[4]["txn"] and rows[0]["txn"] is None
+    assert all(r["change"] is not None and r["cluster_time"] is not None for r in rows)
+    for end in offsets:  # per-shard resume tokens, never clock seconds
+        assert set(end["shards"]) == {""} and set(end["shards"][""]) == {"token", "t", "i"}
+    last = offsets[-1]["shards"][""]
+    assert last["token"] is not None and last["token"] != rows[-1]["resume_token"]  # moved over other.skipped
+
+    clients.source.shop.orders.insert_one({"_id": 4})
+    third, _ = stream_rows(mcdc, source_uri, tmp_path / "cp", **options)
+    assert [(r["op"], json.loads(r["key"])["_id"]) for r in third] == [("c", {"$numberInt": "4"})]
+
+
+def test_max_batch_size_bounds_each_micro_batch(mcdc: Any, clients: Clients, source_uri: str, tmp_path: Path) -> None:
+    sizes: list[int] = []
+    checkpoint = str(tmp_path / "cp")
+
+    def run() -> None:
+        query = (
+            mcdc.readStream.format("mcdc")
+            .option("source", source_uri)
+            .option("max-batch-size", "2")
+            .load()
+            .writeStream.foreachBatch(lambda df, _: sizes.append(df.count()))
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        assert query.exception() is None, query.exception()
+
+    run()
+    clients.source.shop.orders.insert_many([{"_id": i} for i in range(5)], ordered=True)
+    sizes.clear()
+    run()
+    assert sizes == [2, 2, 1]
