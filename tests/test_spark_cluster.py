@@ -1,0 +1,113 @@
+"""--engine spark on a real standalone cluster (a master and a worker started from the pip package): the
+snapshot's partitions and verify's ranges run in executor processes the worker launched, with the venv's
+Python, and the target is byte-identical to the source."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.support.compare import assert_identical
+from tests.support.corpus import load_corpus
+from tests.support.servers import connect
+from tests.support.spark_cluster import Cluster, cluster_environment, quick_jvm_conf
+
+pytestmark = pytest.mark.integration
+
+RUN_TIMEOUT_S = 180
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One master and one 2-core worker for the module, stopped at its end."""
+    started = Cluster(tmp_path_factory.mktemp("spark-cluster"), cores=2, memory="2g")
+    started.start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+class ProcessWatch:
+    """Samples the worker's descendants while a driver runs: the executor JVMs and their Python workers."""
+
+    def __init__(self, pid: int) -> None:
+        self.root = psutil.Process(pid)
+        self.executors: set[int] = set()
+        self.pythons: dict[int, list[str]] = {}  # pid -> argv of each pyspark daemon / worker seen
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> ProcessWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.1):
+            try:
+                children = self.root.children(recursive=True)
+            except psutil.Error:
+                continue
+            for proc in children:
+                try:
+                    argv = proc.cmdline()
+                except psutil.Error:
+                    continue
+                if "org.apache.spark.executor.CoarseGrainedExecutorBackend" in argv:
+                    self.executors.add(proc.pid)
+                elif any("pyspark" in arg for arg in argv):
+                    self.pythons[proc.pid] = argv
+
+
+def _mcdc(command: str, cluster: Cluster, *args: str) -> subprocess.CompletedProcess[bytes]:
+    argv = [
+        sys.executable, "-m", "replicator.cli", command, "--engine", "spark", "--spark-master", cluster.url,
+        "--spark-conf", "spark.driver.host=127.0.0.1", "--spark-conf", "spark.ui.enabled=false",
+        "--spark-conf", "spark.executor.memory=1g", *quick_jvm_conf(), *args,
+    ]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, timeout=RUN_TIMEOUT_S, env=cluster_environment(), check=False)
+
+
+def test_sync_and_verify_run_on_the_clusters_executors(
+    cluster: Cluster, source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    with connect(source_uri) as client:
+        info = load_corpus(client)
+    assert cluster.worker.pid is not None
+    with ProcessWatch(cluster.worker.pid) as watch:
+        synced = _mcdc(
+            "sync", cluster, "--source", source_uri, "--target", target_uri, "--checkpoint", str(tmp_path / "cp.json"),
+            "--split", "always", "--partition-docs", "300", "--no-progress", "--json",
+        )  # fmt: skip
+    assert synced.returncode == 0, synced.stderr.decode()[-4000:]
+    summary = json.loads(synced.stdout)
+    assert summary["snapshot"] == "completed"
+    state = assert_identical(source_uri, target_uri)
+    assert len(state["corpus.mixed_ids"]["docs"]) == info["namespaces"]["corpus.mixed_ids"]
+    checkpoint = json.loads((tmp_path / "cp.json").read_text())
+    assert len({p["bracket"] for p in checkpoint["snapshot"]["plan"] if p["coll"] == "mixed_ids"}) >= 8
+
+    # The tasks ran in executor JVMs the worker launched, whose Python workers are this venv's interpreter.
+    assert watch.executors, "no CoarseGrainedExecutorBackend process was seen under the worker"
+    assert watch.pythons, "no pyspark Python process was seen under the worker"
+    assert {argv[0] for argv in watch.pythons.values()} == {sys.executable}
+    executor_dirs = cluster.worker.executor_dirs()
+    assert executor_dirs, f"no app-*/<executor> directory under {cluster.worker.work_dir}"
+    executor_log = "".join((d / "stderr").read_text(errors="replace") for d in executor_dirs)
+    assert "Running task" in executor_log
+
+    verified = _mcdc("verify", cluster, "--source", source_uri, "--target", target_uri, "--split", "always",
+                     "--partition-docs", "300")  # fmt: skip
+    assert verified.returncode == 0, verified.stdout.decode()[-2000:] + verified.stderr.decode()[-4000:]
+    assert len(cluster.worker.executor_dirs()) > len(executor_dirs)  # verify's own application, its own executor
