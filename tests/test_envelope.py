@@ -152,6 +152,32 @@ def test_legacy_envelope_has_after_patch_and_filter() -> None:
     assert v is not None and v["op"] == "d" and ext(v["filter"]) == {"_id": 1}
 
 
+def legacy_patch(**update_description: Any) -> Any:
+    desc = {"updatedFields": {}, "removedFields": [], "truncatedArrays": [], **update_description}
+    [msg] = encoder("debezium-legacy").encode([change("update", documentKey={"_id": 1}, updateDescription=desc)])
+    _, value = decode(msg)
+    assert value is not None
+    return ext(value["patch"])
+
+
+def test_legacy_patch_of_a_push_with_slice_is_one_update_mongodb_accepts() -> None:
+    # [1, 2, 3] after $push: {arr: {$each: [4], $slice: -2}} is [3, 4]: both elements set, the array cut to 2;
+    # "$set arr.0" beside "$push arr" is refused by MongoDB (ConflictingUpdateOperators)
+    patch = legacy_patch(updatedFields={"arr.0": 3, "arr.1": 4}, truncatedArrays=[{"field": "arr", "newSize": 2}])
+    assert patch == {"$set": {"arr": [3, 4]}}
+
+
+def test_legacy_patch_keeps_a_truncation_beside_unrelated_fields_in_one_update() -> None:
+    patch = legacy_patch(updatedFields={"a": 1}, removedFields=["b"], truncatedArrays=[{"field": "arr", "newSize": 1}])
+    assert patch == {"$set": {"a": 1}, "$unset": {"b": True}, "$push": {"arr": {"$each": [], "$slice": 1}}}
+
+
+def test_legacy_patch_that_no_single_update_can_hold_is_its_steps_in_order() -> None:
+    # [1, 2, 3, 3] after $pull: {arr: 2} is [1, 3, 3]: only arr.1 changed, then the array was cut to 3
+    patch = legacy_patch(updatedFields={"arr.1": 3}, truncatedArrays=[{"field": "arr", "newSize": 3}])
+    assert patch == [{"$push": {"arr": {"$each": [], "$slice": 3}}}, {"$set": {"arr.1": 3}}]
+
+
 def test_transaction_metadata_wraps_a_transaction_in_begin_and_end() -> None:
     txn = {"lsid": LSID, "txnNumber": bson.Int64(4)}
     events = [

@@ -17,7 +17,8 @@ Envelopes (``--envelope``):
     ``ts_ms`` and ``transaction``. A replace is ``u`` with ``after``.
 ``debezium-legacy``
     Debezium 1.x: ``after`` for reads, inserts and replaces, ``patch`` (an idempotent MongoDB update as a
-    string) for updates, ``filter`` (the document key) for updates and deletes.
+    string; a list of them, to apply in order, where one cannot hold the change) for updates, ``filter``
+    (the document key) for updates and deletes.
 ``plain``
     mcdc's normalized event with documents as extended JSON objects (not strings): for jq and scripts.
 
@@ -39,6 +40,7 @@ from .. import __version__
 from ..config import Settings
 from ..events import ChangeEvent, Namespace, Op, Transaction
 from ..extjson import to_json_value
+from ..update_ops import update_document, update_steps
 from . import connect_schema
 from .topics import TopicNamer
 
@@ -365,15 +367,10 @@ def transaction_id(txn: Transaction) -> str:
     return f"{session}:{txn.txn_number}"
 
 
-def update_operators(event: ChangeEvent) -> dict[str, Any]:
-    """An update event's delta as MongoDB update operators ($set, $unset, then array truncation)."""
-    u = event.update
-    assert u is not None
-    ops: dict[str, Any] = {}
-    if u.updated_fields:
-        ops["$set"] = u.updated_fields
-    if u.removed_fields:
-        ops["$unset"] = dict.fromkeys(u.removed_fields, True)
-    if u.truncated_arrays:
-        ops["$push"] = {f: {"$each": [], "$slice": size} for f, size in u.truncated_arrays}
-    return ops
+def update_operators(event: ChangeEvent) -> dict[str, Any] | list[dict[str, Any]]:
+    """An update event's delta as one idempotent MongoDB update (``$set``, ``$unset`` with ``true`` as in
+    Debezium 1.x's patch, ``$push`` with ``$slice`` for a truncated array); where MongoDB cannot take it
+    as one (an array truncated while only some of its elements change), the updates to apply in order."""
+    assert event.update is not None
+    one = update_document(event.update, unset_value=True)
+    return one if one is not None else update_steps(event.update, unset_value=True)

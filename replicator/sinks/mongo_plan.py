@@ -1,8 +1,9 @@
 """The MongoDB write plan: which idempotent writes replay which change events. Pure: no I/O.
 
-* :func:`write_ops` turns one document event into its writes (upserts by document key, deltas,
-  deletes); :func:`literal_ops` gives the same writes in a form that carries ``$``-prefixed field names
-  literally (an update pipeline), for the documents a plain replacement or ``$set`` is refused for.
+* :func:`write_ops` turns one document event into its writes (upserts by document key, deltas as
+  :func:`replicator.update_ops.update_steps` builds them, deletes); :func:`literal_ops` gives the same
+  writes in a form that carries ``$``-prefixed field names literally (an update pipeline), for the
+  documents a plain replacement or ``$set`` is refused for.
 * :func:`coalesce` groups one namespace's events so that unrelated documents' writes go as a few
   commands instead of one per alternating run.
 * :func:`duplicate_key` reads a unique-index conflict out of a write error, :func:`stale_delta` tells a
@@ -21,6 +22,7 @@ from bson.raw_bson import RawBSONDocument
 from pymongo import DeleteOne, ReplaceOne, UpdateOne
 
 from ..events import ChangeEvent, Op, UpdateDescription
+from ..update_ops import update_steps
 
 WriteOp = ReplaceOne[Any] | UpdateOne | DeleteOne
 #: a write and the event it replays (the event is needed to rewrite or resolve the write)
@@ -46,18 +48,7 @@ def write_ops(event: ChangeEvent) -> list[WriteOp]:
         update = event.update
         if update is None:
             return []
-        ops: list[WriteOp] = []
-        if update.truncated_arrays:
-            push = {field: {"$each": [], "$slice": size} for field, size in update.truncated_arrays}
-            ops.append(UpdateOne(event.document_key, {"$push": push}))
-        change: dict[str, Any] = {}
-        if update.updated_fields:
-            change["$set"] = update.updated_fields
-        if update.removed_fields:
-            change["$unset"] = dict.fromkeys(update.removed_fields, "")
-        if change:
-            ops.append(UpdateOne(event.document_key, change))
-        return ops
+        return [UpdateOne(event.document_key, step) for step in update_steps(update)]
     if op is Op.DELETE:
         return [DeleteOne(event.document_key)]
     raise ValueError(f"{op.value} is not a document operation")
