@@ -91,6 +91,7 @@ def session(settings: Settings) -> Any:
     require_pyspark()
     from pyspark.sql import SparkSession
 
+    quiet_py4j(settings)
     active = SparkSession.getActiveSession() or existing()
     if active is not None:
         return active
@@ -103,6 +104,11 @@ def session(settings: Settings) -> Any:
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("INFO" if settings.verbose else "ERROR")
     return spark
+
+
+def quiet_py4j(settings: Settings) -> None:
+    """py4j (PySpark's bridge to the JVM) logs each callback at INFO: only with --debug-driver."""
+    logging.getLogger("py4j").setLevel(logging.DEBUG if settings.debug_driver else logging.WARNING)
 
 
 @contextlib.contextmanager
