@@ -150,3 +150,54 @@ def test_max_batch_size_bounds_each_micro_batch(mcdc: Any, clients: Clients, sou
     sizes.clear()
     run()
     assert sizes == [2, 2, 1]
+
+
+def test_batch_write_of_a_read_collection_is_byte_exact(
+    mcdc: Any, clients: Clients, source_uri: str, target_uri: str
+) -> None:
+    load_corpus(clients.source)
+    namespaces = ("corpus.types", "corpus.mixed_ids")
+    selected = ",".join([*namespaces, "corpus_other\\.things"])
+    df = mcdc.read.format("mcdc").option("source", source_uri).option("include", selected).load()
+    (
+        df.write.format("mcdc")
+        .option("target", target_uri)
+        .option("exclude", "corpus_other\\..*")
+        .option("rename", "corpus=copy")
+        .mode("append")
+        .save()
+    )
+    for ns in namespaces:
+        assert raw_docs(target_uri, ns.replace("corpus.", "copy.")) == raw_docs(source_uri, ns)
+    assert not {"corpus", "corpus_other"} & set(clients.target.list_database_names())
+    with pytest.raises(Exception, match="unknown option 'max-batch'"):
+        df.write.format("mcdc").option("target", target_uri).option("max-batch", "5").mode("append").save()
+
+
+def test_stream_write_converges_the_target_on_the_source(
+    mcdc: Any, clients: Clients, source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    clients.source.shop.create_collection("orders")
+
+    def run() -> None:
+        query = (
+            mcdc.readStream.format("mcdc")
+            .option("source", source_uri)
+            .load()
+            .writeStream.format("mcdc")
+            .option("target", target_uri)
+            .option("include", "shop\\..*")
+            .option("checkpointLocation", str(tmp_path / "cp"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        assert query.exception() is None, query.exception()
+
+    run()
+    clients.source.shop.orders.insert_one({"_id": 0, "gone": True})
+    shop_changes(clients.source)
+    run()
+    assert raw_docs(target_uri, "shop.orders") == raw_docs(source_uri, "shop.orders")
+    assert len(raw_docs(target_uri, "shop.orders")) == 3
+    assert "other" not in clients.target.list_database_names()  # outside the writer's selection
