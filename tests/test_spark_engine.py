@@ -261,3 +261,25 @@ def test_tail_on_spark_converges_under_writes_and_exits_0_on_sigterm(
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+async def test_sync_on_spark_to_kafka_writes_from_the_executors_and_rebuilds_exactly(
+    spark: Any, source_uri: str, kafka: Any, tmp_path: Path
+) -> None:
+    from tests.support.kafka import consume_all, list_topics
+    from tests.support.rebuild import assert_same, rebuild, server_docs
+
+    with pymongo.MongoClient(source_uri) as client:
+        client.shop.orders.insert_many([{"_id": i, "n": i, "d": 1.5, "big": 2**40} for i in range(400)])
+        client.shop.mixed.insert_many([{"_id": v} for v in ("a", 1, 2.5, None, True, b"\x01")])
+    cp = tmp_path / "cp.json"
+    summary = await run_job(source_uri, f"kafka://{kafka.bootstrap}", cp, partition_docs=100, split="always")
+    assert summary["snapshot"] == "completed" and summary["documents"] == 406
+    with pymongo.MongoClient(source_uri) as client:
+        client.shop.orders.delete_one({"_id": 3})
+        client.shop.orders.update_one({"_id": 4}, {"$set": {"n": -1}})
+    await run_job(source_uri, f"kafka://{kafka.bootstrap}", cp, command="catch-up")
+    topics = sorted(t for t in await list_topics(kafka.bootstrap) if t.startswith("mcdc.shop."))
+    records = await consume_all(kafka.bootstrap, topics)
+    decoded = [(json.loads(r.key) if r.key else None, json.loads(r.value) if r.value else None) for r in records]
+    assert_same(rebuild(decoded), server_docs(source_uri))
