@@ -10,12 +10,13 @@ use a real broker instead, whose topics and consumer groups are then all deleted
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.kafka import KafkaBroker, delete_consumer_groups, delete_topics
-from tests.support.servers import Clients, ServerPair, connect, drop_user_databases, start_pair
+from tests.support.servers import Clients, LocalServer, ServerPair, connect, drop_user_databases, start_pair
 from tests.support.spark import start_session
 
 
@@ -82,3 +83,14 @@ def spark() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture
+def second_shard(tmp_path: Path) -> Iterator[str]:
+    """A second server, to act as a second shard of the source beside ``source_uri``."""
+    server = LocalServer(tmp_path / "shard2")
+    server.start()
+    try:
+        yield server.uri
+    finally:
+        server.stop()

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,6 @@ import pytest
 
 from replicator.source.shards import parse_shards, shard_uri
 from tests.support.compare import server_state
-from tests.support.servers import LocalServer
 
 
 def test_shard_uris_keep_credentials_and_options() -> None:
@@ -34,16 +32,6 @@ def test_shard_uris_keep_credentials_and_options() -> None:
     assert shards[1].uri == "mongodb://app:s3cret@b1:27018,b2:27018/?authSource=admin&tls=true&replicaSet=rsB"
     assert "s3cret" not in str(shards[0])
     assert shard_uri("h1:1", "mongodb+srv://cluster.example.net/") == "mongodb://h1:1/"
-
-
-@pytest.fixture
-def second_shard(tmp_path: Path) -> Iterator[str]:
-    server = LocalServer(tmp_path / "shard2")
-    server.start()
-    try:
-        yield server.uri
-    finally:
-        server.stop()
 
 
 def _merged(*uris: str) -> dict[str, Any]:

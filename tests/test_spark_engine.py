@@ -283,3 +283,43 @@ async def test_sync_on_spark_to_kafka_writes_from_the_executors_and_rebuilds_exa
     records = await consume_all(kafka.bootstrap, topics)
     decoded = [(json.loads(r.key) if r.key else None, json.loads(r.value) if r.value else None) for r in records]
     assert_same(rebuild(decoded), server_docs(source_uri))
+
+
+def test_tail_on_spark_follows_two_shards_in_order(
+    source_uri: str, target_uri: str, second_shard: str, tmp_path: Path
+) -> None:
+    from tests.test_shards import _wait_converged
+
+    cp = tmp_path / "cp.json"
+    args = [
+        sys.executable, "-m", "replicator.cli", "tail", "--engine", "spark", "--spark-master", "local[2]",
+        "--spark-conf", "spark.ui.enabled=false", "--spark-conf", "spark.driver.host=127.0.0.1",
+        "-s", source_uri, "-t", target_uri, "-c", str(cp), "--shard", source_uri, "--shard", second_shard,
+        "--snapshot", "never", "--no-progress",
+    ]  # fmt: skip
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not cp.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        with pymongo.MongoClient(source_uri) as a, pymongo.MongoClient(second_shard) as b:
+            a.db.c.insert_many([{"_id": i, "on": "a"} for i in range(0, 200, 2)])
+            b.db.c.insert_many([{"_id": i, "on": "b"} for i in range(1, 200, 2)])
+            # a "chunk migration" (see tests/test_shards.py): it leaves a, lands on b a second later
+            moved = [a.db.c.find_one_and_delete({"_id": i}) for i in range(0, 60, 2)]
+            time.sleep(1.05 - time.time() % 1)
+            b.db.c.insert_many([{**doc, "on": "b", "moved": True} for doc in moved if doc is not None])
+            b.db.c.update_many({"moved": True}, {"$set": {"after_move": 1}})
+            b.db.c.delete_many({"_id": {"$gt": 190}})
+        _wait_converged(target_uri, source_uri, second_shard, timeout=120)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        saved = json.loads(cp.read_text())
+        assert len(saved["shards"]) == 2 and all(p["resume_token"] for p in saved["shards"].values())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -35,7 +35,7 @@ from ...spark import offsets
 from ...spark.offsets import REPLICA_SET, ShardOffset
 
 #: Options of the data source the replay sets itself (the run's settings give the rest).
-_STREAM_OPTIONS = ("source", "full-document", "pre-images", "oversize", "max-batch-size", "connect-timeout")
+_STREAM_OPTIONS = ("source", "shard", "full-document", "pre-images", "oversize", "max-batch-size", "connect-timeout")
 
 
 def start_positions(cp: Checkpoint) -> dict[str, Any]:
