@@ -4,6 +4,7 @@ no skip), micro-batch bounds, and writes back to MongoDB byte for byte."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from tests.support.corpus import load_corpus
 from tests.support.servers import Clients
 
 pytestmark = pytest.mark.integration
+EXAMPLE = Path(__file__).parent.parent / "examples" / "spark" / "changes_to_parquet.py"
 
 
 @pytest.fixture
@@ -201,3 +203,22 @@ def test_stream_write_converges_the_target_on_the_source(
     assert raw_docs(target_uri, "shop.orders") == raw_docs(source_uri, "shop.orders")
     assert len(raw_docs(target_uri, "shop.orders")) == 3
     assert "other" not in clients.target.list_database_names()  # outside the writer's selection
+
+
+def test_example_lands_changes_in_parquet_and_keeps_the_latest_state(
+    mcdc: Any, clients: Clients, source_uri: str, tmp_path: Path
+) -> None:
+    spec = importlib.util.spec_from_file_location("changes_to_parquet", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    job = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(job)
+    out = tmp_path / "out"
+    clients.source.shop.orders.insert_one({"_id": 0})
+    job.run(mcdc, source_uri, out, options={"include": "shop\\..*"})
+    shop_changes(clients.source)
+    job.run(mcdc, source_uri, out, options={"include": "shop\\..*"})
+    assert mcdc.read.parquet(str(out / "changes")).count() == 5
+    latest = {json.loads(r.key)["_id"]["$numberInt"]: bytes(r.bson) for r in job.read_latest(mcdc, out).collect()}
+    # the document deleted was never in the stream's window; 1 updated, 2 and 3 from the transaction
+    assert latest == {str(RawBSONDocument(v, RAW)["_id"]): v for v in raw_docs(source_uri, "shop.orders").values()}
+    assert sorted(latest) == ["1", "2", "3"]
