@@ -323,3 +323,49 @@ def test_tail_on_spark_follows_two_shards_in_order(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_kill_9_of_a_spark_tail_then_a_restart_converges(source_uri: str, target_uri: str, tmp_path: Path) -> None:
+    from tests.support.workload import random_workload
+
+    cp = tmp_path / "cp.json"
+    args = [
+        sys.executable, "-m", "replicator.cli", "tail", "--engine", "spark", "--spark-master", "local[2]",
+        "--spark-conf", "spark.ui.enabled=false", "--spark-conf", "spark.driver.host=127.0.0.1",
+        "-s", source_uri, "-t", target_uri, "-c", str(cp), "--snapshot", "never", "--no-progress",
+        "--max-batch-size", "20",
+    ]  # fmt: skip
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not cp.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        first = json.loads(cp.read_text())["position"]
+        writer = threading.Thread(target=random_workload, args=(source_uri, 400, 11), kwargs={"ddl": False})
+        writer.start()
+        while (_checkpoint(cp) or {}).get("position") == first:  # killed once some micro-batches are acked
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline + 60
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait()
+        writer.join()
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                assert_identical(source_uri, target_uri)
+                break
+            except AssertionError:
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, "no convergence after the restart"
+                time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
