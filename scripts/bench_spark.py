@@ -1,0 +1,355 @@
+"""Benchmark: ``--engine spark`` against ``--engine asyncio`` on the same two servers, in one run.
+
+    python scripts/bench_spark.py [--docs 500000] [--doc-size 300] [--events 50000] [--spark-master local[2]] [--json]
+    python scripts/bench_spark.py --source mongodb://... --target mongodb://...
+
+1. Snapshot. Loads ``bench.docs`` (``--docs`` documents of about ``--doc-size`` bytes; an earlier matching
+   load is reused, as scripts/bench_sync.py does) and scans it once. Then for each engine, into a wiped target
+   with a fresh checkpoint: ``mcdc sync --include 'bench\\.docs' --engine E --json`` as a subprocess. docs/s
+   "with start" divides by the process's wall time (Python, and for Spark the JVM and the session, starting
+   included); "without start" by the summary's ``snapshot_s``. The start overhead is wall - ``snapshot_s`` -
+   ``replay_s`` (sync's replay of the snapshot window): interpreter, JVM and session start, planning, index
+   builds. Memory is sampled every 50 ms: the Python driver (the mcdc process alone), the JVM it starts, and
+   the Python workers under the JVM (where Spark's tasks run on a local master), each's peak.
+2. Tail. ``bench`` is dropped on the source and an empty ``bench.events`` created; one ``mcdc sync
+   --include 'bench\\.events' --snapshot never`` writes a checkpoint at the source's current time; then
+   ``--events`` change events are made on ``bench.events`` (scripts/bench_tail.py's backlog: inserts,
+   updates, replaces, deletes, after a drop of ``bench``). For each engine, from a copy of that checkpoint
+   into a wiped target: ``mcdc catch-up --engine E --json``, then the target is compared with the source
+   document by document. events/s by wall time and by the summary's ``replay_s``.
+   Skipped for Spark (and said so) when this checkout has no Spark replay (replicator/engines/spark/replay.py).
+
+Prints a table and PASS/FAIL for the targets (spark/asyncio docs/s without start >= 0.8, Spark driver peak
+RSS < 300 MB); exits 0 whatever they say: it is a measurement. Exits 1 when a run fails or leaves the wrong data.
+
+Without ``--source/--target`` it starts two local SecantusDB servers (a Python MongoDB-compatible server,
+several times slower than mongod): figures are for that server; the ratios within one run are what count.
+With them, only the ``bench`` database is touched (dropped on both by the tail part).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from contextlib import nullcontext, suppress
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psutil
+from _local import (
+    BenchError,
+    add_server_options,
+    bench_servers,
+    code_version,
+    heading,
+    mcdc,
+    print_verdicts,
+    run_bench,
+    show,
+)
+from bench_sync import COLL, DB, _check_target, _load_source, _reset_target, _warm_source
+from bench_tail import EVENTS, compare, make_backlog
+
+ENGINES = ("asyncio", "spark")
+RATIO_TARGET = 0.8
+RSS_TARGET_MB = 300.0
+SAMPLE_S = 0.05
+RUN_TIMEOUT_S = 3600.0
+_MB = 1024 * 1024
+
+
+def spark_replay_exists() -> bool:
+    """Whether this checkout replays change streams on Spark (else catch-up --engine spark replays on asyncio)."""
+    return importlib.util.find_spec("replicator.engines.spark.replay") is not None
+
+
+@dataclass
+class Memory:
+    """Peak RSS in MB of the mcdc process, the JVM(s) it started, and the Python processes under the JVM."""
+
+    driver_mb: float = 0.0
+    jvm_mb: float = 0.0
+    python_workers_mb: float = 0.0
+    total_mb: float = 0.0
+
+
+def _sample(proc: psutil.Process, peak: Memory) -> None:
+    driver = jvm = workers = 0
+    with suppress(psutil.Error):
+        driver = proc.memory_info().rss
+        for child in proc.children(recursive=True):
+            with suppress(psutil.Error):
+                rss = child.memory_info().rss
+                if child.name().startswith("java"):
+                    jvm += rss
+                else:
+                    workers += rss  # pyspark.daemon and its forked workers (children of the JVM)
+    peak.driver_mb = max(peak.driver_mb, round(driver / _MB, 1))
+    peak.jvm_mb = max(peak.jvm_mb, round(jvm / _MB, 1))
+    peak.python_workers_mb = max(peak.python_workers_mb, round(workers / _MB, 1))
+    peak.total_mb = max(peak.total_mb, round((driver + jvm + workers) / _MB, 1))
+
+
+@dataclass
+class Run:
+    """One timed mcdc command."""
+
+    part: str  # "snapshot" | "tail"
+    engine: str
+    count: int  # documents copied / events replayed, from the summary
+    wall_s: float
+    elapsed_s: float  # the summary's: process and interpreter start excluded, Spark's session start included
+    work_s: float  # the summary's snapshot_s (snapshot) / replay_s (tail)
+    replay_s: float  # the summary's replay_s: for sync, the replay of the snapshot's window after the copy
+    memory: Memory
+
+    @property
+    def start_s(self) -> float:
+        """Neither copying nor replaying: wall - snapshot_s - replay_s (interpreter, Spark session and its
+        JVM, planning, index builds, stopping)."""
+        other = self.replay_s if self.part == "snapshot" else 0.0
+        return round(self.wall_s - self.work_s - other, 2)
+
+    @property
+    def per_s_with_start(self) -> float:
+        return round(self.count / self.wall_s) if self.wall_s else 0.0
+
+    @property
+    def per_s(self) -> float:
+        return round(self.count / self.work_s) if self.work_s else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(start_s=self.start_s, per_s_with_start=self.per_s_with_start, per_s=self.per_s)
+        return data
+
+
+def engine_options(engine: str, master: str) -> list[str]:
+    if engine == "asyncio":
+        return ["--engine", "asyncio"]
+    return [
+        "--engine", "spark", "--spark-master", master,
+        "--spark-conf", "spark.ui.enabled=false", "--spark-conf", "spark.driver.host=127.0.0.1",
+    ]  # fmt: skip
+
+
+def timed(argv: list[str], part: str, engine: str, logdir: Path) -> Run:
+    """Run one mcdc command with --json, sampling memory; the summary gives the counts and phase times."""
+    out_path, err_path = logdir / f"{part}-{engine}.out", logdir / f"{part}-{engine}.err"
+    peak = Memory()
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        try:
+            watched = psutil.Process(proc.pid)
+            deadline = started + RUN_TIMEOUT_S
+            while True:
+                _sample(watched, peak)
+                try:
+                    proc.wait(SAMPLE_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    if time.perf_counter() > deadline:
+                        raise BenchError(f"{part} on {engine} did not finish in {RUN_TIMEOUT_S:.0f} s") from None
+        finally:
+            if proc.poll() is None:  # Ctrl-C or an error here: do not leave mcdc running
+                proc.terminate()
+                proc.wait()
+        wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        tail = err_path.read_text(errors="replace")[-3000:]
+        raise BenchError(f"{part} on {engine}: mcdc exited {proc.returncode}:\n{tail}")
+    summary = orjson.loads(out_path.read_bytes())
+    count = int(summary["documents" if part == "snapshot" else "events"])
+    work = float(summary["snapshot_s" if part == "snapshot" else "replay_s"])
+    replay = float(summary["replay_s"])
+    return Run(part, engine, count, round(wall, 3), float(summary["elapsed_s"]), work, replay, peak)
+
+
+def _fresh(path: Path) -> Path:
+    for stale in path.parent.glob(f"{path.name}*"):  # mcdc falls back to <name>.backup
+        stale.unlink()
+    return path
+
+
+# -- the two parts ------------------------------------------------------------------------------------------
+
+
+def snapshot_runs(
+    source: str, target: str, args: argparse.Namespace, workdir: Path, commands: dict[str, str]
+) -> list[Run]:
+    runs = []
+    for engine in ENGINES:
+        heading(f"Snapshot: mcdc sync --engine {engine}")
+        _reset_target(target)
+        checkpoint = _fresh(workdir / f"snapshot-{engine}.json")
+        argv = mcdc(
+            "sync", "--source", source, "--target", target, "--include", rf"{DB}\.{COLL}",
+            "--checkpoint", str(checkpoint), "--no-progress", "--json",
+            *engine_options(engine, args.spark_master), *args.mcdc_arg,
+        )  # fmt: skip
+        commands[f"snapshot {engine}"] = show(argv)
+        print(f"$ {show(argv)}", flush=True)
+        run = timed(argv, "snapshot", engine, workdir)
+        _check_target(target, args.docs, f"sync --engine {engine}")
+        if run.count != args.docs:
+            raise BenchError(f"sync --engine {engine} reported {run.count:,} documents copied, not {args.docs:,}")
+        print(f"{run.wall_s:.2f} s wall, snapshot_s {run.work_s:.2f}, driver peak RSS {run.memory.driver_mb} MB")
+        runs.append(run)
+    return runs
+
+
+def tail_runs(
+    source: str, target: str, args: argparse.Namespace, workdir: Path, commands: dict[str, str]
+) -> tuple[list[Run], dict[str, str]]:
+    """The backlog replayed by each engine from copies of one checkpoint; engines skipped, with why."""
+    heading(f"Tail: a checkpoint, then a backlog of {args.events:,} change events on {DB}.{EVENTS}")
+    from tests.support.servers import connect
+
+    for uri in (source, target):
+        with connect(uri) as client:
+            client.drop_database(DB)
+    with connect(source) as client:  # --include must match a namespace; the backlog drops it again first
+        client[DB].create_collection(EVENTS)
+    base = _fresh(workdir / "tail-base.json")
+    include = ["--include", rf"{DB}\.{EVENTS}", "--no-progress", "--json", *args.mcdc_arg]
+    first = mcdc("sync", "--source", source, "--target", target, "--checkpoint", str(base), "--snapshot", "never",
+                 *include)  # fmt: skip
+    done = subprocess.run(first, capture_output=True, check=False)
+    if done.returncode != 0:
+        raise BenchError(f"the base checkpoint's catch-up exited {done.returncode}:\n{done.stderr.decode()[-3000:]}")
+    commands["tail checkpoint"] = show(first)
+    backlog = make_backlog(source, args.events)
+    print(f"{backlog.events:,} events in {backlog.build_s:.1f} s: {backlog.mix}")
+    runs: list[Run] = []
+    skipped: dict[str, str] = {}
+    for engine in ENGINES:
+        if engine == "spark" and not spark_replay_exists():
+            skipped[engine] = "no Spark replay in this checkout (replicator/engines/spark/replay.py)"
+            print(f"catch-up --engine spark: skipped, {skipped[engine]}")
+            continue
+        heading(f"Tail: mcdc catch-up --engine {engine} from a copy of the checkpoint")
+        _reset_target(target)
+        checkpoint = _fresh(workdir / f"tail-{engine}.json")
+        shutil.copyfile(base, checkpoint)
+        argv = mcdc("catch-up", "--source", source, "--target", target, "--checkpoint", str(checkpoint),
+                    *engine_options(engine, args.spark_master), *include)  # fmt: skip
+        commands[f"tail {engine}"] = show(argv)
+        print(f"$ {show(argv)}", flush=True)
+        run = timed(argv, "tail", engine, workdir)
+        diff = compare(source, target, EVENTS)
+        if not diff.identical:
+            raise BenchError(f"catch-up --engine {engine} left the target {diff.text()}")
+        print(f"{run.wall_s:.2f} s wall, replay_s {run.work_s:.2f}, {run.count:,} events; target {diff.text()}")
+        runs.append(run)
+    return runs, skipped
+
+
+# -- report -------------------------------------------------------------------------------------------------
+
+
+def figures(
+    snapshot: list[Run], tail: list[Run], skipped: dict[str, str], args: argparse.Namespace, server: str,
+    commands: dict[str, str],
+) -> dict[str, Any]:  # fmt: skip
+    by = {r.engine: r for r in snapshot}
+    ratio = by["spark"].per_s / by["asyncio"].per_s if by["asyncio"].per_s else 0.0
+    driver = by["spark"].memory.driver_mb
+    tails = {r.engine: r for r in tail}
+    tail_ratio = tails["spark"].per_s / tails["asyncio"].per_s if len(tails) == 2 and tails["asyncio"].per_s else None
+    return {
+        "server": server,
+        "docs": args.docs,
+        "doc_size": args.doc_size,
+        "events": args.events,
+        "spark_master": args.spark_master,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "mcdc_code": code_version(),
+        "snapshot": [r.to_json() for r in snapshot],
+        "tail": [r.to_json() for r in tail],
+        "tail_skipped": skipped,
+        "ratio_docs_per_s": round(ratio, 3),
+        "ratio_events_per_s": round(tail_ratio, 3) if tail_ratio is not None else None,
+        "spark_start_overhead_s": round(by["spark"].start_s - by["asyncio"].start_s, 2),
+        "targets": {
+            f"spark/asyncio docs/s without start >= {RATIO_TARGET}": ratio >= RATIO_TARGET,
+            f"spark driver peak RSS < {RSS_TARGET_MB:.0f} MB": driver < RSS_TARGET_MB,
+        },
+        "commands": commands,
+    }
+
+
+def print_report(data: dict[str, Any]) -> None:
+    heading(
+        f"Results: {data['docs']:,} documents of ~{data['doc_size']} bytes and {data['events']:,} change events, "
+        f"measured on {data['server']}"
+    )
+    print(f"{data['cpus']} CPUs, Python {data['python']}, --spark-master {data['spark_master']}")
+    print(f"mcdc code: {data['mcdc_code']}")
+    head = f"{'part':<9}{'engine':<8}{'count':>9}{'wall s':>8}{'work s':>8}{'replay s':>9}{'start s':>8}"
+    print(head + f"{'/s w/ start':>12}{'/s':>9}{'driver MB':>10}{'JVM MB':>8}{'py wkrs MB':>11}")
+    for r in data["snapshot"] + data["tail"]:
+        m = r["memory"]
+        print(
+            f"{r['part']:<9}{r['engine']:<8}{r['count']:>9,}{r['wall_s']:>8.2f}{r['work_s']:>8.2f}{r['replay_s']:>9.2f}"
+            f"{r['start_s']:>8.2f}"
+            f"{r['per_s_with_start']:>12,}{r['per_s']:>9,}{m['driver_mb']:>10.1f}{m['jvm_mb']:>8.1f}"
+            f"{m['python_workers_mb']:>11.1f}"
+        )
+    for engine, why in data["tail_skipped"].items():
+        print(f"tail      {engine:<8}skipped: {why}")
+    print()
+    print(f"ratio spark/asyncio docs/s   {data['ratio_docs_per_s']:.2f}   (without start: snapshot_s)")
+    if data["ratio_events_per_s"] is not None:
+        print(f"ratio spark/asyncio events/s {data['ratio_events_per_s']:.2f}   (without start: replay_s)")
+    print(f"spark start overhead         {data['spark_start_overhead_s']:.2f} s   (start s, spark - asyncio)")
+    print_verdicts(data["targets"], data["commands"])
+
+
+# -- main ---------------------------------------------------------------------------------------------------
+
+
+def bench(args: argparse.Namespace) -> dict[str, Any]:
+    keep = nullcontext(str(args.logdir)) if args.logdir else tempfile.TemporaryDirectory(prefix="mcdc-bench-run-")
+    with keep as logdir, bench_servers("bench_spark", args.source, args.target) as (source, target, server):
+        workdir = Path(logdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        print(f"source: {source}\ntarget: {target}\nserver: {server}")
+        commands = {"bench": show([sys.executable, *sys.argv])}
+        heading(f"Loading {args.docs:,} documents of ~{args.doc_size} bytes into {DB}.{COLL} on the source")
+        _load_source(source, args.docs, args.doc_size)
+        heading("Warming up: one raw scan of the source collection")
+        print(f"scanned in {_warm_source(source):.1f} s")
+        snapshot = snapshot_runs(source, target, args, workdir, commands)
+        tail, skipped = tail_runs(source, target, args, workdir, commands)
+        return figures(snapshot, tail, skipped, args, server, commands)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--docs", type=int, default=500_000, help="documents to copy (default 500000)")
+    parser.add_argument("--doc-size", type=int, default=300, help="approximate BSON bytes per document (default 300)")
+    parser.add_argument("--events", type=int, default=50_000, help="change events in the tail backlog (default 50000)")
+    parser.add_argument(
+        "--spark-master", default="local[2]", help="--spark-master of the Spark runs (default local[2])"
+    )
+    add_server_options(parser, "one more argument for every mcdc command (repeatable), e.g. --mcdc-arg=--workers=2")
+    args = parser.parse_args(argv)
+    if args.docs < 1 or args.events < 2:
+        parser.error("--docs must be at least 1 and --events at least 2")
+    return run_bench("bench_spark", lambda: bench(args), print_report, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
