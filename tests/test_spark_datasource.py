@@ -68,7 +68,7 @@ def test_batch_read_gives_every_document_of_the_corpus_byte_exact(mcdc: Any, cli
         mcdc.read.format("mcdc")
         .option("source", source_uri)
         .option("include", "corpus\\.(types|mixed_ids|validated_view)")
-        .option("partition-docs", "500")
+        .option("partition-docs", "1000")
         .option("split", "always")
         .load()
     )
