@@ -478,7 +478,9 @@ class SyncJob:
         if self._spark is not None:  # a streaming query over the shards' streams (shards it follows are fixed)
             from .engines.spark.replay import SparkReplay
 
-            spark_replay = SparkReplay(self.s, self._spark, self.store, self.reporter, stop=self.stop)
+            spark_replay = SparkReplay(
+                self.s, self._spark, self.store, self.reporter, stop=self.stop, metrics=self.metrics
+            )
             try:
                 self.summary.events += await spark_replay.run(
                     cp, sink, transform, follow=follow, after_write=after_write

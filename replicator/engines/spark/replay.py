@@ -27,12 +27,14 @@ from ...checkpoint import Checkpoint, CheckpointStore
 from ...config import Settings, settings_to_strings
 from ...errors import McdcError
 from ...events import ChangeEvent, Position
+from ...metrics import Metrics
 from ...pipeline import Transform
 from ...progress import Reporter, lag_seconds
 from ...retry import Backoff, Retrier, is_retryable
 from ...sinks.base import Sink
 from ...spark import offsets
 from ...spark.offsets import REPLICA_SET, ShardOffset
+from ...streaming import measure
 
 #: Options of the data source the replay sets itself (the run's settings give the rest).
 _STREAM_OPTIONS = ("source", "shard", "full-document", "pre-images", "oversize", "max-batch-size", "connect-timeout")
@@ -71,14 +73,16 @@ class SparkReplay:
         reporter: Reporter,
         *,
         stop: asyncio.Event | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.s = settings
+        self.metrics = metrics
         self.spark = spark
         self.store = store
         self.reporter = reporter
         self.stop = stop
         backoff = Backoff(settings.retry_initial_s, settings.retry_max_s, settings.max_retries)
-        self._retrier = Retrier(backoff, reporter, stop=stop)
+        self._retrier = Retrier(backoff, reporter, stop=stop, metrics=metrics)
         self.events = 0
 
     @property
@@ -142,6 +146,8 @@ class SparkReplay:
                 cp.acknowledge(positions[REPLICA_SET])
             self.store.save(cp)
             self._retrier.progress()
+            if self.metrics is not None:
+                measure(self.metrics, kept, cp)
             self.events += len(kept)
             last = events[-1].position.cluster_time if events[-1].position else None
             self.reporter.replay_advance(len(kept), lag_seconds(last))
