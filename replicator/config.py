@@ -357,7 +357,7 @@ def _validate_target(s: Settings) -> None:
         raise ConfigError("--target jsonl:PATH needs a file path, e.g. jsonl:/var/lib/mcdc/events.jsonl")
     if is_mongo_uri(s.target):
         check_mongo_uri(s.target, "--target")
-        if host_set(s.source) & host_set(s.target) and not s.rename:
+        if s.source and host_set(s.source) & host_set(s.target) and not s.rename:
             raise ConfigError(f"target {redact(s.target)} is the source server; replicate to a different server")
 
 

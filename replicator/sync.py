@@ -22,7 +22,6 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 from pymongo.errors import PyMongoError
@@ -45,7 +44,7 @@ from .snapshot_mode import Checkpointed, Start, decide, drops_target
 from .source import catalog
 from .source.connection import Client, ServerInfo, deployment_identity, make_client, probe
 from .source.lookup import source_lookup
-from .source.partitions import ALL, Partition, Resume, plan_collection
+from .source.partitions import ALL, Partition, Resume, plan_collection, plan_specs
 from .source.shards import MergedReader
 from .source.topology import Reader, StreamTopology
 from .streaming import StreamApplier
@@ -315,15 +314,7 @@ class SyncJob:
                 f"the target already holds data in {listing(busy, 5)}; pass --drop-target to replace it, "
                 "or --snapshot never to only replay changes"
             )
-        plan: list[Partition] = []
-        for spec in specs:
-            if not spec.is_view:
-                coll = client[spec.ns.db][spec.ns.coll or ""]
-                capped = bool(spec.options.get("capped"))
-                parts = await plan_collection(coll, spec.ns, s.partition_docs, capped=capped, split=s.split)
-                if spec.kind == "timeseries" or spec.options.get("timeseries"):  # measurements may share an _id
-                    parts = [replace(p, keyed=False) for p in parts]
-                plan.extend(parts)
+        plan = await plan_specs(client, specs, s.partition_docs, split=s.split)
         cp = Checkpoint(
             identity,
             position=position,

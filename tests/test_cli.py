@@ -76,7 +76,10 @@ READERS = {
         [p for p in ROOT.rglob("*.py") if p.name not in _NOT_THE_JOB],
         ["_settings", "_replicate", "_metrics", "_print_summary"],
     ),
-    "verify": ([ROOT / "verify.py"], ["_settings", "verify"]),
+    "verify": (
+        [ROOT / "verify.py", ROOT / "engines" / "spark" / "verify.py", ROOT / "engines" / "spark" / "session.py"],
+        ["_settings", "verify"],
+    ),
     "status": ([ROOT / "status.py"], ["_settings", "status"]),
 }
 FIELDS = {f.name for f in dataclasses.fields(Settings)}
@@ -160,6 +163,7 @@ def test_every_flag_reaches_the_settings(command: str, monkeypatch: pytest.Monke
 
     monkeypatch.setattr("replicator.cli._replicate", lambda name, settings: seen.append(settings))
     monkeypatch.setattr("replicator.verify.verify", library_call)
+    monkeypatch.setattr("replicator.engines.spark.verify.verify_on_spark", library_call)  # SAMPLE's engine
     monkeypatch.setattr("replicator.status.status", library_call)
     result = runner.invoke(app, [command, *_args(command)])
     assert result.exit_code == 0, result.output

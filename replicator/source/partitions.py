@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import datetime
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bson.binary import Binary
@@ -24,9 +24,10 @@ from bson.min_key import MinKey
 from bson.objectid import ObjectId
 from bson.timestamp import Timestamp
 from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.asynchronous.mongo_client import AsyncMongoClient
 from pymongo.errors import OperationFailure
 
-from ..events import Namespace
+from ..events import CollectionSpec, Namespace
 from ..extjson import from_jsonable, to_jsonable
 
 #: bracket name -> the $type aliases it covers, in BSON order.
@@ -276,3 +277,21 @@ async def plan_collection(
     async for doc in coll.find({}, {"_id": 1}, batch_size=10_000).sort("_id", 1):
         cutter.add(doc["_id"])
     return cutter.partitions()
+
+
+async def plan_specs(
+    client: AsyncMongoClient[Any], specs: Sequence[CollectionSpec], partition_docs: int, *, split: str = "auto"
+) -> list[Partition]:
+    """The snapshot's partitions of every collection in ``specs`` (views have no documents of their own;
+    a time-series collection's measurements may share an ``_id``, so its ranges are not keyed)."""
+    plan: list[Partition] = []
+    for spec in specs:
+        if spec.is_view:
+            continue
+        coll = client[spec.ns.db][spec.ns.coll or ""]
+        capped = bool(spec.options.get("capped"))
+        parts = await plan_collection(coll, spec.ns, partition_docs, capped=capped, split=split)
+        if spec.kind == "timeseries" or spec.options.get("timeseries"):
+            parts = [replace(p, keyed=False) for p in parts]
+        plan.extend(parts)
+    return plan

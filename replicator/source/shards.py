@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -199,3 +199,19 @@ class _ShardState:
 def _time(event: ChangeEvent) -> Timestamp:
     ts = event.position.cluster_time if event.position is not None else None
     return ts if ts is not None else Timestamp(0, 0)
+
+
+async def explicit_shards(uris: Sequence[str], timeout_s: float) -> list[Shard]:
+    """--shard replica set URIs as shards, each named by its replica set and hosts (the checkpoint's key)."""
+    from ..uri import host_set
+    from .connection import make_client, probe
+
+    named = []
+    for uri in uris:
+        client = make_client(uri, timeout_s=timeout_s)
+        try:
+            info = await probe(client, uri, "shard")
+        finally:
+            await client.close()
+        named.append(Shard(f"{info.set_name or 'shard'}@{','.join(sorted(host_set(uri)))}", uri))
+    return named

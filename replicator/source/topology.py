@@ -20,10 +20,9 @@ from ..config import Settings
 from ..events import Position
 from ..progress import Reporter
 from ..retry import sleep_or_stop
-from ..uri import host_set
 from .changestream import ChangeStreamReader, current_time
 from .connection import Client, ServerInfo, make_client, probe, server_message
-from .shards import MergedReader, Shard, discover
+from .shards import MergedReader, Shard, discover, explicit_shards
 
 Reader = ChangeStreamReader | MergedReader
 
@@ -63,15 +62,7 @@ class StreamTopology:
         """Explicit --shard URIs (named by replica set and hosts), else a mongos's listShards."""
         s = self.s
         if s.shards:
-            named = []
-            for uri in s.shards:
-                shard_client = make_client(uri, timeout_s=s.connect_timeout_s)
-                try:
-                    shard_info = await probe(shard_client, uri, "shard")
-                finally:
-                    await shard_client.close()
-                named.append(Shard(f"{shard_info.set_name or 'shard'}@{','.join(sorted(host_set(uri)))}", uri))
-            return named
+            return await explicit_shards(s.shards, s.connect_timeout_s)
         if info.kind == "sharded" and not s.snapshot_only:
             return await discover(self.client, s.source)
         return []

@@ -4,11 +4,9 @@ table), plus the few that only the data source reads."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 
 from ..config import Settings, settings_from_strings
 from ..errors import ConfigError
-from ..uri import check_mongo_uri, is_mongo_uri
 
 #: Options Spark itself hands to every data source, not ours to check.
 SPARK_OWN = frozenset({"path", "checkpointlocation"})
@@ -21,16 +19,9 @@ def settings_for(options: Mapping[str, str], need: str) -> Settings:
     """Settings from Spark's options, with the same one-line errors as the CLI (an unknown name is named,
     with the closest option). ``need``: "source" (readers) or "target" (writers)."""
     mcdc = {k: v for k, v in options.items() if k.lower() not in SPARK_OWN | _OWN}
-    # a writer needs no source; config's target checks compare the target with the source, so then the
-    # target is checked here (a mongodb:// URI's shape; other schemes when their sink opens)
-    target = mcdc.pop("target", "") if not mcdc.get("source") else ""
-    # command "status": the one that needs neither a source nor a target; the one this role needs is
-    # checked below, and each URI given is still validated
+    # command "status": the one that needs neither a source nor a target (a writer needs no source); the
+    # one this role needs is checked below, and each URI given is still validated
     settings = settings_from_strings(mcdc, command="status")
-    if target:
-        settings = replace(
-            settings, target=check_mongo_uri(target, "option target") if is_mongo_uri(target) else target
-        )
     if not getattr(settings, need):
         raise ConfigError(f'no {need}: pass .option("{need}", "mongodb://...") to the mcdc data source')
     return settings

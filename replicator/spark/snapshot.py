@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
@@ -18,7 +18,7 @@ from ..config import Settings
 from ..errors import ConfigError
 from ..source import catalog
 from ..source.connection import make_client
-from ..source.partitions import Partition, plan_collection
+from ..source.partitions import Partition, plan_specs
 from .changes import sync_client
 from .options import settings_for
 from .rows import Row, snapshot_row
@@ -61,16 +61,6 @@ async def plan_snapshot(s: Settings) -> list[Partition]:
             problem = catalog.unmatched(s.selection, await catalog.list_namespaces(client))
             if problem is not None:
                 raise ConfigError(problem)
-        plan: list[Partition] = []
-        for spec in await catalog.describe(client, s.selection):
-            if spec.is_view:
-                continue
-            coll = client[spec.ns.db][spec.ns.coll or ""]
-            capped = bool(spec.options.get("capped"))
-            parts = await plan_collection(coll, spec.ns, s.partition_docs, capped=capped, split=s.split)
-            if spec.kind == "timeseries" or spec.options.get("timeseries"):  # measurements may share an _id
-                parts = [replace(p, keyed=False) for p in parts]
-            plan.extend(parts)
-        return plan
+        return await plan_specs(client, await catalog.describe(client, s.selection), s.partition_docs, split=s.split)
     finally:
         await client.close()

@@ -26,8 +26,8 @@ from ..extjson import dumps_str
 from ..filters import keep_event
 from ..normalize import normalize_change
 from ..source.connection import make_client, probe
-from ..source.shards import discover
-from ..uri import host_set, redact
+from ..source.shards import discover, explicit_shards
+from ..uri import redact
 from . import offsets
 from .changes import RawChangeStream, SyncClient, log_skipped, skipped, sync_client, transaction_of
 from .offsets import REPLICA_SET, ShardOffset
@@ -230,15 +230,7 @@ async def stream_uris(s: Settings) -> dict[str, str]:
     """Shard name -> URI of each change stream to read: the ``shard`` option's replica sets (named as the
     asyncio engine's checkpoint names them), else a mongos's shards, else the source itself under ``""``."""
     if s.shards:
-        named = {}
-        for uri in s.shards:
-            client = make_client(uri, timeout_s=s.connect_timeout_s)
-            try:
-                info = await probe(client, uri, "shard")
-            finally:
-                await client.close()
-            named[f"{info.set_name or 'shard'}@{','.join(sorted(host_set(uri)))}"] = uri
-        return named
+        return {shard.name: shard.uri for shard in await explicit_shards(s.shards, s.connect_timeout_s)}
     client = make_client(s.source, timeout_s=s.connect_timeout_s)
     try:
         info = await probe(client, s.source, "source")
