@@ -1,0 +1,44 @@
+"""Smoke test of scripts/bench_spark.py: a tiny run end to end on its own local servers and local[2] Spark."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SCRIPT_TIMEOUT_S = 300
+
+
+def test_bench_spark_small_run_prints_both_engines_and_the_targets() -> None:
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "bench_spark.py"), "--docs", "1000", "--events", "200", "--json"],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        capture_output=True,
+        text=True,
+        timeout=SCRIPT_TIMEOUT_S,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    for engine in ("asyncio", "spark"):
+        assert re.search(rf"^snapshot {engine}\s+1,000\s", out, re.MULTILINE), out
+    assert re.search(r"^ratio spark/asyncio docs/s\s+\d+\.\d\d", out, re.MULTILINE), out
+    assert re.search(r"^spark start overhead\s+-?\d+\.\d\d s", out, re.MULTILINE), out
+    assert re.search(r"^(PASS|FAIL)  spark/asyncio docs/s without start >= 0.8$", out, re.MULTILINE), out
+    assert re.search(r"^(PASS|FAIL)  spark driver peak RSS < 300 MB$", out, re.MULTILINE), out
+    assert "mcdc sync --source" in out and "--engine spark --spark-master 'local[2]'" in out
+    data = json.loads(out[out.rindex("\n{\n") + 1 :])
+    spark = next(run for run in data["snapshot"] if run["engine"] == "spark")
+    assert spark["memory"]["driver_mb"] > 0 and spark["memory"]["jvm_mb"] > 0  # the JVM is measured apart
+    tails = {run["engine"] for run in data["tail"]}
+    assert tails | set(data["tail_skipped"]) == {"asyncio", "spark"}  # spark's tail ran, or says why not
+    assert all(run["count"] >= 200 for run in data["tail"])
