@@ -73,6 +73,19 @@ def server_message(exc: PyMongoError) -> str:
     return redact(f"{message} ({code})" if code else message)
 
 
+def client_options(timeout_s: float, appname: str) -> dict[str, Any]:
+    """The options of every client mcdc opens, async or sync: raw BSON documents, dates outside Python's
+    range kept, UUIDs left as binary, and the connect timeouts."""
+    return {
+        "document_class": RawBSONDocument,
+        "datetime_conversion": DatetimeConversion.DATETIME_AUTO,
+        "uuidRepresentation": "unspecified",
+        "serverSelectionTimeoutMS": int(timeout_s * 1000),
+        "connectTimeoutMS": int(timeout_s * 1000),
+        "appname": appname,
+    }
+
+
 def make_client(uri: str, *, timeout_s: float = 10.0, durable_writes: bool = False) -> Client:
     """An AsyncMongoClient that returns raw BSON documents. Does no I/O.
 
@@ -82,17 +95,7 @@ def make_client(uri: str, *, timeout_s: float = 10.0, durable_writes: bool = Fal
     if durable_writes and not uri_options(uri) & {"w", "journal", "wtimeoutms"}:
         extra = {"w": "majority", "journal": True}
     try:
-        return AsyncMongoClient(
-            uri,
-            document_class=RawBSONDocument,
-            datetime_conversion=DatetimeConversion.DATETIME_AUTO,
-            uuidRepresentation="unspecified",
-            serverSelectionTimeoutMS=int(timeout_s * 1000),
-            connectTimeoutMS=int(timeout_s * 1000),
-            appname="mcdc",
-            connect=False,
-            **extra,
-        )
+        return AsyncMongoClient(uri, **client_options(timeout_s, "mcdc"), connect=False, **extra)
     except (ConfigurationError, ValueError, TypeError) as exc:
         raise ConnectionFailed(f"cannot use {redact(uri)}: {redact(str(exc))}") from None
 

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import pymongo
-from bson.codec_options import DatetimeConversion
 from bson.raw_bson import RawBSONDocument
 from pymongo.change_stream import ChangeStream
 from pymongo.errors import OperationFailure
@@ -29,6 +28,7 @@ from ..source.changestream import (
     _assemble,
     _history_error,
 )
+from ..source.connection import client_options
 
 log = logging.getLogger("mcdc.spark")
 
@@ -38,15 +38,7 @@ SyncClient = pymongo.MongoClient[RawBSONDocument]
 def sync_client(uri: str, timeout_s: float) -> SyncClient:
     """A synchronous client returning raw BSON, with the codec options of the asyncio engine's clients
     (dates outside Python's range kept, UUIDs left as binary)."""
-    return pymongo.MongoClient(
-        uri,
-        document_class=RawBSONDocument,
-        datetime_conversion=DatetimeConversion.DATETIME_AUTO,
-        uuidRepresentation="unspecified",
-        serverSelectionTimeoutMS=int(timeout_s * 1000),
-        connectTimeoutMS=int(timeout_s * 1000),
-        appname="mcdc-spark",
-    )
+    return pymongo.MongoClient(uri, **client_options(timeout_s, "mcdc-spark"))
 
 
 def transaction_of(raw: Mapping[str, Any]) -> tuple[bytes, int] | None:
