@@ -17,6 +17,7 @@ import pymongo
 import pytest
 
 from replicator.config import resolve
+from replicator.engines.spark.snapshot import JOB_GROUP
 from replicator.progress import LogReporter
 from replicator.sync import SyncJob
 from tests.support.compare import assert_identical
@@ -38,7 +39,7 @@ async def test_sync_on_spark_copies_every_bson_type_byte_exact(
 ) -> None:
     with pymongo.MongoClient(source_uri) as client:
         info = load_corpus(client)
-    jobs_before = len(spark.sparkContext.statusTracker().getJobIdsForGroup())
+    jobs_before = len(spark.sparkContext.statusTracker().getJobIdsForGroup(JOB_GROUP))
     summary = await run_job(source_uri, target_uri, tmp_path / "cp.json", partition_docs=500, split="always")
     assert summary["snapshot"] == "completed"
     state = assert_identical(source_uri, target_uri)
@@ -49,7 +50,7 @@ async def test_sync_on_spark_copies_every_bson_type_byte_exact(
     assert len({p["bracket"] for p in mixed}) >= 8
     assert len(checkpoint["snapshot"]["done"]) == len(checkpoint["snapshot"]["plan"])
     # one Spark job per partition: the copy ran as Spark tasks
-    assert len(spark.sparkContext.statusTracker().getJobIdsForGroup()) - jobs_before >= len(
+    assert len(spark.sparkContext.statusTracker().getJobIdsForGroup(JOB_GROUP)) - jobs_before >= len(
         checkpoint["snapshot"]["plan"]
     )
 
@@ -140,7 +141,7 @@ async def test_a_task_that_fails_is_retried_and_the_target_is_identical(
     with pymongo.MongoClient(source_uri) as client:
         load_bulk(client, "retry", "a", 6000, doc_size=300)
     cp = tmp_path / "cp.json"
-    before = set(spark.sparkContext.statusTracker().getJobIdsForGroup())
+    before = set(spark.sparkContext.statusTracker().getJobIdsForGroup(JOB_GROUP))
     killed: list[int] = []
 
     def kill_a_busy_worker() -> None:  # the Python process running a task dies: Spark retries the task
@@ -162,7 +163,7 @@ async def test_a_task_that_fails_is_retried_and_the_target_is_identical(
     finally:
         killer.join()
     assert killed, "no busy Python worker was found to kill"
-    jobs = set(spark.sparkContext.statusTracker().getJobIdsForGroup()) - before
+    jobs = set(spark.sparkContext.statusTracker().getJobIdsForGroup(JOB_GROUP)) - before
     assert _failed_tasks(spark, jobs) >= 1
     assert summary["snapshot"] == "completed"
     assert_identical(source_uri, target_uri)

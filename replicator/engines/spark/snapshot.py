@@ -24,6 +24,9 @@ from ...source.connection import Client
 from ...source.partitions import Partition, Resume
 from . import tasks
 
+#: The Spark job group of the snapshot's jobs (cancelled together when the run is).
+JOB_GROUP = "mcdc-snapshot"
+
 
 class SparkCopier:
     """A drop-in for :func:`replicator.pipeline.copy_partitions` that runs each partition as a Spark task."""
@@ -32,6 +35,7 @@ class SparkCopier:
         self.s = settings
         self.spark = spark
         self.source_name = ""
+        self._group = JOB_GROUP
 
     async def __call__(
         self,
@@ -63,7 +67,11 @@ class SparkCopier:
                     return  # the next run copies it
                 after = (resume or {}).get(part.id) if part.resumable else None
                 task = tasks.CopyTask(self.s, part, after, source_name)
-                docs = await asyncio.to_thread(self._run, task)
+                try:
+                    docs = await asyncio.to_thread(self._run, task)
+                except asyncio.CancelledError:  # a second signal: the run stops now, so do its tasks
+                    self.spark.sparkContext.cancelJobGroup(self._group)
+                    raise
                 result.documents += docs
                 reporter.snapshot_advance(str(part.ns), docs)
                 await on_done(part, docs)
@@ -78,6 +86,6 @@ class SparkCopier:
 
     def _run(self, task: tasks.CopyTask) -> int:
         sc = self.spark.sparkContext
-        sc.setJobDescription(f"mcdc snapshot {task.partition.ns}")
+        sc.setJobGroup(self._group, f"mcdc snapshot {task.partition.ns}", interruptOnCancel=True)
         rdd = sc.parallelize([task], 1).map(tasks.copy)
         return int(rdd.collect()[0])
