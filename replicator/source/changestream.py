@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any
 
 from bson.timestamp import Timestamp
@@ -17,9 +16,11 @@ from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.errors import OperationFailure, PyMongoError
 
 from ..errors import HistoryLost, OversizeEvent
-from ..events import ChangeEvent, Position
+from ..events import Position
 from ..filters import SYSTEM_DATABASES
-from ..normalize import normalize_change
+from .batching import OVERSIZE_FLAG, BatchAssembler, Fragments, merge_fragments, plain_token
+from .batching import Batch as Batch  # re-exported, with token_timestamp: the reader's callers import them here
+from .batching import token_timestamp as token_timestamp
 from .connection import DICT_CODEC, Client
 
 #: Server codes meaning "that resume point is gone from the oplog".
@@ -28,15 +29,17 @@ HISTORY_LOST_CODES = frozenset({136, 280, 286})
 _UNKNOWN_STAGE_CODES = frozenset({40324})
 #: BSONObjectTooLarge and friends: an event over 16 MB.
 _TOO_LARGE_CODES = frozenset({10334, 17419, 16819})
-_OVERSIZE_FLAG = "mcdcOversize"
 _MAX_EVENT = 16 * 1024 * 1024 - 16 * 1024
+# the names the Spark data source's synchronous reader (spark/changes.py) imports from here
+_OVERSIZE_FLAG = OVERSIZE_FLAG
+_assemble = merge_fragments
 #: --oversize skip without split support: mark events over the limit and drop their big parts on the
 #: server, so the stream goes on and mcdc can log which document it skipped.
 _TRIM_OVERSIZE: list[dict[str, Any]] = [
-    {"$set": {_OVERSIZE_FLAG: {"$gt": [{"$bsonSize": "$$ROOT"}, _MAX_EVENT]}}},
+    {"$set": {OVERSIZE_FLAG: {"$gt": [{"$bsonSize": "$$ROOT"}, _MAX_EVENT]}}},
     {
         "$set": {
-            field: {"$cond": [f"${_OVERSIZE_FLAG}", "$$REMOVE", f"${field}"]}
+            field: {"$cond": [f"${OVERSIZE_FLAG}", "$$REMOVE", f"${field}"]}
             for field in ("fullDocument", "fullDocumentBeforeChange", "updateDescription")
         }
     },
@@ -45,22 +48,6 @@ _TRIM_OVERSIZE: list[dict[str, Any]] = [
 _UNKNOWN_OPTION_CODES = frozenset({9, 40415})
 log = logging.getLogger("mcdc.source")
 _SYSTEM_FILTER = {"$match": {"ns.db": {"$nin": sorted(SYSTEM_DATABASES)}}}
-
-
-@dataclass(frozen=True)
-class Batch:
-    """Events read together, and the stream position after them (the post-batch resume token when the
-    server sent no event, so an idle stream's checkpoint still moves)."""
-
-    events: list[ChangeEvent]
-    position: Position
-    caught_up: bool  # the server had nothing more when this batch ended
-    # when merging several streams (track_time): the local monotonic time the batch was read, and for
-    # an empty batch, when the poll that found nothing started
-    read_at: float = 0.0
-    idle_since: float | None = None
-    # merged shard streams: each shard's position after this batch (the checkpoint's per-shard entries)
-    shard_positions: Mapping[str, Position] | None = None
 
 
 async def current_time(client: Client) -> Timestamp:
@@ -115,7 +102,7 @@ class ChangeStreamReader:
         self._pre_images = pre_images
         self._rs = rs
         self._split = True  # until the server says it has no $changeStreamSplitLargeEvent
-        self._fragments: list[Any] = []
+        self._fragments = Fragments()  # outlives one run of batches(), not the stream
         self._stream: AsyncChangeStream[Any] | None = None
 
     async def open(self, start: Position) -> None:
@@ -132,7 +119,7 @@ class ChangeStreamReader:
             kwargs["resume_after"] = start.resume_token
         elif start.cluster_time is not None:
             kwargs["start_at_operation_time"] = start.cluster_time
-        self._fragments = []
+        self._fragments = Fragments()
         while True:
             try:
                 self._stream = await self.client.watch([_SYSTEM_FILTER, *self._extra_stages()], **kwargs)
@@ -163,7 +150,7 @@ class ChangeStreamReader:
         start = await current_time(self.client)
         await self.open(Position())
         assert self._stream is not None
-        return Position(resume_token=_plain(self._stream.resume_token), cluster_time=start)
+        return Position(resume_token=plain_token(self._stream.resume_token), cluster_time=start)
 
     async def close(self) -> None:
         if self._stream is not None:
@@ -178,17 +165,11 @@ class ChangeStreamReader:
         """
         stream = self._stream
         assert stream is not None, "open() first"
-        pending: ChangeEvent | None = None
+        assembler = BatchAssembler(batch_size=self._batch_size, until=until, rs=self._rs, fragments=self._fragments)
         while True:
-            events: list[ChangeEvent] = []
-            caught_up = False
-            passed = False
-            if pending is not None:
-                events.append(pending)
-                pending = None
-            poll_started = 0.0
+            poll_started: float | None = None
             while True:
-                if self._track_time and not events:
+                if self._track_time and assembler.empty:
                     poll_started = time.monotonic()
                 try:
                     raw = await stream.try_next()
@@ -201,55 +182,13 @@ class ChangeStreamReader:
                         ) from None
                     raise _history_error(exc, None) or exc from None
                 if raw is None:
-                    token_time = token_timestamp(stream.resume_token)
-                    # a token we can read must have reached `until`; one we cannot read means "now"
-                    caught_up = until is None or token_time is None or token_time >= until
-                    if caught_up or events:
-                        break
-                    continue
-                if "splitEvent" in raw:  # a fragment of an event over 16 MB: whole once the last one is in
-                    self._fragments.append(raw)
-                    if raw["splitEvent"]["fragment"] < raw["splitEvent"]["of"]:
-                        continue
-                    raw, self._fragments = _assemble(self._fragments), []
-                if raw.get(_OVERSIZE_FLAG):
-                    log.warning(
-                        "skipped a change event over 16 MB (--oversize skip): %s on %s.%s, %s",
-                        raw.get("operationType"), raw["ns"].get("db"), raw["ns"].get("coll"), raw.get("documentKey"),
-                    )  # fmt: skip
-                    continue
-                event = normalize_change(raw, self._rs)
-                if event is None:
-                    continue
-                ts = event.position.cluster_time if event.position else None
-                if until is not None and ts is not None and ts > until:
-                    if events and events[-1].txn is not None and event.txn == events[-1].txn:
-                        events.append(event)  # finish the transaction we are in
-                        continue
-                    passed = True
-                    pending = event
+                    ready = assembler.nothing_more(stream.resume_token)
+                else:
+                    ready = assembler.add(raw, drained=_drained(stream))
+                if ready:
                     break
-                if len(events) >= self._batch_size and (events[-1].txn is None or event.txn != events[-1].txn):
-                    pending = event
-                    break
-                events.append(event)
-                if event.txn is None and _drained(stream):
-                    # what the last server reply held is in: apply it now rather than wait for a full
-                    # batch (under a steady trickle that wait is the lag)
-                    break
-            if events:
-                position = events[-1].position or Position()
-            elif pending is None and not self._fragments:
-                position = Position(resume_token=_plain(stream.resume_token))  # idle: the post-batch token
-            else:
-                # the stream's token is already past an event read but not yielded (held for the next
-                # run, or a fragment of a split event): acknowledging it would skip that event
-                position = Position()
-            idle_since = poll_started if self._track_time and caught_up and not events else None
-            yield Batch(
-                events=events, position=position, caught_up=caught_up, read_at=time.monotonic(), idle_since=idle_since
-            )
-            if until is not None and (passed or caught_up):
+            yield assembler.take(read_at=time.monotonic(), poll_started=poll_started)
+            if assembler.finished:
                 return
 
 
@@ -259,33 +198,6 @@ def _drained(stream: AsyncChangeStream[Any]) -> bool:
     reply, as before."""
     data = getattr(getattr(stream, "_cursor", None), "_data", None)
     return data is not None and len(data) == 0
-
-
-def _assemble(fragments: list[Any]) -> dict[str, Any]:
-    """One change event from its $changeStreamSplitLargeEvent fragments; the last fragment's _id is the
-    event's resume token."""
-    merged: dict[str, Any] = {}
-    for fragment in fragments:
-        merged.update((k, fragment[k]) for k in fragment if k != "splitEvent")
-    return merged
-
-
-def token_timestamp(token: Any) -> Timestamp | None:
-    """The cluster time inside a MongoDB resume token (KeyString: 0x82 then seconds and increment as
-    big-endian uint32), or None when the token is in another format."""
-    data = token.get("_data") if token is not None else None
-    if not isinstance(data, str) or len(data) < 18 or not data.startswith("82"):
-        return None
-    try:
-        return Timestamp(int(data[2:10], 16), int(data[10:18], 16))
-    except ValueError:
-        return None
-
-
-def _plain(token: Any) -> Any:
-    if token is None:
-        return None
-    return dict(token.items()) if hasattr(token, "raw") else token
 
 
 def _history_error(exc: OperationFailure, start: Position | None) -> HistoryLost | None:
