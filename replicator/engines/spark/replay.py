@@ -35,6 +35,7 @@ from ...sinks.base import Sink
 from ...spark import offsets
 from ...spark.offsets import REPLICA_SET, ShardOffset
 from ...streaming import measure
+from ...uri import redact
 
 #: Options of the data source the replay sets itself (the run's settings give the rest).
 _STREAM_OPTIONS = ("source", "shard", "full-document", "pre-images", "oversize", "max-batch-size", "connect-timeout")
@@ -179,12 +180,16 @@ class SparkReplay:
         query = await asyncio.to_thread(writer.start)
         try:
             await self._wait(query, follow=follow, lock=lock, stopping=stopping)
+        except Exception as exc:  # the query failed: awaitTermination raised the JVM's wrapper
+            if failure:
+                raise failure[0] from None  # the sink's own error, retryable or not as it is
+            raise stream_error(exc) from None
         finally:
             shutil.rmtree(location, ignore_errors=True)
         if failure:
             raise failure[0]
         if not stopping.is_set() and query.exception() is not None:
-            raise McdcError(f"the change stream on Spark failed: {_first_line(query.exception())}")
+            raise stream_error(query.exception())
 
     def _options(self, cp: Checkpoint) -> dict[str, str]:
         options = {k: v for k, v in settings_to_strings(self.s).items() if k in _STREAM_OPTIONS}
@@ -207,6 +212,22 @@ def _stop_between_batches(query: Any, lock: threading.Lock) -> None:
     with lock:  # the micro-batch being applied, if any, is applied and acknowledged whole
         pass
     query.stop()
+
+
+#: A failed reader task names pymongo's error class: those that mean "unreachable for now" are retried.
+_OUTAGES = ("AutoReconnect", "ServerSelectionTimeoutError", "NetworkTimeout", "NotPrimaryError", "ConnectionFailure")
+
+
+class StreamOutage(McdcError, ConnectionError):
+    """The change stream's source went away during a micro-batch: retried like the asyncio engine's."""
+
+
+def stream_error(exc: Any) -> McdcError:
+    """The error a failed streaming query stands for, in one line."""
+    line = redact(_first_line(exc))
+    if any(name in line for name in _OUTAGES):
+        return StreamOutage(f"the source is unreachable: {line}")
+    return McdcError(f"the change stream on Spark failed: {line}")
 
 
 def _first_line(exc: Any) -> str:
