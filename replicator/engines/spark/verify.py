@@ -7,10 +7,11 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from ... import verify as verifying
 from ...config import Settings
 from ...events import Namespace
 from ...source.partitions import Partition
-from ...verify import DocumentDiff, VerifyReport, verify
+from ...verify import DocumentDiff, VerifyReport
 from . import tasks
 from .session import existing, session, stop_owned
 
@@ -36,6 +37,6 @@ async def verify_on_spark(settings: Settings) -> VerifyReport:
     before = existing()
     spark = await asyncio.to_thread(session, settings)
     try:
-        return await verify(settings, SparkDiffer(settings, spark))
+        return await verifying.verify(settings, SparkDiffer(settings, spark))
     finally:
         await asyncio.to_thread(stop_owned, spark, before)
