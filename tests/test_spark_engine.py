@@ -370,3 +370,56 @@ def test_kill_9_of_a_spark_tail_then_a_restart_converges(source_uri: str, target
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_tail_on_spark_rides_out_a_source_restart_and_a_target_outage(
+    servers: Any, source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    from tests.support.workload import random_workload
+
+    if servers.source is None or servers.target is None:
+        pytest.skip("external servers cannot be restarted by the tests")
+    cp = tmp_path / "cp.json"
+    args = [
+        sys.executable, "-m", "replicator.cli", "tail", "--engine", "spark", "--spark-master", "local[2]",
+        "--spark-conf", "spark.ui.enabled=false", "--spark-conf", "spark.driver.host=127.0.0.1",
+        "-s", source_uri, "-t", target_uri, "-c", str(cp), "--snapshot", "never", "--no-progress",
+        "--max-retries", "-1", "--retry-initial-delay", "0.2", "--retry-max-delay", "1", "--connect-timeout", "1",
+    ]  # fmt: skip
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def converged(what: str) -> None:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                assert_identical(source_uri, target_uri)
+                return
+            except (AssertionError, pymongo.errors.PyMongoError):
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, f"no convergence {what}"
+                time.sleep(0.5)
+
+    try:
+        deadline = time.monotonic() + 60
+        while not cp.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        random_workload(source_uri, 50, 1, ddl=False)
+        converged("at first")
+        servers.source.restart()  # the source goes away and comes back
+        random_workload(source_uri, 50, 2, ddl=False)
+        converged("after a source restart")
+        servers.target.stop()  # the target goes away for a while; the source keeps taking writes
+        random_workload(source_uri, 50, 3, ddl=False)
+        time.sleep(3)
+        servers.target.start()
+        converged("after a target outage")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert "retrying in" in err and "Traceback" not in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -107,8 +107,10 @@ def session(settings: Settings) -> Any:
 
 
 def quiet_py4j(settings: Settings) -> None:
-    """py4j (PySpark's bridge to the JVM) logs each callback at INFO: only with --debug-driver."""
-    logging.getLogger("py4j").setLevel(logging.DEBUG if settings.debug_driver else logging.WARNING)
+    """py4j (PySpark's bridge to the JVM) logs each callback at INFO, and an error raised in a callback
+    (a micro-batch the sink failed, which mcdc retries and reports itself) with its traceback at ERROR:
+    only with --debug-driver."""
+    logging.getLogger("py4j").setLevel(logging.DEBUG if settings.debug_driver else logging.CRITICAL)
 
 
 @contextlib.contextmanager
