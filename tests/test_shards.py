@@ -16,6 +16,7 @@ import pytest
 
 from replicator.source.shards import parse_shards, shard_uri
 from tests.support.compare import server_state
+from tests.support.workload import two_shard_workload
 
 
 def test_shard_uris_keep_credentials_and_options() -> None:
@@ -64,19 +65,7 @@ def test_two_shards_converge_in_order(source_uri: str, target_uri: str, second_s
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        with pymongo.MongoClient(source_uri) as a, pymongo.MongoClient(second_shard) as b:
-            a.db.c.insert_many([{"_id": i, "on": "a"} for i in range(0, 200, 2)])
-            b.db.c.insert_many([{"_id": i, "on": "b"} for i in range(1, 200, 2)])
-            # a "chunk migration": documents leave a, land on b and change there. The shards of a real
-            # cluster share a logical clock (cluster time gossip), so what b does after a has a later
-            # cluster time; these two independent servers only share the wall clock's seconds, so the
-            # move waits for the next second to give the same order.
-            moved = [a.db.c.find_one_and_delete({"_id": i}) for i in range(0, 60, 2)]
-            time.sleep(1.05 - time.time() % 1)
-            b.db.c.insert_many([{**doc, "on": "b", "moved": True} for doc in moved if doc is not None])
-            b.db.c.update_many({"moved": True}, {"$set": {"after_move": 1}})
-            a.db.c.update_many({}, {"$set": {"touched": 1}})
-            b.db.c.delete_many({"_id": {"$gt": 190}})
+        two_shard_workload(source_uri, second_shard)
         _wait_converged(target_uri, source_uri, second_shard)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from replicator.progress import LogReporter
 from replicator.sync import SyncJob
 from tests.support.compare import assert_identical
 from tests.support.corpus import load_bulk, load_corpus
+from tests.support.workload import random_workload, two_shard_workload
 
 pytestmark = pytest.mark.integration
 
@@ -56,12 +58,10 @@ async def test_sync_on_spark_copies_every_bson_type_byte_exact(
 
 
 def _sync_args(source: str, target: str, cp: Path) -> list[str]:
-    return [
-        sys.executable, "-m", "replicator.cli", "sync", "--engine", "spark", "--spark-master", "local[2]",
-        "--spark-conf", "spark.ui.enabled=false", "--spark-conf", "spark.driver.host=127.0.0.1",
-        "--source", source, "--target", target, "--checkpoint", str(cp),
-        "--partition-docs", "500", "--split", "always", "--batch-docs", "100", "--no-progress", "--json",
-    ]  # fmt: skip
+    return _spark_cli(
+        "sync", "--source", source, "--target", target, "--checkpoint", str(cp),
+        "--partition-docs", "500", "--split", "always", "--batch-docs", "100", "--json",
+    )  # fmt: skip
 
 
 def _checkpoint(path: Path) -> dict[str, Any] | None:
@@ -69,6 +69,49 @@ def _checkpoint(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())  # type: ignore[no-any-return]
     except (FileNotFoundError, json.JSONDecodeError):
         return None
+
+
+def _spark_cli(command: str, *args: str) -> list[str]:
+    """``mcdc COMMAND --engine spark`` on its own local[2] Spark, as a user runs it."""
+    return [
+        sys.executable, "-m", "replicator.cli", command, "--engine", "spark", "--spark-master", "local[2]",
+        "--spark-conf", "spark.ui.enabled=false", "--spark-conf", "spark.driver.host=127.0.0.1", "--no-progress",
+        *args,
+    ]  # fmt: skip
+
+
+def _tail(source: str, target: str, cp: Path, *args: str) -> subprocess.Popen[str]:
+    argv = _spark_cli("tail", "-s", source, "-t", target, "-c", str(cp), *args)
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _until(proc: subprocess.Popen[str], ready: Callable[[], bool], what: str, timeout: float = 120) -> None:
+    """Poll ``ready`` until it holds; ``proc`` must stay up meanwhile."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _identical(source: str, target: str) -> Callable[[], bool]:
+    def check() -> bool:
+        try:
+            assert_identical(source, target)
+            return True
+        except (AssertionError, pymongo.errors.PyMongoError):
+            return False
+
+    return check
+
+
+def _sigterm(proc: subprocess.Popen[str]) -> str:
+    """SIGTERM: exit 0, no traceback; returns stderr."""
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err, err
+    return err
 
 
 def test_kill_9_of_the_driver_mid_snapshot_then_the_same_command(
@@ -228,37 +271,15 @@ async def test_catch_up_on_spark_reaches_now(spark: Any, source_uri: str, target
 def test_tail_on_spark_converges_under_writes_and_exits_0_on_sigterm(
     source_uri: str, target_uri: str, tmp_path: Path
 ) -> None:
-    from tests.support.workload import random_workload
-
     cp = tmp_path / "cp.json"
     with pymongo.MongoClient(source_uri) as client:
         client.db.c.insert_many([{"_id": i} for i in range(200)])
-    args = [
-        sys.executable, "-m", "replicator.cli", "tail", "--engine", "spark", "--spark-master", "local[2]",
-        "--spark-conf", "spark.ui.enabled=false", "--spark-conf", "spark.driver.host=127.0.0.1",
-        "-s", source_uri, "-t", target_uri, "-c", str(cp), "--no-progress",
-    ]  # fmt: skip
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _tail(source_uri, target_uri, cp)
     try:
-        deadline = time.monotonic() + 120
-        while not (cp.exists() and json.loads(cp.read_text())["snapshot"]["status"] == "done"):
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the snapshot never finished"
-            time.sleep(0.2)
+        _until(proc, lambda: (_checkpoint(cp) or {}).get("snapshot", {}).get("status") == "done", "the snapshot")
         random_workload(source_uri, rounds=300, seed=7)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                assert_identical(source_uri, target_uri)
-                break
-            except AssertionError:
-                assert proc.poll() is None, proc.communicate()
-                assert time.monotonic() < deadline, "tail --engine spark never converged"
-                time.sleep(0.5)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err
-        assert "Traceback" not in err
+        _until(proc, _identical(source_uri, target_uri), "convergence")
+        _sigterm(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -292,32 +313,12 @@ def test_tail_on_spark_follows_two_shards_in_order(
     from tests.test_shards import _wait_converged
 
     cp = tmp_path / "cp.json"
-    args = [
-        sys.executable, "-m", "replicator.cli", "tail", "--engine", "spark", "--spark-master", "local[2]",
-        "--spark-conf", "spark.ui.enabled=false", "--spark-conf", "spark.driver.host=127.0.0.1",
-        "-s", source_uri, "-t", target_uri, "-c", str(cp), "--shard", source_uri, "--shard", second_shard,
-        "--snapshot", "never", "--no-progress",
-    ]  # fmt: skip
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _tail(source_uri, target_uri, cp, "--shard", source_uri, "--shard", second_shard, "--snapshot", "never")
     try:
-        deadline = time.monotonic() + 60
-        while not cp.exists():
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        with pymongo.MongoClient(source_uri) as a, pymongo.MongoClient(second_shard) as b:
-            a.db.c.insert_many([{"_id": i, "on": "a"} for i in range(0, 200, 2)])
-            b.db.c.insert_many([{"_id": i, "on": "b"} for i in range(1, 200, 2)])
-            # a "chunk migration" (see tests/test_shards.py): it leaves a, lands on b a second later
-            moved = [a.db.c.find_one_and_delete({"_id": i}) for i in range(0, 60, 2)]
-            time.sleep(1.05 - time.time() % 1)
-            b.db.c.insert_many([{**doc, "on": "b", "moved": True} for doc in moved if doc is not None])
-            b.db.c.update_many({"moved": True}, {"$set": {"after_move": 1}})
-            b.db.c.delete_many({"_id": {"$gt": 190}})
+        _until(proc, cp.exists, "the first checkpoint", timeout=60)
+        two_shard_workload(source_uri, second_shard)
         _wait_converged(target_uri, source_uri, second_shard, timeout=120)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err
+        _sigterm(proc)
         saved = json.loads(cp.read_text())
         assert len(saved["shards"]) == 2 and all(p["resume_token"] for p in saved["shards"].values())
     finally:
@@ -327,45 +328,22 @@ def test_tail_on_spark_follows_two_shards_in_order(
 
 
 def test_kill_9_of_a_spark_tail_then_a_restart_converges(source_uri: str, target_uri: str, tmp_path: Path) -> None:
-    from tests.support.workload import random_workload
-
     cp = tmp_path / "cp.json"
-    args = [
-        sys.executable, "-m", "replicator.cli", "tail", "--engine", "spark", "--spark-master", "local[2]",
-        "--spark-conf", "spark.ui.enabled=false", "--spark-conf", "spark.driver.host=127.0.0.1",
-        "-s", source_uri, "-t", target_uri, "-c", str(cp), "--snapshot", "never", "--no-progress",
-        "--max-batch-size", "20",
-    ]  # fmt: skip
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    args = ("--snapshot", "never", "--max-batch-size", "20")
+    proc = _tail(source_uri, target_uri, cp, *args)
     try:
-        deadline = time.monotonic() + 60
-        while not cp.exists():
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        _until(proc, cp.exists, "the first checkpoint", timeout=60)
         first = json.loads(cp.read_text())["position"]
         writer = threading.Thread(target=random_workload, args=(source_uri, 400, 11), kwargs={"ddl": False})
         writer.start()
-        while (_checkpoint(cp) or {}).get("position") == first:  # killed once some micro-batches are acked
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline + 60
-            time.sleep(0.05)
+        # killed once some micro-batches are acknowledged
+        _until(proc, lambda: (_checkpoint(cp) or {}).get("position") != first, "an acknowledged micro-batch")
         proc.kill()
         proc.wait()
         writer.join()
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                assert_identical(source_uri, target_uri)
-                break
-            except AssertionError:
-                assert proc.poll() is None, proc.communicate()
-                assert time.monotonic() < deadline, "no convergence after the restart"
-                time.sleep(0.5)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err
+        proc = _tail(source_uri, target_uri, cp, *args)
+        _until(proc, _identical(source_uri, target_uri), "convergence after the restart")
+        _sigterm(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -375,50 +353,27 @@ def test_kill_9_of_a_spark_tail_then_a_restart_converges(source_uri: str, target
 def test_tail_on_spark_rides_out_a_source_restart_and_a_target_outage(
     servers: Any, source_uri: str, target_uri: str, tmp_path: Path
 ) -> None:
-    from tests.support.workload import random_workload
-
     if servers.source is None or servers.target is None:
         pytest.skip("external servers cannot be restarted by the tests")
     cp = tmp_path / "cp.json"
-    args = [
-        sys.executable, "-m", "replicator.cli", "tail", "--engine", "spark", "--spark-master", "local[2]",
-        "--spark-conf", "spark.ui.enabled=false", "--spark-conf", "spark.driver.host=127.0.0.1",
-        "-s", source_uri, "-t", target_uri, "-c", str(cp), "--snapshot", "never", "--no-progress",
-        "--max-retries", "-1", "--retry-initial-delay", "0.2", "--retry-max-delay", "1", "--connect-timeout", "1",
-    ]  # fmt: skip
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-    def converged(what: str) -> None:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                assert_identical(source_uri, target_uri)
-                return
-            except (AssertionError, pymongo.errors.PyMongoError):
-                assert proc.poll() is None, proc.communicate()
-                assert time.monotonic() < deadline, f"no convergence {what}"
-                time.sleep(0.5)
-
+    proc = _tail(
+        source_uri, target_uri, cp, "--snapshot", "never", "--max-retries", "-1", "--retry-initial-delay", "0.2",
+        "--retry-max-delay", "1", "--connect-timeout", "1",
+    )  # fmt: skip
+    identical = _identical(source_uri, target_uri)
     try:
-        deadline = time.monotonic() + 60
-        while not cp.exists():
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        _until(proc, cp.exists, "the first checkpoint", timeout=60)
         random_workload(source_uri, 50, 1, ddl=False)
-        converged("at first")
+        _until(proc, identical, "convergence")
         servers.source.restart()  # the source goes away and comes back
         random_workload(source_uri, 50, 2, ddl=False)
-        converged("after a source restart")
+        _until(proc, identical, "convergence after a source restart")
         servers.target.stop()  # the target goes away for a while; the source keeps taking writes
         random_workload(source_uri, 50, 3, ddl=False)
         time.sleep(3)
         servers.target.start()
-        converged("after a target outage")
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err
-        assert "retrying in" in err and "Traceback" not in err
+        _until(proc, identical, "convergence after a target outage")
+        assert "retrying in" in _sigterm(proc)
     finally:
         if proc.poll() is None:
             proc.kill()

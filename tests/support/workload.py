@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
 import pymongo
@@ -58,3 +59,21 @@ def random_workload(uri: str, rounds: int, seed: int, *, ids: int = 200, ddl: bo
                 db[f"tmp{seed}_renamed"].drop()
                 db.create_collection(f"fresh{seed}", capped=True, size=1 << 16)
                 db[f"fresh{seed}"].insert_one({"_id": 1})
+
+
+def two_shard_workload(a_uri: str, b_uri: str) -> None:
+    """Writes to ``db.c`` on two servers acting as two shards of one source: each inserts half the
+    ``_id``s, then a "chunk migration" moves documents from a to b, where they change again.
+
+    The shards of a real cluster share a logical clock (cluster time gossip), so what b does after a has a
+    later cluster time; these two independent servers only share the wall clock's seconds, so the move waits
+    for the next second to give the same order."""
+    with pymongo.MongoClient(a_uri) as a, pymongo.MongoClient(b_uri) as b:
+        a.db.c.insert_many([{"_id": i, "on": "a"} for i in range(0, 200, 2)])
+        b.db.c.insert_many([{"_id": i, "on": "b"} for i in range(1, 200, 2)])
+        moved = [a.db.c.find_one_and_delete({"_id": i}) for i in range(0, 60, 2)]
+        time.sleep(1.05 - time.time() % 1)
+        b.db.c.insert_many([{**doc, "on": "b", "moved": True} for doc in moved if doc is not None])
+        b.db.c.update_many({"moved": True}, {"$set": {"after_move": 1}})
+        a.db.c.update_many({}, {"$set": {"touched": 1}})
+        b.db.c.delete_many({"_id": {"$gt": 190}})
