@@ -18,6 +18,7 @@ from .errors import ConnectionFailed
 from .source.connection import server_message
 
 if TYPE_CHECKING:
+    from .config import Settings
     from .metrics import Metrics
     from .progress import Reporter
 
@@ -47,6 +48,11 @@ class Backoff:
     initial_s: float = 1.0
     max_s: float = 120.0
     max_retries: int = 16  # -1: forever, 0: never
+
+    @classmethod
+    def of(cls, settings: Settings) -> Backoff:
+        """The run's --retry-initial-delay, --retry-max-delay and --max-retries."""
+        return cls(settings.retry_initial_s, settings.retry_max_s, settings.max_retries)
 
     def gives_up(self, attempt: int) -> bool:
         """After ``attempt`` consecutive failures, is it time to stop?"""

@@ -57,7 +57,7 @@ class StreamApplier:
         self.reporter = reporter
         self.stop = stop
         self.metrics = metrics
-        backoff = Backoff(settings.retry_initial_s, settings.retry_max_s, settings.max_retries)
+        backoff = Backoff.of(settings)
         self._retrier = Retrier(backoff, reporter, stop=stop, metrics=metrics)
         self.queue_batches = max(settings.max_queue_events // settings.replay_batch, 1)
         self._save = Throttle(1.0)

@@ -76,7 +76,7 @@ class SyncJob:
         self.metrics = metrics
         self.store = CheckpointStore(settings.checkpoint_path())
         self._fields = FieldRules(settings.field_exclude, settings.field_rename)
-        backoff = Backoff(settings.retry_initial_s, settings.retry_max_s, settings.max_retries)
+        backoff = Backoff.of(settings)
         self._retrier = Retrier(backoff, reporter, stop=stop, metrics=metrics)  # the snapshot's retries
         self._copier: Copier = copy_partitions  # the asyncio engine's; --engine spark's runs Spark tasks
         self._spark: Any = None  # the SparkSession of --engine spark
@@ -93,8 +93,6 @@ class SyncJob:
     async def run(self) -> Summary:
         started = time.monotonic()
         sink = open_sink(self.s)  # before any connection: a bad target or sink option fails at once
-        if self.s.engine == "spark":
-            await self._start_spark()
         try:
             with self.store.locked():
                 client = make_client(self.s.source, timeout_s=self.s.connect_timeout_s)
@@ -114,6 +112,8 @@ class SyncJob:
                     await refuse_same_server(client, info, sink, self.s, first_run=cp is None)
                     if not claimed:  # a MongoDB target, known now that start() probed it; nothing written yet
                         self._claim(info, sink, cp, started=True)
+                    if self.s.engine == "spark":  # after every check: a mistake costs no JVM start
+                        await self._start_spark()
                     await self._run(client, info, sink, cp)
                 finally:
                     await client.close()

@@ -211,11 +211,12 @@ def schema_differences(ns: str, want: CollectionSpec, found: CollectionSpec) -> 
 
 
 async def diff_partition(
-    settings: Settings, source: Client, target: Client, part: Partition, dst: Namespace
+    settings: Settings, source: Client, target: Client, part: Partition, dst: Namespace, fields: FieldRules
 ) -> DocumentDiff:
-    """Compare one source partition with the same ``_id`` range of ``dst`` on the target."""
+    """Compare one source partition, edited by the field rules, with the same ``_id`` range of ``dst`` on
+    the target."""
     differ = DocumentDiffer(settings.verify_sample)
-    editor = FieldRules(settings.field_exclude, settings.field_rename).for_namespace(part.ns)
+    editor = fields.for_namespace(part.ns)
     docs, size = settings.batch_docs, settings.batch_bytes
     async for batch in read_partition(source, part, batch_docs=docs, batch_bytes=size):  # as edited for the target
         differ.add_source(batch if editor is None else [cast(RawBSONDocument, editor.document(d)) for d in batch])
@@ -236,6 +237,7 @@ class _Verifier:
         self.target = target
         self.slots = asyncio.Semaphore(settings.workers)
         self.documents = 0
+        self.fields = FieldRules(settings.field_exclude, settings.field_rename)
         self._differ = differ or self._diff_here
 
     async def run(self) -> VerifyReport:
@@ -286,7 +288,7 @@ class _Verifier:
     async def _diff_here(self, plan: Sequence[Partition], dst: Namespace) -> list[DocumentDiff]:
         async def one(part: Partition) -> DocumentDiff:
             async with self.slots:
-                return await diff_partition(self.s, self.source, self.target, part, dst)
+                return await diff_partition(self.s, self.source, self.target, part, dst, self.fields)
 
         return list(await asyncio.gather(*(one(p) for p in plan)))
 

@@ -82,7 +82,7 @@ class SparkReplay:
         self.store = store
         self.reporter = reporter
         self.stop = stop
-        backoff = Backoff(settings.retry_initial_s, settings.retry_max_s, settings.max_retries)
+        backoff = Backoff.of(settings)
         self._retrier = Retrier(backoff, reporter, stop=stop, metrics=metrics)
         self.events = 0
 
@@ -179,7 +179,7 @@ class SparkReplay:
         writer = writer.trigger(processingTime="500 milliseconds") if follow else writer.trigger(availableNow=True)
         query = await asyncio.to_thread(writer.start)
         try:
-            await self._wait(query, follow=follow, lock=lock, stopping=stopping)
+            await self._wait(query, lock=lock, stopping=stopping)
         except Exception as exc:  # the query failed: awaitTermination raised the JVM's wrapper
             if failure:
                 raise failure[0] from None  # the sink's own error, retryable or not as it is
@@ -196,7 +196,7 @@ class SparkReplay:
         options["start-positions"] = json.dumps(start_positions(cp))
         return options
 
-    async def _wait(self, query: Any, *, follow: bool, lock: threading.Lock, stopping: threading.Event) -> None:
+    async def _wait(self, query: Any, *, lock: threading.Lock, stopping: threading.Event) -> None:
         """Until the query ends (caught up) or ``stop`` is set; then stop it between two micro-batches."""
         while True:
             ended = await asyncio.to_thread(query.awaitTermination, 0.5)

@@ -34,8 +34,6 @@ class SparkCopier:
     def __init__(self, settings: Settings, spark: Any) -> None:
         self.s = settings
         self.spark = spark
-        self.source_name = ""
-        self._group = JOB_GROUP
 
     async def __call__(
         self,
@@ -54,23 +52,23 @@ class SparkCopier:
         fields: FieldRules | None = None,
     ) -> int:
         """Copy ``partitions`` on the executors; ``client`` and ``sink`` (the driver's) are not used by the
-        tasks, which open their own from the settings. Progress is per partition."""
+        tasks, which open their own from the settings. Progress is per partition (``on_progress`` is not
+        called: a task's partial progress stays on its executor)."""
         sc = self.spark.sparkContext
         slots = asyncio.Semaphore(max(1, int(sc.defaultParallelism)))
         result = result if result is not None else CopyResult()
         before = result.documents
-        source_name = self.source_name or sink.source_name
 
         async def one(part: Partition) -> None:
             async with slots:
                 if stop is not None and stop.is_set():
                     return  # the next run copies it
                 after = (resume or {}).get(part.id) if part.resumable else None
-                task = tasks.CopyTask(self.s, part, after, source_name)
+                task = tasks.CopyTask(self.s, part, after, sink.source_name, limits, rename, fields)
                 try:
                     docs = await asyncio.to_thread(self._run, task)
                 except asyncio.CancelledError:  # a second signal: the run stops now, so do its tasks
-                    self.spark.sparkContext.cancelJobGroup(self._group)
+                    self.spark.sparkContext.cancelJobGroup(JOB_GROUP)
                     raise
                 result.documents += docs
                 reporter.snapshot_advance(str(part.ns), docs)
@@ -86,6 +84,6 @@ class SparkCopier:
 
     def _run(self, task: tasks.CopyTask) -> int:
         sc = self.spark.sparkContext
-        sc.setJobGroup(self._group, f"mcdc snapshot {task.partition.ns}", interruptOnCancel=True)
+        sc.setJobGroup(JOB_GROUP, f"mcdc snapshot {task.partition.ns}", interruptOnCancel=True)
         rdd = sc.parallelize([task], 1).map(tasks.copy)
         return int(rdd.collect()[0])

@@ -5,7 +5,7 @@ nothing but settings and a partition crosses from the driver."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from ...config import Settings
@@ -64,6 +64,9 @@ class CopyTask:
     partition: Partition
     after: Resume | None  # go on after this _id (the checkpoint's resume point for the partition)
     source_name: str  # the source's replica set name, for event sinks' source block
+    limits: CopyLimits
+    rename: Callable[[Namespace], Namespace]
+    fields: FieldRules | None
 
 
 def copy(task: CopyTask) -> int:
@@ -79,15 +82,13 @@ async def _copy(task: CopyTask) -> int:
     try:
         sink.source_name = task.source_name
         await sink.start()
-        limits = CopyLimits(s.workers, s.batch_docs, s.batch_bytes, s.queue_batches)
 
         async def done(part: Partition, docs: int) -> None:
             pass
 
         written = await copy_partitions(
-            client, sink, [part], limits=limits, rename=s.renamer, on_done=done, reporter=QuietReporter(),
-            resume={part.id: task.after} if task.after is not None else None,
-            fields=FieldRules(s.field_exclude, s.field_rename),
+            client, sink, [part], limits=task.limits, rename=task.rename, on_done=done, reporter=QuietReporter(),
+            resume={part.id: task.after} if task.after is not None else None, fields=task.fields,
         )  # fmt: skip
         await sink.flush()
         return written
@@ -116,7 +117,8 @@ async def _diff(task: DiffTask) -> DocumentDiff:
     target = make_client(s.target, timeout_s=s.connect_timeout_s)
     try:
         part = task.partition
-        return await diff_partition(s, source, target, part, Namespace(task.target_db, task.target_coll))
+        fields = FieldRules(s.field_exclude, s.field_rename)
+        return await diff_partition(s, source, target, part, Namespace(task.target_db, task.target_coll), fields)
     finally:
         await source.close()
         await target.close()
