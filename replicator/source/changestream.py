@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from bson.timestamp import Timestamp
@@ -53,6 +53,11 @@ _SYSTEM_FILTER = {"$match": {"ns.db": {"$nin": sorted(SYSTEM_DATABASES)}}}
 async def current_time(client: Client) -> Timestamp:
     """The source's latest operation time, a cluster-wide "now"."""
     reply = await client.admin.command("ping", codec_options=DICT_CODEC)
+    return operation_time(reply)
+
+
+def operation_time(reply: Mapping[str, Any]) -> Timestamp:
+    """The operation time of a server's reply (a ping's: the source's "now")."""
     ts = reply.get("operationTime") or (reply.get("$clusterTime") or {}).get("clusterTime")
     if ts is None:
         raise RuntimeError("the source did not report an operation time")

@@ -25,6 +25,7 @@ from ..errors import ConfigError
 from ..extjson import dumps_str
 from ..filters import keep_event
 from ..normalize import normalize_change
+from ..source.changestream import operation_time
 from ..source.connection import make_client, probe
 from ..source.shards import discover, explicit_shards
 from ..uri import redact
@@ -207,11 +208,7 @@ def _of(shard: str) -> str:
 
 def source_time(client: SyncClient) -> Timestamp:
     """The source's latest operation time (a cluster-wide "now")."""
-    reply = client.admin.command("ping")
-    ts = reply.get("operationTime") or (reply.get("$clusterTime") or {}).get("clusterTime")
-    if ts is None:
-        raise RuntimeError("the source did not report an operation time")
-    return ts  # type: ignore[no-any-return]
+    return operation_time(client.admin.command("ping"))
 
 
 def position_now(client: SyncClient, s: Settings) -> ShardOffset:
