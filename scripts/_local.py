@@ -70,6 +70,18 @@ def local_servers(base_dir: Path) -> Iterator[ServerPair]:
 
 
 @contextmanager
+def work_dir(logdir: Path | None, prefix: str) -> Iterator[Path]:
+    """A benchmark's directory for outputs and checkpoints: ``--logdir`` (kept, created if missing), else a
+    temporary one removed afterwards."""
+    if logdir is not None:
+        logdir.mkdir(parents=True, exist_ok=True)
+        yield logdir
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        yield Path(tmp)
+
+
+@contextmanager
 def bench_servers(prog: str, source: str | None, target: str | None) -> Iterator[tuple[str, str, str]]:
     """(source URI, target URI, server description) for a benchmark: the given URIs, else two fresh local
     SecantusDB servers in a temporary directory. ``prog`` names the script in usage errors."""

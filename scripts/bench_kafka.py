@@ -74,12 +74,11 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import ExitStack, nullcontext, suppress
+from contextlib import ExitStack, suppress
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -100,6 +99,7 @@ from _local import (
     print_verdicts,
     run_bench,
     show,
+    work_dir,
 )
 from bson import json_util
 from bson.int64 import Int64
@@ -875,9 +875,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     parts: dict[str, Any] = {"events": events}
     server = broker = "not used"
     with ExitStack() as stack:
-        keep = nullcontext(str(args.logdir)) if args.logdir else tempfile.TemporaryDirectory(prefix="mcdc-bench-kafka-")
-        workdir = Path(stack.enter_context(keep))
-        workdir.mkdir(parents=True, exist_ok=True)
+        workdir = stack.enter_context(work_dir(args.logdir, "mcdc-bench-kafka-"))
         if not args.skip_delivery:
             if args.bootstrap:
                 bootstrap, broker = args.bootstrap, f"the Kafka broker at {args.bootstrap}"

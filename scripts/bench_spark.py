@@ -36,10 +36,9 @@ import platform
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
-from contextlib import nullcontext, suppress
+from contextlib import suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +55,7 @@ from _local import (
     print_verdicts,
     run_bench,
     show,
+    work_dir,
 )
 from bench_sync import COLL, DB, _check_target, _load_source, _reset_target, _warm_source
 from bench_tail import EVENTS, compare, make_backlog
@@ -321,10 +321,11 @@ def print_report(data: dict[str, Any]) -> None:
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
-    keep = nullcontext(str(args.logdir)) if args.logdir else tempfile.TemporaryDirectory(prefix="mcdc-bench-run-")
-    with keep as logdir, bench_servers("bench_spark", args.source, args.target) as (source, target, server):
-        workdir = Path(logdir)
-        workdir.mkdir(parents=True, exist_ok=True)
+    with (
+        work_dir(args.logdir, "mcdc-bench-run-") as workdir,
+        bench_servers("bench_spark", args.source, args.target) as uris,
+    ):
+        source, target, server = uris
         print(f"source: {source}\ntarget: {target}\nserver: {server}")
         commands = {"bench": show([sys.executable, *sys.argv])}
         heading(f"Loading {args.docs:,} documents of ~{args.doc_size} bytes into {DB}.{COLL} on the source")

@@ -29,11 +29,9 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +50,7 @@ from _local import (
     run_bench,
     show,
     tree_rss,
+    work_dir,
 )
 from bson.raw_bson import RawBSONDocument
 from pymongo import monitoring
@@ -311,10 +310,11 @@ def print_report(data: dict[str, Any]) -> None:
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
-    keep = nullcontext(str(args.logdir)) if args.logdir else tempfile.TemporaryDirectory(prefix="mcdc-bench-run-")
-    with keep as logdir, bench_servers("bench_sync", args.source, args.target) as (source, target, server):
-        workdir = Path(logdir)
-        workdir.mkdir(parents=True, exist_ok=True)
+    with (
+        work_dir(args.logdir, "mcdc-bench-run-") as workdir,
+        bench_servers("bench_sync", args.source, args.target) as uris,
+    ):
+        source, target, server = uris
         print(f"source: {source}\ntarget: {target}\nserver: {server}")
         heading(f"Loading {args.docs:,} documents of ~{args.doc_size} bytes into {DB}.{COLL} on the source")
         _load_source(source, args.docs, args.doc_size)

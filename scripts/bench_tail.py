@@ -49,12 +49,10 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -74,6 +72,7 @@ from _local import (
     run_bench,
     show,
     tree_rss,
+    work_dir,
 )
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
@@ -759,10 +758,11 @@ def print_report(data: dict[str, Any]) -> None:
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     check_tail_exists()
-    keep = nullcontext(str(args.logdir)) if args.logdir else tempfile.TemporaryDirectory(prefix="mcdc-bench-tail-")
-    with keep as logdir, bench_servers("bench_tail", args.source, args.target) as (source, target, server):
-        workdir = Path(logdir)
-        workdir.mkdir(parents=True, exist_ok=True)
+    with (
+        work_dir(args.logdir, "mcdc-bench-tail-") as workdir,
+        bench_servers("bench_tail", args.source, args.target) as uris,
+    ):
+        source, target, server = uris
         print(f"source: {source}\ntarget: {target}\nserver: {server}")
 
         heading(f"Phase 1: a backlog of {args.events:,} change events on {DB}.{EVENTS}")
