@@ -3,30 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+from tests.support.scripts import run_script
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SCRIPT_TIMEOUT_S = 300
+pytestmark = pytest.mark.integration
 
 
 def test_bench_spark_small_run_prints_both_engines_and_the_targets() -> None:
-    result = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "scripts" / "bench_spark.py"), "--docs", "1000", "--events", "200", "--json"],
-        cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        capture_output=True,
-        text=True,
-        timeout=SCRIPT_TIMEOUT_S,
-        check=False,
-    )
+    result = run_script("bench_spark.py", "--docs", "1000", "--events", "200", "--json", timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     for engine in ("asyncio", "spark"):

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+from tests.support.scripts import REPO_ROOT, run_script
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SCRIPT_TIMEOUT_S = 240
+pytestmark = pytest.mark.integration
 
 
 def _tail_missing() -> bool:
@@ -25,24 +22,7 @@ def _tail_missing() -> bool:
 
 @pytest.mark.skipif(_tail_missing(), reason="`mcdc tail --help` fails: this checkout has no mcdc tail command yet")
 def test_bench_tail_small_run_prints_a_ratio_and_p99() -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(REPO_ROOT / "scripts" / "bench_tail.py"),
-            "--events",
-            "500",
-            "--rate",
-            "50",
-            "--duration",
-            "3",
-        ],
-        cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        capture_output=True,
-        text=True,
-        timeout=SCRIPT_TIMEOUT_S,
-        check=False,
-    )
+    result = run_script("bench_tail.py", "--events", "500", "--rate", "50", "--duration", "3", timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert re.search(r"^ratio mcdc/naive\s+\d+\.\d\d", result.stdout, re.MULTILINE), result.stdout
     assert re.search(r"^lag p99\s+\d+\.\d ms$", result.stdout, re.MULTILINE), result.stdout

@@ -3,32 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.scripts import run_script
+
 pytestmark = pytest.mark.integration
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SCRIPT_TIMEOUT_S = 120
-
-
-def run_script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run ``scripts/<name>`` from the repository root with this interpreter; output captured as text."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(
-        [sys.executable, str(REPO_ROOT / "scripts" / name), *args],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=SCRIPT_TIMEOUT_S,
-        check=False,
-    )
 
 
 def test_bench_sync_small_run_prints_a_ratio() -> None:
