@@ -57,7 +57,7 @@ from _local import (
     show,
     work_dir,
 )
-from bench_sync import COLL, DB, _check_target, _load_source, _reset_target, _warm_source
+from bench_sync import COLL, DB, _check_target, _reset_target, load_and_warm
 from bench_tail import EVENTS, compare, make_backlog
 
 ENGINES = ("asyncio", "spark")
@@ -328,10 +328,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         source, target, server = uris
         print(f"source: {source}\ntarget: {target}\nserver: {server}")
         commands = {"bench": show([sys.executable, *sys.argv])}
-        heading(f"Loading {args.docs:,} documents of ~{args.doc_size} bytes into {DB}.{COLL} on the source")
-        _load_source(source, args.docs, args.doc_size)
-        heading("Warming up: one raw scan of the source collection")
-        print(f"scanned in {_warm_source(source):.1f} s")
+        load_and_warm(source, args.docs, args.doc_size)
         snapshot = snapshot_runs(source, target, args, workdir, commands)
         tail, skipped = tail_runs(source, target, args, workdir, commands)
         return figures(snapshot, tail, skipped, args, server, commands)
