@@ -1,6 +1,6 @@
 """Benchmark: the Kafka sink's delivery, the CPU cost of normalize + encode per event, and draining a backlog.
 
-    python scripts/bench_kafka.py [--events 50000] [--repeat 3] [--batch 1000] [--json]
+    python scripts/bench_kafka.py [--events 50000] [--repeat 3] [--batch 1000] [--cpu-rounds 5] [--json]
     python scripts/bench_kafka.py --source mongodb://... --bootstrap HOST:PORT
 
 The change events: ``--events`` operations on ``bench_kafka.events`` planned with a fixed seed, in rounds of
@@ -26,37 +26,52 @@ One run measures three things:
    Each contender starts its producer and sends one warm-up record (which creates its topic) before the
    clock starts; the clock stops when the broker acknowledged the last batch. The broker's end offsets are
    then checked: every record arrived. Reported: events/s (records include a tombstone per delete), best
-   and median over ``--repeat``, and the ratios against the raw producer (target: write/raw >= 0.8).
+   and median over ``--repeat``, and the ratios against the raw producer, best and median. Target: write/raw
+   >= 0.8, median of the repeats.
 2. CPU per event without I/O, in this process: ``normalize_change`` on fresh RawBSONDocuments of the raw
-   change documents (decoding included), ``Encoder.encode`` of the results, and both in one pass, for the
-   envelopes debezium (the default), debezium-legacy, plain, and debezium with relaxed extended JSON. Batch by
+   change documents (decoding included), ``Encoder.encode`` of the results, and both in one pass. Batch by
    batch (``--batch``) as the pipeline goes, each batch timed on its own (its input prepared untimed), the sum
-   over all events the figure, best of ``--cpu-rounds``. Target: normalize + encode <= 10 µs/event (debezium).
+   over all events the figure, best of ``--cpu-rounds``. Two document sizes:
+
+   a. small: the events above, for the envelopes debezium (the default), debezium-legacy, plain, and
+      debezium with relaxed extended JSON;
+   b. large: the same kind of operations on documents of about 16 KB of BSON (the small document's fields
+      and 135 line items: subdocuments of strings, an int, a double, a date, a bool and a nested
+      subdocument), ``--events`` / 10 of them but at least 1,000 (at most ``--events``), for debezium and
+      plain only, to keep the part short.
+
+   Target: normalize + encode <= 10 µs/event, debezium, small documents (the large ones are informational).
 3. Draining a backlog from the source. ``bench_kafka`` is dropped and its collection created; ``mcdc sync
    --target stdout`` of the empty collection makes a checkpoint; then the same operations run on the source
    (insert_many / bulk_write of UpdateOne and DeleteOne), making ``--events`` change events. Then, per repeat
-   in alternating order, each from process start to exit, output to a file:
+   in rotating order (each contender first, second and third in turn), each from process start to exit:
 
-   a. ``mcdc catch-up --target stdout`` from a copy of that checkpoint;
-   b. a bare pymongo loop in ``python -c``: ``client.watch(full_document="updateLookup", resume_after=<the
-      checkpoint's resume token>)``, one ``bson.json_util.dumps(change)`` line per change on stdout, until it
-      has seen all the events.
+   a. ``mcdc catch-up --target stdout`` from a copy of that checkpoint, output to a file;
+   b. ``bare pymongo (dict)``: a loop in ``python -c`` (``BARE_DICT_LOOP``), ``pymongo.MongoClient(uri,
+      document_class=dict)`` (pymongo's default decoding), ``client.watch(full_document="updateLookup",
+      resume_after=<the checkpoint's resume token>)``, no output: it only counts the changes it reads;
+   c. ``bare pymongo (raw)``: the same loop (``BARE_RAW_LOOP``) with ``document_class=RawBSONDocument``,
+      changes left as raw BSON (reading only ``operationType`` and ``ns.db``).
 
-   Both outputs are counted: mcdc's lines with ``value.op`` c/u/d, the bare loop's insert/update/delete
-   lines, each equal to the planned mix (deletes make no tombstone line on stdout). Reported: events/s from
-   process start, the time each reports in-process (mcdc's summary ``elapsed_s``; the bare loop from
-   before connecting), the CPU seconds of the process (user + system) and, for a local source, of the
-   source server meanwhile; and the ratio mcdc/bare (target >= 0.8).
+   Each is checked against the planned mix: mcdc's output lines with ``value.op`` c/u/d (deletes make no
+   tombstone line on stdout), and the insert/update/delete changes of ``bench_kafka`` each bare loop counted
+   until it had seen all, which it prints at exit as one JSON line on stderr with its in-process seconds:
+   ``{"seen": {"insert": ..., ...}, "elapsed_s": ...}``. Reported: events/s from process start, the time each
+   reports in-process (mcdc's summary ``elapsed_s``; a bare loop's from after its imports), the CPU seconds
+   of the process (user + system) and, for a local source, of the source server meanwhile; and the ratios
+   mcdc/bare-dict (target >= 0.8, best; the median shown) and mcdc/bare-raw (informational), best and median.
 
-Prints a table and PASS/FAIL for the targets; exits 0 whatever they say: it is a measurement. Exits 1 only
-when something crashed: a broker or a server did not start, a command failed, records or lines are missing.
+Prints a table, PASS/FAIL for the targets with their figures, and the commands measured (this one for parts
+1 and 2; the bare loops' sources are in ``--json`` under ``drain.bare_loops``); exits 0 whatever the targets
+say: it is a measurement. Exits 1 only when something crashed: a broker or a server did not start, a command
+failed, records, lines or changes are missing.
 
 Without ``--source`` it starts local SecantusDB servers (a Python MongoDB-compatible server, several times
 slower than mongod) in a temporary directory; without ``--bootstrap`` a local noida-db broker (a small
 Kafka-protocol server, not Kafka). Figures are for those, on this machine: only the ratios within one run
-mean anything. With ``--source``, only its ``bench_kafka`` database is dropped and written; both drains
+mean anything. With ``--source``, only its ``bench_kafka`` database is dropped and written; all drains
 watch the whole deployment, ``mcdc catch-up`` writes only ``bench_kafka.events`` (``--include``) and the bare
-loop counts only ``bench_kafka``'s changes. With ``--bootstrap``, topics named ``mcdc-bench-*`` are
+loops count only ``bench_kafka``'s changes. With ``--bootstrap``, topics named ``mcdc-bench-*`` are
 created and deleted.
 """
 
@@ -130,8 +145,11 @@ ROUND = 1_000  # inserts per round, then as many updates and deletes (fewer in a
 UPDATE_SHARE = 0.7  # of the non-insert operations: 50 % inserts, 35 % updates, 15 % deletes overall
 RATIO_TARGET = 0.8
 CPU_TARGET_US = 10.0
+LARGE_LINES = 135  # line items of a large document: about 16 KB of BSON with make_doc's fields
+LARGE_MIN_EVENTS = 1_000  # the large-document variant of part 2: --events / 10, at least this (at most --events)
+LARGE_ENVELOPES = ("debezium", "plain")
 DELIVERY_KINDS = ("mcdc write", "mcdc send", "raw aiokafka")
-DRAIN_KINDS = ("mcdc catch-up", "bare pymongo")
+DRAIN_KINDS = ("mcdc catch-up", "bare pymongo (dict)", "bare pymongo (raw)")
 ENVELOPES: dict[str, dict[str, Any]] = {
     "debezium": {"style": "debezium"},
     "debezium-legacy": {"style": "debezium-legacy"},
@@ -145,26 +163,35 @@ TAGS = ("red", "green", "blue", "cyan", "magenta", "yellow", "black", "white", "
 EPOCH = datetime(2024, 3, 1, tzinfo=UTC)
 _MB = 1024 * 1024
 
-#: The baseline of part 3: what a person writes first to drain a change stream to stdout.
-BARE_LOOP = """\
-import sys, time
+#: The baselines of part 3: a bare change stream read to its end and nothing else, no output. The only
+#: difference between the two is the client's document_class; what they saw goes to stderr, one JSON line.
+_BARE_LOOP = """\
+import json, sys, time
 import pymongo
-from bson import json_util
+from bson import json_util{imports}
 started = time.perf_counter()
 uri, start, db, want = sys.argv[1], json_util.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-seen = 0
-write = sys.stdout.write
-with pymongo.MongoClient(uri) as client:
+seen = {{}}
+count = 0
+with pymongo.MongoClient(uri, document_class={document_class}) as client:
     with client.watch(full_document="updateLookup", **start) as stream:
         for change in stream:
-            write(json_util.dumps(change) + "\\n")
-            if change["operationType"] in ("insert", "update", "delete") and change["ns"]["db"] == db:
-                seen += 1
-                if seen == want:
+            kind = change["operationType"]
+            if kind in ("insert", "update", "delete") and change["ns"]["db"] == db:
+                seen[kind] = seen.get(kind, 0) + 1
+                count += 1
+                if count == want:
                     break
-sys.stdout.flush()
-print(f"seen {seen} in {time.perf_counter() - started:.3f} s", file=sys.stderr)
+print(json.dumps({{"seen": seen, "elapsed_s": round(time.perf_counter() - started, 3)}}), file=sys.stderr)
 """
+BARE_DICT_LOOP = _BARE_LOOP.format(imports="", document_class="dict")  # pymongo's default decoding
+BARE_RAW_LOOP = _BARE_LOOP.format(
+    imports="\nfrom bson.raw_bson import RawBSONDocument", document_class="RawBSONDocument"
+)
+BARE_LOOPS = {
+    "bare pymongo (dict)": ("BARE_DICT_LOOP", BARE_DICT_LOOP),
+    "bare pymongo (raw)": ("BARE_RAW_LOOP", BARE_RAW_LOOP),
+}
 
 
 def _per_s(count: int, seconds: float) -> float:
@@ -208,8 +235,30 @@ def make_doc(oid: ObjectId, seq: int, rng: random.Random) -> dict[str, Any]:
     }
 
 
-def plan_ops(events: int, seed: int = 0) -> list[Op]:
-    """``events`` operations: rounds of inserts, then as many updates (70 %) and deletes (30 %) of live ones."""
+def make_large_doc(oid: ObjectId, seq: int, rng: random.Random) -> dict[str, Any]:
+    """A document of about 16 KB of BSON: make_doc's fields and an order's ``LARGE_LINES`` line items, each a
+    subdocument of strings, an int, a double, a date, a bool and a nested subdocument."""
+    doc = make_doc(oid, seq, rng)
+    doc["lines"] = [
+        {
+            "sku": f"SKU-{rng.randrange(100_000_000):08d}",
+            "qty": rng.randrange(1, 50),
+            "price": round(rng.uniform(1, 500), 2),
+            "shipped": _when(seq + line),
+            "gift": rng.random() < 0.1,
+            "attrs": {"color": rng.choice(TAGS), "size": rng.randrange(30, 50)},
+        }
+        for line in range(LARGE_LINES)
+    ]
+    return doc
+
+
+DocMaker = Callable[[ObjectId, int, random.Random], dict[str, Any]]
+
+
+def plan_ops(events: int, seed: int = 0, make: DocMaker = make_doc) -> list[Op]:
+    """``events`` operations: rounds of inserts (documents by ``make``), then as many updates (70 %) and deletes
+    (30 %) of live ones."""
     rng = random.Random(seed)
     ops: list[Op] = []
     live: list[ObjectId] = []
@@ -218,7 +267,7 @@ def plan_ops(events: int, seed: int = 0) -> list[Op]:
         for _ in range(min(per_round, events - len(ops))):
             seq = len(ops)
             oid = ObjectId(int(EPOCH.timestamp()).to_bytes(4, "big") + seq.to_bytes(8, "big"))
-            ops.append(Op("insert", oid, doc=make_doc(oid, seq, rng)))
+            ops.append(Op("insert", oid, doc=make(oid, seq, rng)))
             live.append(oid)
         for _ in range(min(per_round, events - len(ops))):
             seq = len(ops)
@@ -273,6 +322,17 @@ def change_documents(ops: Sequence[Op]) -> list[bytes]:
     return out
 
 
+def describe(ops: Sequence[Op], raws: Sequence[bytes]) -> dict[str, Any]:
+    """The count and mix of the events, and the average size of their documents and raw change documents."""
+    docs = [op.doc for op in ops if op.doc is not None]
+    return {
+        "count": len(ops),
+        "mix": dict(Counter(op.kind for op in ops)),
+        "avg_doc_bytes": round(sum(len(bson.encode(d)) for d in docs) / len(docs)),
+        "avg_change_bytes": round(sum(len(r) for r in raws) / len(raws)),
+    }
+
+
 def normalize_all(raws: Sequence[bytes]) -> list[ChangeEvent]:
     """ChangeEvents from fresh RawBSONDocuments (as the change stream reader hands them over)."""
     events = [normalize_change(RawBSONDocument(raw, RAW_CODEC)) for raw in raws]
@@ -317,31 +377,34 @@ def _cost(seconds: float, events: int) -> dict[str, float]:
     return {"us_per_event": round(seconds / events * 1e6, 2), "events_per_s": round(_per_s(events, seconds))}
 
 
-def cpu_costs(raws: Sequence[bytes], batch: int, rounds: int) -> dict[str, Any]:
+def cpu_costs(raws: Sequence[bytes], batch: int, rounds: int, envelopes: Sequence[str]) -> dict[str, Any]:
     """µs/event of normalize, of encode per envelope, and of both in one pass (best of ``rounds``)."""
     n = len(raws)
     normalize_s = _best_of(rounds, raws, batch, normalize_all, None)
     print(f"  normalize_change: {normalize_s / n * 1e6:.2f} µs/event")
-    envelopes: dict[str, Any] = {}
-    for name, options in ENVELOPES.items():
-        encoder = _encoder(options)
+    costs: dict[str, Any] = {}
+    for name in envelopes:
+        encoder = _encoder(ENVELOPES[name])
 
         def both(chunk: Sequence[bytes], encoder: Encoder = encoder) -> None:
             encoder.encode(normalize_all(chunk))
 
         encode_s = _best_of(rounds, raws, batch, encoder.encode, normalize_all)
         both_s = _best_of(rounds, raws, batch, both, None)
-        messages = encoder.encode(normalize_all(raws))
-        data = [m for m in messages if m.value is not None]
-        value_bytes = sum(len(m.value or b"") for m in data)
-        envelopes[name] = {
+        records = values = value_bytes = 0
+        for chunk in _chunks(raws, batch):  # batch by batch: a large document's records take room
+            messages = encoder.encode(normalize_all(chunk))
+            records += len(messages)
+            values += sum(m.value is not None for m in messages)
+            value_bytes += sum(len(m.value or b"") for m in messages)
+        costs[name] = {
             "encode": _cost(encode_s, n),
             "normalize_and_encode": _cost(both_s, n),
-            "records": len(messages),
-            "avg_value_bytes": round(value_bytes / len(data)) if data else 0,
+            "records": records,
+            "avg_value_bytes": round(value_bytes / values) if values else 0,
         }
         print(f"  {name}: encode {encode_s / n * 1e6:.2f} µs/event, both in one pass {both_s / n * 1e6:.2f} µs/event")
-    return {"events": n, "rounds": rounds, "normalize": _cost(normalize_s, n), "envelopes": envelopes}
+    return {"events": n, "rounds": rounds, "normalize": _cost(normalize_s, n), "envelopes": costs}
 
 
 # -- part 1: delivery into Kafka -----------------------------------------------------------------------------
@@ -500,11 +563,11 @@ class DrainRun:
     repeat: int
     wall_s: float
     events_per_s: float
-    inner_s: float | None  # as the process reports it: mcdc's elapsed_s, the bare loop's time after imports
+    inner_s: float | None  # as the process reports it: mcdc's elapsed_s, a bare loop's time after its imports
     cpu_s: float  # the process's user + system time
     server_cpu_s: float | None  # the local source server's user + system time meanwhile
-    lines: int
-    data_lines: dict[str, int]
+    lines: int | None  # mcdc's stdout lines; None for the bare loops, which write nothing
+    counted: dict[str, int]  # the data events: mcdc's lines by value.op, the bare loops' own count by operationType
 
 
 def _writer(uri: str) -> pymongo.MongoClient[dict[str, Any]]:
@@ -613,16 +676,14 @@ def _count_mcdc(path: Path) -> tuple[int, dict[str, int]]:
     return lines, dict(ops)
 
 
-def _count_bare(path: Path) -> tuple[int, dict[str, int]]:
-    ops: Counter[str] = Counter()
-    lines = 0
-    with open(path, "rb") as out:
-        for line in out:
-            lines += 1
-            change = orjson.loads(line)
-            if change.get("ns", {}).get("db") == DB and change["operationType"] in ("insert", "update", "delete"):
-                ops[change["operationType"]] += 1
-    return lines, dict(ops)
+def _bare_report(err_path: Path) -> tuple[dict[str, int], float | None]:
+    """What a bare loop saw and its in-process seconds: the JSON line it ends its stderr with."""
+    lines = err_path.read_text(errors="replace").splitlines()
+    try:
+        said = orjson.loads(lines[-1])
+        return {k: int(v) for k, v in said["seen"].items()}, float(said["elapsed_s"])
+    except (IndexError, orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+        raise BenchError(f"a bare loop ended without its report on stderr: {lines[-5:]}") from None
 
 
 def _summary_elapsed(err_path: Path) -> float | None:
@@ -651,7 +712,7 @@ def _bare_start(checkpoint: Path) -> str:
 
 
 def drain(source: str, workdir: Path, ops: Sequence[Op], repeat: int, server: psutil.Process | None) -> dict[str, Any]:
-    """Checkpoint, backlog, then mcdc catch-up and the bare loop, ``repeat`` times in alternating order."""
+    """Checkpoint, backlog, then mcdc catch-up and the two bare loops, ``repeat`` times in rotating order."""
     mix = dict(Counter(op.kind for op in ops))
     want_mcdc = {"c": mix.get("insert", 0), "u": mix.get("update", 0), "d": mix.get("delete", 0)}
     want_mcdc = {k: v for k, v in want_mcdc.items() if v}
@@ -673,10 +734,17 @@ def drain(source: str, workdir: Path, ops: Sequence[Op], repeat: int, server: ps
     timeout = max(600.0, len(ops) / 20)
     runs: list[DrainRun] = []
     mcdc_argv = catch_up_argv(source, checkpoint)
-    bare_argv = [sys.executable, "-c", BARE_LOOP, source, start, DB, str(len(ops))]
+    bare_args = [source, start, DB, str(len(ops))]
+    commands = {"mcdc": show(mcdc_argv) + " > FILE"}
+    for kind, (name, _) in BARE_LOOPS.items():
+        commands[kind] = (
+            show(["python", "-c", name, *bare_args]) + f" > /dev/null  ({name}: drain.bare_loops in --json)"
+        )
     for rep in range(1, repeat + 1):
-        for kind in DRAIN_KINDS if rep % 2 else DRAIN_KINDS[::-1]:
-            out_path, err_path = workdir / f"drain-{rep}-{kind.split()[0]}.out", workdir / f"drain-{rep}.err"
+        shift = (rep - 1) % len(DRAIN_KINDS)  # each contender first, second and third in turn
+        for kind in DRAIN_KINDS[shift:] + DRAIN_KINDS[:shift]:
+            step = f"drain-{rep}-{DRAIN_KINDS.index(kind)}"
+            out_path, err_path = workdir / f"{step}.out", workdir / f"{step}.err"
             server_before = _cpu(server)
             if kind == "mcdc catch-up":
                 for stale in workdir.glob("drain.json*"):
@@ -685,33 +753,33 @@ def drain(source: str, workdir: Path, ops: Sequence[Op], repeat: int, server: ps
                 shutil.copyfile(saved, checkpoint)
                 wall, cpu = _run_timed(mcdc_argv, out_path, err_path, timeout, "mcdc catch-up")
                 inner = _summary_elapsed(err_path)
-                lines, data = _count_mcdc(out_path)
+                lines, counted = _count_mcdc(out_path)
+                out_path.unlink()  # tens of MB
                 want: dict[str, int] = want_mcdc
+                said = f"{lines:,} lines"
             else:
-                wall, cpu = _run_timed(bare_argv, out_path, err_path, timeout, "the bare pymongo loop")
-                said = err_path.read_text(errors="replace").split()
-                inner = float(said[3]) if len(said) >= 4 and said[0] == "seen" else None
-                lines, data = _count_bare(out_path)
-                want = mix
+                bare_argv = [sys.executable, "-c", BARE_LOOPS[kind][1], *bare_args]
+                wall, cpu = _run_timed(bare_argv, Path(os.devnull), err_path, timeout, kind)
+                counted, inner = _bare_report(err_path)
+                lines, want, said = None, mix, "no output"
             server_after = _cpu(server)
-            if data != want:
-                raise BenchError(f"{kind} wrote these data lines: {data}, expected {want}")
-            out_path.unlink()  # tens of MB each
+            if counted != want:
+                raise BenchError(f"{kind} counted these data events: {counted}, expected {want}")
             server_cpu = None if server_before is None or server_after is None else server_after - server_before
             run = DrainRun(
                 kind, rep, round(wall, 3), round(_per_s(len(ops), wall)), inner, round(cpu, 2),
-                None if server_cpu is None else round(server_cpu, 2), lines, data,
+                None if server_cpu is None else round(server_cpu, 2), lines, counted,
             )  # fmt: skip
             runs.append(run)
-            print(f"  {rep}/{repeat} {kind:<14} {wall:7.2f} s  {run.events_per_s:>9,} events/s  ({lines:,} lines)")
+            print(f"  {rep}/{repeat} {kind:<19} {wall:7.2f} s  {run.events_per_s:>9,} events/s  ({said})")
     return {
         "events": len(ops),
         "mix": mix,
         "checkpoint_s": round(sync_s, 2),
         "backlog_build_s": round(build_s, 2),
         "runs": [asdict(r) for r in runs],
-        "commands": {"mcdc": show(mcdc_argv) + " > FILE", "bare": "python -c BARE_LOOP (see --json) > FILE"},
-        "bare_loop": BARE_LOOP,
+        "commands": commands,
+        "bare_loops": dict(BARE_LOOPS.values()),
     }
 
 
@@ -735,7 +803,7 @@ def _ratio(a: float, b: float) -> float:
     return round(a / b, 3) if b else 0.0
 
 
-def figures(parts: dict[str, Any], args: argparse.Namespace, server: str, broker: str) -> dict[str, Any]:
+def figures(parts: dict[str, Any], args: argparse.Namespace, command: str, server: str, broker: str) -> dict[str, Any]:
     """Everything printed, as one JSON-able dict."""
     targets: dict[str, bool] = {}
     data: dict[str, Any] = {
@@ -756,27 +824,58 @@ def figures(parts: dict[str, Any], args: argparse.Namespace, server: str, broker
         d["ratio_write_raw_median"] = _ratio(summary["mcdc write"]["median_events_per_s"], raw["median_events_per_s"])
         d["ratio_send_raw"] = _ratio(summary["mcdc send"]["best_events_per_s"], raw["best_events_per_s"])
         d["ratio_send_raw_median"] = _ratio(summary["mcdc send"]["median_events_per_s"], raw["median_events_per_s"])
-        targets[f"delivery: events/s KafkaSink.write / raw aiokafka >= {RATIO_TARGET:g} (best)"] = (
-            d["ratio_write_raw"] >= RATIO_TARGET
-        )
+        median, best = d["ratio_write_raw_median"], d["ratio_write_raw"]
+        repeats = data["args"]["repeat"]
+        targets[
+            f"delivery: events/s KafkaSink.write / raw aiokafka >= {RATIO_TARGET:g}, median of {repeats} repeat(s): "
+            f"{median:.2f} (best {best:.2f})"
+        ] = median >= RATIO_TARGET
         data["delivery"] = d
     if "cpu" in parts:
         c = parts["cpu"]
-        total = c["envelopes"]["debezium"]["normalize_and_encode"]["us_per_event"]
-        targets[f"CPU: normalize + encode (debezium) <= {CPU_TARGET_US:g} µs/event"] = total <= CPU_TARGET_US
+        total = c["small"]["envelopes"]["debezium"]["normalize_and_encode"]["us_per_event"]
+        size = c["small"]["documents"]["avg_doc_bytes"]
+        targets[
+            f"CPU: normalize + encode (debezium, small ~{size} B documents) <= {CPU_TARGET_US:g} µs/event: "
+            f"{total:.2f} µs"
+        ] = total <= CPU_TARGET_US
         data["cpu"] = c
     if "drain" in parts:
         r = parts["drain"]
         summary = _summarize(r["runs"], DRAIN_KINDS)
         r["summary"] = summary
-        r["ratio"] = _ratio(summary["mcdc catch-up"]["best_events_per_s"], summary["bare pymongo"]["best_events_per_s"])
-        r["ratio_median"] = _ratio(
-            summary["mcdc catch-up"]["median_events_per_s"], summary["bare pymongo"]["median_events_per_s"]
-        )
-        targets[f"drain: events/s mcdc catch-up / bare pymongo >= {RATIO_TARGET:g} (best)"] = r["ratio"] >= RATIO_TARGET
+        mcdc_s = summary["mcdc catch-up"]
+        for bare, key in (("bare pymongo (dict)", "ratio_bare_dict"), ("bare pymongo (raw)", "ratio_bare_raw")):
+            r[key] = _ratio(mcdc_s["best_events_per_s"], summary[bare]["best_events_per_s"])
+            r[f"{key}_median"] = _ratio(mcdc_s["median_events_per_s"], summary[bare]["median_events_per_s"])
+        best, median = r["ratio_bare_dict"], r["ratio_bare_dict_median"]
+        targets[
+            f"drain: events/s mcdc catch-up / bare pymongo (dict) >= {RATIO_TARGET:g}, best: {best:.2f} "
+            f"(median {median:.2f})"
+        ] = best >= RATIO_TARGET
         data["drain"] = r
     data["targets"] = targets
+    data["commands"] = {"benchmark": command}  # parts 1 and 2 run in it; part 3 runs these:
+    if "drain" in data:
+        data["commands"].update(data["drain"].pop("commands"))
     return data
+
+
+def _print_cpu(title: str, c: dict[str, Any]) -> None:
+    """One document size of part 2: normalize, then a row per envelope."""
+    docs, n = c["documents"], c["normalize"]
+    print(f"   {title}")
+    print(f"   documents ~{docs['avg_doc_bytes']:,} BSON bytes, raw change events ~{docs['avg_change_bytes']:,} bytes")
+    print(f"   normalize_change (RawBSONDocument -> ChangeEvent): {n['us_per_event']:.2f} µs/event, "
+          f"{n['events_per_s']:,} events/s")  # fmt: skip
+    print(f"   {'envelope':<24}{'encode µs':>10}{'events/s':>11}{'normalize+encode µs':>21}{'events/s':>11}"
+          f"{'value bytes':>13}")  # fmt: skip
+    for name, e in c["envelopes"].items():
+        enc, both = e["encode"], e["normalize_and_encode"]
+        print(
+            f"   {name:<24}{enc['us_per_event']:>10.2f}{enc['events_per_s']:>11,}{both['us_per_event']:>21.2f}"
+            f"{both['events_per_s']:>11,}{e['avg_value_bytes']:>13,}"
+        )
 
 
 def print_report(data: dict[str, Any]) -> None:
@@ -814,64 +913,55 @@ def print_report(data: dict[str, Any]) -> None:
     if "cpu" in data:
         c = data["cpu"]
         print()
-        print(f"2. CPU per event, no I/O: best of {c['rounds']} rounds over {c['events']:,} events, in process")
-        n = c["normalize"]
-        print(f"   normalize_change (RawBSONDocument -> ChangeEvent): {n['us_per_event']:.2f} µs/event, "
-              f"{n['events_per_s']:,} events/s")  # fmt: skip
-        print(f"   {'envelope':<24}{'encode µs':>10}{'events/s':>11}{'normalize+encode µs':>21}{'events/s':>11}"
-              f"{'value bytes':>13}")  # fmt: skip
-        for name, e in c["envelopes"].items():
-            enc, both = e["encode"], e["normalize_and_encode"]
-            print(
-                f"   {name:<24}{enc['us_per_event']:>10.2f}{enc['events_per_s']:>11,}{both['us_per_event']:>21.2f}"
-                f"{both['events_per_s']:>11,}{e['avg_value_bytes']:>13,}"
-            )
+        print(f"2. CPU per event, no I/O, in process: best of {c['small']['rounds']} rounds")
+        large_n = c["large"]["events"]
+        _print_cpu(f"small documents: {c['small']['events']:,} events (--events)", c["small"])
+        _print_cpu(
+            f"large documents: {large_n:,} events (--events / 10, at least {LARGE_MIN_EVENTS:,}, at most --events)",
+            c["large"],
+        )
     if "drain" in data:
         r = data["drain"]
         print()
         print(
-            f"3. drain of a backlog of {r['events']:,} change events to stdout (a file), from process start to exit "
+            f"3. drain of a backlog of {r['events']:,} change events from process start to exit, in rotating order "
             f"(checkpoint by mcdc sync in {r['checkpoint_s']:.2f} s, backlog made in {r['backlog_build_s']:.1f} s)"
         )
         print(
-            f"   {'contender':<42}{'best ev/s':>11}{'median ev/s':>13}{'best wall s':>13}{'in-process s':>14}"
+            f"   {'contender':<44}{'best ev/s':>11}{'median ev/s':>13}{'best wall s':>13}{'in-process s':>14}"
             f"{'CPU s':>8}{'server CPU s':>14}"
         )
         labels = {
-            "mcdc catch-up": "mcdc catch-up --target stdout",
-            "bare pymongo": "bare pymongo watch loop (json_util lines)",
+            "mcdc catch-up": "mcdc catch-up --target stdout (to a file)",
+            "bare pymongo (dict)": "bare pymongo watch(), dict, no output",
+            "bare pymongo (raw)": "bare pymongo watch(), raw BSON, no output",
         }
         for kind, s in r["summary"].items():
             best = max((x for x in r["runs"] if x["kind"] == kind), key=lambda x: x["events_per_s"])
             inner = "-" if best["inner_s"] is None else f"{best['inner_s']:.2f}"
             server = "-" if best["server_cpu_s"] is None else f"{best['server_cpu_s']:.2f}"
             print(
-                f"   {labels[kind]:<42}{s['best_events_per_s']:>11,}{s['median_events_per_s']:>13,}"
+                f"   {labels[kind]:<44}{s['best_events_per_s']:>11,}{s['median_events_per_s']:>13,}"
                 f"{s['best_wall_s']:>13.2f}{inner:>14}{best['cpu_s']:>8.2f}{server:>14}"
             )
-        print(f"   ratio mcdc/bare {r['ratio']:>6.2f}   (median {r['ratio_median']:.2f})")
+        print(f"   ratio mcdc/bare-dict {r['ratio_bare_dict']:>6.2f}   (median {r['ratio_bare_dict_median']:.2f})")
+        print(f"   ratio mcdc/bare-raw  {r['ratio_bare_raw']:>6.2f}   (median {r['ratio_bare_raw_median']:.2f})")
         print(
-            "   (of the best run: in-process = mcdc's summary elapsed_s, the bare loop's time after its imports; "
+            "   (of the best run: in-process = mcdc's summary elapsed_s, a bare loop's time after its imports; "
             "CPU = the process's user + system; server CPU = the local source server's meanwhile)"
         )
     print()
-    print_verdicts(data["targets"], data["drain"]["commands"] if "drain" in data else None)
+    print_verdicts(data["targets"], data["commands"])
 
 
 # -- main ---------------------------------------------------------------------------------------------------
 
 
-def bench(args: argparse.Namespace) -> dict[str, Any]:
+def bench(args: argparse.Namespace, command: str) -> dict[str, Any]:
     run_id = uuid.uuid4().hex[:8]
     ops = plan_ops(args.events)
     raws = change_documents(ops)
-    docs = [op.doc for op in ops if op.doc is not None]
-    events = {
-        "count": len(ops),
-        "mix": dict(Counter(op.kind for op in ops)),
-        "avg_doc_bytes": round(sum(len(bson.encode(d)) for d in docs) / len(docs)),
-        "avg_change_bytes": round(sum(len(r) for r in raws) / len(raws)),
-    }
+    events = describe(ops, raws)
     parts: dict[str, Any] = {"events": events}
     server = broker = "not used"
     with ExitStack() as stack:
@@ -897,8 +987,21 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 "runs": [asdict(r) for r in runs],
             }
         if not args.skip_cpu:
-            heading(f"Part 2: CPU of normalize + encode, best of {args.cpu_rounds} rounds over {len(raws):,} events")
-            parts["cpu"] = cpu_costs(raws, args.batch, args.cpu_rounds)
+            large_n = min(len(ops), max(LARGE_MIN_EVENTS, len(ops) // 10))
+            heading(
+                f"Part 2: CPU of normalize + encode, best of {args.cpu_rounds} rounds over {len(raws):,} events of "
+                f"small documents, then {large_n:,} of large ones"
+            )
+            print(f"  small documents (~{events['avg_doc_bytes']:,} BSON bytes):")
+            small = cpu_costs(raws, args.batch, args.cpu_rounds, tuple(ENVELOPES))
+            large_ops = plan_ops(large_n, make=make_large_doc)
+            large_raws = change_documents(large_ops)
+            large_events = describe(large_ops, large_raws)
+            del large_ops  # the timed passes see raw bytes: the large documents' dicts are not left to the GC
+            print(f"  large documents (~{large_events['avg_doc_bytes']:,} BSON bytes):")
+            large = cpu_costs(large_raws, args.batch, args.cpu_rounds, LARGE_ENVELOPES)
+            del large_raws
+            parts["cpu"] = {"small": {**small, "documents": events}, "large": {**large, "documents": large_events}}
         if not args.skip_drain:
             if args.source:
                 source, server = args.source, "the given MongoDB"
@@ -908,9 +1011,11 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 source = pair.source_uri
                 server = f"SecantusDB {importlib.metadata.version('SecantusDB')}, a Python server"
             print(f"source: {source}")
-            heading(f"Part 3: drain of a backlog of {len(ops):,} change events, {args.repeat} repeat(s)")
+            heading(
+                f"Part 3: drain of a backlog of {len(ops):,} change events, {args.repeat} repeat(s) in rotating order"
+            )
             parts["drain"] = drain(source, workdir, ops, args.repeat, None if args.source else _local_server(source))
-        return figures(parts, args, server, broker)
+        return figures(parts, args, command, server, broker)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -930,7 +1035,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.events < 2 or args.repeat < 1 or args.batch < 1 or args.cpu_rounds < 1:
         parser.error("--events must be at least 2; --repeat, --batch and --cpu-rounds at least 1")
     gc.set_threshold(*GC_THRESHOLDS)  # the in-process parts run with the GC settings of mcdc's CLI
-    return run_bench("bench_kafka", lambda: bench(args), print_report, args.json)
+    command = show(["python", "scripts/bench_kafka.py", *(sys.argv[1:] if argv is None else argv)])
+    return run_bench("bench_kafka", lambda: bench(args, command), print_report, args.json)
 
 
 if __name__ == "__main__":

@@ -25,15 +25,28 @@ def test_bench_kafka_small_run_measures_all_three_parts() -> None:
     result = run_script("bench_kafka.py", "--events", "300", "--repeat", "1", "--cpu-rounds", "1", "--json")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
-    for ratio in ("write/raw", "send/raw", "mcdc/bare"):
-        assert re.search(rf"^   ratio {ratio}\s+\d+\.\d\d", out, re.MULTILINE), out
-    assert re.search(r"^   debezium\s+\d+\.\d\d", out, re.MULTILINE), out
-    assert len(re.findall(r"^(PASS|FAIL)  ", out, re.MULTILINE)) == 3, out
+    for ratio in ("write/raw", "send/raw", "mcdc/bare-dict", "mcdc/bare-raw"):
+        assert re.search(rf"^   ratio {ratio}\s+\d+\.\d\d\s+\(median \d+\.\d\d\)", out, re.MULTILINE), out
+    for envelope, sizes in (("debezium", 2), ("debezium-legacy", 1), ("plain", 2)):  # small, and large for two
+        assert len(re.findall(rf"^   {envelope}\s+\d+\.\d\d", out, re.MULTILINE)) == sizes, out
+    verdicts = re.findall(r"^(?:PASS|FAIL)  (\w+): .*$", out, re.MULTILINE)
+    assert verdicts == ["delivery", "CPU", "drain"], out
+    assert re.search(r"^(PASS|FAIL)  delivery: .*, median of 1 repeat\(s\): \d+\.\d\d", out, re.MULTILINE), out
     data = json.loads(out[out.rindex("\n{\n") + 1 :])
     assert {run["kind"] for run in data["delivery"]["runs"]} == {"mcdc write", "mcdc send", "raw aiokafka"}
+    large = data["cpu"]["large"]
+    assert large["events"] == 300 and large["documents"]["avg_doc_bytes"] > 15_000
+    assert set(large["envelopes"]) == {"debezium", "plain"}
     mix = data["events"]["mix"]
-    for run in data["drain"]["runs"]:  # each verified by the script: every change event written once
-        assert sum(run["data_lines"].values()) == sum(mix.values()) == 300
+    runs = data["drain"]["runs"]
+    assert [run["kind"] for run in runs] == ["mcdc catch-up", "bare pymongo (dict)", "bare pymongo (raw)"]
+    for run in runs:  # each verified by the script: every change event written (mcdc) or counted (bare) once
+        assert sum(run["counted"].values()) == sum(mix.values()) == 300
+    for run in runs[1:]:
+        assert run["counted"] == mix and run["lines"] is None and run["inner_s"] is not None
+    assert set(data["drain"]["bare_loops"]) == {"BARE_DICT_LOOP", "BARE_RAW_LOOP"}
+    assert "python -c BARE_RAW_LOOP" in data["commands"]["bare pymongo (raw)"]
+    assert "document_class=RawBSONDocument" in data["drain"]["bare_loops"]["BARE_RAW_LOOP"]
 
 
 def test_demo_syncs_catches_up_and_verifies(tmp_path: Path) -> None:
