@@ -1,6 +1,9 @@
 """Raw change-stream documents -> :class:`ChangeEvent`; the only reader of raw change documents.
 
 Documents (fullDocument, documentKey, updatedFields) are passed through as the raw BSON the server sent.
+A change document that arrives as raw bytes (a RawBSONDocument) is read with one walk over its top-level
+fields (:mod:`~replicator.rawbson`): only the small fields are decoded, and each document becomes a
+RawBSONDocument of its own bytes, never decoded here.
 """
 
 from __future__ import annotations
@@ -9,6 +12,9 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+import bson
+
+from . import rawbson
 from .events import ChangeEvent, Namespace, Op, Position, Transaction, UpdateDescription
 
 #: One table maps change-stream operation types to ops.
@@ -37,6 +43,95 @@ def normalize_change(raw: Mapping[str, Any], rs: str | None = None) -> ChangeEve
     """Turn one change-stream document into a ChangeEvent, or None for events mcdc does not replay.
 
     ``rs`` names the replica set (shard) the stream reads, for sinks that report it."""
+    data = getattr(raw, "raw", None)
+    if type(data) is bytes:
+        top = rawbson.fields(data)
+        if top is not None:
+            return from_fields(data, top, rs)
+    return _from_mapping(raw, rs)
+
+
+def _op(op_type: str) -> Op | None:
+    op = OPERATION_TYPES.get(op_type)
+    if op is None and op_type not in IGNORED_TYPES:
+        raise ValueError(f"unknown change stream operationType {op_type!r}")
+    return op
+
+
+def from_fields(data: bytes, top: rawbson.Fields, rs: str | None = None) -> ChangeEvent | None:
+    """:func:`normalize_change` of a change document's bytes, given their top-level fields
+    (:func:`rawbson.fields`)."""
+    op = _op(rawbson.string(data, top["operationType"]))
+    if op is None:
+        return None
+    get = top.get
+    doc = rawbson.document
+    element = get("ns")
+    ns = _namespace_of(data[element[1] : element[2]]) if element is not None and element[0] == 3 else Namespace("")
+    update = None
+    if op is Op.UPDATE and (element := get("updateDescription")) is not None and element[0] == 3:
+        update = _update(data, element[1])
+    ddl = doc(data, element) if (element := get("operationDescription")) is not None else None
+    to = None
+    if op is Op.RENAME:
+        to_doc = doc(data, element) if (element := get("to")) is not None else None
+        if to_doc is None and ddl is not None:
+            to_doc = ddl.get("to")
+        if to_doc is not None:
+            to = Namespace(to_doc["db"], to_doc["coll"])
+    txn = None
+    lsid_at, number_at = get("lsid"), get("txnNumber")
+    if lsid_at is not None and number_at is not None:
+        lsid, number = doc(data, lsid_at), rawbson.integer(data, number_at)
+        if lsid is not None and number is not None:
+            txn = Transaction(lsid, number)
+    element = get("clusterTime")
+    position = Position(
+        resume_token=doc(data, top["_id"]),
+        cluster_time=rawbson.timestamp(data, element) if element is not None else None,
+    )
+    return ChangeEvent(
+        op=op,
+        ns=ns,
+        key=doc(data, element) if (element := get("documentKey")) is not None else None,
+        document=doc(data, element) if (element := get("fullDocument")) is not None else None,
+        update=update,
+        ddl=ddl,
+        to=to,
+        position=position,
+        wall_time_ms=rawbson.integer(data, element) if (element := get("wallTime")) is not None else None,
+        txn=txn,
+        before=doc(data, element) if (element := get("fullDocumentBeforeChange")) is not None else None,
+        rs=rs,
+    )
+
+
+def _update(data: bytes, start: int) -> UpdateDescription:
+    desc = rawbson.fields(data, start)
+    if desc is None:  # a type the walk does not size, in removedFields or truncatedArrays: decode them
+        decoded = bson.decode(data[start : start + rawbson.size(data, start)], rawbson.RAW_CODEC)
+        return _update_description(decoded)
+    updated = desc.get("updatedFields")
+    removed = desc.get("removedFields")
+    truncated = desc.get("truncatedArrays")
+    return UpdateDescription(
+        updated_fields=(rawbson.document(data, updated) if updated is not None else None) or {},
+        removed_fields=tuple(rawbson.array(data, removed)) if removed is not None else (),
+        truncated_arrays=tuple((t["field"], int(t["newSize"])) for t in rawbson.array(data, truncated))
+        if truncated is not None
+        else (),
+    )
+
+
+def _update_description(desc: Mapping[str, Any]) -> UpdateDescription:
+    return UpdateDescription(
+        updated_fields=desc.get("updatedFields") or {},
+        removed_fields=tuple(desc.get("removedFields") or ()),
+        truncated_arrays=tuple((t["field"], int(t["newSize"])) for t in (desc.get("truncatedArrays") or ())),
+    )
+
+
+def _from_mapping(raw: Mapping[str, Any], rs: str | None) -> ChangeEvent | None:
     # one pass over the field names: a missing field then costs a set lookup, not the KeyError a
     # RawBSONDocument's Mapping.get raises and catches (most events lack half of the optional fields)
     present = set(raw)
@@ -44,23 +139,16 @@ def normalize_change(raw: Mapping[str, Any], rs: str | None = None) -> ChangeEve
     def get(name: str) -> Any:
         return raw[name] if name in present else None
 
-    op_type = raw["operationType"]
-    op = OPERATION_TYPES.get(op_type)
+    op = _op(raw["operationType"])
     if op is None:
-        if op_type in IGNORED_TYPES:
-            return None
-        raise ValueError(f"unknown change stream operationType {op_type!r}")
+        return None
     ns_doc = get("ns")
     ns = _namespace(ns_doc) if ns_doc is not None else Namespace("")
     update = None
     if op is Op.UPDATE:
         desc = get("updateDescription")
         if desc is not None:
-            update = UpdateDescription(
-                updated_fields=desc.get("updatedFields") or {},
-                removed_fields=tuple(desc.get("removedFields") or ()),
-                truncated_arrays=tuple((t["field"], int(t["newSize"])) for t in (desc.get("truncatedArrays") or ())),
-            )
+            update = _update_description(desc)
     ddl = get("operationDescription")
     to = None
     if op is Op.RENAME:
@@ -95,10 +183,15 @@ def _namespace(ns_doc: Mapping[str, Any]) -> Namespace:
     raw = getattr(ns_doc, "raw", None)
     if raw is None:
         return Namespace(ns_doc["db"], ns_doc.get("coll"))
+    return _namespace_of(bytes(raw))
+
+
+def _namespace_of(raw: bytes) -> Namespace:
     ns = _NAMESPACES.get(raw)
     if ns is None:
         if len(_NAMESPACES) >= 10_000:
             _NAMESPACES.clear()
+        ns_doc = bson.decode(raw, rawbson.DICT_CODEC)
         ns = _NAMESPACES[raw] = Namespace(ns_doc["db"], ns_doc.get("coll"))
     return ns
 

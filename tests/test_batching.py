@@ -57,6 +57,27 @@ def test_split_event_fragments_arrive_as_one_event() -> None:
     assert event.position == Position(resume_token=token(100, 2), cluster_time=Timestamp(100, 1))  # the last _id
 
 
+def test_raw_fragments_and_whole_events_marked_one_of_one() -> None:
+    """Fragments that arrive as raw bytes are merged as before; an event marked as fragment 1 of 1 (a
+    whole event: some servers mark every event when the split stage is on) is the same event unmarked."""
+    assembler = BatchAssembler(batch_size=10)
+    marked = change(1, 100, splitEvent={"fragment": 1, "of": 1})
+    whole = change(1, 100)
+    first = RawBSONDocument(bson.encode({**{k: whole[k] for k in whole if k != "fullDocument"},
+                                         "splitEvent": {"fragment": 1, "of": 2}}))  # fmt: skip
+    second = RawBSONDocument(bson.encode({"_id": token(101), "splitEvent": {"fragment": 2, "of": 2},
+                                          "fullDocument": {"_id": 2, "big": "x"}}))  # fmt: skip
+    assembler.add(marked)
+    assembler.add(first)
+    assembler.add(second)
+    assert assembler.nothing_more(token(101))
+    one, merged = assembler.take().events
+    assert one == BatchAssembler(batch_size=1)._event(whole)
+    assert merged.document is not None and dict(merged.document) == {"_id": 2, "big": "x"}
+    assert merged.position is not None
+    assert dict(merged.position.resume_token or {}) == token(101)
+
+
 def test_a_pending_fragment_is_never_acknowledged_and_outlives_the_run() -> None:
     fragments = Fragments()
     first = BatchAssembler(batch_size=10, until=Timestamp(50, 1), fragments=fragments)

@@ -198,3 +198,81 @@ async def test_an_event_held_back_is_never_acknowledged() -> None:
     batches = [b async for b in reader.batches(until=Timestamp(100, 1))]
     assert len(batches) == 1 and not batches[0].events
     assert not batches[0].position  # nothing to acknowledge
+
+
+def _change_variants() -> list[dict[str, object]]:
+    """Change documents with every optional field in turn, in server order and shuffled."""
+    lsid = {"id": bson.Binary(b"\x02" * 16, 4), "uid": bson.Binary(b"\x03" * 32, 0)}
+    desc = {
+        "updatedFields": {"a.0": bson.Int64(1), "b": {"c": -0.0}},
+        "removedFields": ["x", "y.z"],
+        "truncatedArrays": [{"field": "arr", "newSize": 1}, {"field": "o.arr", "newSize": bson.Int64(0)}],
+        "disambiguatedPaths": {"a.0": ["a", 0]},
+    }
+    head = {
+        "_id": {"_data": "8200000064000000022B0229296E04"},
+        "clusterTime": Timestamp(0xFFFFFFFF, 0xFFFFFFFE),
+        "wallTime": datetime.datetime(2026, 5, 17, 3, 4, 5),
+        "collectionUUID": bson.Binary(b"\x04" * 16, 4),
+        "ns": {"db": "shop", "coll": "orders"},
+    }
+    variants: list[dict[str, object]] = [
+        {**head, "operationType": "insert", "fullDocument": {"_id": 1, "r": bson.Regex("^a", "i")},
+         "documentKey": {"_id": 1}},
+        {**head, "operationType": "update", "fullDocument": None, "documentKey": {"_id": 2}, "updateDescription": desc,
+         "lsid": lsid, "txnNumber": bson.Int64(9)},
+        {**head, "operationType": "update", "documentKey": {"_id": 3},
+         "updateDescription": {"updatedFields": {}, "removedFields": [], "truncatedArrays": []}, "txnNumber": 4,
+         "lsid": lsid},
+        {**head, "operationType": "replace", "fullDocument": {"_id": 4}, "fullDocumentBeforeChange": {"_id": 4, "o": 1},
+         "documentKey": {"_id": 4, "sk": "x"}},
+        {**head, "operationType": "delete", "documentKey": {"_id": bson.ObjectId()}, "fullDocumentBeforeChange": None},
+        {**head, "operationType": "rename", "to": {"db": "shop", "coll": "new"},
+         "operationDescription": {"to": {"db": "shop", "coll": "new"}, "dropTarget": bson.Binary(b"\x05" * 16, 4)}},
+        {**head, "operationType": "rename", "operationDescription": {"to": {"db": "b", "coll": "c"}}},
+        {**head, "operationType": "createIndexes", "nsType": "collection",
+         "operationDescription": {"indexes": [{"v": 2, "key": {"a": 1}, "name": "a_1"}]}},
+        {**head, "operationType": "dropDatabase", "ns": {"db": "shop"}},
+        {**head, "operationType": "invalidate"},
+        {**head, "operationType": "insert", "documentKey": {"_id": 5}, "fullDocument": {"_id": 5},
+         "splitEvent": {"fragment": 1, "of": 1}, "wallTime": bson.DatetimeMS(-(10**15))},
+        {**head, "operationType": "insert", "documentKey": {"_id": 6}, "odd": bson.Regex("x")},  # not walked
+        {**head, "operationType": "reshardCollection"},
+    ]
+    shuffled = [dict(reversed(list(v.items()))) for v in variants]
+    return variants + shuffled
+
+
+@pytest.mark.parametrize("change", _change_variants())
+def test_reading_the_raw_bytes_gives_the_event_decoding_gives(change: dict[str, object]) -> None:
+    """The walk over a change document's bytes and the decoded (RawBSONDocument mapping) reading agree on
+    every field of the event, documents byte for byte."""
+    from replicator.normalize import _from_mapping
+    from replicator.source.connection import RAW_CODEC
+
+    data = bson.encode(change)
+    walked = normalize_change(RawBSONDocument(data, RAW_CODEC), "rs0")
+    decoded = _from_mapping(RawBSONDocument(data, RAW_CODEC), "rs0")
+    assert walked == decoded
+    if walked is not None and walked.document is not None:
+        assert isinstance(walked.document, RawBSONDocument)
+
+
+def test_wall_time_keeps_every_millisecond() -> None:
+    """The walk reads wallTime's int64 milliseconds as they are (no float on the way)."""
+    when = datetime.datetime(2286, 11, 20, 17, 46, 39, 999000)
+    event = normalize_change(raw({**BASE, "wallTime": when, "operationType": "delete", "documentKey": {"_id": 1}}))
+    assert event is not None and event.wall_time_ms == 9_999_999_999_999
+
+
+def test_a_raw_documents_leading_id_is_read_without_decoding_the_rest() -> None:
+    """What the driver reads of every change event: its ``_id``, equal to the decoded one; a document
+    whose ``_id`` is not a leading sub-document reads it as usual."""
+    from replicator.rawbson import RAW_CODEC, RawDocument
+
+    token = {"_data": "82AB", "extra": bson.Int64(1)}
+    event = RawDocument(bson.encode({"_id": token, "fullDocument": {"_id": 1}}), RAW_CODEC)
+    assert isinstance(event["_id"], RawDocument) and event["_id"] == RawBSONDocument(bson.encode(token))
+    assert dict(event["_id"]) == token and dict(event["fullDocument"]) == {"_id": 1}
+    for doc in ({"_id": bson.ObjectId(), "a": 1}, {"a": 1, "_id": {"x": 1}}, {"_idx": {"y": 2}, "_id": 3}):
+        assert RawDocument(bson.encode(doc), RAW_CODEC)["_id"] == bson.decode(bson.encode(doc), RAW_CODEC)["_id"]

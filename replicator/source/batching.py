@@ -15,8 +15,9 @@ from typing import Any
 
 from bson.timestamp import Timestamp
 
+from .. import rawbson
 from ..events import ChangeEvent, Position
-from ..normalize import normalize_change
+from ..normalize import from_fields, normalize_change
 
 #: Set by the server-side stage that trims an event over 16 MB (--oversize skip without split support).
 OVERSIZE_FLAG = "mcdcOversize"
@@ -99,18 +100,7 @@ class BatchAssembler:
         """Take one raw change document; True when the batch is ready. ``drained``: the reader holds no
         more of the server's last reply, so a batch may close here rather than wait until it is full
         (under a steady trickle that wait is the lag)."""
-        if "splitEvent" in raw:
-            whole = self._fragments.add(raw)
-            if whole is None:
-                return False
-            raw = whole
-        if raw.get(OVERSIZE_FLAG):
-            log.warning(
-                "skipped a change event over 16 MB (--oversize skip): %s on %s.%s, %s",
-                raw.get("operationType"), raw["ns"].get("db"), raw["ns"].get("coll"), raw.get("documentKey"),
-            )  # fmt: skip
-            return False
-        event = normalize_change(raw, self._rs)
+        event = self._event(raw)
         if event is None:
             return False
         events = self._events
@@ -127,6 +117,35 @@ class BatchAssembler:
             return True
         events.append(event)
         return event.txn is None and drained
+
+    def _event(self, raw: Mapping[str, Any]) -> ChangeEvent | None:
+        """The event of one change document; None for a fragment of a split event (until its last), an
+        oversize event skipped, or an event mcdc does not replay. A document that arrived as bytes is read
+        with one walk over its fields (a whole event marked as fragment 1 of 1 included)."""
+        data = getattr(raw, "raw", None)
+        top = rawbson.fields(data) if isinstance(data, bytes) else None
+        if top is None or not isinstance(data, bytes):
+            return self._event_of_mapping(raw)
+        split = top.get("splitEvent")
+        if split is not None and (self._fragments or not _single_fragment(data, split)):
+            return self._event_of_mapping(raw)
+        if OVERSIZE_FLAG in top:
+            return self._event_of_mapping(raw)
+        return from_fields(data, top, self._rs)
+
+    def _event_of_mapping(self, raw: Mapping[str, Any]) -> ChangeEvent | None:
+        if "splitEvent" in raw:
+            whole = self._fragments.add(raw)
+            if whole is None:
+                return None
+            raw = whole
+        if raw.get(OVERSIZE_FLAG):
+            log.warning(
+                "skipped a change event over 16 MB (--oversize skip): %s on %s.%s, %s",
+                raw.get("operationType"), raw["ns"].get("db"), raw["ns"].get("coll"), raw.get("documentKey"),
+            )  # fmt: skip
+            return None
+        return normalize_change(raw, self._rs)
 
     def nothing_more(self, resume_token: Any) -> bool:
         """The server had no event; ``resume_token`` is the stream's post-batch token. True when the batch
@@ -158,6 +177,14 @@ class BatchAssembler:
         self._held = None
         self._caught_up = False
         return batch
+
+
+def _single_fragment(data: bytes, split: tuple[int, int, int]) -> bool:
+    """Is this splitEvent ``{fragment: 1, of: 1}``: a whole event (a server may mark every event so)?"""
+    parts = rawbson.fields(data, split[1]) if split[0] == rawbson.DOCUMENT else None
+    if parts is None or "fragment" not in parts or "of" not in parts:
+        return False
+    return rawbson.integer(data, parts["fragment"]) == 1 and rawbson.integer(data, parts["of"]) == 1
 
 
 def merge_fragments(fragments: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

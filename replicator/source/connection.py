@@ -7,27 +7,15 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
-from bson.binary import UuidRepresentation
-from bson.codec_options import CodecOptions, DatetimeConversion
+from bson.codec_options import DatetimeConversion
 from bson.raw_bson import RawBSONDocument
 from pymongo import AsyncMongoClient
 from pymongo.errors import ConfigurationError, OperationFailure, PyMongoError
 
 from ..errors import ConnectionFailed
+from ..rawbson import DICT_CODEC as DICT_CODEC  # re-exported: the source's codecs
+from ..rawbson import RAW_CODEC as RAW_CODEC
 from ..uri import host_set, redact
-
-#: Documents stay raw bytes; dates outside Python's range survive; UUIDs stay Binary with their subtype.
-RAW_CODEC = CodecOptions(
-    document_class=RawBSONDocument,
-    datetime_conversion=DatetimeConversion.DATETIME_AUTO,
-    uuid_representation=UuidRepresentation.UNSPECIFIED,
-)
-#: For small metadata documents (catalog, index specs) that code inspects.
-DICT_CODEC: CodecOptions[dict[str, Any]] = CodecOptions(
-    document_class=dict,
-    datetime_conversion=DatetimeConversion.DATETIME_AUTO,
-    uuid_representation=UuidRepresentation.UNSPECIFIED,
-)
 
 Client = AsyncMongoClient[RawBSONDocument]
 
@@ -77,7 +65,7 @@ def client_options(timeout_s: float, appname: str) -> dict[str, Any]:
     """The options of every client mcdc opens, async or sync: raw BSON documents, dates outside Python's
     range kept, UUIDs left as binary, and the connect timeouts."""
     return {
-        "document_class": RawBSONDocument,
+        "document_class": RAW_CODEC.document_class,
         "datetime_conversion": DatetimeConversion.DATETIME_AUTO,
         "uuidRepresentation": "unspecified",
         "serverSelectionTimeoutMS": int(timeout_s * 1000),

@@ -22,7 +22,7 @@ from bson.timestamp import Timestamp
 from ..events import ChangeEvent, Namespace, Op, Position, Transaction, UpdateDescription
 from ..extjson import CANONICAL, dumps_str
 from ..normalize import normalize_change, snapshot_read
-from ..source.connection import RAW_CODEC
+from ..rawbson import RAW_CODEC, RawDocument
 
 #: Column name and Spark type, in row order. ``cluster_time``'s ``t`` and ``i`` are BSON timestamp halves,
 #: unsigned 32-bit: bigint holds every value (an int would overflow for ``t`` after 2038 and for large ``i``).
@@ -97,13 +97,13 @@ def event_from_row(row: Mapping[str, Any]) -> ChangeEvent:
     shard = row.get("shard")
     change = row.get("change")
     if change is not None:
-        event = normalize_change(RawBSONDocument(bytes(change), RAW_CODEC), shard)
+        event = normalize_change(RawDocument(bytes(change), RAW_CODEC), shard)
         if event is None:
             raise ValueError("the row's change column holds an event mcdc does not replay")
         return event
     op = Op(row["op"])
     ns = Namespace(row["db"], row.get("coll"))
-    document = RawBSONDocument(bytes(row["bson"]), RAW_CODEC) if row.get("bson") is not None else None
+    document = RawDocument(bytes(row["bson"]), RAW_CODEC) if row.get("bson") is not None else None
     if op is Op.READ:
         if document is None:
             raise ValueError(f"an r row of {ns} has no bson column")
@@ -161,7 +161,7 @@ def _load(text: str | None) -> RawBSONDocument | None:
 
 
 def _raw_document(value: Mapping[str, Any]) -> RawBSONDocument:
-    return RawBSONDocument(bson.encode(value, codec_options=RAW_CODEC), RAW_CODEC)
+    return RawDocument(bson.encode(value, codec_options=RAW_CODEC), RAW_CODEC)
 
 
 def _update_from_json(data: Mapping[str, Any] | None) -> UpdateDescription | None:
