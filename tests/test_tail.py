@@ -3,6 +3,7 @@ target outage, metrics and status."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -288,4 +289,47 @@ async def test_warns_when_the_checkpoint_nears_the_end_of_the_oplog(
         assert not seen[600]
         assert seen[6600] and "1.8 h behind" in seen[6600][0] and "holds 2.0 h" in seen[6600][0]
     finally:
+        await source.close()
+
+
+async def test_the_reader_fetches_the_next_reply_while_a_batch_is_applied(source_uri: str) -> None:
+    """Read-ahead: while the consumer holds a batch, the next server reply is already fetched. No batch
+    acknowledges a position past its own events, so a run that ends at ``until`` with events read past
+    it, opened again at its last position, goes on with nothing lost and nothing twice."""
+    from replicator.source.changestream import ChangeStreamReader, current_time
+    from replicator.source.connection import make_client
+
+    source = make_client(source_uri)
+    reader = ChangeStreamReader(source, full_document="updateLookup", batch_size=10, max_await_ms=100)
+    try:
+        start = await reader.position_now()
+        await reader.close()
+        with pymongo.MongoClient(source_uri) as client:
+            client.db.c.insert_many([{"_id": i} for i in range(40)])
+            await asyncio.sleep(0)
+        middle = await current_time(source)
+        with pymongo.MongoClient(source_uri) as client:
+            client.db.c.insert_many([{"_id": i} for i in range(40, 60)])
+        await reader.open(start)
+        first: list[int] = []
+        read_ahead, last = 0, start
+        async for batch in reader.batches(until=middle):
+            if not first:
+                await asyncio.sleep(0.5)  # "applying" the first batch: the reader goes on meanwhile
+                read_ahead = reader._replies.qsize()
+            first.extend(e.key["_id"] for e in batch.events)
+            if batch.events:
+                assert batch.position == batch.events[-1].position  # never past its own events
+                last = batch.position
+        assert first == list(range(40)) and read_ahead >= 1
+        await reader.close()
+        await reader.open(last)
+        rest: list[int] = []
+        async for batch in reader.batches():
+            rest.extend(e.key["_id"] for e in batch.events)
+            if len(rest) >= 20:
+                break
+        assert rest == list(range(40, 60))
+    finally:
+        await reader.close()
         await source.close()

@@ -6,18 +6,22 @@ apply a transaction as one unit.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from bson.timestamp import Timestamp
 from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.errors import OperationFailure, PyMongoError
 
+from ..aio import get_or_raise, pump
 from ..errors import HistoryLost, OversizeEvent
 from ..events import Position
-from ..filters import SYSTEM_DATABASES
 from .batching import OVERSIZE_FLAG, BatchAssembler, Fragments, merge_fragments, plain_token
 from .batching import Batch as Batch  # re-exported, with token_timestamp: the reader's callers import them here
 from .batching import token_timestamp as token_timestamp
@@ -47,7 +51,6 @@ _TRIM_OVERSIZE: list[dict[str, Any]] = [
 #: "unknown field" / "unrecognized option" answers to an option the server predates.
 _UNKNOWN_OPTION_CODES = frozenset({9, 40415})
 log = logging.getLogger("mcdc.source")
-_SYSTEM_FILTER = {"$match": {"ns.db": {"$nin": sorted(SYSTEM_DATABASES)}}}
 
 
 async def current_time(client: Client) -> Timestamp:
@@ -79,7 +82,11 @@ async def oplog_window(client: Client) -> tuple[Timestamp, Timestamp] | None:
 
 
 class ChangeStreamReader:
-    """Reads the whole deployment's change stream (all databases but admin, local and config)."""
+    """Reads the whole deployment's change stream (all databases but admin, local and config).
+
+    MongoDB leaves those three databases out of a deployment's change stream, so no server-side filter is
+    added for them (a $match costs the server work on every event); should a server send one anyway, the
+    selection (filters.py) drops it."""
 
     def __init__(
         self,
@@ -109,6 +116,11 @@ class ChangeStreamReader:
         self._split = True  # until the server says it has no $changeStreamSplitLargeEvent
         self._fragments = Fragments()  # outlives one run of batches(), not the stream
         self._stream: AsyncChangeStream[Any] | None = None
+        # the replies read ahead (see batches()); their events not yet assembled outlive one run
+        self._reader: asyncio.Task[None] | None = None
+        self._replies: asyncio.Queue[object] = asyncio.Queue()
+        self._pending: deque[Any] = deque()
+        self._drained_after = False
 
     async def open(self, start: Position) -> None:
         kwargs: dict[str, Any] = {
@@ -124,10 +136,11 @@ class ChangeStreamReader:
             kwargs["resume_after"] = start.resume_token
         elif start.cluster_time is not None:
             kwargs["start_at_operation_time"] = start.cluster_time
+        await self._stop_reading()
         self._fragments = Fragments()
         while True:
             try:
-                self._stream = await self.client.watch([_SYSTEM_FILTER, *self._extra_stages()], **kwargs)
+                self._stream = await self.client.watch(self._extra_stages(), **kwargs)
                 return
             except OperationFailure as exc:
                 if exc.code in _UNKNOWN_STAGE_CODES and self._split:
@@ -158,6 +171,7 @@ class ChangeStreamReader:
         return Position(resume_token=plain_token(self._stream.resume_token), cluster_time=start)
 
     async def close(self) -> None:
+        await self._stop_reading()
         if self._stream is not None:
             await self._stream.close()
             self._stream = None
@@ -167,34 +181,89 @@ class ChangeStreamReader:
 
         Stops after the first batch for which the server had nothing more once it had reached
         ``until``, or when an event later than ``until`` arrives (that event is not yielded).
+
+        The server's replies are read ahead by a task of their own (at most ``READ_AHEAD`` replies
+        waiting): the next getMore is on its way while this batch is normalized, encoded and written, so
+        the server works while mcdc does. What is read past ``until`` waits for the next run.
         """
-        stream = self._stream
-        assert stream is not None, "open() first"
+        assert self._stream is not None, "open() first"
+        if self._reader is None:
+            self._replies = asyncio.Queue(maxsize=READ_AHEAD)
+            self._reader = asyncio.create_task(pump(_replies(self._stream), self._replies))
         assembler = BatchAssembler(batch_size=self._batch_size, until=until, rs=self._rs, fragments=self._fragments)
+        pending = self._pending
         while True:
             poll_started: float | None = None
-            while True:
-                if self._track_time and assembler.empty:
-                    poll_started = time.monotonic()
-                try:
-                    raw = await stream.try_next()
-                except OperationFailure as exc:
-                    if exc.code in _TOO_LARGE_CODES:
-                        raise OversizeEvent(
-                            "a change event over 16 MB stopped the stream and this server cannot split it "
-                            "($changeStreamSplitLargeEvent needs MongoDB 7.0 or 6.0.9): upgrade, or pass "
-                            "--oversize skip to skip such events (each is logged)"
-                        ) from None
-                    raise _history_error(exc, None) or exc from None
-                if raw is None:
-                    ready = assembler.nothing_more(stream.resume_token)
-                else:
-                    ready = assembler.add(raw, drained=_drained(stream))
-                if ready:
-                    break
+            ready = False
+            while not ready:
+                if not pending:
+                    reply = await get_or_raise(self._replies, self._reader)
+                    assert isinstance(reply, Reply), "the stream's reader ended"
+                    if not reply.docs:
+                        if self._track_time and assembler.empty:
+                            poll_started = reply.poll_started
+                        ready = assembler.nothing_more(reply.token)
+                        continue
+                    pending.extend(reply.docs)
+                    self._drained_after = reply.drained
+                raw = pending.popleft()
+                ready = assembler.add(raw, drained=not pending and self._drained_after)
             yield assembler.take(read_at=time.monotonic(), poll_started=poll_started)
             if assembler.finished:
                 return
+
+    async def _stop_reading(self) -> None:
+        reader, self._reader = self._reader, None
+        self._pending.clear()
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+
+
+#: Replies of the server read ahead of the batch being assembled.
+READ_AHEAD = 2
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What one poll of the stream gave: the events of one server reply (``drained``: the driver holds
+    no more of it), or none, with the post-batch resume token and when the poll began."""
+
+    docs: list[Any]
+    drained: bool = False
+    token: Any = None
+    poll_started: float = 0.0
+
+
+async def _replies(stream: AsyncChangeStream[Any]) -> AsyncIterator[Reply]:
+    """The stream, one server reply at a time: the driver's buffered events are taken in one go (no I/O),
+    so the next getMore is sent as soon as the previous reply is in."""
+    while True:
+        poll_started = time.monotonic()
+        raw = await _next(stream)
+        if raw is None:
+            yield Reply([], token=stream.resume_token, poll_started=poll_started)
+            continue
+        docs = [raw]
+        while not _drained(stream) and (raw := await _next(stream)) is not None:
+            docs.append(raw)
+        yield Reply(docs, drained=_drained(stream))
+        if raw is None:  # a driver without the internal buffer: the poll found nothing after these
+            yield Reply([], token=stream.resume_token, poll_started=poll_started)
+
+
+async def _next(stream: AsyncChangeStream[Any]) -> Any:
+    try:
+        return await stream.try_next()
+    except OperationFailure as exc:
+        if exc.code in _TOO_LARGE_CODES:
+            raise OversizeEvent(
+                "a change event over 16 MB stopped the stream and this server cannot split it "
+                "($changeStreamSplitLargeEvent needs MongoDB 7.0 or 6.0.9): upgrade, or pass "
+                "--oversize skip to skip such events (each is logged)"
+            ) from None
+        raise _history_error(exc, None) or exc from None
 
 
 def _drained(stream: AsyncChangeStream[Any]) -> bool:

@@ -21,7 +21,6 @@ from ..config import Settings
 from ..events import Position
 from ..source.changestream import (
     _OVERSIZE_FLAG,
-    _SYSTEM_FILTER,
     _TRIM_OVERSIZE,
     _UNKNOWN_OPTION_CODES,
     _UNKNOWN_STAGE_CODES,
@@ -74,7 +73,7 @@ class RawChangeStream:
         self._fragments = []
         while True:
             try:
-                self._stream = self.client.watch([_SYSTEM_FILTER, *self._extra_stages()], **kwargs)
+                self._stream = self.client.watch(self._extra_stages(), **kwargs)
                 return
             except OperationFailure as exc:  # the same fallbacks as ChangeStreamReader.open
                 if exc.code in _UNKNOWN_STAGE_CODES and self._split:
