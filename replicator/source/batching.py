@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import bson
 from bson.timestamp import Timestamp
 
 from .. import rawbson
@@ -179,8 +180,14 @@ class BatchAssembler:
         return batch
 
 
+#: ``{fragment: 1, of: 1}`` as the server writes it (two int32s)
+_ONE_OF_ONE = bson.encode({"fragment": 1, "of": 1})
+
+
 def _single_fragment(data: bytes, split: tuple[int, int, int]) -> bool:
     """Is this splitEvent ``{fragment: 1, of: 1}``: a whole event (a server may mark every event so)?"""
+    if data[split[1] : split[2]] == _ONE_OF_ONE:
+        return True
     parts = rawbson.fields(data, split[1]) if split[0] == rawbson.DOCUMENT else None
     if parts is None or "fragment" not in parts or "of" not in parts:
         return False

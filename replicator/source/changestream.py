@@ -48,6 +48,11 @@ _TRIM_OVERSIZE: list[dict[str, Any]] = [
         }
     },
 ]
+_CANNOT_SPLIT = (
+    "a change event over 16 MB stopped the stream and this server cannot split it "
+    "($changeStreamSplitLargeEvent needs MongoDB 7.0 or 6.0.9): upgrade, or pass "
+    "--oversize skip to skip such events (each is logged)"
+)
 #: "unknown field" / "unrecognized option" answers to an option the server predates.
 _UNKNOWN_OPTION_CODES = frozenset({9, 40415})
 log = logging.getLogger("mcdc.source")
@@ -113,7 +118,11 @@ class ChangeStreamReader:
         self._oversize = oversize
         self._pre_images = pre_images
         self._rs = rs
-        self._split = True  # until the server says it has no $changeStreamSplitLargeEvent
+        # how the stream treats events over 16 MB: "plain" (no stage: MongoDB advises splitting only when
+        # needed), then "split" once such an event stopped it, or "trim" (--oversize skip) where the server
+        # cannot split
+        self._mode = "plain"
+        self._kwargs: dict[str, Any] = {}
         self._fragments = Fragments()  # outlives one run of batches(), not the stream
         self._stream: AsyncChangeStream[Any] | None = None
         # the replies read ahead (see batches()); their events not yet assembled outlive one run
@@ -138,15 +147,16 @@ class ChangeStreamReader:
             kwargs["start_at_operation_time"] = start.cluster_time
         await self._stop_reading()
         self._fragments = Fragments()
+        self._kwargs = kwargs
         while True:
             try:
                 self._stream = await self.client.watch(self._extra_stages(), **kwargs)
                 return
             except OperationFailure as exc:
-                if exc.code in _UNKNOWN_STAGE_CODES and self._split:
-                    # before MongoDB 7.0 / 6.0.9: an event over 16 MB fails the stream (see --oversize)
-                    log.warning("the source has no $changeStreamSplitLargeEvent: --oversize %s applies", self._oversize)
-                    self._split = False
+                if exc.code in _TOO_LARGE_CODES:  # the first reply already held such an event
+                    self._cannot_hold_it()
+                elif exc.code in _UNKNOWN_STAGE_CODES and self._mode == "split":
+                    self._cannot_split()
                 elif exc.code in _UNKNOWN_OPTION_CODES and kwargs.pop("show_expanded_events", False):
                     # before MongoDB 6.0 there are no create/createIndexes/modify events: indexes and
                     # options are still reconciled from the catalog at the end of a snapshot
@@ -155,11 +165,44 @@ class ChangeStreamReader:
                     raise _history_error(exc, start) or exc from None
 
     def _extra_stages(self) -> list[dict[str, Any]]:
-        if self._split:
+        if self._mode == "split":
             return [{"$changeStreamSplitLargeEvent": {}}]
-        if self._oversize == "skip":
+        if self._mode == "trim":
             return _TRIM_OVERSIZE
         return []
+
+    def _cannot_hold_it(self) -> None:
+        """An event over 16 MB stopped the stream: split events from now on, or fail where that was tried."""
+        if self._mode != "plain":
+            raise OversizeEvent(_CANNOT_SPLIT)
+        log.info("a change event over 16 MB: reading the stream on with $changeStreamSplitLargeEvent")
+        self._mode = "split"
+
+    def _cannot_split(self) -> None:
+        """The server has no $changeStreamSplitLargeEvent (before MongoDB 7.0 / 6.0.9): --oversize decides."""
+        log.warning("the source has no $changeStreamSplitLargeEvent: --oversize %s applies", self._oversize)
+        if self._oversize != "skip":
+            raise OversizeEvent(_CANNOT_SPLIT)
+        self._mode = "trim"
+
+    async def _reopen_after_oversize(self, stream: AsyncChangeStream[Any]) -> AsyncChangeStream[Any]:
+        """The stream opened again where ``stream`` stopped on an event over 16 MB, able to pass it."""
+        self._cannot_hold_it()
+        kwargs = {k: v for k, v in self._kwargs.items() if k not in ("resume_after", "start_at_operation_time")}
+        if stream.resume_token is not None:
+            kwargs["resume_after"] = stream.resume_token
+        else:
+            kwargs.update((k, v) for k, v in self._kwargs.items() if k in ("resume_after", "start_at_operation_time"))
+        await stream.close()
+        while True:
+            try:
+                self._stream = await self.client.watch(self._extra_stages(), **kwargs)
+                return self._stream
+            except OperationFailure as exc:
+                if exc.code in _UNKNOWN_STAGE_CODES and self._mode == "split":
+                    self._cannot_split()
+                else:
+                    raise _history_error(exc, None) or exc from None
 
     async def position_now(self) -> Position:
         """The stream's position now: the post-batch resume token of a stream opened without a start
@@ -189,7 +232,7 @@ class ChangeStreamReader:
         assert self._stream is not None, "open() first"
         if self._reader is None:
             self._replies = asyncio.Queue(maxsize=READ_AHEAD)
-            self._reader = asyncio.create_task(pump(_replies(self._stream), self._replies))
+            self._reader = asyncio.create_task(pump(self._read_replies(), self._replies))
         assembler = BatchAssembler(batch_size=self._batch_size, until=until, rs=self._rs, fragments=self._fragments)
         pending = self._pending
         while True:
@@ -211,6 +254,18 @@ class ChangeStreamReader:
             yield assembler.take(read_at=time.monotonic(), poll_started=poll_started)
             if assembler.finished:
                 return
+
+    async def _read_replies(self) -> AsyncIterator[Reply]:
+        """The replies of the open stream; opened again with the split stage where an event over 16 MB
+        stopped it (the replies before it were all handed out: nothing is read twice or skipped)."""
+        assert self._stream is not None
+        stream = self._stream
+        while True:
+            try:
+                async for reply in _replies(stream):
+                    yield reply
+            except _TooLarge:
+                stream = await self._reopen_after_oversize(stream)
 
     async def _stop_reading(self) -> None:
         reader, self._reader = self._reader, None
@@ -246,11 +301,19 @@ async def _replies(stream: AsyncChangeStream[Any]) -> AsyncIterator[Reply]:
             yield Reply([], token=stream.resume_token, poll_started=poll_started)
             continue
         docs = [raw]
-        while not _drained(stream) and (raw := await _next(stream)) is not None:
-            docs.append(raw)
+        try:
+            while not _drained(stream) and (raw := await _next(stream)) is not None:
+                docs.append(raw)
+        except _TooLarge:  # what came before the event over 16 MB is handed out first
+            yield Reply(docs, drained=True)
+            raise
         yield Reply(docs, drained=_drained(stream))
         if raw is None:  # a driver without the internal buffer: the poll found nothing after these
             yield Reply([], token=stream.resume_token, poll_started=poll_started)
+
+
+class _TooLarge(Exception):
+    """The server could not return the next event: it is over 16 MB."""
 
 
 async def _next(stream: AsyncChangeStream[Any]) -> Any:
@@ -258,11 +321,7 @@ async def _next(stream: AsyncChangeStream[Any]) -> Any:
         return await stream.try_next()
     except OperationFailure as exc:
         if exc.code in _TOO_LARGE_CODES:
-            raise OversizeEvent(
-                "a change event over 16 MB stopped the stream and this server cannot split it "
-                "($changeStreamSplitLargeEvent needs MongoDB 7.0 or 6.0.9): upgrade, or pass "
-                "--oversize skip to skip such events (each is logged)"
-            ) from None
+            raise _TooLarge from None
         raise _history_error(exc, None) or exc from None
 
 
