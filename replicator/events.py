@@ -86,9 +86,13 @@ class UpdateDescription:
     truncated_arrays: tuple[tuple[str, int], ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=True)
 class ChangeEvent:
     """One normalized change: a snapshot read, a document change, or DDL.
+
+    Treated as immutable: a stage that changes an event makes a new one (``dataclasses.replace``). It is
+    not a frozen dataclass only because building a frozen one (every field set through
+    ``object.__setattr__``) cost a tenth of reading an event from the stream.
 
     ``document`` is the full document when known (insert, replace, snapshot read, and updates
     opened with updateLookup), ``before`` the pre-image when the stream asked for one; ``key`` is the

@@ -543,7 +543,7 @@ def to_json_value(value: Any, *, relaxed: bool = False) -> Any:
     written as ``"NaN"`` (as json_util does): those do not come back bit for bit. A Python int that does not
     fit in 64 bits (not a BSON value) is returned as is in relaxed mode, and orjson refuses it.
     """
-    if type(value) is RawBSONDocument:
+    if isinstance(value, RawBSONDocument):  # the common case first: a document, as raw bytes
         return (_r_own if relaxed else _c_own)(_decode_bson(value.raw, RAW_DECODE_OPTIONS))
     return _r_value(value) if relaxed else _c_value(value)
 

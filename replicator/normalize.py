@@ -1,9 +1,9 @@
 """Raw change-stream documents -> :class:`ChangeEvent`; the only reader of raw change documents.
 
 Documents (fullDocument, documentKey, updatedFields) are passed through as the raw BSON the server sent.
-A change document that arrives as raw bytes (a RawBSONDocument) is read with one walk over its top-level
-fields (:mod:`~replicator.rawbson`): only the small fields are decoded, and each document becomes a
-RawBSONDocument of its own bytes, never decoded here.
+A change document that arrives as raw bytes (a RawBSONDocument) has its top level decoded in one C call
+with sub-documents left as bytes (:func:`~replicator.rawbson.top_level`): each document the event keeps
+becomes a RawDocument of its own bytes, never decoded here.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import bson
 
 from . import rawbson
 from .events import ChangeEvent, Namespace, Op, Position, Transaction, UpdateDescription
+from .rawbson import RawDocument
 
 #: One table maps change-stream operation types to ops.
 OPERATION_TYPES: dict[str, Op] = {
@@ -44,10 +45,8 @@ def normalize_change(raw: Mapping[str, Any], rs: str | None = None) -> ChangeEve
 
     ``rs`` names the replica set (shard) the stream reads, for sinks that report it."""
     data = getattr(raw, "raw", None)
-    if type(data) is bytes:
-        top = rawbson.fields(data)
-        if top is not None:
-            return from_fields(data, top, rs)
+    if type(data) is bytes and (top := rawbson.top_level(data)) is not None:
+        return from_top_level(top, rs)
     return _from_mapping(raw, rs)
 
 
@@ -58,68 +57,56 @@ def _op(op_type: str) -> Op | None:
     return op
 
 
-def from_fields(data: bytes, top: rawbson.Fields, rs: str | None = None) -> ChangeEvent | None:
-    """:func:`normalize_change` of a change document's bytes, given their top-level fields
-    (:func:`rawbson.fields`)."""
-    op = _op(rawbson.string(data, top["operationType"]))
+def from_top_level(top: dict[str, Any], rs: str | None = None) -> ChangeEvent | None:
+    """:func:`normalize_change` of a change document's top-level fields as :func:`rawbson.top_level` gives
+    them (sub-documents as Spans)."""
+    op = _op(top["operationType"])
     if op is None:
         return None
     get = top.get
     doc = rawbson.document
-    element = get("ns")
-    ns = _namespace_of(data[element[1] : element[2]]) if element is not None and element[0] == 3 else Namespace("")
+    ns_span = get("ns")
+    ns = _namespace_of(ns_span.raw) if ns_span is not None else Namespace("")
     update = None
-    if op is Op.UPDATE and (element := get("updateDescription")) is not None and element[0] == 3:
-        update = _update(data, element[1])
-    ddl = doc(data, element) if (element := get("operationDescription")) is not None else None
+    if op is Op.UPDATE and (desc := get("updateDescription")) is not None:
+        update = _update(rawbson.top_level(desc.raw) or {})
+    ddl = doc(get("operationDescription"))
     to = None
     if op is Op.RENAME:
-        to_doc = doc(data, element) if (element := get("to")) is not None else None
+        to_doc: Mapping[str, Any] | None = rawbson.decoded(to_span) if (to_span := get("to")) is not None else None
         if to_doc is None and ddl is not None:
             to_doc = ddl.get("to")
         if to_doc is not None:
             to = Namespace(to_doc["db"], to_doc["coll"])
     txn = None
-    lsid_at, number_at = get("lsid"), get("txnNumber")
-    if lsid_at is not None and number_at is not None:
-        lsid, number = doc(data, lsid_at), rawbson.integer(data, number_at)
-        if lsid is not None and number is not None:
-            txn = Transaction(lsid, number)
-    element = get("clusterTime")
-    position = Position(
-        resume_token=doc(data, top["_id"]),
-        cluster_time=rawbson.timestamp(data, element) if element is not None else None,
-    )
+    lsid, number = get("lsid"), get("txnNumber")
+    if lsid is not None and number is not None:
+        txn = Transaction(RawDocument(lsid.raw, rawbson.RAW_CODEC), int(number))
+    wall = get("wallTime")
     return ChangeEvent(
         op=op,
         ns=ns,
-        key=doc(data, element) if (element := get("documentKey")) is not None else None,
-        document=doc(data, element) if (element := get("fullDocument")) is not None else None,
+        key=doc(get("documentKey")),
+        document=doc(get("fullDocument")),
         update=update,
         ddl=ddl,
         to=to,
-        position=position,
-        wall_time_ms=rawbson.integer(data, element) if (element := get("wallTime")) is not None else None,
+        position=Position(resume_token=doc(top["_id"]), cluster_time=get("clusterTime")),
+        wall_time_ms=int(wall) if wall is not None else None,
         txn=txn,
-        before=doc(data, element) if (element := get("fullDocumentBeforeChange")) is not None else None,
+        before=doc(get("fullDocumentBeforeChange")),
         rs=rs,
     )
 
 
-def _update(data: bytes, start: int) -> UpdateDescription:
-    desc = rawbson.fields(data, start)
-    if desc is None:  # a type the walk does not size, in removedFields or truncatedArrays: decode them
-        decoded = bson.decode(data[start : start + rawbson.size(data, start)], rawbson.RAW_CODEC)
-        return _update_description(decoded)
-    updated = desc.get("updatedFields")
-    removed = desc.get("removedFields")
-    truncated = desc.get("truncatedArrays")
+def _update(desc: dict[str, Any]) -> UpdateDescription:
+    """An updateDescription's fields as top_level gives them: updatedFields kept as its bytes, the
+    documents of truncatedArrays decoded."""
+    truncated = desc.get("truncatedArrays") or ()
     return UpdateDescription(
-        updated_fields=(rawbson.document(data, updated) if updated is not None else None) or {},
-        removed_fields=tuple(rawbson.array(data, removed)) if removed is not None else (),
-        truncated_arrays=tuple((t["field"], int(t["newSize"])) for t in rawbson.array(data, truncated))
-        if truncated is not None
-        else (),
+        updated_fields=rawbson.document(desc.get("updatedFields")) or {},
+        removed_fields=tuple(desc.get("removedFields") or ()),
+        truncated_arrays=tuple((t["field"], int(t["newSize"])) for t in (rawbson.decoded(span) for span in truncated)),
     )
 
 
@@ -191,7 +178,7 @@ def _namespace_of(raw: bytes) -> Namespace:
     if ns is None:
         if len(_NAMESPACES) >= 10_000:
             _NAMESPACES.clear()
-        ns_doc = bson.decode(raw, rawbson.DICT_CODEC)
+        ns_doc = bson.decode(raw, rawbson.DICT_CODEC)  # a few distinct ones: decoded once each
         ns = _NAMESPACES[raw] = Namespace(ns_doc["db"], ns_doc.get("coll"))
     return ns
 

@@ -1,26 +1,22 @@
-"""Reading a BSON document's top-level fields straight from its bytes, without decoding the rest.
+"""Raw BSON as the source sends it: codecs, and reading a document's top level without the rest.
 
-pymongo's RawBSONDocument decodes every top-level field on first access, and builds a RawBSONDocument for
+pymongo's RawBSONDocument decodes every top-level field on first access and builds a RawBSONDocument for
 each sub-document. A change event needs a handful of small fields and passes its documents on untouched,
-so :func:`fields` walks the element headers once and the readers below decode only what is asked for.
+so :func:`top_level` decodes the top level in C (pymongo's own decoder) with each sub-document left as a
+:class:`Span` of its bytes, and the reader wraps only the documents it keeps.
 """
 
 from __future__ import annotations
 
-import struct
+from collections.abc import Callable
 from typing import Any
 
 import bson
 from bson.binary import UuidRepresentation
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.raw_bson import RawBSONDocument
-from bson.timestamp import Timestamp
 
-#: (type, start of the value, end of the value) of one element, by field name.
-Fields = dict[str, tuple[int, int, int]]
-
-DOCUMENT, ARRAY, STRING, BINARY, NULL, INT32, TIMESTAMP, INT64, DATE = 3, 4, 2, 5, 10, 16, 17, 18, 9
-_int32 = struct.Struct("<i").unpack_from
+DOCUMENT = 3
 
 
 class RawDocument(RawBSONDocument):
@@ -35,8 +31,18 @@ class RawDocument(RawBSONDocument):
         if name == "_id":
             data = self.raw
             if data[4] == DOCUMENT and data[5:9] == b"_id\x00":
-                return RawDocument(bytes(data[9 : 9 + _int32(data, 9)[0]]), RAW_CODEC)
+                return RawDocument(bytes(data[9 : 9 + int.from_bytes(data[9:13], "little")]), RAW_CODEC)
         return super().__getitem__(name)
+
+
+class Span:
+    """A sub-document (or an array's document) that :func:`top_level` left as its bytes."""
+
+    _type_marker = 101  # pymongo's mark of a raw-BSON document class: its decoder hands over the bytes
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: bytes, codec_options: Any = None) -> None:
+        self.raw = raw
 
 
 #: Documents stay raw bytes; dates outside Python's range survive; UUIDs stay Binary with their subtype.
@@ -52,86 +58,29 @@ DICT_CODEC: CodecOptions[dict[str, Any]] = CodecOptions(
     uuid_representation=UuidRepresentation.UNSPECIFIED,
 )
 
-#: Value sizes of the fixed-size BSON types (double, undefined, ObjectId, bool, date, null, int32,
-#: timestamp, int64, decimal128, max key, min key).
-_FIXED = {1: 8, 6: 0, 7: 12, 8: 1, 9: 8, 10: 0, 16: 4, 17: 8, 18: 8, 19: 16, 127: 0, 255: 0}
-#: Types whose value starts with its int32 length: the whole value (document, array, code with scope) or
-#: what follows the length (string, JavaScript code, symbol: 4 more bytes; binary: 5 more, its subtype).
-_SIZED = {3: 0, 4: 0, 15: 0, 2: 4, 13: 4, 14: 4, 5: 5}
-_int64 = struct.Struct("<q").unpack_from
-_uint32_pair = struct.Struct("<II").unpack_from
+#: How :func:`top_level` decodes: sub-documents as Spans, dates as DatetimeMS (milliseconds, never a float).
+SPAN_CODEC: CodecOptions[Any] = CodecOptions(
+    document_class=Span,
+    datetime_conversion=DatetimeConversion.DATETIME_MS,
+    uuid_representation=UuidRepresentation.UNSPECIFIED,
+)
+# the decoder of a document's elements into a given dict, which RawBSONDocument itself uses (C, or Python)
+_raw_to_dict: Callable[..., dict[str, Any]] | None = getattr(bson, "_raw_to_dict", None)
 
 
-def size(data: bytes, start: int = 0) -> int:
-    """The length of the document at ``start``."""
-    return int(_int32(data, start)[0])
-
-
-def fields(data: bytes, start: int = 0) -> Fields | None:
-    """The elements of the document at ``start`` in ``data``, by name; None when it holds a type this walk
-    does not size (a regular expression or a DBPointer: the caller then decodes it the usual way)."""
-    pos, end = start + 4, start + _int32(data, start)[0] - 1
-    out: Fields = {}
-    find = data.index
-    while pos < end:
-        kind = data[pos]
-        name_end = find(0, pos + 1)
-        value = name_end + 1
-        extra = _SIZED.get(kind)
-        if extra is not None:
-            stop = value + extra + _int32(data, value)[0]
-        else:
-            size = _FIXED.get(kind)
-            if size is None:
-                return None
-            stop = value + size
-        out[data[pos + 1 : name_end].decode()] = (kind, value, stop)
-        pos = stop
-    return out
-
-
-def document(data: bytes, element: tuple[int, int, int]) -> RawBSONDocument | None:
-    """A document element as a RawBSONDocument of its own bytes (None for null)."""
-    kind, start, stop = element
-    if kind == DOCUMENT:
-        return RawDocument(data[start:stop], RAW_CODEC)
-    if kind == NULL:
+def top_level(data: bytes) -> dict[str, Any] | None:
+    """The top-level fields of the document in ``data``, decoded in one C call, sub-documents as Spans;
+    None where this pymongo has no such decoder (then read it as a RawBSONDocument)."""
+    if _raw_to_dict is None:
         return None
-    raise TypeError(f"expected a document, found BSON type {kind}")
+    return _raw_to_dict(data, 4, len(data) - 1, SPAN_CODEC, {}, False)
 
 
-def array(data: bytes, element: tuple[int, int, int]) -> list[Any]:
-    """An array element's values, decoded (sub-documents as dicts); [] for null."""
-    kind, start, stop = element
-    if kind == NULL or stop - start == 5:
-        return []
-    if kind != ARRAY:
-        raise TypeError(f"expected an array, found BSON type {kind}")
-    return list(bson.decode(data[start:stop], DICT_CODEC).values())
+def document(span: Span | None) -> RawDocument | None:
+    """A Span as a RawDocument (None stays None: a null field)."""
+    return None if span is None else RawDocument(span.raw, RAW_CODEC)
 
 
-def string(data: bytes, element: tuple[int, int, int]) -> str:
-    kind, start, stop = element
-    if kind != STRING:
-        raise TypeError(f"expected a string, found BSON type {kind}")
-    return data[start + 4 : stop - 1].decode()
-
-
-def integer(data: bytes, element: tuple[int, int, int]) -> int | None:
-    """An int32, int64 or date (its milliseconds) as an int; None for null."""
-    kind, start, _ = element
-    if kind in (INT64, DATE):
-        return int(_int64(data, start)[0])
-    if kind == INT32:
-        return int(_int32(data, start)[0])
-    if kind == NULL:
-        return None
-    raise TypeError(f"expected an integer, found BSON type {kind}")
-
-
-def timestamp(data: bytes, element: tuple[int, int, int]) -> Timestamp:
-    kind, start, _ = element
-    if kind != TIMESTAMP:
-        raise TypeError(f"expected a timestamp, found BSON type {kind}")
-    inc, time = _uint32_pair(data, start)
-    return Timestamp(time, inc)
+def decoded(span: Span) -> dict[str, Any]:
+    """A Span's document decoded (for the small ones code inspects)."""
+    return bson.decode(span.raw, DICT_CODEC)

@@ -18,7 +18,7 @@ from bson.timestamp import Timestamp
 
 from .. import rawbson
 from ..events import ChangeEvent, Position
-from ..normalize import from_fields, normalize_change
+from ..normalize import from_top_level, normalize_change
 
 #: Set by the server-side stage that trims an event over 16 MB (--oversize skip without split support).
 OVERSIZE_FLAG = "mcdcOversize"
@@ -124,15 +124,15 @@ class BatchAssembler:
         oversize event skipped, or an event mcdc does not replay. A document that arrived as bytes is read
         with one walk over its fields (a whole event marked as fragment 1 of 1 included)."""
         data = getattr(raw, "raw", None)
-        top = rawbson.fields(data) if isinstance(data, bytes) else None
-        if top is None or not isinstance(data, bytes):
+        top = rawbson.top_level(data) if type(data) is bytes else None
+        if top is None:
             return self._event_of_mapping(raw)
         split = top.get("splitEvent")
-        if split is not None and (self._fragments or not _single_fragment(data, split)):
+        if split is not None and (self._fragments or split.raw != _ONE_OF_ONE):
             return self._event_of_mapping(raw)
         if OVERSIZE_FLAG in top:
             return self._event_of_mapping(raw)
-        return from_fields(data, top, self._rs)
+        return from_top_level(top, self._rs)
 
     def _event_of_mapping(self, raw: Mapping[str, Any]) -> ChangeEvent | None:
         if "splitEvent" in raw:
@@ -180,18 +180,9 @@ class BatchAssembler:
         return batch
 
 
-#: ``{fragment: 1, of: 1}`` as the server writes it (two int32s)
+#: ``{fragment: 1, of: 1}`` as the server writes it (two int32s): a whole event (a server may mark every
+#: event so); any other splitEvent goes the careful way
 _ONE_OF_ONE = bson.encode({"fragment": 1, "of": 1})
-
-
-def _single_fragment(data: bytes, split: tuple[int, int, int]) -> bool:
-    """Is this splitEvent ``{fragment: 1, of: 1}``: a whole event (a server may mark every event so)?"""
-    if data[split[1] : split[2]] == _ONE_OF_ONE:
-        return True
-    parts = rawbson.fields(data, split[1]) if split[0] == rawbson.DOCUMENT else None
-    if parts is None or "fragment" not in parts or "of" not in parts:
-        return False
-    return rawbson.integer(data, parts["fragment"]) == 1 and rawbson.integer(data, parts["of"]) == 1
 
 
 def merge_fragments(fragments: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

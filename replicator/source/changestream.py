@@ -262,7 +262,7 @@ class ChangeStreamReader:
         stream = self._stream
         while True:
             try:
-                async for reply in _replies(stream):
+                async for reply in _replies(stream, max(self._batch_size, 1)):
                     yield reply
             except _TooLarge:
                 stream = await self._reopen_after_oversize(stream)
@@ -291,9 +291,10 @@ class Reply:
     poll_started: float = 0.0
 
 
-async def _replies(stream: AsyncChangeStream[Any]) -> AsyncIterator[Reply]:
+async def _replies(stream: AsyncChangeStream[Any], most: int) -> AsyncIterator[Reply]:
     """The stream, one server reply at a time: the driver's buffered events are taken in one go (no I/O),
-    so the next getMore is sent as soon as the previous reply is in."""
+    so the next getMore is sent as soon as the previous reply is in. At most ``most`` events a Reply (a
+    driver that does not show its buffer is read until it has nothing)."""
     while True:
         poll_started = time.monotonic()
         raw = await _next(stream)
@@ -302,7 +303,7 @@ async def _replies(stream: AsyncChangeStream[Any]) -> AsyncIterator[Reply]:
             continue
         docs = [raw]
         try:
-            while not _drained(stream) and (raw := await _next(stream)) is not None:
+            while len(docs) < most and not _drained(stream) and (raw := await _next(stream)) is not None:
                 docs.append(raw)
         except _TooLarge:  # what came before the event over 16 MB is handed out first
             yield Reply(docs, drained=True)
