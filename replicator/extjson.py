@@ -15,7 +15,7 @@ import orjson
 from bson import json_util
 from bson.binary import Binary, UuidRepresentation
 from bson.code import Code
-from bson.codec_options import CodecOptions, DatetimeConversion
+from bson.codec_options import CodecOptions, DatetimeConversion, TypeDecoder, TypeRegistry
 from bson.datetime_ms import DatetimeMS
 from bson.dbref import DBRef
 from bson.decimal128 import Decimal128
@@ -51,22 +51,14 @@ def dumps(value: Any, *, relaxed: bool = False) -> str:
 # --- Fast encoder -------------------------------------------------------------------------------------------
 #
 # ``to_json_value`` produces the same data as ``json.loads(json_util.dumps(value, json_options=CANONICAL))``
-# (or RELAXED), without going through json_util or the json module: a RawBSONDocument is decoded once in C
-# with lossless codec options, then one recursive walk builds the plain dicts/lists that orjson serializes.
-# The walkers test the common exact types inline (``type(v) is str`` ...) and look everything else up in a
-# ``type -> converter`` table per mode; unknown types (subclasses, other mappings and iterables) are resolved
-# once the way json_util resolves them and then cached in that table.
+# (or RELAXED), without going through json_util or the json module: a RawBSONDocument is decoded once in C,
+# its values converted by the decoder itself (see _raw_decode_options), into the plain dicts/lists that
+# orjson serializes. Python values are walked: the walkers test the common exact types inline
+# (``type(v) is str`` ...) and look everything else up in a ``type -> converter`` table per mode; unknown
+# types (subclasses, other mappings and iterables) are resolved once the way json_util resolves them and
+# then cached in that table.
 
 _Converter = Callable[[Any], Any]
-
-RAW_DECODE_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(
-    document_class=dict,
-    tz_aware=False,
-    uuid_representation=UuidRepresentation.UNSPECIFIED,  # binary subtypes 3 and 4 stay Binary
-    datetime_conversion=DatetimeConversion.DATETIME_AUTO,  # dates outside datetime's range become DatetimeMS
-)
-"""How the encoder decodes a RawBSONDocument: every BSON value decodes to a type that encodes back to the same
-bytes (dates in years 1..9999 as naive UTC datetimes, others as DatetimeMS; an int32 as int, an int64 as Int64)."""
 
 _MAX_UTC_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, the last instant relaxed mode writes as ISO-8601
 _EPOCH_NAIVE = datetime.datetime(1970, 1, 1)
@@ -309,110 +301,12 @@ def _r_value(v: Any) -> Any:
     return _R.get(t, _r_other)(v)
 
 
-# In-place walkers, for the dicts and lists bson.decode just built (nobody else holds them): they only
-# replace the values that change, which saves rebuilding every container. The common decoded types are
-# tested inline, most frequent first.
-
-
-def _c_own(d: dict[str, Any]) -> dict[str, Any]:
-    for k, v in d.items():
-        t = type(v)
-        if t is str:
-            continue
-        if t is int:  # bson.decode gives int for an int32 only (Int64 for an int64)
-            d[k] = {"$numberInt": str(v)}
-        elif t is dict:
-            _c_own(v)
-        elif t is ObjectId:
-            d[k] = {"$oid": v.binary.hex()}
-        elif t is float:
-            d[k] = {"$numberDouble": repr(v)} if v - v == 0.0 else _nonfinite(v)
-        elif t is list:
-            _c_own_list(v)
-        elif t is bool or v is None:
-            continue
-        elif t is datetime.datetime:  # naive (UTC) when decoded
-            d[k] = {"$date": {"$numberLong": str((v - _EPOCH_NAIVE) // _ONE_MS)}}
-        elif t is Int64:
-            d[k] = {"$numberLong": str(v)}
-        else:
-            d[k] = _C.get(t, _c_other)(v)
-    return d
-
-
-def _c_own_list(a: list[Any]) -> list[Any]:
-    for i, v in enumerate(a):
-        t = type(v)
-        if t is str:
-            continue
-        if t is int:
-            a[i] = {"$numberInt": str(v)}
-        elif t is dict:
-            _c_own(v)
-        elif t is float:
-            a[i] = {"$numberDouble": repr(v)} if v - v == 0.0 else _nonfinite(v)
-        elif t is list:
-            _c_own_list(v)
-        elif t is bool or v is None:
-            continue
-        else:
-            a[i] = _C.get(t, _c_other)(v)
-    return a
-
-
-def _r_own(d: dict[str, Any]) -> dict[str, Any]:
-    for k, v in d.items():
-        t = type(v)
-        if t is str or t is int:
-            continue
-        if t is dict:
-            _r_own(v)
-        elif t is ObjectId:
-            d[k] = {"$oid": v.binary.hex()}
-        elif t is float:
-            if v - v != 0.0:
-                d[k] = _nonfinite(v)
-        elif t is list:
-            _r_own_list(v)
-        elif t is bool or v is None:
-            continue
-        elif t is Int64:
-            d[k] = int(v)
-        elif t is datetime.datetime and v >= _EPOCH_NAIVE:  # naive (UTC) when decoded
-            iso = _isoformat(v)  # YYYY-MM-DDTHH:MM:SS, then .ffffff unless microsecond == 0
-            if len(iso) != 19:
-                iso = iso[:19] if iso[20:23] == "000" else iso[:23]
-            d[k] = {"$date": iso + "Z"}
-        else:
-            d[k] = _R.get(t, _r_other)(v)
-    return d
-
-
-def _r_own_list(a: list[Any]) -> list[Any]:
-    for i, v in enumerate(a):
-        t = type(v)
-        if t is str or t is int:
-            continue
-        if t is dict:
-            _r_own(v)
-        elif t is float:
-            if v - v != 0.0:
-                a[i] = _nonfinite(v)
-        elif t is list:
-            _r_own_list(v)
-        elif t is bool or v is None:
-            continue
-        else:
-            a[i] = _R.get(t, _r_other)(v)
-    return a
-
-
 def _c_raw(v: RawBSONDocument) -> dict[str, Any]:
-    return _c_own(_decode_bson(v.raw, RAW_DECODE_OPTIONS))
+    return _decode_bson(v.raw, _CANONICAL_DECODE)
 
 
 def _r_raw(v: RawBSONDocument) -> dict[str, Any]:
-    return _r_own(_decode_bson(v.raw, RAW_DECODE_OPTIONS))
+    return _decode_bson(v.raw, _RELAXED_DECODE)
 
 
 def _c_code(v: Code) -> dict[str, Any]:
@@ -491,6 +385,42 @@ _R: dict[type, _Converter] = {
     list: _r_list,
     tuple: _r_list,
 }
+# Raw documents are converted while pymongo's C decoder builds them: a TypeRegistry maps each type it
+# decodes to (dates as DatetimeMS, binary subtypes 3/4 as Binary, subtype 0 as bytes) to the converter
+# above, called from C on every such value, and no second walk is needed. str, bool, None, dict and list
+# come out as they are; relaxed mode leaves int and finite doubles alone as well. A DBRef or a code with
+# scope is built by the decoder from values already converted.
+
+
+def _decoder(bson_type: type, convert: _Converter) -> TypeDecoder:
+    body = {"bson_type": bson_type, "transform_bson": staticmethod(convert)}
+    return type(f"_{bson_type.__name__}ToJSON", (TypeDecoder,), body)()  # type: ignore[no-any-return]
+
+
+def _dbref_doc(v: DBRef) -> dict[str, Any]:
+    return dict(v.as_doc())  # {$ref, $id[, $db], extra fields...}: values converted already
+
+
+def _code_doc(v: Code) -> dict[str, Any]:
+    return {"$code": str.__str__(v)} if v.scope is None else {"$code": str.__str__(v), "$scope": dict(v.scope)}
+
+
+def _raw_decode_options(table: dict[type, _Converter], own: tuple[type, ...]) -> CodecOptions[dict[str, Any]]:
+    kinds = (bytes, Binary, ObjectId, Decimal128, Timestamp, Regex, MinKey, MaxKey, DatetimeMS, Int64, float)
+    decoders = [_decoder(t, table[t]) for t in (*kinds, *own)]
+    decoders += [_decoder(DBRef, _dbref_doc), _decoder(Code, _code_doc)]
+    return CodecOptions(
+        document_class=dict,
+        tz_aware=False,
+        uuid_representation=UuidRepresentation.UNSPECIFIED,
+        datetime_conversion=DatetimeConversion.DATETIME_MS,
+        type_registry=TypeRegistry(decoders),
+    )
+
+
+_CANONICAL_DECODE = _raw_decode_options(_C, (int,))
+_RELAXED_DECODE = _raw_decode_options(_R, ())
+
 # The order json_util.default tries base classes in, for a subclass without a known _type_marker.
 _BASES: tuple[type, ...] = (bool, bytes, datetime.datetime, DatetimeMS, float, int, str, uuid.UUID, Binary, Int64)
 _BASES += (Code, DBRef, MaxKey, MinKey, ObjectId, Regex, re.Pattern, Timestamp, Decimal128)
@@ -535,16 +465,16 @@ def to_json_value(value: Any, *, relaxed: bool = False) -> Any:
     MongoDB Extended JSON v2, canonical (lossless) by default or relaxed.
 
     Equal to ``json.loads(json_util.dumps(value, json_options=CANONICAL or RELAXED))``, key order included,
-    but several times faster. A RawBSONDocument is decoded with :data:`RAW_DECODE_OPTIONS` (its own codec
-    options are ignored): binary subtypes 3/4 stay Binary and dates outside Python's range keep their
-    milliseconds. The result is new containers; a ``dict`` or ``list`` argument is not modified.
+    but several times faster. A RawBSONDocument is decoded with options of its own (its codec options are
+    ignored): binary subtypes 3/4 stay binary and every date keeps its milliseconds. The result is new
+    containers; a ``dict`` or ``list`` argument is not modified.
 
     Extended JSON has a single NaN, so a double NaN with the sign bit set and a Decimal128 sNaN/-NaN are
     written as ``"NaN"`` (as json_util does): those do not come back bit for bit. A Python int that does not
     fit in 64 bits (not a BSON value) is returned as is in relaxed mode, and orjson refuses it.
     """
     if isinstance(value, RawBSONDocument):  # the common case first: a document, as raw bytes
-        return (_r_own if relaxed else _c_own)(_decode_bson(value.raw, RAW_DECODE_OPTIONS))
+        return _decode_bson(value.raw, _RELAXED_DECODE if relaxed else _CANONICAL_DECODE)
     return _r_value(value) if relaxed else _c_value(value)
 
 

@@ -40,7 +40,6 @@ from bson.timestamp import Timestamp
 
 from replicator.extjson import (
     CANONICAL,
-    RAW_DECODE_OPTIONS,
     RELAXED,
     dumps_bytes,
     dumps_str,
@@ -519,14 +518,6 @@ def test_errors_like_json_util() -> None:
     for relaxed in (False, True):
         with pytest.raises(InvalidBSON):
             to_json_value(bad, relaxed=relaxed)
-
-
-def test_raw_decode_options_are_lossless() -> None:
-    assert RAW_DECODE_OPTIONS.uuid_representation == UuidRepresentation.UNSPECIFIED
-    for doc in CORPUS[:-1]:
-        encoded = bson.encode(doc)
-        decoded = bson.decode(encoded, RAW_DECODE_OPTIONS)
-        assert bson.encode(decoded) == encoded
 
 
 def test_existing_helpers_agree() -> None:
