@@ -405,7 +405,9 @@ def _code_doc(v: Code) -> dict[str, Any]:
     return {"$code": str.__str__(v)} if v.scope is None else {"$code": str.__str__(v), "$scope": dict(v.scope)}
 
 
-def _raw_decode_options(table: dict[type, _Converter], own: tuple[type, ...]) -> CodecOptions[dict[str, Any]]:
+def _raw_decode_options(
+    table: dict[type, _Converter], own: tuple[type, ...], dates: DatetimeConversion
+) -> CodecOptions[dict[str, Any]]:
     kinds = (bytes, Binary, ObjectId, Decimal128, Timestamp, Regex, MinKey, MaxKey, DatetimeMS, Int64, float)
     decoders = [_decoder(t, table[t]) for t in (*kinds, *own)]
     decoders += [_decoder(DBRef, _dbref_doc), _decoder(Code, _code_doc)]
@@ -413,13 +415,14 @@ def _raw_decode_options(table: dict[type, _Converter], own: tuple[type, ...]) ->
         document_class=dict,
         tz_aware=False,
         uuid_representation=UuidRepresentation.UNSPECIFIED,
-        datetime_conversion=DatetimeConversion.DATETIME_MS,
+        datetime_conversion=dates,
         type_registry=TypeRegistry(decoders),
     )
 
 
-_CANONICAL_DECODE = _raw_decode_options(_C, (int,))
-_RELAXED_DECODE = _raw_decode_options(_R, ())
+# canonical: every date as its milliseconds; relaxed: ISO-8601 text from a datetime where one exists
+_CANONICAL_DECODE = _raw_decode_options(_C, (int,), DatetimeConversion.DATETIME_MS)
+_RELAXED_DECODE = _raw_decode_options(_R, (datetime.datetime,), DatetimeConversion.DATETIME_AUTO)
 
 # The order json_util.default tries base classes in, for a subclass without a known _type_marker.
 _BASES: tuple[type, ...] = (bool, bytes, datetime.datetime, DatetimeMS, float, int, str, uuid.UUID, Binary, Int64)

@@ -97,6 +97,7 @@ class Encoder:
         self._relaxed = options.relaxed
         self._key_schemas: dict[Namespace, dict[str, Any]] = {}
         self._value_schemas: dict[Namespace, dict[str, Any]] = {}
+        self._sources: dict[tuple[Namespace, str, bool, bool], dict[str, Any]] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Encoder:
@@ -236,30 +237,48 @@ class Encoder:
         pos = event.position
         ct = pos.cluster_time if pos is not None else None
         snapshot = event.op is Op.READ
+        rs = event.rs or self.source_name
+        # what is the same for every event of a namespace is built once, then copied (order kept)
+        base = self._sources.get((event.ns, rs, snapshot, legacy))
+        if base is None:
+            base = self._source_base(event.ns, rs, snapshot, legacy)
+        source = base.copy()
         # when the change happened; a snapshot read happens now
-        ts_ms = event.wall_time_ms if event.wall_time_ms is not None else (ct.time * 1000 if ct else now_ms)
-        source: dict[str, Any] = {
+        source["ts_ms"] = event.wall_time_ms if event.wall_time_ms is not None else (ct.time * 1000 if ct else now_ms)
+        if ct is not None:
+            source["ord"] = ct.inc
+        txn = event.txn
+        if legacy:
+            if txn is not None:
+                source["stxnid"] = transaction_id(txn)
+        else:
+            if txn is not None:
+                source["lsid"] = self._json(txn.lsid)
+                source["txnNumber"] = txn.txn_number
+            source["wallTime"] = event.wall_time_ms
+        return source
+
+    def _source_base(self, ns: Namespace, rs: str, snapshot: bool, legacy: bool) -> dict[str, Any]:
+        if len(self._sources) >= 10_000:
+            self._sources.clear()
+        base: dict[str, Any] = {
             "version": __version__,
             "connector": "mongodb",
             "name": self.topics.prefix,
-            "ts_ms": ts_ms,
+            "ts_ms": None,
             "snapshot": snapshot if legacy else ("true" if snapshot else "false"),
-            "db": event.ns.db,
+            "db": ns.db,
             "sequence": None,
-            "rs": event.rs or self.source_name,
-            "collection": event.ns.coll,
-            "ord": ct.inc if ct else 0,
+            "rs": rs,
+            "collection": ns.coll,
+            "ord": 0,
         }
-        txn = event.txn
         if legacy:
-            source["h"] = None
-            source["tord"] = None
-            source["stxnid"] = f"{transaction_id(txn)}" if txn is not None else None
+            base.update(h=None, tord=None, stxnid=None)
         else:
-            source["lsid"] = self._json(txn.lsid) if txn is not None else None
-            source["txnNumber"] = txn.txn_number if txn is not None else None
-            source["wallTime"] = event.wall_time_ms
-        return source
+            base.update(lsid=None, txnNumber=None, wallTime=None)
+        self._sources[(ns, rs, snapshot, legacy)] = base
+        return base
 
     def _ddl(self, event: ChangeEvent, now_ms: int) -> Message:
         if self.options.style == "plain":
