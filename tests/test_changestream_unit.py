@@ -110,3 +110,47 @@ async def test_a_server_that_cannot_split_fails_or_trims_as_oversize_says(oversi
         assert pipeline and "$set" in pipeline[0] and kwargs["resume_after"] == token(1)
     finally:
         await reader.close()
+
+
+class SyncStream(FakeStream):
+    def try_next(self) -> RawDocument | None:  # type: ignore[override]
+        if self._events:
+            event = self._events.popleft()
+            self.resume_token = dict(event["_id"])
+            return event
+        if self._error is not None:
+            raise OperationFailure("failed", code=self._error)
+        return None
+
+    def close(self) -> None:  # type: ignore[override]
+        self.closed = True
+
+
+class SyncClient(FakeClient):
+    def watch(self, pipeline: list[dict[str, Any]], **kwargs: Any) -> FakeStream:  # type: ignore[override]
+        self.calls.append((pipeline, kwargs))
+        answer = self._answers.pop(0)
+        if isinstance(answer, int):
+            raise OperationFailure("refused", code=answer)
+        return answer
+
+
+def test_the_spark_data_sources_reader_splits_on_demand_too() -> None:
+    pytest.importorskip("pyspark")
+    from replicator.config import resolve
+    from replicator.spark.changes import RawChangeStream
+
+    last_part = {"_id": token(4), "splitEvent": {"fragment": 2, "of": 2}, "fullDocument": {"_id": 3, "big": 1}}
+    first = SyncStream([change(1), change(2)], error=10334)
+    second = SyncStream(
+        [change(3, splitEvent={"fragment": 1, "of": 2}), RawDocument(bson.encode(last_part), RAW_CODEC)]
+    )
+    client = SyncClient(first, second)
+    stream = RawChangeStream(client, resolve({"source": "mongodb://h", "target": "stdout"}, env={}))  # type: ignore[arg-type]
+    stream.open(Position(resume_token=token(0)))
+    got = []
+    while (raw := stream.poll()) is not None:
+        got.append(raw)
+    assert [dict(r["documentKey"])["_id"] for r in got] == [1, 2, 3] and dict(got[2]["fullDocument"])["big"] == 1
+    (plain, _), (split, reopened) = client.calls
+    assert plain == [] and split == [SPLIT] and reopened["resume_after"] == token(2) and first.closed

@@ -212,7 +212,7 @@ async def test_events_over_16mb_arrive_whole(source_uri: str, target_uri: str) -
         trimmed = ChangeStreamReader(
             source, full_document="updateLookup", batch_size=10, max_await_ms=100, oversize="skip"
         )
-        trimmed._mode = "trim"  # as after a server without $changeStreamSplitLargeEvent refused the stage
+        trimmed._plan.mode = "trim"  # as after a server without $changeStreamSplitLargeEvent refused the stage
         start = await split.position_now()
         await split.close()
         with pymongo.MongoClient(source_uri) as client:

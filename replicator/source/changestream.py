@@ -86,6 +86,57 @@ async def oplog_window(client: Client) -> tuple[Timestamp, Timestamp] | None:
     return first["ts"], last["ts"]
 
 
+class OversizePlan:
+    """The stages a change stream carries for events over 16 MB, and what to do when one stops it.
+
+    ``mode`` starts "plain" (no stage: MongoDB advises $changeStreamSplitLargeEvent only when strictly
+    needed, it costs the server work on every event), becomes "split" once such an event stopped the
+    stream, or "trim" (``--oversize skip``: marked and emptied on the server) where the server cannot
+    split. Both the asyncio reader and the Spark data source's reader follow it."""
+
+    def __init__(self, oversize: str) -> None:
+        self.oversize = oversize
+        self.mode = "plain"
+
+    def stages(self) -> list[dict[str, Any]]:
+        if self.mode == "split":
+            return [{"$changeStreamSplitLargeEvent": {}}]
+        if self.mode == "trim":
+            return _TRIM_OVERSIZE
+        return []
+
+    def too_large(self) -> None:
+        """An event over 16 MB stopped the stream: split from now on, or fail where that was tried."""
+        if self.mode != "plain":
+            raise OversizeEvent(_CANNOT_SPLIT)
+        log.info("a change event over 16 MB: reading the stream on with $changeStreamSplitLargeEvent")
+        self.mode = "split"
+
+    def refused(self, code: int | None) -> bool:
+        """The server refused the stream with ``code``: True when the plan changed and opening again may
+        work (the server has no split stage: --oversize decides between failing and trimming)."""
+        if code in _TOO_LARGE_CODES:  # the first reply already held such an event
+            self.too_large()
+            return True
+        if code not in _UNKNOWN_STAGE_CODES or self.mode != "split":
+            return False
+        log.warning("the source has no $changeStreamSplitLargeEvent: --oversize %s applies", self.oversize)
+        if self.oversize != "skip":
+            raise OversizeEvent(_CANNOT_SPLIT)
+        self.mode = "trim"
+        return True
+
+
+def reopen_options(opened: dict[str, Any], token: Any) -> dict[str, Any]:
+    """watch()'s options to open a stream again right after the last event it handed out (its resume
+    token; where it has none yet, where it was opened)."""
+    if token is None:
+        return dict(opened)
+    kwargs = {k: v for k, v in opened.items() if k not in ("resume_after", "start_at_operation_time")}
+    kwargs["resume_after"] = token
+    return kwargs
+
+
 class ChangeStreamReader:
     """Reads the whole deployment's change stream (all databases but admin, local and config).
 
@@ -115,13 +166,9 @@ class ChangeStreamReader:
         self._full_document = full_document
         self._batch_size = batch_size
         self._max_await_ms = max_await_ms
-        self._oversize = oversize
         self._pre_images = pre_images
         self._rs = rs
-        # how the stream treats events over 16 MB: "plain" (no stage: MongoDB advises splitting only when
-        # needed), then "split" once such an event stopped it, or "trim" (--oversize skip) where the server
-        # cannot split
-        self._mode = "plain"
+        self._plan = OversizePlan(oversize)
         self._kwargs: dict[str, Any] = {}
         self._fragments = Fragments()  # outlives one run of batches(), not the stream
         self._stream: AsyncChangeStream[Any] | None = None
@@ -150,58 +197,28 @@ class ChangeStreamReader:
         self._kwargs = kwargs
         while True:
             try:
-                self._stream = await self.client.watch(self._extra_stages(), **kwargs)
+                self._stream = await self.client.watch(self._plan.stages(), **kwargs)
                 return
             except OperationFailure as exc:
-                if exc.code in _TOO_LARGE_CODES:  # the first reply already held such an event
-                    self._cannot_hold_it()
-                elif exc.code in _UNKNOWN_STAGE_CODES and self._mode == "split":
-                    self._cannot_split()
-                elif exc.code in _UNKNOWN_OPTION_CODES and kwargs.pop("show_expanded_events", False):
-                    # before MongoDB 6.0 there are no create/createIndexes/modify events: indexes and
-                    # options are still reconciled from the catalog at the end of a snapshot
-                    log.warning("the source has no showExpandedEvents (MongoDB < 6.0): index DDL is not streamed")
-                else:
+                if self._plan.refused(exc.code):
+                    continue
+                if not (exc.code in _UNKNOWN_OPTION_CODES and kwargs.pop("show_expanded_events", False)):
                     raise _history_error(exc, start) or exc from None
-
-    def _extra_stages(self) -> list[dict[str, Any]]:
-        if self._mode == "split":
-            return [{"$changeStreamSplitLargeEvent": {}}]
-        if self._mode == "trim":
-            return _TRIM_OVERSIZE
-        return []
-
-    def _cannot_hold_it(self) -> None:
-        """An event over 16 MB stopped the stream: split events from now on, or fail where that was tried."""
-        if self._mode != "plain":
-            raise OversizeEvent(_CANNOT_SPLIT)
-        log.info("a change event over 16 MB: reading the stream on with $changeStreamSplitLargeEvent")
-        self._mode = "split"
-
-    def _cannot_split(self) -> None:
-        """The server has no $changeStreamSplitLargeEvent (before MongoDB 7.0 / 6.0.9): --oversize decides."""
-        log.warning("the source has no $changeStreamSplitLargeEvent: --oversize %s applies", self._oversize)
-        if self._oversize != "skip":
-            raise OversizeEvent(_CANNOT_SPLIT)
-        self._mode = "trim"
+                # before MongoDB 6.0 there are no create/createIndexes/modify events: indexes and
+                # options are still reconciled from the catalog at the end of a snapshot
+                log.warning("the source has no showExpandedEvents (MongoDB < 6.0): index DDL is not streamed")
 
     async def _reopen_after_oversize(self, stream: AsyncChangeStream[Any]) -> AsyncChangeStream[Any]:
         """The stream opened again where ``stream`` stopped on an event over 16 MB, able to pass it."""
-        self._cannot_hold_it()
-        kwargs = {k: v for k, v in self._kwargs.items() if k not in ("resume_after", "start_at_operation_time")}
-        if stream.resume_token is not None:
-            kwargs["resume_after"] = stream.resume_token
-        else:
-            kwargs.update((k, v) for k, v in self._kwargs.items() if k in ("resume_after", "start_at_operation_time"))
+        self._plan.too_large()
+        kwargs = reopen_options(self._kwargs, stream.resume_token)
         await stream.close()
         while True:
             try:
-                self._stream = await self.client.watch(self._extra_stages(), **kwargs)
+                self._stream = await self.client.watch(self._plan.stages(), **kwargs)
                 return self._stream
             except OperationFailure as exc:
-                if exc.code in _UNKNOWN_STAGE_CODES and self._mode == "split":
-                    self._cannot_split()
-                else:
+                if not self._plan.refused(exc.code):
                     raise _history_error(exc, None) or exc from None
 
     async def position_now(self) -> Position:

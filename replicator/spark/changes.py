@@ -21,11 +21,12 @@ from ..config import Settings
 from ..events import Position
 from ..source.changestream import (
     _OVERSIZE_FLAG,
-    _TRIM_OVERSIZE,
+    _TOO_LARGE_CODES,
     _UNKNOWN_OPTION_CODES,
-    _UNKNOWN_STAGE_CODES,
+    OversizePlan,
     _assemble,
     _history_error,
+    reopen_options,
 )
 from ..source.connection import client_options
 
@@ -56,7 +57,8 @@ class RawChangeStream:
         self.client = client
         self._s = settings
         self._max_await_ms = max_await_ms
-        self._split = True  # until the server says it has no $changeStreamSplitLargeEvent
+        self._plan = OversizePlan(settings.oversize)
+        self._kwargs: dict[str, Any] = {}
         self._fragments: list[Any] = []
         self._stream: ChangeStream[RawBSONDocument] | None = None
 
@@ -71,22 +73,28 @@ class RawChangeStream:
         elif start.cluster_time is not None:
             kwargs["start_at_operation_time"] = start.cluster_time
         self._fragments = []
-        while True:
+        self._kwargs = kwargs
+        self._watch(kwargs, start)
+
+    def _watch(self, kwargs: dict[str, Any], start: Position | None) -> None:
+        while True:  # the same fallbacks as ChangeStreamReader.open
             try:
-                self._stream = self.client.watch(self._extra_stages(), **kwargs)
+                self._stream = self.client.watch(self._plan.stages(), **kwargs)
                 return
-            except OperationFailure as exc:  # the same fallbacks as ChangeStreamReader.open
-                if exc.code in _UNKNOWN_STAGE_CODES and self._split:
-                    self._split = False
-                elif exc.code in _UNKNOWN_OPTION_CODES and kwargs.pop("show_expanded_events", False):
-                    pass
-                else:
+            except OperationFailure as exc:
+                if self._plan.refused(exc.code):
+                    continue
+                if not (exc.code in _UNKNOWN_OPTION_CODES and kwargs.pop("show_expanded_events", False)):
                     raise _history_error(exc, start) or exc from None
 
-    def _extra_stages(self) -> list[dict[str, Any]]:
-        if self._split:
-            return [{"$changeStreamSplitLargeEvent": {}}]
-        return _TRIM_OVERSIZE if self._s.oversize == "skip" else []
+    def _reopen_after_oversize(self, stream: ChangeStream[RawBSONDocument]) -> ChangeStream[RawBSONDocument]:
+        """Opened again right after the last event handed out, with the split stage (or the trimming one)."""
+        self._plan.too_large()
+        kwargs = reopen_options(self._kwargs, stream.resume_token)
+        stream.close()
+        self._watch(kwargs, None)
+        assert self._stream is not None
+        return self._stream
 
     @property
     def resume_token(self) -> Any:
@@ -103,7 +111,10 @@ class RawChangeStream:
             try:
                 raw = stream.try_next()
             except OperationFailure as exc:
-                raise _history_error(exc, None) or exc from None
+                if exc.code not in _TOO_LARGE_CODES:
+                    raise _history_error(exc, None) or exc from None
+                stream = self._reopen_after_oversize(stream)  # an event over 16 MB: split from here on
+                continue
             if raw is None:
                 if self._fragments:  # the rest of a split event is on its way
                     continue
