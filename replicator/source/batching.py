@@ -121,8 +121,8 @@ class BatchAssembler:
 
     def _event(self, raw: Mapping[str, Any]) -> ChangeEvent | None:
         """The event of one change document; None for a fragment of a split event (until its last), an
-        oversize event skipped, or an event mcdc does not replay. A document that arrived as bytes is read
-        with one walk over its fields (a whole event marked as fragment 1 of 1 included)."""
+        oversize event skipped, or an event mcdc does not replay. A document that arrived as bytes has its
+        top level decoded once (rawbson.top_level), a whole event marked as fragment 1 of 1 included."""
         data = getattr(raw, "raw", None)
         top = rawbson.top_level(data) if type(data) is bytes else None
         if top is None:
