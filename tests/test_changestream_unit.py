@@ -39,7 +39,7 @@ class FakeStream:
         self.resume_token: Any = None
         self.closed = False
 
-    async def try_next(self) -> RawDocument | None:
+    def take(self) -> RawDocument | None:
         if self._events:
             event = self._events.popleft()
             self.resume_token = dict(event["_id"])
@@ -47,6 +47,9 @@ class FakeStream:
         if self._error is not None:
             raise OperationFailure("failed", code=self._error)
         return None
+
+    async def try_next(self) -> RawDocument | None:
+        return self.take()
 
     async def close(self) -> None:
         self.closed = True
@@ -114,13 +117,7 @@ async def test_a_server_that_cannot_split_fails_or_trims_as_oversize_says(oversi
 
 class SyncStream(FakeStream):
     def try_next(self) -> RawDocument | None:  # type: ignore[override]
-        if self._events:
-            event = self._events.popleft()
-            self.resume_token = dict(event["_id"])
-            return event
-        if self._error is not None:
-            raise OperationFailure("failed", code=self._error)
-        return None
+        return self.take()
 
     def close(self) -> None:  # type: ignore[override]
         self.closed = True
