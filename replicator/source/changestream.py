@@ -127,6 +127,18 @@ class OversizePlan:
         return True
 
 
+def after_refusal(plan: OversizePlan, exc: OperationFailure, kwargs: dict[str, Any], start: Position | None) -> None:
+    """The server refused to open a stream: change what may let a next attempt work (the oversize plan,
+    or no showExpandedEvents before MongoDB 6.0, dropped from ``kwargs``), or raise the error."""
+    if plan.refused(exc.code):
+        return
+    if not (exc.code in _UNKNOWN_OPTION_CODES and kwargs.pop("show_expanded_events", False)):
+        raise _history_error(exc, start) or exc from None
+    # before MongoDB 6.0 there are no create/createIndexes/modify events: indexes and options are still
+    # reconciled from the catalog at the end of a snapshot
+    log.warning("the source has no showExpandedEvents (MongoDB < 6.0): index DDL is not streamed")
+
+
 def reopen_options(opened: dict[str, Any], token: Any) -> dict[str, Any]:
     """watch()'s options to open a stream again right after the last event it handed out (its resume
     token; where it has none yet, where it was opened)."""
@@ -195,31 +207,22 @@ class ChangeStreamReader:
         await self._stop_reading()
         self._fragments = Fragments()
         self._kwargs = kwargs
+        await self._watch(kwargs, start)
+
+    async def _watch(self, kwargs: dict[str, Any], start: Position | None) -> AsyncChangeStream[Any]:
         while True:
             try:
                 self._stream = await self.client.watch(self._plan.stages(), **kwargs)
-                return
+                return self._stream
             except OperationFailure as exc:
-                if self._plan.refused(exc.code):
-                    continue
-                if not (exc.code in _UNKNOWN_OPTION_CODES and kwargs.pop("show_expanded_events", False)):
-                    raise _history_error(exc, start) or exc from None
-                # before MongoDB 6.0 there are no create/createIndexes/modify events: indexes and
-                # options are still reconciled from the catalog at the end of a snapshot
-                log.warning("the source has no showExpandedEvents (MongoDB < 6.0): index DDL is not streamed")
+                after_refusal(self._plan, exc, kwargs, start)
 
     async def _reopen_after_oversize(self, stream: AsyncChangeStream[Any]) -> AsyncChangeStream[Any]:
         """The stream opened again where ``stream`` stopped on an event over 16 MB, able to pass it."""
         self._plan.too_large()
         kwargs = reopen_options(self._kwargs, stream.resume_token)
         await stream.close()
-        while True:
-            try:
-                self._stream = await self.client.watch(self._plan.stages(), **kwargs)
-                return self._stream
-            except OperationFailure as exc:
-                if not self._plan.refused(exc.code):
-                    raise _history_error(exc, None) or exc from None
+        return await self._watch(kwargs, None)
 
     async def position_now(self) -> Position:
         """The stream's position now: the post-batch resume token of a stream opened without a start

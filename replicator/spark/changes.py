@@ -22,10 +22,10 @@ from ..events import Position
 from ..source.changestream import (
     _OVERSIZE_FLAG,
     _TOO_LARGE_CODES,
-    _UNKNOWN_OPTION_CODES,
     OversizePlan,
     _assemble,
     _history_error,
+    after_refusal,
     reopen_options,
 )
 from ..source.connection import client_options
@@ -82,10 +82,7 @@ class RawChangeStream:
                 self._stream = self.client.watch(self._plan.stages(), **kwargs)
                 return
             except OperationFailure as exc:
-                if self._plan.refused(exc.code):
-                    continue
-                if not (exc.code in _UNKNOWN_OPTION_CODES and kwargs.pop("show_expanded_events", False)):
-                    raise _history_error(exc, start) or exc from None
+                after_refusal(self._plan, exc, kwargs, start)
 
     def _reopen_after_oversize(self, stream: ChangeStream[RawBSONDocument]) -> ChangeStream[RawBSONDocument]:
         """Opened again right after the last event handed out, with the split stage (or the trimming one)."""
