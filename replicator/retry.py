@@ -90,6 +90,18 @@ class Retrier:
         self.retries = 0  # in all
         self._attempt = 0  # in a row
 
+    @classmethod
+    def of(
+        cls,
+        settings: Settings,
+        reporter: Reporter,
+        *,
+        stop: asyncio.Event | None = None,
+        metrics: Metrics | None = None,
+    ) -> Retrier:
+        """A retry budget with the run's backoff (:meth:`Backoff.of`)."""
+        return cls(Backoff.of(settings), reporter, stop=stop, metrics=metrics)
+
     def progress(self) -> None:
         """Something was acknowledged: the next failure starts the backoff again."""
         self._attempt = 0

@@ -23,7 +23,7 @@ from .events import ChangeEvent
 from .metrics import Metrics
 from .pipeline import ReplayResult, Throttle, Transform, replay
 from .progress import Reporter
-from .retry import Backoff, Retrier, is_retryable
+from .retry import Retrier, is_retryable
 from .sinks.base import Sink
 from .source.changestream import Batch, ChangeStreamReader, current_time, oplog_window
 from .source.shards import MergedReader
@@ -57,8 +57,7 @@ class StreamApplier:
         self.reporter = reporter
         self.stop = stop
         self.metrics = metrics
-        backoff = Backoff.of(settings)
-        self._retrier = Retrier(backoff, reporter, stop=stop, metrics=metrics)
+        self._retrier = Retrier.of(settings, reporter, stop=stop, metrics=metrics)
         self.queue_batches = max(settings.max_queue_events // settings.replay_batch, 1)
         self._save = Throttle(1.0)
         self._window_check = Throttle(300.0)

@@ -37,7 +37,7 @@ from .metrics import Metrics
 from .pipeline import Copier, CopyLimits, CopyResult, Transform, copy_partitions
 from .preflight import refuse_same_server, source_name, target_identity
 from .progress import Reporter
-from .retry import Backoff, Retrier, is_retryable
+from .retry import Retrier, is_retryable
 from .sinks.base import Sink
 from .sinks.registry import open_sink
 from .snapshot_mode import Checkpointed, Start, decide, drops_target
@@ -76,8 +76,7 @@ class SyncJob:
         self.metrics = metrics
         self.store = CheckpointStore(settings.checkpoint_path())
         self._fields = FieldRules(settings.field_exclude, settings.field_rename)
-        backoff = Backoff.of(settings)
-        self._retrier = Retrier(backoff, reporter, stop=stop, metrics=metrics)  # the snapshot's retries
+        self._retrier = Retrier.of(settings, reporter, stop=stop, metrics=metrics)  # the snapshot's retries
         self._copier: Copier = copy_partitions  # the asyncio engine's; --engine spark's runs Spark tasks
         self._spark: Any = None  # the SparkSession of --engine spark
         self._spark_before: Any = None  # the session that ran before this job (spark-submit's): not stopped

@@ -30,7 +30,7 @@ from ...events import ChangeEvent, Position
 from ...metrics import Metrics
 from ...pipeline import Transform
 from ...progress import Reporter, lag_seconds
-from ...retry import Backoff, Retrier, is_retryable
+from ...retry import Retrier, is_retryable
 from ...sinks.base import Sink
 from ...spark import offsets
 from ...spark.offsets import REPLICA_SET, ShardOffset
@@ -82,8 +82,7 @@ class SparkReplay:
         self.store = store
         self.reporter = reporter
         self.stop = stop
-        backoff = Backoff.of(settings)
-        self._retrier = Retrier(backoff, reporter, stop=stop, metrics=metrics)
+        self._retrier = Retrier.of(settings, reporter, stop=stop, metrics=metrics)
         self.events = 0
 
     @property
