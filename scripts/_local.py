@@ -99,6 +99,16 @@ def bench_servers(prog: str, source: str | None, target: str | None) -> Iterator
 
 
 @contextmanager
+def bench_setup(prog: str, args: argparse.Namespace, prefix: str) -> Iterator[tuple[Path, str, str, str]]:
+    """(work directory, source URI, target URI, server description) of a benchmark run from its
+    ``--logdir``, ``--source`` and ``--target`` (see :func:`work_dir` and :func:`bench_servers`), printed."""
+    with work_dir(args.logdir, prefix) as workdir, bench_servers(prog, args.source, args.target) as uris:
+        source, target, server = uris
+        print(f"source: {source}\ntarget: {target}\nserver: {server}")
+        yield workdir, source, target, server
+
+
+@contextmanager
 def local_kafka(base_dir: Path) -> Iterator[str]:
     """A local Kafka-protocol broker (noida-db, as the tests use) with its data under ``base_dir``; yields its
     bootstrap address (``127.0.0.1:PORT``) once it answers, and stops it on exit."""

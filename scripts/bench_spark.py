@@ -48,14 +48,13 @@ import psutil
 from _local import (
     BenchError,
     add_server_options,
-    bench_servers,
+    bench_setup,
     code_version,
     heading,
     mcdc,
     print_verdicts,
     run_bench,
     show,
-    work_dir,
 )
 from bench_sync import COLL, DB, _check_target, _reset_target, load_and_warm
 from bench_tail import EVENTS, compare, make_backlog
@@ -321,12 +320,7 @@ def print_report(data: dict[str, Any]) -> None:
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
-    with (
-        work_dir(args.logdir, "mcdc-bench-run-") as workdir,
-        bench_servers("bench_spark", args.source, args.target) as uris,
-    ):
-        source, target, server = uris
-        print(f"source: {source}\ntarget: {target}\nserver: {server}")
+    with bench_setup("bench_spark", args, "mcdc-bench-run-") as (workdir, source, target, server):
         commands = {"bench": show([sys.executable, *sys.argv])}
         load_and_warm(source, args.docs, args.doc_size)
         snapshot = snapshot_runs(source, target, args, workdir, commands)

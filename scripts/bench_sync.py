@@ -42,7 +42,7 @@ import pymongo
 from _local import (
     BenchError,
     add_server_options,
-    bench_servers,
+    bench_setup,
     code_version,
     heading,
     mcdc,
@@ -50,7 +50,6 @@ from _local import (
     run_bench,
     show,
     tree_rss,
-    work_dir,
 )
 from bson.raw_bson import RawBSONDocument
 from pymongo import monitoring
@@ -318,12 +317,7 @@ def print_report(data: dict[str, Any]) -> None:
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
-    with (
-        work_dir(args.logdir, "mcdc-bench-run-") as workdir,
-        bench_servers("bench_sync", args.source, args.target) as uris,
-    ):
-        source, target, server = uris
-        print(f"source: {source}\ntarget: {target}\nserver: {server}")
+    with bench_setup("bench_sync", args, "mcdc-bench-run-") as (workdir, source, target, server):
         load_and_warm(source, args.docs, args.doc_size)
         runs: list[Run] = []
         argv: list[str] = []

@@ -64,7 +64,7 @@ import pymongo
 from _local import (
     BenchError,
     add_server_options,
-    bench_servers,
+    bench_setup,
     code_version,
     heading,
     mcdc,
@@ -72,7 +72,6 @@ from _local import (
     run_bench,
     show,
     tree_rss,
-    work_dir,
 )
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
@@ -758,13 +757,7 @@ def print_report(data: dict[str, Any]) -> None:
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     check_tail_exists()
-    with (
-        work_dir(args.logdir, "mcdc-bench-tail-") as workdir,
-        bench_servers("bench_tail", args.source, args.target) as uris,
-    ):
-        source, target, server = uris
-        print(f"source: {source}\ntarget: {target}\nserver: {server}")
-
+    with bench_setup("bench_tail", args, "mcdc-bench-tail-") as (workdir, source, target, server):
         heading(f"Phase 1: a backlog of {args.events:,} change events on {DB}.{EVENTS}")
         backlog = make_backlog(source, args.events)
         start = f"{backlog.start.time},{backlog.start.inc}"
