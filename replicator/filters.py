@@ -98,6 +98,15 @@ class Renamer:
     def inverse(self) -> Renamer:
         return Renamer({v: k for k, v in self.collections.items()}, {v: k for k, v in self.databases.items()})
 
+    def shadowed(self, ns: Namespace) -> bool:
+        """Does ``ns`` map onto a target that a collection rule gives to another source namespace?
+        (``--rename legacy.users=app.users_legacy``: a source ``app.users_legacy`` would land on the same
+        target, which belongs to the rule.) Such a namespace is not replicated."""
+        if ns.coll is None or (ns.db, ns.coll) in self.collections:
+            return False
+        target = self(ns)
+        return any(dst == (target.db, target.coll) for dst in self.collections.values())
+
 
 @dataclass(frozen=True)
 class Scope:
@@ -111,11 +120,12 @@ class Scope:
     renamer: Renamer = field(default_factory=Renamer)
 
     def source_of(self, target: Namespace) -> Namespace | None:
-        """The selected source namespace that maps to ``target``, or None when ``target`` is not ours."""
+        """The selected source namespace that maps to ``target``, or None when ``target`` is not ours. A
+        target named by a collection rule belongs to that rule's source alone."""
         if target.coll is None:
             return None
         for candidate in (self.renamer.inverse()(target), target):
-            if self.selection(candidate) and self.renamer(candidate) == target:
+            if self.selection(candidate) and self.renamer(candidate) == target and not self.renamer.shadowed(candidate):
                 return candidate
         return None
 
@@ -129,12 +139,33 @@ class Scope:
         out = []
         for name in collections:
             target = Namespace(target_db, name)
-            rule = inverse.get((target_db, name))
-            for candidate in (Namespace(source_db, name), rule):
-                if candidate is not None and self.selection(candidate) and self.renamer(candidate) == target:
+            for candidate in (Namespace(source_db, name), inverse.get((target_db, name))):
+                if candidate is None or not self.selection(candidate) or self.renamer.shadowed(candidate):
+                    continue
+                if self.renamer(candidate) == target:
                     out.append(target)
                     break
         return out
+
+
+def check_collisions(selected: Iterable[Namespace], renamer: Renamer) -> None:
+    """Refuse two selected source namespaces that ``--rename`` maps onto one target namespace: their
+    documents would mix, and either one's drop would drop the other's."""
+    seen: dict[Namespace, Namespace] = {}
+    for ns in sorted(selected, key=str):
+        target = renamer(ns)
+        if renamer.shadowed(ns):
+            owner = renamer.inverse()(target)
+            raise ConfigError(
+                f"{ns} would be written to {target}, which --rename gives to {owner}; exclude {ns} (--exclude) "
+                "or rename it elsewhere"
+            )
+        other = seen.setdefault(target, ns)
+        if other != ns:
+            raise ConfigError(
+                f"{other} and {ns} would both be written to {target} (--rename); exclude one of them "
+                "(--exclude) or rename it elsewhere"
+            )
 
 
 def check_copy_within(
@@ -222,7 +253,7 @@ def make_transform(
     edit = transform_fields(fields) if fields else None
 
     def transform(event: ChangeEvent) -> ChangeEvent | None:
-        if not keep_event(event, selection):
+        if not keep_event(event, selection) or (renamer and renamer.shadowed(event.ns)):
             return None
         if skip_index_ddl and event.op in INDEX_DDL:
             return None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from replicator.errors import ConfigError
 from replicator.events import ChangeEvent, Namespace, Op
 from replicator.filters import Renamer, Scope, Selection, make_transform, renamed_into_selection
 
@@ -99,3 +102,30 @@ def test_a_copy_within_one_deployment_never_maps_onto_the_source() -> None:
     only_a = Selection.from_patterns([r"scratch\.a"])
     check_copy_within([Namespace("scratch", "a")], existing, only_a, Renamer.from_rules(["scratch.a=scratch.a_copy"]))
     check_copy_within([Namespace("scratch", "a")], existing, only_a, Renamer.from_rules(["scratch=backup"]))
+
+
+def test_a_target_named_by_a_collection_rule_belongs_to_that_rule_alone() -> None:
+    renamer = Renamer.from_rules(["legacy.users=app.users_legacy"])
+    scope = Scope(Selection(), renamer)
+    assert scope.source_of(Namespace("app", "users_legacy")) == Namespace("legacy", "users")
+    assert renamer.shadowed(Namespace("app", "users_legacy")) and not renamer.shadowed(Namespace("legacy", "users"))
+    assert scope.database_drops("app", "app", ["users_legacy", "orders"]) == [Namespace("app", "orders")]
+    assert scope.database_drops("legacy", "legacy", ["users"]) == []  # its image lives in app
+    shadow = ChangeEvent(Op.INSERT, Namespace("app", "users_legacy"), key={"_id": 1})
+    assert make_transform(Selection(), renamer)(shadow) is None
+
+
+@pytest.mark.parametrize(
+    ("rules", "selected", "message"),
+    [
+        (["legacy.users=app.users_legacy"], ["legacy.users", "app.users_legacy"], "gives to legacy.users"),
+        (["a=c", "b=c"], ["a.x", "b.x"], r"a\.x and b\.x would both be written to c\.x"),
+    ],
+)
+def test_two_sources_onto_one_target_are_refused(rules: list[str], selected: list[str], message: str) -> None:
+    from replicator.filters import check_collisions
+
+    namespaces = [Namespace(*name.split(".", 1)) for name in selected]
+    with pytest.raises(ConfigError, match=message):
+        check_collisions(namespaces, Renamer.from_rules(rules))
+    check_collisions(namespaces[:1], Renamer.from_rules(rules))
