@@ -113,6 +113,7 @@ class ChangeEvent:
     before: Mapping[str, Any] | None = None  # fullDocumentBeforeChange, when pre-images are on
     rs: str | None = None  # the replica set (shard) whose change stream reported the event
     origin: Namespace | None = None  # the source namespace, when --rename gave ``ns`` another name
+    uuid: bytes | None = None  # the collectionUUID: which incarnation of the namespace the event is about
 
     @property
     def document_key(self) -> Mapping[str, Any]:

@@ -96,7 +96,16 @@ def from_top_level(top: dict[str, Any], rs: str | None = None) -> ChangeEvent | 
         txn=txn,
         before=doc(get("fullDocumentBeforeChange")),
         rs=rs,
+        uuid=_uuid(get("collectionUUID")),
     )
+
+
+def _uuid(value: Any) -> bytes | None:
+    """A collectionUUID's 16 bytes (a Binary of subtype 4, or a uuid.UUID where a codec decoded it)."""
+    if value is None:
+        return None
+    raw = getattr(value, "bytes", None)  # uuid.UUID
+    return bytes(raw if raw is not None else value)
 
 
 def _update(desc: dict[str, Any]) -> UpdateDescription:
@@ -159,6 +168,7 @@ def _from_mapping(raw: Mapping[str, Any], rs: str | None) -> ChangeEvent | None:
         txn=txn,
         before=get("fullDocumentBeforeChange"),
         rs=rs,
+        uuid=_uuid(get("collectionUUID")),
     )
 
 

@@ -26,6 +26,8 @@ from .events import ChangeEvent, Namespace
 from .fields import FieldEditor, FieldRules
 from .normalize import snapshot_read
 from .progress import Reporter, lag_seconds
+from .replay_stage import ReplayStage
+from .replay_stage import Transform as Transform  # re-exported: the engines' stage type
 from .sinks.base import Sink
 from .source.changestream import Batch
 from .source.connection import Client
@@ -33,7 +35,6 @@ from .source.partitions import Partition, Resume
 from .source.snapshot import read_partition
 from .watermark import Watermark
 
-Transform = Callable[[ChangeEvent], ChangeEvent | None]
 T = TypeVar("T")
 
 
@@ -205,14 +206,12 @@ class ReplayResult:
 
 async def replay(
     reader: BatchSource,
-    sink: Sink,
+    stage: ReplayStage,
     *,
     until: Timestamp | None,
-    transform: Transform,
     on_ack: Callable[[Batch, Sequence[ChangeEvent]], Awaitable[None]],
     reporter: Reporter,
     queue_batches: int,
-    after_write: Callable[[Sequence[ChangeEvent]], Awaitable[None]] | None = None,
     stop: asyncio.Event | None = None,
     result: ReplayResult | None = None,
 ) -> ReplayResult:
@@ -220,17 +219,16 @@ async def replay(
     None: until cancelled). Counts go into ``result`` as batches are acknowledged, so a caller that
     retries after an error keeps them.
 
-    ``after_write(events)`` (the batch as read, before transform) runs once the sink acknowledged the
-    batch, and ``on_ack(batch, applied events)`` after that."""
+    Each batch goes through ``stage`` (checks, DDL window, transform, sink); ``on_ack(batch, applied
+    events)`` runs once the batch may be acknowledged. While namespaces wait to be copied again (the
+    stage's DDL window), batches are applied but not acknowledged; the copy runs once the stream is
+    caught up (or passed the window, or ends), and the last batch is acknowledged then."""
     result = result if result is not None else ReplayResult()
+    owed: tuple[Batch, list[ChangeEvent]] | None = None  # applied, not acknowledged yet
     async for batch in read_ahead(reader.batches(until=until), queue_batches):
-        events = [e for e in map(transform, batch.events) if e is not None]
-        if events:
-            await sink.write(events)
-        else:
-            await sink.heartbeat()
-        if after_write is not None:
-            await after_write(batch.events)
+        written = await stage.write(batch.events)
+        events = written.events
+        ackable = written.ackable or (batch.caught_up and await stage.settle())
         result.events += len(events)
         result.batches += 1
         if batch.events and batch.events[-1].position is not None:
@@ -238,9 +236,16 @@ async def replay(
         # a batch without events is the server saying "nothing more": caught up, no lag
         reporter.replay_advance(len(events), lag_seconds(result.last_time) if batch.events else 0.0)
         if batch.position or batch.shard_positions:
-            await on_ack(batch, events)
+            applied = events if owed is None else [*owed[1], *events]
+            if ackable:
+                await on_ack(batch, applied)
+                owed = None
+            else:
+                owed = (batch, applied)
         if stop is not None and stop.is_set():
             break
+    if owed is not None and not (stop is not None and stop.is_set()) and await stage.settle():
+        await on_ack(*owed)
     return result
 
 

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
 from bson.timestamp import Timestamp
 
@@ -21,10 +21,10 @@ from .checkpoint import Checkpoint, CheckpointStore
 from .config import Settings
 from .events import ChangeEvent
 from .metrics import Metrics
-from .pipeline import ReplayResult, Throttle, Transform, replay
+from .pipeline import ReplayResult, Throttle, replay
 from .progress import Reporter
+from .replay_stage import ReplayStage
 from .retry import Retrier, is_retryable
-from .sinks.base import Sink
 from .source.changestream import Batch, ChangeStreamReader, current_time, oplog_window
 from .source.shards import MergedReader
 
@@ -41,7 +41,6 @@ class StreamApplier:
     def __init__(
         self,
         reader: ChangeStreamReader | MergedReader,
-        sink: Sink,
         store: CheckpointStore,
         checkpoint: Checkpoint,
         *,
@@ -51,7 +50,6 @@ class StreamApplier:
         metrics: Metrics | None = None,
     ) -> None:
         self.reader = reader
-        self.sink = sink
         self.store = store
         self.cp = checkpoint
         self.reporter = reporter
@@ -68,14 +66,7 @@ class StreamApplier:
         """Retries made so far."""
         return self._retrier.retries
 
-    async def run(
-        self,
-        transform: Transform,
-        *,
-        until: Timestamp | None = None,
-        to_now: bool = False,
-        after_write: Callable[[Sequence[ChangeEvent]], Awaitable[None]] | None = None,
-    ) -> ReplayResult:
+    async def run(self, stage: ReplayStage, *, until: Timestamp | None = None, to_now: bool = False) -> ReplayResult:
         """Replay up to ``until`` (``to_now``: the source's time when this call starts), or until ``stop``
         is set when neither is given. Returns what was applied."""
         result = ReplayResult()
@@ -84,14 +75,14 @@ class StreamApplier:
                 if to_now and until is None:
                     until = await current_time(self.reader.client)
                 await self._check_oplog_window()
+                await stage.opened()
                 if isinstance(self.reader, MergedReader):
                     await self.reader.open(self.cp.shards, self.cp.position)
                 else:
                     await self.reader.open(self.cp.position)
                 await replay(
-                    self.reader, self.sink, until=until, transform=transform, on_ack=self._ack,
-                    reporter=self.reporter, queue_batches=self.queue_batches, after_write=after_write,
-                    stop=self.stop, result=result,
+                    self.reader, stage, until=until, on_ack=self._ack, reporter=self.reporter,
+                    queue_batches=self.queue_batches, stop=self.stop, result=result,
                 )  # fmt: skip
                 break
             except Exception as exc:

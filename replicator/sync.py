@@ -21,22 +21,25 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from pymongo.errors import PyMongoError
 
 from .checkpoint import Checkpoint, CheckpointStore, SnapshotProgress
 from .config import Settings, parse_start_at
+from .ddl_window import DdlWindow
 from .errors import ConfigError, HistoryLost, TopologyError
 from .events import ChangeEvent, Namespace, Op, Position
 from .extjson import from_jsonable, to_jsonable
 from .fields import FieldRules
-from .filters import Scope, make_transform, rename_spec, renamed_into_selection
+from .filters import Scope, check_collisions, make_transform, rename_spec, renamed_into_selection
 from .metrics import Metrics
 from .pipeline import Copier, CopyLimits, CopyResult, Transform, copy_partitions
 from .preflight import refuse_same_server, source_name, target_identity
 from .progress import Reporter
+from .replay_stage import ReplayStage
+from .resync import Copied, Resyncer
 from .retry import Retrier, is_retryable
 from .sinks.base import Sink
 from .sinks.registry import open_sink
@@ -44,7 +47,7 @@ from .snapshot_mode import Checkpointed, Start, decide, drops_target
 from .source import catalog
 from .source.connection import Client, ServerInfo, deployment_identity, make_client, probe
 from .source.lookup import source_lookup
-from .source.partitions import ALL, Partition, Resume, plan_collection, plan_specs
+from .source.partitions import ALL, Partition, Resume, plan_specs
 from .source.shards import MergedReader
 from .source.topology import Reader, StreamTopology
 from .streaming import StreamApplier
@@ -82,6 +85,8 @@ class SyncJob:
         self._spark_before: Any = None  # the session that ran before this job (spark-submit's): not stopped
         self._resnapshot = False  # a new snapshot is due whatever the checkpoint says (history lost)
         self._started_snapshot = False  # this run planned the snapshot it copies
+        self._window: DdlWindow | None = None  # the replay's DDL window, kept across its phases
+        self._recopied = Copied()  # what namespaces copied again during the replay wrote
         self.summary = Summary(
             command=command,
             source=redact(settings.source),
@@ -139,8 +144,11 @@ class SyncJob:
     async def _check_selection(self, client: Client, *, first_run: bool) -> None:
         """A first run whose --include matches nothing on the source is a mistake: refused before anything
         is written. Otherwise a selection that matches nothing is worth a warning (sync and tail): the
-        source may be empty yet, or its namespaces dropped since the last run."""
-        problem = catalog.unmatched(self.s.selection, await catalog.list_namespaces(client))
+        source may be empty yet, or its namespaces dropped since the last run. Two selected namespaces that
+        --rename maps onto one target namespace are refused on every run."""
+        namespaces = await catalog.list_namespaces(client)
+        check_collisions([ns for ns in namespaces if self.s.selection(ns)], self.s.renamer)
+        problem = catalog.unmatched(self.s.selection, namespaces)
         if problem is not None and self.s.include and first_run:
             raise ConfigError(problem)
         if problem is not None and self.command != "catch-up":
@@ -217,6 +225,8 @@ class SyncJob:
             else:
                 await reader.close()
         self.summary.position = cp.position.cluster_time if cp is not None else None
+        self.summary.documents += self._recopied.documents
+        self.summary.snapshot_s += self._recopied.seconds
 
     def _stopped(self) -> bool:
         return self.stop is not None and self.stop.is_set()
@@ -427,43 +437,46 @@ class SyncJob:
     ) -> None:
         """Replay from the checkpoint up to the source's current time (``follow``: until stopped).
 
-        In the snapshot window (changes made while the copy ran), index DDL waits for the index build
-        at the end, and a collection renamed into the selection is copied again from the source: the
-        snapshot may have listed it under its old name and read nothing, and the events after the
-        rename then converge on the fresh copy. After the window, a collection renamed in from an
-        unselected name is copied the same way (its earlier changes were never replicated)."""
+        In the snapshot window (changes made while the copy ran), index DDL waits for the index build at
+        the end. Into a sink that holds state, DDL the target may be ahead of is settled by copying its
+        namespaces again (see ddl_window; the snapshot's window is such a stretch: the copy is newer than
+        its events). Into an event sink, a collection renamed into the selection is copied from the
+        source (its earlier changes were never replicated), as is, in the window, one renamed within it
+        (the snapshot may have listed it under its old name and read nothing)."""
         transform = make_transform(
             self.s.selection, self.s.renamer, skip_index_ddl=snapshot_window, fields=self._fields
         )
+        stage = self._stage(sink, transform, snapshot_window=snapshot_window)
+        self.reporter.replay_begin()
+        started = time.monotonic()
+        try:
+            await self._replay_until_done(reader, cp, stage, follow=follow)
+        finally:
+            self.summary.replay_s += time.monotonic() - started
+        self.reporter.replay_end()
+
+    def _stage(self, sink: Sink, transform: Transform, *, snapshot_window: bool) -> ReplayStage:
+        """The stages of a replayed batch for this sink (shared by both engines)."""
+        resync = self._resyncer(sink)
+        if sink.holds_state:
+            if self._window is None:
+                self._window = DdlWindow(self.s.selection)
+            return ReplayStage(sink, transform, client=self._client, window=self._window, resync=resync)
 
         async def recopy_renamed(events: Sequence[ChangeEvent]) -> None:
             for event in events:
                 if event.op is not Op.RENAME or event.to is None:
                     continue
-                # in the window, the snapshot may have listed it under its old name; after it, a
-                # collection renamed in from outside the selection brings changes never replicated
                 copy = snapshot_window and self.s.selection(event.to)
                 if copy or renamed_into_selection(event, self.s.selection):
-                    await self._recopy(self._client, sink, event.to, build_indexes=not snapshot_window)
+                    await resync.copy(event.to)
 
-        self.reporter.replay_begin()
-        started = time.monotonic()
-        try:
-            await self._replay_until_done(reader, sink, cp, transform, recopy_renamed, follow=follow)
-        finally:
-            self.summary.replay_s += time.monotonic() - started
-        self.reporter.replay_end()
+        return ReplayStage(sink, transform, client=self._client, after_write=recopy_renamed)
 
-    async def _replay_until_done(
-        self,
-        reader: Reader,
-        sink: Sink,
-        cp: Checkpoint,
-        transform: Transform,
-        after_write: Callable[[Sequence[ChangeEvent]], Awaitable[None]],
-        *,
-        follow: bool,
-    ) -> None:
+    def _resyncer(self, sink: Sink) -> Resyncer:
+        return Resyncer(self._client, sink, self.s, self.reporter, fields=self._fields, copied=self._recopied)
+
+    async def _replay_until_done(self, reader: Reader, cp: Checkpoint, stage: ReplayStage, *, follow: bool) -> None:
         """The replay, with a new stream for each change of the shard set while it follows."""
         if self._spark is not None:  # a streaming query over the shards' streams (shards it follows are fixed)
             from .engines.spark.replay import SparkReplay
@@ -472,9 +485,7 @@ class SyncJob:
                 self.s, self._spark, self.store, self.reporter, stop=self.stop, metrics=self.metrics
             )
             try:
-                self.summary.events += await spark_replay.run(
-                    cp, sink, transform, follow=follow, after_write=after_write
-                )
+                self.summary.events += await spark_replay.run(cp, stage, follow=follow)
             finally:
                 self.summary.retries += spark_replay.retries
             return
@@ -486,11 +497,10 @@ class SyncJob:
             if merged is not None:
                 watcher = asyncio.create_task(self._topology.watch(merged, local_stop, self.stop))
             applier = StreamApplier(
-                reader, sink, self.store, cp, settings=self.s, reporter=self.reporter, stop=stop,
-                metrics=self.metrics,
-            )  # fmt: skip
+                reader, self.store, cp, settings=self.s, reporter=self.reporter, stop=stop, metrics=self.metrics
+            )
             try:
-                result = await applier.run(transform, to_now=not follow, after_write=after_write)
+                result = await applier.run(stage, to_now=not follow)
             finally:
                 if watcher is not None and not watcher.done():
                     watcher.cancel()
@@ -499,35 +509,6 @@ class SyncJob:
             if merged is None or watcher is None or (self.stop is not None and self.stop.is_set()):
                 return
             await self._topology.apply(merged, cp, watcher.result())  # then go on with the new set
-
-    async def _recopy(self, client: Client, sink: Sink, ns: Namespace, *, build_indexes: bool) -> None:
-        """Copy one collection renamed into the selection from the source: created with its options,
-        and (outside the snapshot window, whose index build is still to come) with its indexes."""
-        spec = await catalog.describe_one(client, ns)
-        if spec is None or spec.is_view:  # renamed again or dropped since: later events say so
-            return
-        self.reporter.info(f"{ns} was renamed into the selection: copying it from the source")
-        target = rename_spec(spec, self.s.renamer)
-        await sink.prepare([target], drop_existing=False)
-        coll = client[ns.db][ns.coll or ""]
-        capped = bool(spec.options.get("capped"))
-        plan = await plan_collection(coll, ns, self.s.partition_docs, capped=capped, split=self.s.split)
-
-        async def done(part: Partition, docs: int) -> None:
-            pass
-
-        self.reporter.snapshot_begin(_progress_plan(plan, set())[0])
-        started = time.monotonic()
-        copied = await copy_partitions(
-            client, sink, plan, limits=self._limits(), rename=self.s.renamer, on_done=done, reporter=self.reporter,
-            fields=self._fields,
-        )  # fmt: skip
-        self.summary.snapshot_s += time.monotonic() - started
-        self.reporter.snapshot_end(complete=True)
-        if build_indexes:
-            await sink.finish_snapshot([target])
-        self.summary.documents += copied
-        self.reporter.info(f"{ns}: copied {copied} documents")
 
 
 def _progress_plan(plan: Sequence[Partition], done: set[str]) -> tuple[list[CollectionProgress], list[Namespace]]:

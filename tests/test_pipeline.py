@@ -12,6 +12,7 @@ from replicator.events import ChangeEvent, Namespace, Op, Position
 from replicator.filters import Renamer, Selection, make_transform
 from replicator.pipeline import replay
 from replicator.progress import LogReporter
+from replicator.replay_stage import ReplayStage
 from replicator.sinks.memory import MemorySink
 from replicator.source.changestream import Batch
 
@@ -35,6 +36,10 @@ class FakeStream:
             yield Batch(events=events, position=events[-1].position or Position(), caught_up=False)
 
 
+def _stage(sink: MemorySink) -> ReplayStage:
+    return ReplayStage(sink, make_transform(Selection(), Renamer()))
+
+
 async def test_replay_acks_in_order_after_the_sink() -> None:
     sink = MemorySink()
     acked: list[Position] = []
@@ -45,7 +50,7 @@ async def test_replay_acks_in_order_after_the_sink() -> None:
         acked.append(pos)
 
     result = await replay(
-        FakeStream([[0, 1], [2], [3, 4, 5]]), sink, until=None, transform=make_transform(Selection(), Renamer()),
+        FakeStream([[0, 1], [2], [3, 4, 5]]), _stage(sink), until=None,
         on_ack=ack, reporter=LogReporter(), queue_batches=1,
     )  # fmt: skip
     assert [e.document_key["_id"] for e in sink.events] == [0, 1, 2, 3, 4, 5]
@@ -68,7 +73,7 @@ async def test_a_failed_write_is_never_acked() -> None:
 
     with pytest.raises(ConnectionError):
         await replay(
-            FakeStream([[0], [1], [2]]), sink, until=None, transform=make_transform(Selection(), Renamer()),
+            FakeStream([[0], [1], [2]]), _stage(sink), until=None,
             on_ack=ack, reporter=LogReporter(), queue_batches=1,
         )  # fmt: skip
     assert [p.cluster_time for p in acked] == [Timestamp(1000, 0)]
@@ -88,7 +93,7 @@ async def test_slow_sink_bounds_read_ahead() -> None:
         pass
 
     task = asyncio.create_task(
-        replay(stream, Slow(), until=None, transform=make_transform(Selection(), Renamer()), on_ack=ack,
+        replay(stream, _stage(Slow()), until=None, on_ack=ack,
                reporter=LogReporter(), queue_batches=2)
     )  # fmt: skip
     await asyncio.sleep(0.05)

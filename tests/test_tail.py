@@ -248,6 +248,7 @@ async def test_warns_when_the_checkpoint_nears_the_end_of_the_oplog(
     from replicator.events import Position
     from replicator.filters import Renamer, Selection, make_transform
     from replicator.progress import LogReporter
+    from replicator.replay_stage import ReplayStage
     from replicator.sinks.memory import MemorySink
     from replicator.source.changestream import ChangeStreamReader, oplog_window
     from replicator.source.connection import make_client
@@ -281,9 +282,9 @@ async def test_warns_when_the_checkpoint_nears_the_end_of_the_oplog(
             reporter = Warnings()
             cp = Checkpoint("rs:test", position=Position(cluster_time=Timestamp(now - age_s, 1)))
             reader = ChangeStreamReader(source, full_document="updateLookup", batch_size=100, max_await_ms=100)
-            applier = streaming.StreamApplier(reader, MemorySink(), CheckpointStore(tmp_path / "cp.json"), cp,
+            applier = streaming.StreamApplier(reader, CheckpointStore(tmp_path / "cp.json"), cp,
                                               settings=settings, reporter=reporter)  # fmt: skip
-            await applier.run(make_transform(Selection(), Renamer()), to_now=True)
+            await applier.run(ReplayStage(MemorySink(), make_transform(Selection(), Renamer())), to_now=True)
             seen[age_s] = [w for w in reporter.seen if "falls off" in w]
         assert not seen[20] and 20 not in calls and calls[600] >= 1
         assert not seen[600]

@@ -34,6 +34,10 @@ class Sink(ABC):
 
     #: URI scheme(s) this sink answers to, e.g. ("mongodb", "mongodb+srv").
     schemes: tuple[str, ...] = ()
+    #: The destination keeps each collection's current state (a database), not a log of events: DDL
+    #: replayed inside the window where the destination may be ahead of it is settled by copying the
+    #: namespaces again (prepare with drop_existing, the documents, finish_snapshot) instead.
+    holds_state: bool = False
     #: The source's replica set name (empty for a mongos or a standalone), set before ``start()``; events
     #: read from a change stream also carry their own in ``ChangeEvent.rs``.
     source_name: str = ""
@@ -69,6 +73,11 @@ class Sink(ABC):
 
     async def finish_snapshot(self, specs: Sequence[CollectionSpec]) -> None:  # noqa: B027
         """Build what is cheaper to build after the data, such as secondary indexes."""
+
+    async def reconcile(self, spec: CollectionSpec) -> bool:
+        """Make the destination's collection match ``spec``'s options and indexes without copying its
+        documents again; False when that takes a new copy (then mcdc copies it again)."""
+        return False
 
     async def __aenter__(self) -> Sink:
         await self.start()

@@ -80,6 +80,7 @@ class MongoSink(Sink):
     """Writes events into a MongoDB deployment."""
 
     schemes = ("mongodb", "mongodb+srv")
+    holds_state = True
 
     def __init__(self, uri: str, *, timeout_s: float = 10.0, scope: Scope | None = None) -> None:
         """``scope``: the target namespaces this run maps its selection to; DDL touches no other."""
@@ -106,6 +107,9 @@ class MongoSink(Sink):
 
     async def finish_snapshot(self, specs: Sequence[CollectionSpec]) -> None:
         await self._schema.reconcile_indexes(specs)
+
+    async def reconcile(self, spec: CollectionSpec) -> bool:
+        return await self._schema.reconcile(spec)
 
     def attach_source(self, lookup: SourceLookup) -> None:
         """Where to re-read documents when a unique-key conflict must be settled as the source has it."""

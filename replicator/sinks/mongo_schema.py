@@ -77,6 +77,21 @@ class MongoSchema:
                 await self.create(view.ns, view.options)
             pending = [v for v in pending if v not in ready]
 
+    async def reconcile(self, spec: CollectionSpec) -> bool:
+        """The collection's indexes made ``spec``'s, when its kind and options already are (byte for byte);
+        False otherwise (only a new copy can change them all)."""
+        db = self._client.get_database(spec.ns.db, codec_options=DICT_CODEC)
+        cursor = await db.list_collections(filter={"name": spec.ns.coll})
+        infos = await cursor.to_list()
+        if not infos or infos[0].get("type", "collection") != spec.kind:
+            return False
+        have = clean_options(infos[0].get("options") or {})
+        if bson.encode(have) != bson.encode(clean_options(spec.options)):
+            return False
+        if not spec.is_view:
+            await self._reconcile_one(spec)
+        return True
+
     async def reconcile_indexes(self, specs: Sequence[CollectionSpec]) -> None:
         """Make each target collection's indexes match the spec: build missing ones (all of a
         collection's in one createIndexes, so the server scans once), rebuild changed ones, drop extra."""

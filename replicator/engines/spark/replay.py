@@ -28,10 +28,9 @@ from ...config import Settings, settings_to_strings
 from ...errors import McdcError
 from ...events import ChangeEvent, Position
 from ...metrics import Metrics
-from ...pipeline import Transform
 from ...progress import Reporter, lag_seconds
+from ...replay_stage import ReplayStage
 from ...retry import Retrier, is_retryable
-from ...sinks.base import Sink
 from ...spark import offsets
 from ...spark.offsets import REPLICA_SET, ShardOffset
 from ...streaming import measure
@@ -89,20 +88,14 @@ class SparkReplay:
     def retries(self) -> int:
         return self._retrier.retries
 
-    async def run(
-        self,
-        cp: Checkpoint,
-        sink: Sink,
-        transform: Transform,
-        *,
-        follow: bool,
-        after_write: Callable[[Sequence[ChangeEvent]], Awaitable[None]] | None = None,
-    ) -> int:
+    async def run(self, cp: Checkpoint, stage: ReplayStage, *, follow: bool) -> int:
         """Run queries until caught up (or stopped); a retryable failure of the sink or the source backs
-        off and starts a new query from the checkpoint. Returns the events applied."""
+        off and starts a new query from the checkpoint. Returns the events applied. Each micro-batch goes
+        through ``stage``, as the asyncio engine's batches do."""
         while True:
             try:
-                await self._query(cp, sink, transform, follow=follow, after_write=after_write)
+                await stage.opened()
+                await self._query(cp, stage, follow=follow)
                 break
             except Exception as exc:
                 if not is_retryable(exc):
@@ -112,15 +105,7 @@ class SparkReplay:
         self.store.save(cp)
         return self.events
 
-    async def _query(
-        self,
-        cp: Checkpoint,
-        sink: Sink,
-        transform: Transform,
-        *,
-        follow: bool,
-        after_write: Callable[[Sequence[ChangeEvent]], Awaitable[None]] | None,
-    ) -> None:
+    async def _query(self, cp: Checkpoint, stage: ReplayStage, *, follow: bool) -> None:
         from ...spark import register
         from ...spark.rows import event_from_row
 
@@ -130,14 +115,9 @@ class SparkReplay:
         stopping = threading.Event()
         failure: list[BaseException] = []
 
-        async def apply(events: list[ChangeEvent]) -> None:
-            kept = [t for t in (transform(e) for e in events) if t is not None]
-            if kept:
-                await sink.write(kept)
-                await sink.flush()
-                if after_write is not None:
-                    await after_write(kept)
-            positions = batch_positions(events)
+        owed: dict[str, Position] = {}  # positions of micro-batches applied but not acknowledged yet
+
+        def acknowledge(positions: dict[str, Position]) -> None:
             if cp.shards:
                 times = [p.cluster_time for p in positions.values() if p.cluster_time is not None]
                 overall = Position(cluster_time=min(times)) if times else Position()
@@ -145,12 +125,26 @@ class SparkReplay:
             elif REPLICA_SET in positions:
                 cp.acknowledge(positions[REPLICA_SET])
             self.store.save(cp)
+
+        async def apply(events: list[ChangeEvent]) -> None:
+            written = await stage.write(events)
+            await stage.sink.flush()
+            owed.update(batch_positions(events))
+            if written.ackable:
+                acknowledge(owed)
+                owed.clear()
             self._retrier.progress()
             if self.metrics is not None:
-                measure(self.metrics, kept, cp)
-            self.events += len(kept)
+                measure(self.metrics, written.events, cp)
+            self.events += len(written.events)
             last = events[-1].position.cluster_time if events[-1].position else None
-            self.reporter.replay_advance(len(kept), lag_seconds(last))
+            self.reporter.replay_advance(len(written.events), lag_seconds(last))
+
+        async def settle() -> None:
+            """Between micro-batches: copy again what the DDL window holds back, then acknowledge."""
+            if await stage.settle() and owed:
+                acknowledge(owed)
+                owed.clear()
 
         def each_batch(frame: Any, batch_id: int) -> None:
             with lock:
@@ -178,7 +172,7 @@ class SparkReplay:
         writer = writer.trigger(processingTime="500 milliseconds") if follow else writer.trigger(availableNow=True)
         query = await asyncio.to_thread(writer.start)
         try:
-            await self._wait(query, lock=lock, stopping=stopping)
+            await self._wait(query, lock=lock, stopping=stopping, settle=settle)
         except Exception as exc:  # the query failed: awaitTermination raised the JVM's wrapper
             if failure:
                 raise failure[0] from None  # the sink's own error, retryable or not as it is
@@ -189,18 +183,34 @@ class SparkReplay:
             raise failure[0]
         if not stopping.is_set() and query.exception() is not None:
             raise stream_error(query.exception())
+        if not stopping.is_set():
+            await settle()
 
     def _options(self, cp: Checkpoint) -> dict[str, str]:
         options = {k: v for k, v in settings_to_strings(self.s).items() if k in _STREAM_OPTIONS}
         options["start-positions"] = json.dumps(start_positions(cp))
         return options
 
-    async def _wait(self, query: Any, *, lock: threading.Lock, stopping: threading.Event) -> None:
-        """Until the query ends (caught up) or ``stop`` is set; then stop it between two micro-batches."""
+    async def _wait(
+        self,
+        query: Any,
+        *,
+        lock: threading.Lock,
+        stopping: threading.Event,
+        settle: Callable[[], Awaitable[None]],
+    ) -> None:
+        """Until the query ends (caught up) or ``stop`` is set; then stop it between two micro-batches.
+        While it is idle (its last micro-batch read nothing), ``settle`` runs between micro-batches."""
         while True:
             ended = await asyncio.to_thread(query.awaitTermination, 0.5)
             if ended:
                 return
+            progress = query.lastProgress
+            if progress is not None and not progress.get("numInputRows") and lock.acquire(blocking=False):
+                try:
+                    await settle()
+                finally:
+                    lock.release()
             if self.stop is not None and self.stop.is_set():
                 stopping.set()  # a micro-batch that starts from now on is not applied
                 await asyncio.to_thread(_stop_between_batches, query, lock)
