@@ -11,7 +11,6 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 import pymongo
 import pytest
@@ -19,7 +18,15 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from tests.support.corpus import load_corpus
 from tests.support.kafka import KafkaBroker, Record, consume_all, create_topic, list_topics
-from tests.support.rebuild import State, assert_same, rebuild, server_docs, unordered
+from tests.support.rebuild import (
+    assert_same,
+    data_records,
+    decode,
+    rebuild,
+    rebuilt_from_topics,
+    server_docs,
+    unordered,
+)
 from tests.support.workload import random_workload
 
 pytestmark = pytest.mark.integration
@@ -48,26 +55,6 @@ def _tail(
     )
 
 
-def _decode(records: list[Record]) -> list[tuple[dict[str, Any] | None, dict[str, Any] | None]]:
-    return [
-        (json.loads(r.key) if r.key else None, json.loads(r.value) if r.value is not None else None) for r in records
-    ]
-
-
-async def _data_records(bootstrap: str, prefix: str = "mcdc") -> list[Record]:
-    topics = sorted(
-        t
-        for t in await list_topics(bootstrap)
-        if t.startswith(prefix + ".") and t not in (f"{prefix}.transaction", f"{prefix}.ddl")
-    )
-    return await consume_all(bootstrap, topics)
-
-
-async def _rebuilt(bootstrap: str, *, ordered: bool = True) -> State:
-    state = rebuild(_decode(await _data_records(bootstrap)))
-    return state if ordered else unordered(state)
-
-
 async def _wait_rebuilt_equals(
     bootstrap: str,
     source: str,
@@ -86,7 +73,7 @@ async def _wait_rebuilt_equals(
         if proc is not None and proc.poll() is not None:
             err = proc.communicate()[1]
             raise AssertionError(f"mcdc exited with {proc.returncode}: {err[-3000:]}")
-        got = await _rebuilt(bootstrap, ordered=ordered)
+        got = await rebuilt_from_topics(bootstrap, ordered=ordered)
         if got == expected:
             return
         if time.monotonic() > deadline:
@@ -171,7 +158,7 @@ async def test_corpus_and_live_workload_with_transactions_rebuild_exactly(
         code, err = _stop(tail)
     assert code == 0, err
     assert 'skipped the record for mcdc.corpus.types with key {"id":"\\"big\\""}' in err
-    records = await _data_records(kafka.bootstrap)
+    records = await data_records(kafka.bootstrap)
     counts = _check_records(records)
     assert counts["r"] > 500 and counts["u"] and counts["d"] and counts["tombstone"] == counts["d"]
     assert {r.partition for r in records if r.topic == "mcdc.work.a"} == {0, 1, 2}
@@ -186,7 +173,7 @@ async def test_corpus_and_live_workload_with_transactions_rebuild_exactly(
     ends = {t["id"]: t for t in tx if t["status"] == "END"}
     assert ends and {t["id"] for t in tx if t["status"] == "BEGIN"} == set(ends)
     in_tx: dict[str, int] = defaultdict(int)
-    for _, value in _decode(records):
+    for _, value in decode(records):
         if value is not None and value["transaction"] is not None:
             in_tx[value["transaction"]["id"]] += 1
             assert value["source"]["lsid"] and value["source"]["txnNumber"] is not None
@@ -212,7 +199,7 @@ async def test_broker_restart_mid_stream_loses_nothing(source_uri: str, kafka: K
     finally:
         code, err = _stop(tail)
     assert code == 0, err
-    counts = _check_records(await _data_records(kafka.bootstrap))
+    counts = _check_records(await data_records(kafka.bootstrap))
     assert counts["u"] > 0
 
 
@@ -246,7 +233,7 @@ async def test_sync_legacy_envelope_with_schemas_and_ddl_topic(
     )
     assert second.returncode == 0, second.stderr
     records = await consume_all(kafka.bootstrap, ["legacy.shop.orders", "legacy.shop.scratch"])
-    pairs = _decode(records)
+    pairs = decode(records)
     for key, value in pairs:
         assert key is not None and key["schema"]["name"].endswith(".Key") and "id" in key["payload"]
         if value is not None:

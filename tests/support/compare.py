@@ -5,6 +5,7 @@ Deliberately does not use replicator.verify: the tests check mcdc with code that
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import bson
@@ -18,8 +19,9 @@ RAW: CodecOptions[RawBSONDocument] = CodecOptions(
 SYSTEM = {"admin", "local", "config"}
 
 
-def server_state(uri: str) -> dict[str, Any]:
-    """{namespace: {"kind", "options", "indexes", "docs": {encoded _id: raw bytes}}} of every user namespace."""
+def server_state(uri: str, only: Callable[[str], bool] | None = None) -> dict[str, Any]:
+    """{namespace: {"kind", "options", "indexes", "docs": {encoded _id: raw bytes}}} of every user namespace
+    (``only``: of those ``db.coll`` names it keeps)."""
     client: pymongo.MongoClient[RawBSONDocument] = pymongo.MongoClient(
         uri, document_class=RawBSONDocument, datetime_conversion=DatetimeConversion.DATETIME_AUTO
     )
@@ -31,7 +33,7 @@ def server_state(uri: str) -> dict[str, Any]:
             db = client.get_database(db_name, codec_options=RAW)
             for info in db.list_collections():
                 name = info["name"]
-                if name.startswith("system."):
+                if name.startswith("system.") or (only is not None and not only(f"{db_name}.{name}")):
                     continue
                 entry: dict[str, Any] = {"kind": info.get("type"), "options": bson.encode(info["options"])}
                 if info.get("type") != "view":
@@ -47,9 +49,10 @@ def server_state(uri: str) -> dict[str, Any]:
     return out
 
 
-def assert_identical(source_uri: str, target_uri: str) -> dict[str, Any]:
-    """Assert both servers hold the same namespaces, options, indexes and documents (byte for byte)."""
-    src, dst = server_state(source_uri), server_state(target_uri)
+def assert_identical(source_uri: str, target_uri: str, only: Callable[[str], bool] | None = None) -> dict[str, Any]:
+    """Assert both servers hold the same namespaces, options, indexes and documents (byte for byte);
+    ``only``: compare just the ``db.coll`` names it keeps."""
+    src, dst = server_state(source_uri, only), server_state(target_uri, only)
     assert sorted(src) == sorted(dst), f"namespaces differ: {sorted(set(src) ^ set(dst))}"
     for ns, want in src.items():
         got = dst[ns]

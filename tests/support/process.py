@@ -142,6 +142,17 @@ class ManagedProcess(ABC):
             self._process.kill()
         self._reap()
 
+    def pause(self) -> None:
+        """SIGSTOP: the process holds its connections open and answers nothing (a hung server)."""
+        self._require_local("pause")
+        if self._process is not None and self._process.poll() is None:
+            self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.send_signal(signal.SIGCONT)
+
     def restart(self) -> None:
         """Stop cleanly and start again on the same port over the same data."""
         self._require_local("restart")

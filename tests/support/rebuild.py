@@ -16,6 +16,7 @@ from bson import json_util
 from bson.codec_options import CodecOptions, DatetimeConversion
 
 from replicator.extjson import CANONICAL
+from tests.support.kafka import Record, consume_all, list_topics
 
 Docs = dict[str, str]  # canonical extended JSON of _id -> canonical extended JSON of the document
 State = dict[str, Docs]  # "db.collection" -> documents
@@ -126,6 +127,31 @@ def rebuild_lines(lines: Iterable[bytes | str]) -> State:
     """Rebuild from JSON lines (stdout/jsonl sinks: {topic, key, value} records)."""
     records = [json.loads(line) for line in lines if line.strip()]
     return rebuild((r["key"], r["value"]) for r in records)
+
+
+def decode(records: Iterable[Record]) -> list[tuple[dict[str, Any] | None, dict[str, Any] | None]]:
+    """Kafka records as (key, value) JSON pairs (a tombstone's value is None)."""
+    return [
+        (json.loads(r.key) if r.key else None, json.loads(r.value) if r.value is not None else None) for r in records
+    ]
+
+
+async def data_records(bootstrap: str, prefix: str = "mcdc") -> list[Record]:
+    """Every record of the data topics of ``prefix`` (not its transaction and DDL topics), each partition
+    in order."""
+    topics = sorted(
+        t
+        for t in await list_topics(bootstrap)
+        if t.startswith(prefix + ".") and t not in (f"{prefix}.transaction", f"{prefix}.ddl")
+    )
+    return await consume_all(bootstrap, topics)
+
+
+async def rebuilt_from_topics(bootstrap: str, prefix: str = "mcdc", *, ordered: bool = True) -> State:
+    """The collections a consumer rebuilds from the data topics (``ordered=False``: fields sorted, for
+    states rebuilt from update deltas alone)."""
+    state = rebuild(decode(await data_records(bootstrap, prefix)))
+    return state if ordered else unordered(state)
 
 
 def server_docs(uri: str, databases: Iterable[str] | None = None) -> State:

@@ -1,0 +1,413 @@
+"""A seeded, replayable fault schedule against mcdc, judged by one property:
+
+    every checkpoint mcdc ever saved, restored and replayed with catch-up, converges to a target
+    byte-identical to the source (documents, indexes and options; namespaces outside the selection
+    left out).
+
+A :class:`Plan` is drawn from a seed: the command that runs (a ``tail`` throughout, or ``catch-up``
+rounds), the engine (asyncio or Spark), the target (MongoDB, or Kafka whose topics a consumer rebuilds),
+and a list of steps: writes (tests/chaos/workload.py), kill -9 of mcdc, SIGTERM, SIGSTOP/SIGCONT or a
+restart of the source or the target, a broker restart, and restoring an older copy of the checkpoint
+(what a lost save amounts to). Every plan begins with a sync (or the tail's own snapshot) under
+concurrent writes.
+
+:func:`run_plan` runs it on real servers, keeps every version of the checkpoint file it sees, and at the
+end checks the target, then restores several of those versions in turn and checks again after a
+catch-up from each. A failure raises :class:`ChaosFailure`, which prints the seed and the whole plan:
+``python scripts/soak.py --seed S --once`` (with the plan's --mode/--engine/--sink) runs it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.chaos.workload import SELECTION, ChaosWorkload, prepare, selected
+from tests.support.compare import assert_identical
+from tests.support.kafka import KafkaBroker
+from tests.support.servers import LocalServer
+
+MODES = ("tail", "catch-up")
+ENGINES = ("asyncio", "spark")
+SINKS = ("mongo", "kafka")
+#: the average pause between two writes: checkpoints get saved between them (a tail saves about once
+#: a second), so restored versions fall between DDL events
+PACE_S = 0.06
+#: how long a converging run may take before the plan fails (Spark starts a JVM per run)
+CONVERGE_S = {"asyncio": 120.0, "spark": 240.0}
+#: how long after its start mcdc surely handles SIGTERM
+STARTED_S = {"asyncio": 2.5, "spark": 2.5}
+
+
+class ChaosFailure(AssertionError):
+    """The property did not hold: the message names the seed, the plan and what differed."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One schedule, entirely decided by its seed and its shape."""
+
+    seed: int
+    mode: str
+    engine: str
+    sink: str
+    steps: tuple[str, ...]
+    replays: int
+
+    @classmethod
+    def draw(
+        cls,
+        seed: int,
+        *,
+        mode: str | None = None,
+        engine: str = "asyncio",
+        sink: str = "mongo",
+        length: int = 8,
+        replays: int = 3,
+    ) -> Plan:
+        rng = random.Random(seed)
+        mode = mode or rng.choice(MODES)
+        faults = ["kill", "restore", "pause source", "restart source", "stop"]
+        faults += ["restart broker"] if sink == "kafka" else ["pause target", "restart target"]
+        steps = []
+        for _ in range(length):
+            steps.append(f"write {rng.randrange(5, 40)}")
+            if rng.random() < 0.7:
+                steps.append(rng.choice(faults))
+        return cls(seed, mode, engine, sink, tuple(steps), replays)
+
+    def __str__(self) -> str:
+        return (
+            f"seed={self.seed} mode={self.mode} engine={self.engine} sink={self.sink} replays={self.replays}\n"
+            f"  steps: {', '.join(self.steps)}"
+        )
+
+    def command(self) -> str:
+        """How to run this plan again."""
+        return (
+            f"python scripts/soak.py --once --seed {self.seed} --mode {self.mode} --engine {self.engine} "
+            f"--sink {self.sink} --length {sum(s.startswith('write') for s in self.steps)} --replays {self.replays}"
+        )
+
+
+@dataclass
+class Servers:
+    """What a plan runs against: a source and a target server (restartable), a broker for Kafka plans."""
+
+    source: LocalServer
+    target: LocalServer
+    broker: KafkaBroker | None = None
+
+
+@dataclass
+class Tally:
+    """What plans did, for the soak's report."""
+
+    plans: int = 0
+    faults: int = 0
+    writes: int = 0
+    events: int = 0
+    runs: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: Tally) -> None:
+        self.plans += other.plans
+        self.faults += other.faults
+        self.writes += other.writes
+        self.events += other.events
+        self.runs += other.runs
+        for kind, n in other.kinds.items():
+            self.kinds[kind] = self.kinds.get(kind, 0) + n
+
+
+class CheckpointCopies:
+    """Every distinct version of the checkpoint file, as a background thread sees it change."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.versions: list[bytes] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> CheckpointCopies:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.03):
+            self.take()
+
+    def take(self) -> None:
+        try:
+            data = self.path.read_bytes()
+        except OSError:
+            return
+        if data and (not self.versions or self.versions[-1] != data):
+            with contextlib.suppress(ValueError):
+                json.loads(data)  # only whole versions (the file is replaced atomically, but be sure)
+                self.versions.append(data)
+
+    def restore(self, data: bytes) -> None:
+        """Put an older version back, as a lost save would leave it."""
+        tmp = self.path.with_name(self.path.name + ".chaos")
+        tmp.write_bytes(data)
+        os.replace(tmp, self.path)
+
+
+class Runner:
+    """Runs one plan (see the module's docstring)."""
+
+    def __init__(self, plan: Plan, servers: Servers, workdir: Path) -> None:
+        self.plan = plan
+        self.servers = servers
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.cp = workdir / "cp.json"
+        self.rng = random.Random(plan.seed * 7919 + 1)
+        self.tally = Tally(plans=1)
+        self._logs: list[Path] = []
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._started = 0.0
+        self.prefix = f"chaos{plan.seed}"
+
+    # -- mcdc processes ----------------------------------------------------------------------------
+    def _target(self) -> str:
+        if self.plan.sink == "kafka":
+            assert self.servers.broker is not None
+            return f"kafka://{self.servers.broker.bootstrap}"
+        return self.servers.target.uri
+
+    def _argv(self, command: str) -> list[str]:
+        argv = [sys.executable, "-m", "replicator.cli", command, "-s", self.servers.source.uri]
+        argv += ["-t", self._target(), "-c", str(self.cp), "--no-progress", "--json", *SELECTION]
+        argv += ["--retry-initial-delay", "0.2", "--retry-max-delay", "1", "--max-retries", "-1"]
+        if self.plan.sink == "kafka":
+            argv += ["--topic-prefix", self.prefix]
+        if self.plan.engine == "spark":
+            argv += ["--engine", "spark", "--spark-master", "local[2]"]
+        return argv
+
+    def _spawn(self, command: str) -> subprocess.Popen[bytes]:
+        log = self.workdir / f"mcdc-{len(self._logs):03d}-{command}.log"
+        self._logs.append(log)
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(self._argv(command), stdout=out, stderr=subprocess.STDOUT)
+        self.tally.runs += 1
+        self._started = time.monotonic()
+        return proc
+
+    def _finish(self, proc: subprocess.Popen[bytes], timeout: float) -> None:
+        """Wait for a bounded run to exit 0, and count the events its summary reports."""
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            self.fail(f"mcdc did not finish within {timeout:.0f} s")
+        if code != 0:
+            self.fail(f"mcdc exited with {code}")
+        self._count_events()
+
+    def _count_events(self) -> None:
+        text = self._logs[-1].read_text(errors="replace")
+        start = text.rfind('\n{\n  "command"')
+        with contextlib.suppress(ValueError):
+            self.tally.events += int(json.loads(text[start + 1 :]).get("events", 0))
+
+    def _run(self, command: str) -> None:
+        self._finish(self._spawn(command), CONVERGE_S[self.plan.engine])
+
+    def _kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGKILL)
+            self._proc.wait()
+        self._unlock_target()
+
+    def _unlock_target(self) -> None:
+        """A kill -9 mid-transaction leaves it open on the target, holding its documents, until the server
+        reaps it (mongod at 60 s; the test server never): what the server does, at once."""
+        if self.plan.sink == "mongo" and self.servers.target.running:
+            import pymongo
+
+            with contextlib.suppress(pymongo.errors.PyMongoError), pymongo.MongoClient(self._target()) as client:
+                client.admin.command("killAllSessions", [])
+
+    # -- the plan ----------------------------------------------------------------------------------
+    def fail(self, reason: str) -> None:
+        tail = self._logs[-1].read_text(errors="replace")[-3000:] if self._logs else ""
+        raise ChaosFailure(
+            f"chaos plan failed: {reason}\n{self.plan}\n  again: {self.plan.command()}\n"
+            f"  work directory: {self.workdir}\n--- last mcdc log ---\n{tail}"
+        )
+
+    def run(self) -> Tally:
+        prepare(self.servers.source.uri)
+        workload = ChaosWorkload(self.servers.source.uri, random.Random(self.plan.seed), ddl=self.plan.sink == "mongo")
+        try:
+            with CheckpointCopies(self.cp) as copies:
+                self.copies = copies
+                self._begin(workload)
+                for step in self.plan.steps:
+                    self._step(step, workload)
+                self._end()
+            self._replay_copies()
+        finally:
+            self._kill()
+            workload.close()
+            self.tally.writes += sum(workload.counts.values())
+            for kind, n in workload.counts.items():
+                self.tally.kinds[kind] = self.tally.kinds.get(kind, 0) + n
+        return self.tally
+
+    def _begin(self, workload: ChaosWorkload) -> None:
+        """The first snapshot, under writes, maybe killed once."""
+        command = "tail" if self.plan.mode == "tail" else "sync"
+        self._proc = self._spawn(command)
+        workload.steps(self.rng.randrange(5, 30))
+        if self.rng.random() < 0.5:
+            time.sleep(self.rng.uniform(0.0, 1.5))
+            self._kill()
+            self.tally.faults += 1
+            self._proc = self._spawn(command)
+        if command == "sync":
+            self._finish(self._proc, CONVERGE_S[self.plan.engine])
+
+    def _step(self, step: str, workload: ChaosWorkload) -> None:
+        verb, _, arg = step.partition(" ")
+        if verb == "write":
+            workload.steps(int(arg), PACE_S)
+            if self.plan.mode == "catch-up" and self.rng.random() < 0.5:
+                self._run("catch-up")
+            return
+        self.tally.faults += 1
+        tail = self.plan.mode == "tail"
+        if not tail:  # the fault strikes a catch-up while it runs
+            self._proc = self._spawn("catch-up")
+            time.sleep(self.rng.uniform(0.0, 1.0))
+        if verb in ("kill", "restore"):
+            self._kill()
+            if verb == "restore" and self.copies.versions:
+                self.copies.restore(self.rng.choice(self.copies.versions))
+            self._proc = self._spawn("tail" if tail else "catch-up")
+        elif verb == "stop":  # a tail stops cleanly (exit 0); a catch-up is just ended
+            self._sigterm(must_exit_0=tail)
+            self._unlock_target()
+            self._proc = self._spawn("tail" if tail else "catch-up")
+        else:
+            self._server_fault(verb, arg)
+        if not tail:
+            assert self._proc is not None
+            self._finish(self._proc, CONVERGE_S[self.plan.engine] * 2)
+
+    def _sigterm(self, *, must_exit_0: bool) -> None:
+        """SIGTERM to the running mcdc, once it is past its start (a signal before mcdc installed its
+        handlers ends it as a kill would)."""
+        assert self._proc is not None
+        time.sleep(max(0.0, self._started + STARTED_S[self.plan.engine] - time.monotonic()))
+        self._proc.send_signal(signal.SIGTERM)
+        if self._proc.wait(120) != 0 and must_exit_0:
+            self.fail(f"mcdc exited with {self._proc.returncode} on SIGTERM")
+
+    def _server_fault(self, verb: str, which: str) -> None:
+        server = {"source": self.servers.source, "target": self.servers.target, "broker": self.servers.broker}[which]
+        assert server is not None
+        if verb == "pause":
+            server.pause()
+            time.sleep(self.rng.uniform(0.5, 3.0))
+            server.resume()
+        else:
+            server.stop()
+            time.sleep(self.rng.uniform(0.2, 2.0))
+            server.start()
+
+    def _end(self) -> None:
+        """Writes stop; the running tail (or a last catch-up) must bring the target to the source."""
+        if self.plan.mode == "tail":
+            self._converge(lambda: self._proc is not None and self._proc.poll() is None)
+            self._sigterm(must_exit_0=True)
+            self._count_events()
+        else:
+            self._run("catch-up")
+            self._check()
+        self.copies.take()
+
+    def _replay_copies(self) -> None:
+        """The property: catch-up from saved checkpoints, each restored in turn, converges."""
+        versions = self.copies.versions
+        chosen = sorted(self.rng.sample(range(len(versions)), min(self.plan.replays, len(versions))))
+        for n in reversed(chosen):
+            self.copies.restore(versions[n])
+            self._run("catch-up")
+            try:
+                self._check()
+            except ChaosFailure as exc:
+                raise ChaosFailure(f"after restoring checkpoint version {n + 1} of {len(versions)}: {exc}") from None
+
+    def _check(self) -> None:
+        try:
+            self._compare()
+        except AssertionError as exc:
+            self.fail(f"target differs from the source: {exc}")
+
+    def _compare(self) -> None:
+        if self.plan.sink == "mongo":
+            assert_identical(self.servers.source.uri, self.servers.target.uri, only=selected)
+            return
+        import asyncio
+
+        from tests.support.rebuild import assert_same, rebuilt_from_topics, server_docs
+
+        assert self.servers.broker is not None
+        got = asyncio.run(rebuilt_from_topics(self.servers.broker.bootstrap, self.prefix))
+        assert_same(got, {ns: docs for ns, docs in server_docs(self.servers.source.uri).items() if selected(ns)})
+
+    def _converge(self, alive: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + CONVERGE_S[self.plan.engine]
+        while True:
+            if not alive():
+                self.fail("mcdc exited before converging")
+            try:
+                self._compare()
+                return
+            except AssertionError as exc:
+                if time.monotonic() > deadline:
+                    self.fail(f"no convergence within {CONVERGE_S[self.plan.engine]:.0f} s: {exc}")
+            time.sleep(0.5)
+
+
+def run_plan(plan: Plan, servers: Servers, workdir: Path) -> Tally:
+    """Run one plan; raises ChaosFailure (with its seed and steps) when the property does not hold."""
+    return Runner(plan, servers, workdir).run()
+
+
+@contextlib.contextmanager
+def local_servers(base: Path, *, kafka: bool = False) -> Iterator[Servers]:
+    """A source and a target server (and a broker) of the harness's own, stopped at the end."""
+    source, target = LocalServer(base / "source"), LocalServer(base / "target")
+    broker = KafkaBroker(base / "kafka") if kafka else None
+    started: list[Any] = []
+    try:
+        for process in (source, target, broker):
+            if process is not None:
+                process.start()
+                started.append(process)
+        yield Servers(source, target, broker)
+    finally:
+        for process in started:
+            with contextlib.suppress(Exception):
+                process.stop()

@@ -1,0 +1,234 @@
+"""The chaos harness's writes: a seeded mix of CRUD, transactions, unique-key swaps and DDL on a source.
+
+Namespaces (all in the selection but ``chaos.ext_*``, which ``SELECTION`` excludes):
+
+* ``chaos.a``, ``chaos.b``: inserts, ``$set``/``$inc``/``$unset``/``$push`` with ``$slice``, replaces,
+  deletes, ``updateMany``, transactions over both, ``$``-prefixed fields, arrays of arrays, ~1 MB
+  documents; index churn and views on ``a``; collMod of ``b``'s validator.
+* ``chaos.u``: a unique index on ``k``, whose values documents swap.
+* ``chaos.log``: rotated (``log -> log_N``, a new ``log`` with the same ``_id``s), archives dropped later.
+* ``chaos.c``: dropped and created again with other options (capped, a validator, plain).
+* ``chaos.in_N`` / ``chaos.ext_N``: collections renamed into the selection from ``ext_*`` and out of it.
+* ``chaos2.*``: a database dropped with ``dropDatabase``, and renamed from into ``chaos``.
+
+Indexes made during the run are plain or sparse: the test server leaves ``unique`` and
+``partialFilterExpression`` out of createIndexes events (a known quirk of it, see INFRA.md), so a unique
+index is made before mcdc starts (``prepare``).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pymongo
+from bson.int64 import Int64
+from pymongo.errors import BulkWriteError, OperationFailure
+
+#: mcdc's selection flags for the chaos namespaces.
+SELECTION = ("--include", r"chaos2?\..*", "--exclude", r"chaos\.ext_.*")
+IDS = 24
+#: write kinds, each with its weight; ``ddl=False`` keeps the first group only (event sinks rebuilt from
+#: data topics alone cannot follow DDL)
+DATA_KINDS: dict[str, int] = {
+    "upsert": 6, "update": 6, "unset": 2, "push": 2, "replace": 3, "delete": 3, "many": 1, "txn": 3,
+    "dollar": 1, "nested": 1, "large": 1, "swap": 2,
+}  # fmt: skip
+DDL_KINDS: dict[str, int] = {
+    "rotate": 2, "drop_archive": 1, "recreate": 1, "rename_in": 1, "rename_out": 1, "drop_database": 1,
+    "from_other_db": 1, "coll_mod": 1, "index": 1, "drop_index": 1, "view": 1,
+}  # fmt: skip
+
+
+def selected(ns: str) -> bool:
+    """Is ``db.coll`` in the harness's selection (what the comparison looks at)?"""
+    db, _, coll = ns.partition(".")
+    return db in ("chaos", "chaos2") and not coll.startswith("ext_")
+
+
+def prepare(uri: str) -> None:
+    """The starting state: a few documents everywhere, and the unique index on ``chaos.u``."""
+    with pymongo.MongoClient(uri) as client:
+        for db in ("chaos", "chaos2"):
+            client.drop_database(db)
+        chaos = client.chaos
+        chaos.a.insert_many([{"_id": i, "v": 0, "arr": [[1, 2], [3]]} for i in range(IDS)])
+        chaos.b.insert_many([{"_id": i, "n": Int64(i)} for i in range(IDS)])
+        chaos.u.insert_many([{"_id": i, "k": i} for i in range(8)])
+        chaos.u.create_index("k", unique=True, name="k_unique")
+        chaos.log.insert_many([{"_id": i, "gen": 0} for i in range(4)])
+        client.chaos2.x.insert_many([{"_id": i} for i in range(5)])
+
+
+class ChaosWorkload:
+    """Writes one random operation per :meth:`step`, all drawn from ``rng``."""
+
+    def __init__(self, uri: str, rng: random.Random, *, ddl: bool = True) -> None:
+        self.client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(uri, serverSelectionTimeoutMS=5000)
+        self.rng = rng
+        kinds = {**DATA_KINDS, **(DDL_KINDS if ddl else {})}
+        self._kinds, self._weights = list(kinds), list(kinds.values())
+        self._n = 0
+        self.counts: dict[str, int] = {}
+
+    def close(self) -> None:
+        self.client.close()
+
+    def steps(self, count: int, pace_s: float = 0.0) -> None:
+        """``count`` operations, ``pace_s`` apart on average (so checkpoints are saved between them)."""
+        for _ in range(count):
+            self.step()
+            if pace_s:
+                time.sleep(self.rng.uniform(0, 2 * pace_s))
+
+    def step(self) -> str:
+        """One operation; returns its kind (``kind!`` when the server refused it, which is fine: the
+        source stays what it is, and mcdc must follow whatever it is)."""
+        self._n += 1
+        kind = self.rng.choices(self._kinds, self._weights)[0]
+        op: Callable[[], None] = getattr(self, f"_{kind}")
+        try:
+            op()
+        except (OperationFailure, BulkWriteError):
+            kind += "!"
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        return kind
+
+    # -- documents -------------------------------------------------------------------------------
+    def _id(self) -> int:
+        return self.rng.randrange(IDS)
+
+    def _coll(self) -> Any:
+        return self.client.chaos[self.rng.choice(["a", "b", "log"])]
+
+    def _upsert(self) -> None:
+        self._coll().update_one({"_id": self._id()}, {"$setOnInsert": {"v": self._n, "arr": [1, 2]}}, upsert=True)
+
+    def _update(self) -> None:
+        self._coll().update_one({"_id": self._id()}, {"$set": {"v": self._n, "sub.x": self._n}, "$inc": {"c": 1}})
+
+    def _unset(self) -> None:
+        self._coll().update_one({"_id": self._id()}, {"$unset": {"v": "", "sub.x": ""}})
+
+    def _push(self) -> None:
+        self._coll().update_one({"_id": self._id()}, {"$push": {"arr": {"$each": [self._n], "$slice": -3}}})
+
+    def _replace(self) -> None:
+        doc = {"r": self._n, "z": -0.0, "big": Int64(self._n), "when": self._n * 1.5}
+        self._coll().replace_one({"_id": self._id()}, doc, upsert=True)
+
+    def _delete(self) -> None:
+        self._coll().delete_one({"_id": self._id()})
+
+    def _many(self) -> None:
+        self._coll().update_many({"_id": {"$lt": IDS // 3}}, {"$inc": {"m": 1}})
+
+    def _txn(self) -> None:
+        chaos, i = self.client.chaos, self._id()
+        with self.client.start_session() as s, s.start_transaction():
+            chaos.a.update_one({"_id": i}, {"$set": {"t": self._n}}, upsert=True, session=s)
+            chaos.b.delete_one({"_id": (i + 1) % IDS}, session=s)
+            chaos.b.update_one({"_id": i}, {"$set": {"t": self._n}, "$inc": {"c": 1}}, upsert=True, session=s)
+
+    def _dollar(self) -> None:
+        value = {"$literal": {"$price": self._n}}
+        stage = {"$replaceWith": {"$setField": {"field": {"$literal": "$cost"}, "input": "$$ROOT", "value": value}}}
+        self.client.chaos.a.update_one({"_id": self._id()}, [stage], upsert=True)
+
+    def _nested(self) -> None:
+        arrays = [[self._n, [self._n, [self._n]]], [], [[{"x": [1, [2]]}]]]
+        self.client.chaos.b.update_one({"_id": self._id()}, {"$set": {"nest": arrays}}, upsert=True)
+
+    def _large(self) -> None:
+        size = self.rng.choice([200_000, 1_000_000])
+        self.client.chaos.a.replace_one({"_id": self._id()}, {"blob": "x" * size, "n": self._n}, upsert=True)
+
+    def _swap(self) -> None:
+        """Two documents trade their unique ``k`` through a free value, as an application does."""
+        u = self.client.chaos.u
+        x, y = self.rng.sample(range(8), 2)
+        dx, dy = u.find_one({"_id": x}), u.find_one({"_id": y})
+        if dx is None or dy is None:
+            u.update_one({"_id": x}, {"$setOnInsert": {"k": 100 + x}}, upsert=True)
+            return
+        if self.rng.random() < 0.5:
+            with self.client.start_session() as s, s.start_transaction():
+                u.update_one({"_id": x}, {"$set": {"k": -1 - x}}, session=s)
+                u.update_one({"_id": y}, {"$set": {"k": dx["k"]}}, session=s)
+                u.update_one({"_id": x}, {"$set": {"k": dy["k"]}}, session=s)
+        else:
+            u.update_one({"_id": x}, {"$set": {"k": -1 - x}})
+            u.update_one({"_id": y}, {"$set": {"k": dx["k"]}})
+            u.update_one({"_id": x}, {"$set": {"k": dy["k"]}})
+
+    # -- DDL ---------------------------------------------------------------------------------------
+    def _rotate(self) -> None:
+        chaos = self.client.chaos
+        chaos.log.update_one({"_id": 0}, {"$set": {"touch": self._n}}, upsert=True)
+        chaos.log.rename(f"log_{self._n}", dropTarget=True)
+        chaos.log.insert_many([{"_id": i, "gen": self._n} for i in range(3)])
+        chaos.log.update_one({"_id": 1}, {"$inc": {"v": 1}})
+
+    def _drop_archive(self) -> None:
+        archives = [n for n in self.client.chaos.list_collection_names() if n.startswith("log_")]
+        if archives:
+            self.client.chaos.drop_collection(self.rng.choice(sorted(archives)))
+
+    def _recreate(self) -> None:
+        chaos = self.client.chaos
+        chaos.drop_collection("c")
+        options: dict[str, Any] = self.rng.choice(
+            [{}, {"capped": True, "size": 1 << 16, "max": 50}, {"validator": {"n": {"$type": "int"}}}]
+        )
+        chaos.create_collection("c", **options)
+        chaos.c.insert_many([{"_id": i, "n": i, "gen": self._n} for i in range(5)])
+
+    def _rename_in(self) -> None:
+        chaos = self.client.chaos
+        name = f"ext_{self._n}"
+        chaos[name].insert_many([{"_id": i, "from": "outside", "at": self._n} for i in range(6)])
+        chaos[name].update_one({"_id": 0}, {"$set": {"changed": True}})
+        chaos[name].rename(f"in_{self._n}")
+        chaos[f"in_{self._n}"].insert_one({"_id": "after", "n": self._n})
+
+    def _rename_out(self) -> None:
+        chaos = self.client.chaos
+        inside = sorted(n for n in chaos.list_collection_names() if n.startswith("in_"))
+        if inside:
+            chaos[self.rng.choice(inside)].rename(f"ext_gone_{self._n}")
+
+    def _drop_database(self) -> None:
+        self.client.drop_database("chaos2")
+        self.client.chaos2.x.insert_many([{"_id": i, "gen": self._n} for i in range(3)])
+
+    def _from_other_db(self) -> None:
+        chaos2 = self.client.chaos2
+        chaos2.y.insert_many([{"_id": i, "from": "chaos2", "at": self._n} for i in range(4)])
+        self.client.admin.command("renameCollection", "chaos2.y", to=f"chaos.from2_{self._n}")
+
+    def _coll_mod(self) -> None:
+        validator = {"n": {"$exists": self.rng.random() < 0.5}}
+        self.client.chaos.command("collMod", "b", validator=validator, validationAction="warn")
+
+    def _index(self) -> None:
+        a = self.client.chaos.a
+        field = self.rng.choice(["v", "c", "r", "sub.x"])
+        direction = self.rng.choice([1, -1])
+        a.create_index([(field, direction)], name=f"ix_{field}_{direction}", sparse=self.rng.random() < 0.5)
+
+    def _drop_index(self) -> None:
+        a = self.client.chaos.a
+        names = sorted(n for n in a.index_information() if n.startswith("ix_"))
+        if names:
+            a.drop_index(self.rng.choice(names))
+
+    def _view(self) -> None:
+        chaos = self.client.chaos
+        views = sorted(n for n in chaos.list_collection_names() if n.startswith("view_"))
+        if views and self.rng.random() < 0.5:
+            chaos.drop_collection(self.rng.choice(views))
+            return
+        pipeline = [{"$match": {"v": {"$gt": self.rng.randrange(50)}}}, {"$project": {"v": 1}}]
+        chaos.create_collection(f"view_{self._n}", viewOn="a", pipeline=pipeline)
