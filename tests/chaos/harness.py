@@ -269,6 +269,7 @@ class Runner:
         finally:
             self._kill()
             workload.close()
+            self._drop_topics()
             self.tally.writes += sum(workload.counts.values())
             for kind, n in workload.counts.items():
                 self.tally.kinds[kind] = self.tally.kinds.get(kind, 0) + n
@@ -357,6 +358,23 @@ class Runner:
                 self._check()
             except ChaosFailure as exc:
                 raise ChaosFailure(f"after restoring checkpoint version {n + 1} of {len(versions)}: {exc}") from None
+
+    def _drop_topics(self) -> None:
+        """A Kafka plan's topics, deleted (the broker keeps everything in memory)."""
+        if self.servers.broker is None or self.plan.sink != "kafka":
+            return
+        import asyncio
+
+        from tests.support.kafka import delete_topics, list_topics
+
+        async def drop() -> None:
+            assert self.servers.broker is not None
+            bootstrap = self.servers.broker.bootstrap
+            mine = [t for t in await list_topics(bootstrap) if t.startswith(self.prefix + ".")]
+            await delete_topics(bootstrap, mine)
+
+        with contextlib.suppress(Exception):
+            asyncio.run(drop())
 
     def _check(self) -> None:
         try:
