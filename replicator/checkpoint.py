@@ -69,6 +69,9 @@ class Checkpoint:
     shards: dict[str, Position] = field(default_factory=dict)  # per-shard stream positions
     source_identity: str | None = None
     target_identity: str | None = None
+    #: the selection, renames and field rules the target's copies were made with (recorded.Recorded's
+    #: JSON); None in a checkpoint written before mcdc recorded them
+    recorded: dict[str, Any] | None = None
 
     def acknowledge(
         self, position: Position, shard_positions: Mapping[str, Position] | None = None, *, applied: bool = True
@@ -92,6 +95,7 @@ class Checkpoint:
             "source": self.source_id,
             "source_identity": self.source_identity,
             "target_identity": self.target_identity,
+            "recorded": self.recorded,
             "updated_at": self.updated_at,
             "position": _position_json(self.position),
             "shards": {name: _position_json(pos) for name, pos in sorted(self.shards.items())},
@@ -118,6 +122,7 @@ class Checkpoint:
             source_id=str(data["source"]),
             source_identity=_optional_str(data.get("source_identity")),
             target_identity=_optional_str(data.get("target_identity")),
+            recorded=dict(data["recorded"]) if data.get("recorded") is not None else None,
             position=_position_from_json(data.get("position")),
             shards={str(k): _position_from_json(v) for k, v in (data.get("shards") or {}).items()},
             snapshot=SnapshotProgress(

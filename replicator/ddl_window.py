@@ -79,11 +79,6 @@ class DdlWindow:
         """The stream opens (again) with the source's time ``now``: what came before may be on the target."""
         self.horizon = now if self.horizon is None or now > self.horizon else self.horizon
 
-    def mark(self, namespaces: Iterable[Namespace]) -> None:
-        """Copy these source namespaces again before the next event is applied (namespaces that were not
-        replicated so far: a widened selection)."""
-        self._todo.data.update(ns for ns in namespaces if self._selection(ns))
-
     def split(self, events: Sequence[ChangeEvent]) -> tuple[list[ChangeEvent], list[ChangeEvent] | None]:
         """The events to apply now, and (not None) the rest of the batch when the copy is due before it.
 

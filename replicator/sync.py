@@ -28,7 +28,7 @@ from pymongo.errors import PyMongoError
 
 from .checkpoint import Checkpoint, CheckpointStore, SnapshotProgress
 from .config import Settings, parse_start_at
-from .ddl_window import DdlWindow
+from .ddl_window import DdlWindow, Resync
 from .errors import ConfigError, HistoryLost, TopologyError
 from .events import ChangeEvent, Namespace, Op, Position
 from .extjson import from_jsonable, to_jsonable
@@ -38,6 +38,7 @@ from .metrics import Metrics
 from .pipeline import Copier, CopyLimits, CopyResult, Transform, copy_partitions
 from .preflight import refuse_same_server, source_name, target_identity
 from .progress import Reporter
+from .recorded import Recorded, narrowed, refused_change, widened
 from .replay_stage import ReplayStage
 from .resync import Copied, Resyncer
 from .retry import Retrier, is_retryable
@@ -104,6 +105,7 @@ class SyncJob:
                     info = await probe(client, self.s.source, "source")
                     sink.source_name = info.set_name or ""
                     cp = self.store.load()
+                    self._check_recorded(cp)
                     await self._check_selection(client, first_run=cp is None)
                     # an event sink's identity needs no I/O: claim before start() opens (or trims) its file
                     claimed = self._claim(info, sink, cp, started=False)
@@ -140,6 +142,15 @@ class SyncJob:
             self.reporter.info(f"starting Spark ({self.s.spark_master})")
         self._spark = await asyncio.to_thread(session, self.s)
         self._copier = SparkCopier(self.s, self._spark)
+
+    def _check_recorded(self, cp: Checkpoint | None) -> None:
+        """Refuse, before anything is written, to go on from a checkpoint whose target copies were made
+        under other renames or field rules (unless this run takes a new snapshot)."""
+        if cp is None or cp.recorded is None or self.s.snapshot == "always":
+            return
+        problem = refused_change(Recorded.from_json(cp.recorded), Recorded.of(self.s), str(self.store.path))
+        if problem is not None:
+            raise ConfigError(problem)
 
     async def _check_selection(self, client: Client, *, first_run: bool) -> None:
         """A first run whose --include matches nothing on the source is a mistake: refused before anything
@@ -212,6 +223,7 @@ class SyncJob:
                     if cp is None or self._stopped():
                         break
                     if not s.snapshot_only:
+                        await self._follow_selection(client, sink, cp)
                         await self._replay(reader, sink, cp, snapshot_window=False, follow=self.command == "tail")
                     break
                 except HistoryLost as exc:
@@ -291,7 +303,7 @@ class SyncJob:
         if start is Start.START_AT:
             assert s.start_at is not None
             at = parse_start_at(s.start_at)
-            cp = Checkpoint(identity, position=Position(cluster_time=at))
+            cp = self._new_checkpoint(identity, position=Position(cluster_time=at))
             self.store.save(cp)
             self.reporter.info(f"no snapshot: replicating from --start-at {s.start_at} ({format_ts(at)})")
             return cp
@@ -307,7 +319,7 @@ class SyncJob:
         if start is Start.REPLAY:
             if cp is None:
                 position, shard_positions = await _capture(reader)
-                cp = Checkpoint(identity, position=position, shards=shard_positions)
+                cp = self._new_checkpoint(identity, position=position, shards=shard_positions)
                 self.store.save(cp)
                 self.reporter.info("no snapshot (--snapshot never): replicating from now")
             return cp
@@ -324,7 +336,7 @@ class SyncJob:
                 "or --snapshot never to only replay changes"
             )
         plan = await plan_specs(client, specs, s.partition_docs, split=s.split)
-        cp = Checkpoint(
+        cp = self._new_checkpoint(
             identity,
             position=position,
             shards=shard_positions,
@@ -345,6 +357,34 @@ class SyncJob:
         cp.snapshot.prepared = {str(t.ns) for t in targets}
         self.store.save(cp)  # before any copy: a resumed run must not prepare (drop) them again
         return await self._copy(client, sink, cp, fresh=True)
+
+    def _new_checkpoint(self, identity: str, **fields: Any) -> Checkpoint:
+        """A checkpoint that starts here, recording the selection and rules its copies follow."""
+        return Checkpoint(identity, recorded=Recorded.of(self.s).to_json(), **fields)
+
+    async def _follow_selection(self, client: Client, sink: Sink, cp: Checkpoint) -> None:
+        """A run whose selection differs from the one the checkpoint recorded: namespaces it adds are copied
+        from the source before the replay (their earlier changes were never replicated), namespaces it
+        leaves are no longer followed; both are said. Then the checkpoint records this run's."""
+        now = Recorded.of(self.s)
+        saved = Recorded.from_json(cp.recorded) if cp.recorded is not None else now
+        if saved != now:
+            namespaces = await catalog.list_namespaces(client)
+            left = narrowed(saved, self.s.selection, namespaces)
+            if left:
+                self.reporter.warn(
+                    f"the selection no longer includes {listing(left, 20)}: not followed from now on (their copies "
+                    "on the target stay as they are)"
+                )
+            added = widened(saved, self.s.selection, namespaces)
+            if added:
+                self.reporter.info(f"the selection now includes {listing(added, 20)}: copying them from the source")
+                copied, at = await self._resyncer(sink)(Resync(data=set(added)))
+                if self._window is not None:
+                    self._window.copied(copied, at)
+        if cp.recorded != now.to_json():
+            cp.recorded = now.to_json()
+            self.store.save(cp)
 
     async def _count(self, client: Client, uncounted: Sequence[Namespace]) -> None:
         """Progress totals, alongside the copy: a collection kept whole was not counted when planned

@@ -159,3 +159,50 @@ async def test_two_sources_renamed_onto_one_target_are_refused_before_a_write(
         await run_job(source_uri, target_uri, tmp_path / "cp.json", rename=("legacy.users=app.users_legacy",))
     with pymongo.MongoClient(target_uri) as client:
         assert [d for d in client.list_database_names() if d not in ("admin", "local", "config")] == []
+
+
+async def test_a_widened_selection_copies_the_namespaces_it_adds(
+    source_uri: str, target_uri: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    cp = tmp_path / "cp.json"
+    with pymongo.MongoClient(source_uri) as client:
+        client.app.sessions.insert_many([{"_id": i} for i in range(5)])
+        client.app.users.insert_many([{"_id": i, "v": 0} for i in range(49)])
+    await run_job(source_uri, target_uri, cp, include=(r"app\.sessions",))
+    with pymongo.MongoClient(source_uri) as client:
+        client.app.users.update_one({"_id": 3}, {"$set": {"v": 1}})
+        client.app.sessions.insert_one({"_id": "late"})
+    caplog.set_level(logging.INFO, logger="mcdc")
+    await run_job(source_uri, target_uri, cp, command="catch-up", include=(r"app\.sessions", r"app\.users"))
+    assert_identical(source_uri, target_uri)
+    assert any("now includes app.users: copying" in r.getMessage() for r in caplog.records)
+    with pymongo.MongoClient(source_uri) as client:
+        client.app.sessions.delete_one({"_id": 0})
+        client.app.users.delete_one({"_id": 0})
+    await run_job(source_uri, target_uri, cp, command="catch-up", include=(r"app\.users",))
+    assert any("no longer includes app.sessions" in r.getMessage() for r in caplog.records)
+    with pymongo.MongoClient(target_uri) as client:
+        assert client.app.users.count_documents({}) == 48 and client.app.sessions.count_documents({}) == 6
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "message"),
+    [
+        ({"rename": ("app=app_v2",)}, {"rename": ("app=app_v3",)}, r"--rename app=app_v2, this run has --rename app="),
+        ({}, {"field_exclude": ("app.users.secret",)}, r"written with no --field-exclude, this run has --field-exc"),
+    ],
+)
+async def test_a_changed_rename_or_field_rule_is_refused_with_the_fix(
+    source_uri: str, target_uri: str, tmp_path: Path, first: dict[str, Any], then: dict[str, Any], message: str
+) -> None:
+    from replicator.errors import ConfigError
+
+    cp = tmp_path / "cp.json"
+    with pymongo.MongoClient(source_uri) as client:
+        client.app.users.insert_many([{"_id": i, "secret": i} for i in range(3)])
+    await run_job(source_uri, target_uri, cp, **first)
+    with pytest.raises(ConfigError, match=message + r".*--snapshot always"):
+        await run_job(source_uri, target_uri, cp, command="catch-up", **then)
+    await run_job(source_uri, target_uri, cp, snapshot="always", drop_target=True, **then)

@@ -78,14 +78,6 @@ def test_a_rename_into_the_selection_is_always_copied() -> None:
     assert w.split([outside]) == ([outside], None)  # not ours: the transform drops it
 
 
-def test_a_widened_selection_copies_before_the_next_event() -> None:
-    w = window(1)
-    w.mark([A, Namespace("admin", "x")])
-    now, rest = w.split([doc(5, B)])
-    assert now == [] and rest == [doc(5, B)]
-    assert w.take().data == {A}
-
-
 def test_a_looked_up_document_of_another_incarnation_keeps_only_its_delta() -> None:
     update = UpdateDescription({"touch": 4})
     old = at(1, Op.UPDATE, A, key={"_id": 0}, document={"_id": 0, "gen": 13}, update=update, uuid=b"old")
