@@ -13,6 +13,7 @@ line and exits with its ``exit_code``. Anything else is a bug and keeps its trac
     │   └── CheckpointLocked       another run holds the checkpoint (exit 3)
     ├── HistoryLost                resume position fell off the oplog (exit 4)
     ├── OversizeEvent              a change event over 16 MB the server cannot split
+    ├── UnknownChange              a change to documents of a kind this mcdc does not know
     ├── SinkError                  the sink refused a write it cannot retry
     │   └── SinkUnavailable        the destination is down for now (retried with backoff)
     ├── OutputClosed               the reader of --target stdout went away (exit 0, quietly)
@@ -58,6 +59,10 @@ class HistoryLost(McdcError):
 
 class OversizeEvent(McdcError):
     """A change event over 16 MB stopped the stream (see --oversize)."""
+
+
+class UnknownChange(McdcError):
+    """The change stream reported a document change of an operationType this mcdc cannot apply."""
 
 
 class SinkError(McdcError):

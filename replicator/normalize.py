@@ -8,13 +8,15 @@ becomes a RawDocument of its own bytes, never decoded here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Container, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 import bson
 
 from . import rawbson
+from .errors import UnknownChange
 from .events import ChangeEvent, Namespace, Op, Position, Transaction, UpdateDescription
 from .rawbson import RawDocument
 
@@ -34,10 +36,18 @@ OPERATION_TYPES: dict[str, Op] = {
     "invalidate": Op.INVALIDATE,
 }
 
-#: Events that describe sharding internals, never replayed.
+#: Events that change no document and no collection mcdc copies: sharding internals and Atlas Search
+#: index definitions, never replayed.
 IGNORED_TYPES = frozenset(
-    {"shardCollection", "reshardCollection", "refineCollectionShardKey", "migrateLastChunkFromShard"}
-)
+    {
+        "shardCollection", "reshardCollection", "refineCollectionShardKey", "migrateLastChunkFromShard",
+        "createSearchIndexes", "dropSearchIndexes", "updateSearchIndex",
+    }
+)  # fmt: skip
+#: Fields of a change event that carry documents: an event type mcdc does not know that has one changes data.
+_DOCUMENT_FIELDS = ("documentKey", "fullDocument", "updateDescription")
+log = logging.getLogger("mcdc.source")
+_warned: set[str] = set()
 
 
 def normalize_change(raw: Mapping[str, Any], rs: str | None = None) -> ChangeEvent | None:
@@ -50,17 +60,31 @@ def normalize_change(raw: Mapping[str, Any], rs: str | None = None) -> ChangeEve
     return _from_mapping(raw, rs)
 
 
-def _op(op_type: str) -> Op | None:
+def _op(op_type: str, fields: Container[str]) -> Op | None:
+    """The op of an operationType; None for one mcdc does not replay.
+
+    MongoDB adds operation types over time. One that changes documents (it carries a documentKey, a
+    fullDocument or an updateDescription) cannot be skipped without the target silently going wrong, so
+    it stops the run with one line: the checkpoint stays before it, and a newer mcdc goes on from there.
+    Any other (a namespace or index event of a new kind) is skipped with a warning naming it, once."""
     op = OPERATION_TYPES.get(op_type)
-    if op is None and op_type not in IGNORED_TYPES:
-        raise ValueError(f"unknown change stream operationType {op_type!r}")
-    return op
+    if op is not None or op_type in IGNORED_TYPES:
+        return op
+    if any(name in fields for name in _DOCUMENT_FIELDS):
+        raise UnknownChange(
+            f"the change stream reported a document change of operationType {op_type!r}, which this mcdc "
+            "cannot apply; the checkpoint stays before it: upgrade mcdc and run again"
+        )
+    if op_type not in _warned:
+        _warned.add(op_type)
+        log.warning("skipping change events of operationType %r, unknown to mcdc (they hold no document)", op_type)
+    return None
 
 
 def from_top_level(top: dict[str, Any], rs: str | None = None) -> ChangeEvent | None:
     """:func:`normalize_change` of a change document's top-level fields as :func:`rawbson.top_level` gives
     them (sub-documents as Spans)."""
-    op = _op(top["operationType"])
+    op = _op(top["operationType"], top)
     if op is None:
         return None
     get = top.get
@@ -135,7 +159,7 @@ def _from_mapping(raw: Mapping[str, Any], rs: str | None) -> ChangeEvent | None:
     def get(name: str) -> Any:
         return raw[name] if name in present else None
 
-    op = _op(raw["operationType"])
+    op = _op(raw["operationType"], present)
     if op is None:
         return None
     ns_doc = get("ns")

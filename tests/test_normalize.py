@@ -35,8 +35,23 @@ def test_every_operation_type_maps_to_one_op() -> None:
         event = normalize_change(raw({**BASE, "operationType": name, "documentKey": {"_id": 1}}))
         assert event is not None and event.op is OPERATION_TYPES[name]
     assert normalize_change(raw({**BASE, "operationType": "shardCollection"})) is None
-    with pytest.raises(ValueError, match="unknown change stream operationType"):
-        normalize_change(raw({**BASE, "operationType": "teleport"}))
+
+
+def test_an_unknown_operation_type_is_skipped_unless_it_changes_documents(caplog: pytest.LogCaptureFixture) -> None:
+    """MongoDB adds operation types: one without a document (a new kind of DDL) is skipped with a warning
+    naming it; one about a document stops the run in one line (skipping it would lose the change)."""
+    from replicator.errors import UnknownChange
+
+    assert normalize_change(raw({**BASE, "operationType": "createSearchIndexes"})) is None
+    for event in ({**BASE, "operationType": "teleport"}, {**BASE, "operationType": "teleport", "lsid": {"id": 1}}):
+        assert normalize_change(raw(event)) is None
+        assert normalize_change(event) is None  # a decoded mapping, not bytes: the other reading
+    assert [r.getMessage() for r in caplog.records if "teleport" in r.getMessage()] == [
+        "skipping change events of operationType 'teleport', unknown to mcdc (they hold no document)"
+    ]
+    for field in ("documentKey", "fullDocument", "updateDescription"):
+        with pytest.raises(UnknownChange, match=r"document change of operationType 'beam'.*upgrade mcdc"):
+            normalize_change(raw({**BASE, "operationType": "beam", field: {"_id": 1}}))
 
 
 def test_update_with_transaction_keeps_raw_values() -> None:
