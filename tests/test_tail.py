@@ -334,3 +334,30 @@ async def test_the_reader_fetches_the_next_reply_while_a_batch_is_applied(source
     finally:
         await reader.close()
         await source.close()
+
+
+def test_a_live_tail_follows_log_rotation(source_uri: str, target_uri: str, tmp_path: Path) -> None:
+    """rename log -> log_N, a new log with the same _ids, again and again, under a live tail: an update of
+    the old log read after the rename carries the new log's document (updateLookup reads by name), which
+    must not travel into the archive. The tail lags behind the rotations (held with SIGSTOP while they
+    happen, as a busy tail lags), so it reads the updates after the renames."""
+    cp = tmp_path / "cp.json"
+    with pymongo.MongoClient(source_uri) as client:
+        client.churn.log.insert_many([{"_id": i, "v": 0} for i in range(3)])
+        proc = _tail(source_uri, target_uri, cp)
+        _wait(_converged(source_uri, target_uri), what="the first copy")
+        _wait(lambda: json.loads(cp.read_text())["snapshot"]["status"] == "done", what="the snapshot's end")
+        time.sleep(2)  # the tail follows the stream now: DDL from here on is replayed as it comes
+        proc.send_signal(signal.SIGSTOP)
+        for gen in range(1, 13):
+            client.churn.log.update_one({"_id": 0}, {"$inc": {"touch": 1}})
+            client.churn.log.rename(f"log_{gen}")
+            client.churn.log.insert_many([{"_id": i, "gen": gen} for i in range(3)])
+            client.churn.log.update_one({"_id": 1}, {"$set": {"v": gen}})
+            if gen == 6:
+                proc.send_signal(signal.SIGCONT)
+                time.sleep(1)
+                proc.send_signal(signal.SIGSTOP)
+        proc.send_signal(signal.SIGCONT)
+    _wait(_converged(source_uri, target_uri), what="convergence after the rotations")
+    assert _stop(proc)[0] == 0

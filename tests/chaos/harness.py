@@ -6,7 +6,8 @@
 
 A :class:`Plan` is drawn from a seed: the command that runs (a ``tail`` throughout, or ``catch-up``
 rounds), the engine (asyncio or Spark), the target (MongoDB, or Kafka whose topics a consumer rebuilds),
-and a list of steps: writes (tests/chaos/workload.py), kill -9 of mcdc, SIGTERM, SIGSTOP/SIGCONT or a
+and a list of steps: writes (tests/chaos/workload.py), kill -9 of mcdc, SIGTERM, a lag (mcdc held with
+SIGSTOP while writes go on, so it reads events long after they happened), SIGSTOP/SIGCONT or a
 restart of the source or the target, a broker restart, and restoring an older copy of the checkpoint
 (what a lost save amounts to). Every plan begins with a sync (or the tail's own snapshot) under
 concurrent writes.
@@ -78,7 +79,7 @@ class Plan:
     ) -> Plan:
         rng = random.Random(seed)
         mode = mode or rng.choice(MODES)
-        faults = ["kill", "restore", "pause source", "restart source", "stop"]
+        faults = ["kill", "restore", "pause source", "restart source", "stop", "lag"]
         faults += ["restart broker"] if sink == "kafka" else ["pause target", "restart target"]
         steps = []
         for _ in range(length):
@@ -305,6 +306,11 @@ class Runner:
             if verb == "restore" and self.copies.versions:
                 self.copies.restore(self.rng.choice(self.copies.versions))
             self._proc = self._spawn("tail" if tail else "catch-up")
+        elif verb == "lag":  # mcdc falls behind while writes go on (SIGSTOP), as a busy run does
+            assert self._proc is not None
+            self._proc.send_signal(signal.SIGSTOP)
+            workload.steps(self.rng.randrange(5, 25), PACE_S)
+            self._proc.send_signal(signal.SIGCONT)
         elif verb == "stop":  # a tail stops cleanly (exit 0); a catch-up is just ended
             self._sigterm(must_exit_0=tail)
             self._unlock_target()

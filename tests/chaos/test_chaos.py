@@ -34,7 +34,7 @@ def test_a_churning_tail_converges_and_ten_saved_checkpoints_replay(
 ) -> None:
     """CRUD, transactions and DDL churn under a tail with faults; then ten saved checkpoint versions, each
     restored in turn, replay with catch-up to the same target."""
-    tally = run_plan(Plan.draw(21, mode="tail", length=8, replays=10), _servers(servers), tmp_path)
+    tally = run_plan(Plan.draw(44, mode="tail", length=8, replays=10), _servers(servers), tmp_path)
     assert _churned(tally) == CHURN, tally.kinds
     assert tally.faults >= 4
 

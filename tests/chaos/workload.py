@@ -11,9 +11,12 @@ Namespaces (all in the selection but ``chaos.ext_*``, which ``SELECTION`` exclud
 * ``chaos.in_N`` / ``chaos.ext_N``: collections renamed into the selection from ``ext_*`` and out of it.
 * ``chaos2.*``: a database dropped with ``dropDatabase``, and renamed from into ``chaos``.
 
-Indexes made during the run are plain or sparse: the test server leaves ``unique`` and
-``partialFilterExpression`` out of createIndexes events (a known quirk of it, see INFRA.md), so a unique
-index is made before mcdc starts (``prepare``).
+Two quirks of the test server shape the writes (real MongoDB does otherwise; mcdc does not code around
+them): it leaves ``unique`` and ``partialFilterExpression`` out of createIndexes events (INFRA.md), so
+indexes made during the run are plain or sparse and the unique one is made before mcdc starts
+(``prepare``); and an update adds new fields in the order its operators and fields are written, where
+MongoDB 5.0+ adds them in lexicographic order, so every update here names its fields in that order (a
+delta replayed on the target then places them as the source did, as on MongoDB).
 """
 
 from __future__ import annotations
@@ -107,7 +110,7 @@ class ChaosWorkload:
         self._coll().update_one({"_id": self._id()}, {"$setOnInsert": {"v": self._n, "arr": [1, 2]}}, upsert=True)
 
     def _update(self) -> None:
-        self._coll().update_one({"_id": self._id()}, {"$set": {"v": self._n, "sub.x": self._n}, "$inc": {"c": 1}})
+        self._coll().update_one({"_id": self._id()}, {"$inc": {"c": 1}, "$set": {"sub.x": self._n, "v": self._n}})
 
     def _unset(self) -> None:
         self._coll().update_one({"_id": self._id()}, {"$unset": {"v": "", "sub.x": ""}})
@@ -130,7 +133,7 @@ class ChaosWorkload:
         with self.client.start_session() as s, s.start_transaction():
             chaos.a.update_one({"_id": i}, {"$set": {"t": self._n}}, upsert=True, session=s)
             chaos.b.delete_one({"_id": (i + 1) % IDS}, session=s)
-            chaos.b.update_one({"_id": i}, {"$set": {"t": self._n}, "$inc": {"c": 1}}, upsert=True, session=s)
+            chaos.b.update_one({"_id": i}, {"$inc": {"c": 1}, "$set": {"t": self._n}}, upsert=True, session=s)
 
     def _dollar(self) -> None:
         value = {"$literal": {"$price": self._n}}

@@ -66,8 +66,12 @@ def assert_identical(source_uri: str, target_uri: str, only: Callable[[str], boo
         missing = want["docs"].keys() - got["docs"].keys()
         extra = got["docs"].keys() - want["docs"].keys()
         changed = [k for k in want["docs"].keys() & got["docs"].keys() if want["docs"][k] != got["docs"][k]]
+        first = ""
+        if changed:
+            src_doc, dst_doc = bson.decode(want["docs"][changed[0]]), bson.decode(got["docs"][changed[0]])
+            first = f"; first changed: source {str(src_doc)[:300]} target {str(dst_doc)[:300]}"
         assert not (missing or extra or changed), (
             f"{ns}: {len(missing)} missing, {len(extra)} extra, {len(changed)} changed, e.g. "
-            f"{[bson.decode(k) for k in [*missing, *extra, *changed][:3]]}"
+            f"{[bson.decode(k) for k in [*missing, *extra, *changed][:3]]}{first}"
         )
     return src
