@@ -206,3 +206,23 @@ async def test_a_changed_rename_or_field_rule_is_refused_with_the_fix(
     with pytest.raises(ConfigError, match=message + r".*--snapshot always"):
         await run_job(source_uri, target_uri, cp, command="catch-up", **then)
     await run_job(source_uri, target_uri, cp, snapshot="always", drop_target=True, **then)
+
+
+async def test_a_stale_delta_in_a_source_transaction_replays_from_an_older_checkpoint(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    cp, before = tmp_path / "cp.json", tmp_path / "before.json"
+    flags = {"full_document": "default"}
+    with pymongo.MongoClient(source_uri) as client:
+        client.shop.c.insert_many([{"_id": 1, "a": {}}, {"_id": 2, "n": 0}])
+    await run_job(source_uri, target_uri, cp, **flags)
+    _keep(cp, before)
+    with pymongo.MongoClient(source_uri) as client:
+        with client.start_session() as s, s.start_transaction():
+            client.shop.c.update_one({"_id": 1}, {"$set": {"a.b": 1}}, session=s)
+            client.shop.c.update_one({"_id": 2}, {"$set": {"n": 1}}, session=s)
+        client.shop.c.update_one({"_id": 1}, {"$set": {"a": 5}})
+    await run_job(source_uri, target_uri, cp, command="catch-up", **flags)
+    _restore(before, cp)
+    await run_job(source_uri, target_uri, cp, command="catch-up", **flags)
+    assert_identical(source_uri, target_uri)

@@ -115,3 +115,43 @@ async def test_an_unsettled_unique_key_conflict_names_namespace_index_and_key(ta
             await sink.write([ChangeEvent(Op.INSERT, NS, key=raw({"_id": 2}), document=clash)])
     message = str(failed.value)
     assert "sinkdb.c" in message and "email_1" in message and "a@x" in message, message
+
+
+async def test_a_stale_delta_inside_a_transaction_converges(target_uri: str) -> None:
+    """Re-applied after the target moved on ($set a.b where a is now 5): the transaction cannot commit as
+    it is, and its events are applied without it; the stale delta is skipped as outside a transaction."""
+    txn = Transaction(raw({"id": bson.Binary(b"\x02" * 16, 4)}), 3)
+    with pymongo.MongoClient(target_uri) as client:
+        client.sinkdb.c.insert_many([{"_id": 1, "a": 5}, {"_id": 2, "n": 1}])
+    events = [
+        ChangeEvent(Op.UPDATE, NS, key=raw({"_id": 1}), update=UpdateDescription(raw({"a.b": 1})), txn=txn),
+        ChangeEvent(Op.UPDATE, NS, key=raw({"_id": 2}), update=UpdateDescription(raw({"n": 2})), txn=txn),
+    ]
+    async with MongoSink(target_uri) as sink:
+        await sink.write(events)
+    with pymongo.MongoClient(target_uri) as client:
+        assert list(client.sinkdb.c.find().sort("_id", 1)) == [{"_id": 1, "a": 5}, {"_id": 2, "n": 2}]
+
+
+async def test_a_write_the_target_refuses_names_the_namespace_document_and_code(target_uri: str) -> None:
+    from replicator.errors import SinkError
+
+    with pymongo.MongoClient(target_uri) as client:
+        client.sinkdb.c.insert_one({"_id": 1, "arr": [1, 2]})
+    bad = UpdateDescription(raw({"_id": 2}))  # refused by the server: _id is immutable
+    async with MongoSink(target_uri) as sink:
+        with pytest.raises(SinkError, match=r"sinkdb\.c: the target refused .*_id 1.*code \d+"):
+            await sink.write([ChangeEvent(Op.UPDATE, NS, key=raw({"_id": 1}), update=bad)])
+
+
+def test_only_a_deployment_without_transactions_turns_them_off() -> None:
+    """Code 20 (IllegalOperation) is broad: only its "transaction numbers are only allowed on a replica set
+    member or mongos" form says the target has no transactions."""
+    from pymongo.errors import OperationFailure
+
+    from replicator.sinks.mongo import no_transactions
+
+    standalone = OperationFailure("Transaction numbers are only allowed on a replica set member or mongos", code=20)
+    assert no_transactions(standalone)
+    assert not no_transactions(OperationFailure("cannot write to 'config.system.sessions'", code=20))
+    assert not no_transactions(OperationFailure("Cannot create namespace in a multi-document transaction", code=263))

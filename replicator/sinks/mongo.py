@@ -29,12 +29,14 @@ from pymongo.errors import BulkWriteError, OperationFailure
 
 from ..errors import SinkError
 from ..events import ChangeEvent, CollectionSpec, Namespace, Op
+from ..extjson import dumps_str
 from ..filters import Scope
 from ..source.connection import ServerInfo, make_client, probe
 from .base import Sink, SourceLookup
 from .mongo_plan import (
     DOLLAR_PREFIXED,
     DUPLICATE_KEY,
+    STALE_DELTA_CODES,
     DuplicateKey,
     Planned,
     coalesce,
@@ -48,8 +50,12 @@ from .mongo_schema import MongoSchema
 
 log = logging.getLogger("mcdc.sink.mongo")
 
-# "Transaction numbers are only allowed on a replica set member or mongos" and friends
-_NO_TRANSACTIONS = frozenset({20, 263})
+#: IllegalOperation: broad; only with this message does it say the deployment has no transactions
+_ILLEGAL_OPERATION = 20
+_NO_TRANSACTIONS_MESSAGE = "transaction numbers are only allowed on a replica set member or mongos"
+#: OperationNotSupportedInTransaction: this transaction's writes cannot run in one (e.g. creating a
+#: collection inside a transaction before MongoDB 4.4), others can
+_NOT_IN_TRANSACTION = 263
 #: rounds of re-reading documents from the source to settle one unique-key conflict
 _RESOLVE_ROUNDS = 100
 
@@ -62,6 +68,23 @@ class _Conflict(Exception):
         self.dup = dup
         self.event = event
         self.rest = rest
+
+
+def no_transactions(exc: OperationFailure) -> bool:
+    """Does this error say the target deployment has no transactions at all (a standalone server)?"""
+    return exc.code == _ILLEGAL_OPERATION and _NO_TRANSACTIONS_MESSAGE in str(exc).lower()
+
+
+def _refused(ns: Namespace, event: ChangeEvent, error: Mapping[str, Any]) -> SinkError:
+    """A write error that stops the run, in one line naming the namespace, the document and the code."""
+    try:
+        what = f"_id {dumps_str(event.document_key['_id'], relaxed=True)}"
+    except (ValueError, KeyError):
+        what = event.op.value
+    message = str(error.get("errmsg") or "").splitlines()[0][:300] if error.get("errmsg") else ""
+    return SinkError(
+        f"replaying into {ns}: the target refused the write of {what} (code {error.get('code')}: {message})"
+    )
 
 
 def _segments(batch: Sequence[ChangeEvent]) -> list[tuple[str, list[ChangeEvent]]]:
@@ -174,7 +197,7 @@ class MongoSink(Sink):
                 if dup is not None:
                     raise _Conflict(dup, event, []) from None
                 if error.get("code") != DOLLAR_PREFIXED:
-                    raise
+                    raise _refused(ns, event, error) from None
                 retry.extend((event, op) for op in literal_ops(event))
             await self._ordered(ns, retry)
 
@@ -215,7 +238,7 @@ class MongoSink(Sink):
                     start = failed
                     continue
                 if not stale_delta(op, error):
-                    raise
+                    raise _refused(ns, event, error) from None
                 log.warning("skipped a delta update on %s the target cannot apply: %s", ns, error.get("errmsg"))
                 start = failed + 1
 
@@ -295,12 +318,17 @@ class MongoSink(Sink):
                 if code == DOLLAR_PREFIXED and not literal:
                     literal = True  # again, with every write in the form that carries $-prefixed fields
                     continue
-                if exc.code in _NO_TRANSACTIONS:
+                if no_transactions(exc):
                     log.warning("target does not support transactions; applying them without one")
                     self._transactions = False
-                elif code in (DUPLICATE_KEY, DOLLAR_PREFIXED):
+                elif code in (DUPLICATE_KEY, DOLLAR_PREFIXED, _NOT_IN_TRANSACTION) or code in STALE_DELTA_CODES:
+                    # a delta the target's newer copy cannot take (events applied again), a unique key
+                    # the writes in source order do not free: the end state is the same without the unit
                     log.info("a transaction on %s could not be replayed as one unit (error %s): applying its "
                              "writes one by one", events[0].ns, code)  # fmt: skip
+                elif isinstance(exc, BulkWriteError):
+                    errors = exc.details.get("writeErrors") or [{}]
+                    raise _refused(events[0].ns, events[0], errors[0]) from None
                 else:
                     raise
                 await self._apply(events)

@@ -33,7 +33,7 @@ DUPLICATE_KEY = 11000
 DOLLAR_PREFIXED = 52
 #: Errors of a delta update against a document that moved on: PathNotViable, TypeMismatch, BadValue,
 #: ConflictingUpdateOperators, and "cannot apply $push to a non-array" (DollarPrefixedFieldName is not one).
-_STALE_DELTA_CODES = frozenset({2, 14, 28, 40})
+STALE_DELTA_CODES = frozenset({2, 14, 28, 40})
 _ID_INDEX = "_id_"
 
 
@@ -128,7 +128,7 @@ def id_bytes(doc_or_key: Mapping[str, Any]) -> bytes:
 
 def stale_delta(op: WriteOp, error: Mapping[str, Any]) -> bool:
     """Did a delta update fail only because the target's copy of the document is ahead of the event?"""
-    return isinstance(op, UpdateOne) and error.get("code") in _STALE_DELTA_CODES
+    return isinstance(op, UpdateOne) and error.get("code") in STALE_DELTA_CODES
 
 
 @dataclass(frozen=True)
