@@ -37,7 +37,7 @@ from typing import Any
 from tests.chaos.workload import SELECTION, ChaosWorkload, prepare, selected
 from tests.support.compare import assert_identical
 from tests.support.kafka import KafkaBroker
-from tests.support.servers import LocalServer
+from tests.support.servers import LocalServer, drop_user_databases
 
 MODES = ("tail", "catch-up")
 ENGINES = ("asyncio", "spark")
@@ -258,6 +258,7 @@ class Runner:
 
     def run(self) -> Tally:
         prepare(self.servers.source.uri)
+        drop_user_databases(self.servers.target.uri)  # what an earlier plan left
         workload = ChaosWorkload(self.servers.source.uri, random.Random(self.plan.seed), ddl=self.plan.sink == "mongo")
         try:
             with CheckpointCopies(self.cp) as copies:
