@@ -47,6 +47,13 @@ class _Rule:
     db: re.Pattern[str]
     rest: tuple[str, ...]  # collection name parts, then the field path
     rename: str | None
+    text: str = ""  # as given, with its flag, for messages
+
+    def on_id(self, ns: Namespace) -> ConfigError:
+        return ConfigError(
+            f"{self.text}: in {ns} this names {'.'.join(_match(self, ns) or ())}, but _id is the document key: "
+            "it and the fields inside it cannot be excluded or renamed"
+        )
 
 
 def _wildcard(text: str) -> re.Pattern[str]:
@@ -64,9 +71,11 @@ def _parse(rule: str, flag: str, *, rename: bool) -> _Rule:
         raise ConfigError(f"{flag} {rule!r} must look like {example} (the path may go deeper: a.b.c)")
     if rename and (not sep or not new or "." in new or new.startswith("$")):
         raise ConfigError(f"{flag} {rule!r}: the new name must be one field name, e.g. {example}")
-    if parts[2:] == ["_id"]:
-        raise ConfigError(f"{flag} {rule!r}: _id is the document key and cannot be excluded or renamed")
-    return _Rule(_wildcard(parts[0]), tuple(parts[1:]), new if rename else None)
+    if parts[2] == "_id":
+        raise ConfigError(
+            f"{flag} {rule!r}: _id is the document key: it and the fields inside it cannot be excluded or renamed"
+        )
+    return _Rule(_wildcard(parts[0]), tuple(parts[1:]), new if rename else None, f"{flag} {rule!r}")
 
 
 class FieldRules:
@@ -80,13 +89,23 @@ class FieldRules:
     def __bool__(self) -> bool:
         return bool(self._rules)
 
+    def check(self, namespaces: Sequence[Namespace]) -> None:
+        """Refuse a rule that names ``_id`` (or a field inside it) in one of these namespaces: a rule such
+        as ``db.a.b._id`` does in a collection named ``a.b``. Run on the source's namespaces before
+        anything is written; :meth:`for_namespace` refuses the same for a namespace that appears later."""
+        for ns in namespaces:
+            self.for_namespace(ns)
+
     def for_namespace(self, ns: Namespace) -> FieldEditor | None:
-        """The editor for documents of ``ns`` (a source namespace), or None when no rule applies."""
+        """The editor for documents of ``ns`` (a source namespace), or None when no rule applies. A rule
+        that resolves to ``_id`` here is refused (ConfigError): a document's key is never edited."""
         if ns in self._editors:
             return self._editors[ns]
         root: dict[bytes, _Node] = {}
         for rule in self._rules:
             path = _match(rule, ns)
+            if path and path[0] == "_id":
+                raise rule.on_id(ns)
             if path:
                 _insert(root, path, rule.rename)
         editor = FieldEditor(root) if root else None

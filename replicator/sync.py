@@ -156,9 +156,11 @@ class SyncJob:
         """A first run whose --include matches nothing on the source is a mistake: refused before anything
         is written. Otherwise a selection that matches nothing is worth a warning (sync and tail): the
         source may be empty yet, or its namespaces dropped since the last run. Two selected namespaces that
-        --rename maps onto one target namespace are refused on every run."""
+        --rename maps onto one target namespace, and a field rule that names an _id, are refused on every
+        run."""
         namespaces = await catalog.list_namespaces(client)
         check_collisions([ns for ns in namespaces if self.s.selection(ns)], self.s.renamer)
+        self._fields.check([ns for ns in namespaces if self.s.selection(ns)])
         problem = catalog.unmatched(self.s.selection, namespaces)
         if problem is not None and self.s.include and first_run:
             raise ConfigError(problem)

@@ -375,3 +375,17 @@ def test_verbose_is_mcdc_and_the_driver_log_has_its_own_flag(source_uri: str, tm
     driver = _mcdc("status", "-c", str(cp), "-s", source_uri, "--debug-driver")
     assert driver.returncode == 0, driver.stderr
     assert " DEBUG pymongo." in driver.stderr
+
+
+@pytest.mark.integration
+def test_a_field_rule_on_an_id_is_refused_in_one_line_before_any_write(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    """--field-exclude db.c._id.x at once; db.a.b._id once the source shows a collection named a.b."""
+    with pymongo.MongoClient(source_uri) as client:
+        client.db["a.b"].insert_one({"_id": {"x": 1}})
+    base = ["sync", "-s", source_uri, "-t", target_uri, "-c", str(tmp_path / "cp.json"), "--no-progress"]
+    _assert_one_line_error(_mcdc(*base, "--field-exclude", "db.c._id.x"), 2, "_id is the document key")
+    _assert_one_line_error(_mcdc(*base, "--field-rename", "db.a.b._id=z"), 2, "in db.a.b this names _id")
+    with pymongo.MongoClient(target_uri) as client:
+        assert "db" not in client.list_database_names()

@@ -119,6 +119,9 @@ def test_events_have_document_pre_image_and_update_edited_but_not_the_key() -> N
         (("shop.customers",), (), "must look like db.collection.field"),
         (("shop..x",), (), "must look like"),
         (("shop.customers._id",), (), "_id is the document key"),
+        (("shop.customers._id.x",), (), "_id is the document key: it and the fields inside it"),
+        ((), ("shop.customers._id.x=z",), "_id is the document key"),
+        ((), ("shop.customers._id.x:z",), "_id is the document key"),
         ((), ("shop.customers.a",), "must look like db.collection.field=newname"),
         ((), ("shop.customers.a=b.c",), "one field name"),
         ((), ("shop.customers.a=$b",), "one field name"),
@@ -127,6 +130,20 @@ def test_events_have_document_pre_image_and_update_edited_but_not_the_key() -> N
 def test_bad_rules_are_one_line_errors(exclude: tuple[str, ...], rename: tuple[str, ...], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         FieldRules(exclude, rename)
+
+
+def test_a_rule_that_names_id_through_a_dotted_collection_name_is_refused() -> None:
+    """``db.a.b._id`` is a field inside ``a`` of collection ``b``... or ``_id`` of collection ``a.b``: where
+    such a collection exists, the rule is refused; elsewhere it means what it says."""
+    rules = FieldRules(("db.a.b._id",), ("db.c.x._id.k=z",))
+    with pytest.raises(ConfigError, match=r"in db\.a\.b this names _id, but _id is the document key"):
+        rules.check([Namespace("db", "other"), Namespace("db", "a.b")])
+    with pytest.raises(ConfigError, match=r"--field-rename 'db\.c\.x\._id\.k=z': in db\.c\.x this names _id\.k"):
+        rules.for_namespace(Namespace("db", "c.x"))
+    nested = rules.for_namespace(Namespace("db", "a"))  # here: field _id inside b, not the key
+    assert nested is not None
+    doc = raw({"_id": 1, "b": {"_id": 2, "v": 3}})
+    assert nested.document(doc).raw == bson.encode({"_id": 1, "b": {"v": 3}})  # type: ignore[attr-defined]
 
 
 def test_debezium_colon_form_of_a_rename() -> None:
