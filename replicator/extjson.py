@@ -28,6 +28,8 @@ from bson.raw_bson import RawBSONDocument
 from bson.regex import Regex
 from bson.timestamp import Timestamp
 
+from .deprecated_bson import CANDIDATE, convert, holds_deprecated
+
 CANONICAL = JSONOptions(json_mode=JSONMode.CANONICAL, datetime_conversion=DatetimeConversion.DATETIME_AUTO)
 RELAXED = JSONOptions(json_mode=JSONMode.RELAXED, datetime_conversion=DatetimeConversion.DATETIME_AUTO)
 
@@ -302,11 +304,11 @@ def _r_value(v: Any) -> Any:
 
 
 def _c_raw(v: RawBSONDocument) -> dict[str, Any]:
-    return _decode_bson(v.raw, _CANONICAL_DECODE)
+    return _raw_value(v.raw, _CANONICAL_DECODE)
 
 
 def _r_raw(v: RawBSONDocument) -> dict[str, Any]:
-    return _decode_bson(v.raw, _RELAXED_DECODE)
+    return _raw_value(v.raw, _RELAXED_DECODE)
 
 
 def _c_code(v: Code) -> dict[str, Any]:
@@ -477,8 +479,17 @@ def to_json_value(value: Any, *, relaxed: bool = False) -> Any:
     fit in 64 bits (not a BSON value) is returned as is in relaxed mode, and orjson refuses it.
     """
     if isinstance(value, RawBSONDocument):  # the common case first: a document, as raw bytes
-        return _decode_bson(value.raw, _RELAXED_DECODE if relaxed else _CANONICAL_DECODE)
+        return _raw_value(value.raw, _RELAXED_DECODE if relaxed else _CANONICAL_DECODE)
     return _r_value(value) if relaxed else _c_value(value)
+
+
+def _raw_value(data: bytes | memoryview, options: CodecOptions[dict[str, Any]]) -> dict[str, Any]:
+    """A raw document's data; one that holds a deprecated type (Symbol, Undefined, DBPointer, which
+    pymongo decodes as str, None and DBRef) keeps it in the spec's form (deprecated_bson)."""
+    if CANDIDATE.search(data) is None or not holds_deprecated(whole := bytes(data)):
+        return _decode_bson(data, options)
+    converted: dict[str, Any] = convert(whole, lambda one: _decode_bson(one, options))
+    return converted
 
 
 def dumps_bytes(value: Any, *, relaxed: bool = False) -> bytes:

@@ -595,3 +595,70 @@ def test_random_documents(relaxed: bool) -> None:
         assert fast(doc, relaxed) == oracle(doc, relaxed), doc
         if not relaxed:
             assert bson.encode(json_util.loads(dumps_str(document), json_options=CANONICAL)) == document.raw
+
+
+# --- the spec corpus's deprecated types -------------------------------------------------------------------------
+def _element(kind: int, name: str, value: bytes) -> bytes:
+    return bytes([kind]) + name.encode() + b"\x00" + value
+
+
+def _string(text: str) -> bytes:
+    data = text.encode() + b"\x00"
+    return len(data).to_bytes(4, "little") + data
+
+
+def _document(*elements: bytes) -> bytes:
+    body = b"".join(elements) + b"\x00"
+    return (len(body) + 4).to_bytes(4, "little") + body
+
+
+OID = bytes.fromhex("56e1fc72e0c917e9c4714161")
+DEPRECATED_CASES = [
+    # the BSON corpus's symbol.json, undefined.json and dbpointer.json valid cases, in their canonical form
+    *[(_document(_element(0x0E, "a", _string(s))), {"a": {"$symbol": s}})
+      for s in ("", "b", "abababababab", "éééééé", "☆☆☆☆", "ab\x00bab\x00babab")],
+    (_document(_element(0x06, "a", b"")), {"a": {"$undefined": True}}),
+    *[(_document(_element(0x0C, "a", _string(ns) + OID)),
+       {"a": {"$dbPointer": {"$ref": ns, "$id": {"$oid": OID.hex()}}}}) for ns in ("b", "é", "☆")],
+    # deeper, beside ordinary values, in arrays and in a code's scope
+    (
+        _document(
+            _element(0x08, "n", b"\x01"),
+            _element(0x03, "sub", _document(_element(0x06, "u", b""), _element(0x02, "s", _string("x")))),
+            _element(0x04, "arr", _document(_element(0x0E, "0", _string("sym")), _element(0x0A, "1", b""))),
+        ),
+        {
+            "n": True,
+            "sub": {"u": {"$undefined": True}, "s": "x"},
+            "arr": [{"$symbol": "sym"}, None],
+        },
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("raw", "expected"), DEPRECATED_CASES)
+@pytest.mark.parametrize("relaxed", [False, True])
+def test_deprecated_types_keep_the_specs_canonical_form(raw: bytes, expected: dict[str, Any], relaxed: bool) -> None:
+    """Symbol, Undefined and DBPointer (pymongo decodes them as str, None and DBRef) in the spec's form,
+    which relaxed mode shares."""
+    assert orjson.loads(dumps_bytes(RawBSONDocument(raw), relaxed=relaxed)) == expected
+
+
+def test_a_code_with_scope_holding_a_deprecated_type() -> None:
+    scope = _document(_element(0x06, "u", b""))
+    code = _string("f()")
+    body = code + scope
+    raw = _document(_element(0x0F, "c", (len(body) + 4).to_bytes(4, "little") + body))
+    assert orjson.loads(dumps_bytes(RawBSONDocument(raw))) == {
+        "c": {"$code": "f()", "$scope": {"u": {"$undefined": True}}}
+    }
+
+
+def test_a_document_that_only_looks_like_holding_one_goes_the_fast_way() -> None:
+    from replicator.deprecated_bson import CANDIDATE, holds_deprecated
+
+    raw = bson.encode({"bin": bson.Binary(b"\x06abc\x00\x01" + b"\x0eab\x00\x05\x00\x00\x00", 0), "n": 6})
+    assert CANDIDATE.search(raw) is not None and not holds_deprecated(raw)
+    assert orjson.loads(dumps_bytes(RawBSONDocument(raw))) == json.loads(
+        json_util.dumps(bson.decode(raw), json_options=CANONICAL)
+    )
