@@ -3,6 +3,7 @@ verify's ranges as tasks, against the real test servers and the session's local 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -378,3 +379,33 @@ def test_tail_on_spark_rides_out_a_source_restart_and_a_target_outage(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_a_tail_on_spark_from_start_at_moves_each_shards_checkpoint(
+    spark: Any, source_uri: str, target_uri: str, second_shard: str, tmp_path: Path
+) -> None:
+    """--start-at leaves no per-shard entry in the checkpoint; the first acknowledged events make them."""
+    from tests.test_shards import _wait_converged
+
+    with pymongo.MongoClient(source_uri) as client:
+        start = client.admin.command("ping")["operationTime"]
+    two_shard_workload(source_uri, second_shard)
+    cp = tmp_path / "cp.json"
+    shards = {"shards": (source_uri, second_shard)}
+    settings = resolve(
+        {"source": source_uri, "target": target_uri, "checkpoint": cp, "engine": "spark",
+         "start_at": f"{start.time},{start.inc}", "snapshot": "never", **shards}, env={},
+    )  # fmt: skip
+    stop = asyncio.Event()
+    job = asyncio.create_task(SyncJob(settings, LogReporter(), command="tail", stop=stop).run())
+    try:
+        await asyncio.to_thread(_wait_converged, target_uri, source_uri, second_shard, timeout=120)
+        deadline = time.monotonic() + 30
+        while len((_checkpoint(cp) or {}).get("shards") or {}) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+    finally:
+        stop.set()
+        await job
+    saved = json.loads(cp.read_text())
+    assert len(saved["shards"]) == 2 and all(p["resume_token"] for p in saved["shards"].values()), saved
+    assert saved["position"]["cluster_time"]["t"] >= start.time

@@ -3,6 +3,8 @@ shard's acknowledged position in a micro-batch, the merge across shards, and wha
 
 from __future__ import annotations
 
+import json
+
 from bson.timestamp import Timestamp
 
 from replicator.checkpoint import Checkpoint
@@ -53,3 +55,47 @@ def test_a_failed_query_is_one_line_and_an_outage_is_retried() -> None:
     assert "\n" not in str(outage) and "secret" not in str(outage) and "ServerSelectionTimeoutError" in str(outage)
     other = stream_error("ValueError: the row's change column holds an event mcdc does not replay")
     assert not is_retryable(other) and str(other).endswith("does not replay")
+
+
+def test_history_lost_in_a_reader_task_is_history_lost() -> None:
+    """So --on-history-lost resnapshot applies and the exit code is 4, as on the asyncio engine."""
+    from replicator.errors import HistoryLost
+
+    trace = (
+        "An exception was thrown from the Python worker.\nTraceback (most recent call last):\n  File x\n"
+        "replicator.errors.HistoryLost: the checkpoint's position is no longer in the source's oplog: the "
+        "events since then are gone.\n  at org.apache"
+    )
+    lost = stream_error(trace)
+    assert isinstance(lost, HistoryLost) and lost.exit_code == 4
+    assert str(lost).startswith("the checkpoint's position is no longer in the source's oplog")
+
+
+def test_every_shard_stops_at_the_earliest_end_of_a_shard_cut_by_the_limit() -> None:
+    """Shard a was cut by the read limit at t=5; b reached the end of what it has at t=9. Taking b up to 9
+    now would apply b's t=7 before a's t=6 (next micro-batch): b is held at 5 too."""
+    ends = {
+        "a": offsets.ShardOffset("x", 5, 0),
+        "b": offsets.ShardOffset("y", 9, 0),
+        "c": offsets.ShardOffset("z", 2, 0),
+    }
+    assert offsets.common_end(ends, {"a"}) == Timestamp(5, 0)
+    assert offsets.common_end(ends, {"a", "c"}) == Timestamp(2, 0)
+    assert offsets.common_end(ends, set()) is None  # every shard is at its end: nothing earlier to come
+
+
+def test_an_idle_shard_moves_to_its_post_batch_token_and_is_acknowledged() -> None:
+    from replicator.engines.spark.replay import _idle_positions
+    from replicator.spark.stream import idle_end
+
+    start = offsets.ShardOffset('{"_data":"8200000005000000012B"}', 5, 1)
+    token = {"_data": "8200000009000000012B0429"}
+    moved = idle_end(start, token, None)
+    assert moved.idle and moved.cluster_time == Timestamp(9, 1) and moved.resume_token == token
+    assert idle_end(start, token, Timestamp(8, 0)) == start  # availableNow: not past its time
+    assert idle_end(start, None, None) == start and idle_end(start, {"_data": "other"}, None) == start
+    end = offsets.to_json({"a": moved, "b": offsets.ShardOffset("t", 3, 3)})
+    assert offsets.from_json(end)["a"] == moved  # the flag survives Spark's checkpoint
+    progress = {"sources": [{"endOffset": json.dumps(end)}]}
+    assert _idle_positions(progress) == {"a": moved.position()}
+    assert _idle_positions(None) == {} and _idle_positions({"sources": []}) == {}

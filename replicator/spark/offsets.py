@@ -6,7 +6,9 @@ An offset is the JSON dict Spark keeps in the query's checkpointLocation::
      JSON, or null>", "t": <cluster time seconds or null>, "i": <increment or null>}}}
 
 A shard's entry is where its stream goes on: after ``token`` when there is one (the last event read, or
-the stream's post-batch token), else at the cluster time ``t,i`` (startAtOperationTime).
+the stream's post-batch token), else at the cluster time ``t,i`` (startAtOperationTime). ``"idle": true``
+marks an entry that moved to a post-batch token with no event in between: its range holds nothing to
+read, but the position is worth keeping (an idle stream's checkpoint must not fall off the oplog).
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ class ShardOffset:
     token: str | None = None  # canonical Extended JSON of the resume token
     t: int | None = None
     i: int | None = None
+    idle: bool = False  # moved to a post-batch token: no event since the previous offset
 
     @classmethod
-    def of(cls, token: Any, ts: Timestamp | None) -> ShardOffset:
+    def of(cls, token: Any, ts: Timestamp | None, *, idle: bool = False) -> ShardOffset:
         """From a resume token (a BSON document) and a cluster time."""
-        return cls(dumps_str(token) if token is not None else None, ts.time if ts else None, ts.inc if ts else None)
+        text = dumps_str(token) if token is not None else None
+        return cls(text, ts.time if ts else None, ts.inc if ts else None, idle)
 
     @property
     def cluster_time(self) -> Timestamp | None:
@@ -51,12 +55,16 @@ class ShardOffset:
         return Position(self.resume_token, self.cluster_time)
 
     def to_json(self) -> dict[str, Any]:
-        return {"token": self.token, "t": self.t, "i": self.i}
+        data: dict[str, Any] = {"token": self.token, "t": self.t, "i": self.i}
+        if self.idle:
+            data["idle"] = True
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ShardOffset:
         t, i = data.get("t"), data.get("i")
-        return cls(data.get("token"), int(t) if t is not None else None, int(i) if i is not None else None)
+        ts = (int(t) if t is not None else None, int(i) if i is not None else None)
+        return cls(data.get("token"), *ts, bool(data.get("idle")))
 
 
 Offsets = dict[str, ShardOffset]
@@ -105,3 +113,16 @@ def start_of(offsets: Mapping[str, ShardOffset], name: str) -> ShardOffset:
         raise ConfigError(f"shard {name!r} is new and the stream offset has no cluster time to start it at")
     earliest = min(times)
     return ShardOffset(None, earliest.time, earliest.inc)
+
+
+def common_end(ends: Mapping[str, ShardOffset], more: set[str]) -> Timestamp | None:
+    """The latest cluster time every shard's part of a micro-batch may reach: the earliest end of the
+    shards that stopped with events left (``more``: cut by the read limit). A shard that reached the end
+    of what its server has now holds nothing earlier to come. None when no shard was cut."""
+    times = [ends[name].cluster_time for name in more if ends[name].cluster_time is not None]
+    return min(times) if times else None  # type: ignore[type-var]
+
+
+def idle_positions(offset: Mapping[str, Any]) -> dict[str, Position]:
+    """The shards of an offset (a micro-batch's end) that moved without events, with their positions."""
+    return {name: entry.position() for name, entry in from_json(offset).items() if entry.idle}

@@ -25,7 +25,7 @@ from ..errors import ConfigError
 from ..extjson import dumps_str
 from ..filters import keep_event
 from ..normalize import normalize_change
-from ..source.changestream import operation_time
+from ..source.changestream import operation_time, token_timestamp
 from ..source.connection import make_client, probe
 from ..source.shards import discover, explicit_shards
 from ..uri import redact
@@ -105,31 +105,55 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         log.info("mcdc stream: available now = up to %s", self._until)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        """Each shard's end: at most its share of the read limit, never past the earliest end of a shard
+        cut by the limit (so no shard's later event is applied before another shard's earlier one, which
+        a later micro-batch would bring: a document moving between shards keeps its order), never past
+        the availableNow time. A shard with nothing new moves to its post-batch token (idle)."""
         begin = offsets.from_json(start)
         shards = self.shards()
         rows = None  # ReadAllAvailable
         if isinstance(limit, ReadMaxRows):  # a share each: a busy shard cannot starve the others
             rows = max(1, limit.max_rows // max(1, len(shards)))
         end = dict(begin)
-        s = self.settings
-        for name, uri in shards.items():
-            with sync_client(uri, s.connect_timeout_s) as client:
-                stream = RawChangeStream(client, s)
-                first = offsets.start_of(begin, name)
-                stream.open(first.position())
-                try:
-                    end[name] = advance(stream, first, limit=rows, until=self._until)
-                finally:
-                    stream.close()
+        more: set[str] = set()
+        for name in shards:
+            end[name], cut = self._advance(name, begin, rows, self._until)
+            if cut:
+                more.add(name)
+        common = offsets.common_end(end, more)
+        if common is not None and len(shards) > 1:
+            for name in shards:
+                ts = end[name].cluster_time
+                if ts is not None and ts > common and not end[name].idle:
+                    until = common if self._until is None else min(common, self._until)
+                    end[name], _ = self._advance(name, begin, rows, until)
         return offsets.to_json(end)
 
+    def _advance(
+        self, name: str, begin: offsets.Offsets, rows: int | None, until: Timestamp | None
+    ) -> tuple[ShardOffset, bool]:
+        """One shard's end (see :func:`advance`), or its post-batch token when it had no event."""
+        s = self.settings
+        with sync_client(self.shards()[name], s.connect_timeout_s) as client:
+            stream = RawChangeStream(client, s)
+            first = offsets.start_of(begin, name)
+            stream.open(first.position())
+            try:
+                end, cut = advance(stream, first, limit=rows, until=until)
+                if end == first and not cut:
+                    end = idle_end(first, stream.resume_token, until)
+                return end, cut
+            finally:
+                stream.close()
+
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[ShardRange]:
+        """One task per shard that has events in the micro-batch (an idle shard's move has none)."""
         begin, finish = offsets.from_json(start), offsets.from_json(end)
         shards = self.shards()
         return [
             ShardRange(name, shards[name], offsets.start_of(begin, name).to_json(), finish[name].to_json())
             for name in sorted(finish)
-            if name in shards and finish[name] != offsets.start_of(begin, name)
+            if name in shards and finish[name] != offsets.start_of(begin, name) and not finish[name].idle
         ]
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -149,26 +173,39 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 stream.close()
 
 
-def advance(stream: RawChangeStream, start: ShardOffset, *, limit: int | None, until: Timestamp | None) -> ShardOffset:
+def advance(
+    stream: RawChangeStream, start: ShardOffset, *, limit: int | None, until: Timestamp | None
+) -> tuple[ShardOffset, bool]:
     """How far an opened stream goes now: up to ``limit`` events (more only to finish a transaction),
     none later than ``until``, and no further than what the server has right now. The start when nothing
-    new came."""
+    new came. Also whether events were left after the end (cut by the limit or ``until``)."""
     end = start
     last_txn: tuple[bytes, int] | None = None
     count = 0
     while True:
         raw = stream.poll()
         if raw is None:
-            return end
+            return end, False
         txn = transaction_of(raw)
         ts = raw.get("clusterTime")
         if last_txn is None or txn != last_txn:  # the transaction we are in is always finished
             if limit is not None and count >= limit:
-                return end
+                return end, True
             if until is not None and ts is not None and ts > until:
-                return end
+                return end, True
         count += 1
         end, last_txn = ShardOffset.of(raw["_id"], ts), txn
+
+
+def idle_end(start: ShardOffset, token: Any, until: Timestamp | None) -> ShardOffset:
+    """Where a shard with no new event moves: its stream's post-batch token (idle), so the checkpoint of an
+    idle source keeps up; not past ``until`` (availableNow must come to an end), not when it says nothing."""
+    ts = token_timestamp(token)
+    if token is None or ts is None or (until is not None and ts > until):
+        return start
+    if start.cluster_time is not None and ts <= start.cluster_time:
+        return start
+    return ShardOffset.of(token, ts, idle=True)
 
 
 def read_range(stream: RawChangeStream, shard: str, end: ShardOffset, s: Settings) -> Iterator[Row]:

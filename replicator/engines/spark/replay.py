@@ -25,7 +25,7 @@ from bson.timestamp import Timestamp
 
 from ...checkpoint import Checkpoint, CheckpointStore
 from ...config import Settings, settings_to_strings
-from ...errors import McdcError
+from ...errors import HistoryLost, McdcError
 from ...events import ChangeEvent, Position
 from ...metrics import Metrics
 from ...progress import Reporter, lag_seconds
@@ -117,11 +117,12 @@ class SparkReplay:
 
         owed: dict[str, Position] = {}  # positions of micro-batches applied but not acknowledged yet
 
-        def acknowledge(positions: dict[str, Position]) -> None:
-            if cp.shards:
-                times = [p.cluster_time for p in positions.values() if p.cluster_time is not None]
+        def acknowledge(positions: dict[str, Position], *, applied: bool = True) -> None:
+            if cp.shards or any(name != REPLICA_SET for name in positions):  # shards (a --start-at run has
+                # no per-shard entry yet: the first acknowledged events make them)
+                times = [p.cluster_time for p in {**cp.shards, **positions}.values() if p.cluster_time is not None]
                 overall = Position(cluster_time=min(times)) if times else Position()
-                cp.acknowledge(overall, positions)
+                cp.acknowledge(overall, positions, applied=applied)
             elif REPLICA_SET in positions:
                 cp.acknowledge(positions[REPLICA_SET])
             self.store.save(cp)
@@ -140,11 +141,18 @@ class SparkReplay:
             last = events[-1].position.cluster_time if events[-1].position else None
             self.reporter.replay_advance(len(written.events), lag_seconds(last))
 
-        async def settle() -> None:
-            """Between micro-batches: copy again what the DDL window holds back, then acknowledge."""
-            if await stage.settle() and owed:
+        async def settle(progress: Any) -> None:
+            """Between micro-batches, while the query is idle: copy again what the DDL window holds back,
+            then acknowledge; and keep the checkpoint of shards with no events at their post-batch token
+            (from the last micro-batch's end offset)."""
+            if not await stage.settle():
+                return
+            if owed:
                 acknowledge(owed)
                 owed.clear()
+            idle = _idle_positions(progress)
+            if idle:
+                acknowledge(idle, applied=False)
 
         def each_batch(frame: Any, batch_id: int) -> None:
             with lock:
@@ -184,7 +192,7 @@ class SparkReplay:
         if not stopping.is_set() and query.exception() is not None:
             raise stream_error(query.exception())
         if not stopping.is_set():
-            await settle()
+            await settle(query.lastProgress)
 
     def _options(self, cp: Checkpoint) -> dict[str, str]:
         options = {k: v for k, v in settings_to_strings(self.s).items() if k in _STREAM_OPTIONS}
@@ -197,7 +205,7 @@ class SparkReplay:
         *,
         lock: threading.Lock,
         stopping: threading.Event,
-        settle: Callable[[], Awaitable[None]],
+        settle: Callable[[Any], Awaitable[None]],
     ) -> None:
         """Until the query ends (caught up) or ``stop`` is set; then stop it between two micro-batches.
         While it is idle (its last micro-batch read nothing), ``settle`` runs between micro-batches."""
@@ -208,13 +216,22 @@ class SparkReplay:
             progress = query.lastProgress
             if progress is not None and not progress.get("numInputRows") and lock.acquire(blocking=False):
                 try:
-                    await settle()
+                    await settle(progress)
                 finally:
                     lock.release()
             if self.stop is not None and self.stop.is_set():
                 stopping.set()  # a micro-batch that starts from now on is not applied
                 await asyncio.to_thread(_stop_between_batches, query, lock)
                 return
+
+
+def _idle_positions(progress: Any) -> dict[str, Position]:
+    """The shards that moved without events in the query's last micro-batch (its end offset)."""
+    try:
+        end = progress["sources"][0]["endOffset"]
+        return offsets.idle_positions(json.loads(end) if isinstance(end, str) else end)
+    except (TypeError, KeyError, IndexError, ValueError):
+        return {}
 
 
 def _stop_between_batches(query: Any, lock: threading.Lock) -> None:
@@ -232,17 +249,24 @@ class StreamOutage(McdcError, ConnectionError):
 
 
 def stream_error(exc: Any) -> McdcError:
-    """The error a failed streaming query stands for, in one line."""
+    """The error a failed streaming query stands for, in one line: an outage (retried), the position
+    gone from the oplog (HistoryLost: exit 4, and --on-history-lost resnapshot applies), or a failure."""
     line = redact(_first_line(exc))
     if any(name in line for name in _OUTAGES):
         return StreamOutage(f"the source is unreachable: {line}")
+    if _HISTORY_LOST in line:
+        return HistoryLost(line.split(_HISTORY_LOST, 1)[1].lstrip(": ") or line)
     return McdcError(f"the change stream on Spark failed: {line}")
+
+
+#: how a reader task's HistoryLost shows in the query's error
+_HISTORY_LOST = "HistoryLost"
 
 
 def _first_line(exc: Any) -> str:
     text = str(getattr(exc, "desc", None) or exc)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     for line in lines:  # the Python error the reader raised, without the JVM's stack
-        if "Error:" in line and "Traceback" not in line:
+        if ("Error:" in line or f"{_HISTORY_LOST}:" in line) and "Traceback" not in line:
             return line
     return lines[0] if lines else "unknown error"
