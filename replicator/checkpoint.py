@@ -72,6 +72,8 @@ class Checkpoint:
     #: the selection, renames and field rules the target's copies were made with (recorded.Recorded's
     #: JSON); None in a checkpoint written before mcdc recorded them
     recorded: dict[str, Any] | None = None
+    #: a discovered shard's listShards host, so a shard removed while mcdc was down can still be read
+    shard_hosts: dict[str, str] = field(default_factory=dict)
 
     def acknowledge(
         self, position: Position, shard_positions: Mapping[str, Position] | None = None, *, applied: bool = True
@@ -99,6 +101,7 @@ class Checkpoint:
             "updated_at": self.updated_at,
             "position": _position_json(self.position),
             "shards": {name: _position_json(pos) for name, pos in sorted(self.shards.items())},
+            "shard_hosts": dict(sorted(self.shard_hosts.items())),
             "snapshot": {
                 "status": self.snapshot.status,
                 "plan": self.snapshot.plan,
@@ -125,6 +128,7 @@ class Checkpoint:
             recorded=dict(data["recorded"]) if data.get("recorded") is not None else None,
             position=_position_from_json(data.get("position")),
             shards={str(k): _position_from_json(v) for k, v in (data.get("shards") or {}).items()},
+            shard_hosts={str(k): str(v) for k, v in (data.get("shard_hosts") or {}).items()},
             snapshot=SnapshotProgress(
                 status=str(snap.get("status", "none")),
                 plan=list(snap.get("plan") or []),

@@ -217,13 +217,14 @@ class SyncJob:
         await_ms = 1000 if self.command == "tail" else 200
         self._client = client
         self._topology = StreamTopology(s, self.reporter, client)
-        reader = await self._topology.reader(info, max_await_ms=await_ms)
+        reader = await self._topology.reader(info, max_await_ms=await_ms, cp=cp)
         try:
             while True:
                 try:
                     cp = await self._snapshot_phase(client, reader, sink, cp, identity)
                     if cp is None or self._stopped():
                         break
+                    cp.shard_hosts.update(self._topology.hosts)  # saved with the next position
                     if not s.snapshot_only:
                         await self._follow_selection(client, sink, cp)
                         await self._replay(reader, sink, cp, snapshot_window=False, follow=self.command == "tail")
@@ -362,7 +363,8 @@ class SyncJob:
 
     def _new_checkpoint(self, identity: str, **fields: Any) -> Checkpoint:
         """A checkpoint that starts here, recording the selection and rules its copies follow."""
-        return Checkpoint(identity, recorded=Recorded.of(self.s).to_json(), **fields)
+        hosts = dict(self._topology.hosts)
+        return Checkpoint(identity, recorded=Recorded.of(self.s).to_json(), shard_hosts=hosts, **fields)
 
     async def _follow_selection(self, client: Client, sink: Sink, cp: Checkpoint) -> None:
         """A run whose selection differs from the one the checkpoint recorded: namespaces it adds are copied

@@ -145,3 +145,119 @@ async def test_a_shard_added_while_tailing_is_followed(
     await asyncio.wait_for(job, timeout=30)
     saved = json.loads((tmp_path / "cp.json").read_text())
     assert sorted(saved["shards"]) == ["shardA", "shardB"]
+
+
+def _as_mongos(monkeypatch: pytest.MonkeyPatch, listed: list[Any]) -> None:
+    """The source plays a mongos listing ``listed`` (a shard's host is its URI here: the test servers are
+    independent replica sets, reached directly)."""
+    import replicator.sync as sync_module
+    from replicator.source import topology as topology_module
+    from replicator.source.connection import ServerInfo
+
+    real_probe = sync_module.probe
+
+    async def mongos_probe(*args: Any) -> ServerInfo:
+        info = await real_probe(*args)
+        return ServerInfo("sharded", None, info.process_id, info.max_wire_version)
+
+    async def list_shards(client: object, uri: str) -> list[Any]:
+        return list(listed)
+
+    monkeypatch.setattr(sync_module, "probe", mongos_probe)
+    monkeypatch.setattr(topology_module, "discover", list_shards)
+    monkeypatch.setattr(topology_module, "shard_uri", lambda host, mongos: host)
+
+
+def _next_second() -> None:
+    """These servers share only the wall clock's seconds, not a cluster time: wait for the next second so
+    what comes now is later than what came before on the other."""
+    time.sleep(1.05 - time.time() % 1)
+
+
+@pytest.mark.integration
+async def test_a_shard_removed_while_mcdc_was_down_is_read_to_its_end(
+    source_uri: str, target_uri: str, second_shard: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    from replicator.config import resolve
+    from replicator.progress import LogReporter
+    from replicator.source.shards import Shard
+    from replicator.sync import SyncJob
+
+    listed = [Shard("shardA", source_uri, source_uri), Shard("shardB", second_shard, second_shard)]
+    _as_mongos(monkeypatch, listed)
+    cp = tmp_path / "cp.json"
+    settings = resolve(
+        {"source": source_uri, "target": target_uri, "checkpoint": cp, "snapshot": "never", "progress": False},
+        env={},
+    )  # fmt: skip
+
+    async def tail_until(count: int) -> None:
+        stop = asyncio.Event()
+        job = asyncio.create_task(SyncJob(settings, LogReporter(), command="tail", stop=stop).run())
+        with pymongo.MongoClient(target_uri) as target:
+            for _ in range(300):
+                if target.db.c.count_documents({}) >= count:
+                    break
+                assert not job.done(), job.result()
+                await asyncio.sleep(0.1)
+        stop.set()
+        await asyncio.wait_for(job, timeout=30)
+
+    with pymongo.MongoClient(source_uri) as a, pymongo.MongoClient(second_shard) as b:
+        await tail_until(0)  # the checkpoint follows both shards
+        a.db.c.insert_many([{"_id": i} for i in range(5)])
+        _next_second()
+        b.db.c.insert_many([{"_id": i} for i in range(5, 10)])  # taken while mcdc is down...
+    listed.pop()  # ...and the shard is removed before it starts again
+    _next_second()  # (a real cluster's time is past b's writes by now)
+    await tail_until(10)
+    with pymongo.MongoClient(target_uri) as target:
+        assert sorted(d["_id"] for d in target.db.c.find()) == list(range(10))
+
+
+@pytest.mark.integration
+async def test_a_shard_added_during_the_snapshot_is_followed_from_before_it(
+    source_uri: str, target_uri: str, second_shard: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+    from collections.abc import Iterable
+
+    from replicator.config import resolve
+    from replicator.progress import LogReporter
+    from replicator.source.shards import Shard
+    from replicator.sync import SyncJob
+    from replicator.tally import CollectionProgress
+
+    listed = [Shard("shardA", source_uri, source_uri)]
+    _as_mongos(monkeypatch, listed)
+
+    class AddShardMidSnapshot(LogReporter):
+        def snapshot_begin(self, collections: Iterable[CollectionProgress]) -> None:
+            super().snapshot_begin(collections)
+            listed.append(Shard("shardB", second_shard, second_shard))
+            _next_second()
+            with pymongo.MongoClient(second_shard) as b:
+                b.db.c.insert_many([{"_id": i} for i in range(100, 105)])  # the new shard takes writes at once
+            _next_second()  # the snapshot goes on: its end is later than those writes
+
+    with pymongo.MongoClient(source_uri) as a:
+        a.db.c.insert_many([{"_id": i} for i in range(5)])
+    settings = resolve(
+        {"source": source_uri, "target": target_uri, "checkpoint": tmp_path / "cp.json", "shard_refresh_s": 0.3,
+         "progress": False},
+        env={},
+    )  # fmt: skip
+    stop = asyncio.Event()
+    job = asyncio.create_task(SyncJob(settings, AddShardMidSnapshot(), command="tail", stop=stop).run())
+    with pymongo.MongoClient(target_uri) as target:
+        for _ in range(200):
+            if target.db.c.count_documents({}) >= 10:
+                break
+            assert not job.done(), job.result()
+            await asyncio.sleep(0.1)
+    stop.set()
+    await asyncio.wait_for(job, timeout=30)
+    with pymongo.MongoClient(target_uri) as target:
+        assert sorted(d["_id"] for d in target.db.c.find()) == [*range(5), *range(100, 105)]

@@ -32,6 +32,7 @@ class Shard:
 
     name: str
     uri: str
+    host: str = ""  # listShards' host ("rs0/h1:27018,h2:27018"), kept in the checkpoint
 
     def __str__(self) -> str:
         return f"{self.name} ({redact(self.uri)})"
@@ -58,7 +59,9 @@ async def discover(client: Client, mongos_uri: str) -> list[Shard]:
 
 
 def parse_shards(reply: Mapping[str, Any], mongos_uri: str) -> list[Shard]:
-    shards = [Shard(str(s["_id"]), shard_uri(str(s["host"]), mongos_uri)) for s in reply.get("shards", [])]
+    shards = [
+        Shard(str(s["_id"]), shard_uri(str(s["host"]), mongos_uri), str(s["host"])) for s in reply.get("shards", [])
+    ]
     return sorted(shards, key=lambda s: s.name)
 
 
@@ -70,6 +73,13 @@ class MergedReader:
         self.readers = dict(readers)
         self._batch_size = batch_size
         self._queue_batches = queue_batches
+        #: shards gone from the cluster, read up to this time (their events before it are not lost), then
+        #: closed by :meth:`batches` once drained
+        self.retiring: dict[str, Timestamp] = {}
+
+    def retire(self, name: str, until: Timestamp) -> None:
+        """Read shard ``name`` only up to ``until``, then stop following it."""
+        self.retiring[name] = until
 
     @property
     def client(self) -> Client:
@@ -112,9 +122,18 @@ class MergedReader:
         shards = {name: _ShardState() for name in self.readers}
         queues: dict[str, asyncio.Queue[object]] = {n: asyncio.Queue(self._queue_batches) for n in shards}
 
-        tasks = {n: asyncio.create_task(pump(self.readers[n].batches(until=until), queues[n])) for n in shards}
+        tasks = {
+            n: asyncio.create_task(pump(self.readers[n].batches(until=self._until(n, until)), queues[n]))
+            for n in shards
+        }
         try:
             while True:
+                for name in [n for n, st in shards.items() if n in self.retiring and st.finished and not st.buffer]:
+                    del shards[name]  # a removed shard read to its end: no longer followed
+                    self.retiring.pop(name)
+                    await self.remove(name)
+                    if not shards:
+                        return
                 for name, state in shards.items():
                     if state.finished:
                         continue
@@ -133,6 +152,12 @@ class MergedReader:
             for task in tasks.values():
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+
+    def _until(self, name: str, until: Timestamp | None) -> Timestamp | None:
+        end = self.retiring.get(name)
+        if end is None:
+            return until
+        return end if until is None else min(until, end)
 
     @property
     def _cap(self) -> int:

@@ -3,8 +3,10 @@ the cluster while tailing a mongos.
 
 * ``--shard URI`` (repeatable) names the shards' replica sets; a mongos is asked with ``listShards``.
 * While following a mongos, the shard list is read every ``shard_refresh_s``: a shard added starts at
-  the time of the last listing that did not have it (so nothing written on it since is missed); a
-  shard removed is closed, and its checkpoint entry stays.
+  the time of the last listing that did not have it (the listing that built the streams, before a
+  snapshot, for a shard added during it), so nothing written on it since is missed; a shard removed is
+  read up to the time of the listing that no longer had it (what it took before is not lost when mcdc
+  was behind), then closed, and its checkpoint entry stays.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from pymongo.errors import PyMongoError
 
 from ..checkpoint import Checkpoint
 from ..config import Settings
+from ..errors import McdcError
 from ..events import Position
 from ..progress import Reporter
 from ..retry import sleep_or_stop
 from .changestream import ChangeStreamReader, current_time
 from .connection import Client, ServerInfo, make_client, probe, server_message
-from .shards import MergedReader, Shard, discover, explicit_shards
+from .shards import MergedReader, Shard, discover, explicit_shards, shard_uri
 
 Reader = ChangeStreamReader | MergedReader
 
@@ -34,6 +37,7 @@ class ShardChange:
     added: list[Shard] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     since: Timestamp | None = None
+    seen: Timestamp | None = None  # the time of the listing that showed the change
 
 
 class StreamTopology:
@@ -44,19 +48,49 @@ class StreamTopology:
         self.reporter = reporter
         self.client = client
         self.discovered = False  # shards found through listShards (so they can change), not --shard
+        self.listed_at: Timestamp | None = None  # the source's time just before the last shard listing
+        self.hosts: dict[str, str] = {}  # the discovered shards' listShards hosts
 
-    async def reader(self, info: ServerInfo, *, max_await_ms: int) -> Reader:
-        """One stream per shard when there are shards, else the deployment's own stream."""
+    async def reader(self, info: ServerInfo, *, max_await_ms: int, cp: Checkpoint | None = None) -> Reader:
+        """One stream per shard when there are shards, else the deployment's own stream. A shard the
+        checkpoint follows that the cluster no longer lists (removed while mcdc was down) is read up to
+        now, then closed."""
         s = self.s
+        self.listed_at = await current_time(self.client)
         shards = await self._shards(info)
         self.discovered = bool(shards) and not s.shards
+        self.hosts = {sh.name: sh.host for sh in shards if sh.host}
         if not shards:
             return ChangeStreamReader(
                 self.client, full_document=s.full_document, batch_size=s.replay_batch, max_await_ms=max_await_ms,
                 oversize=s.oversize, pre_images=s.pre_images, rs=info.set_name,
             )  # fmt: skip
         self.reporter.info("one change stream per shard: " + ", ".join(str(sh) for sh in shards))
-        return MergedReader({sh.name: await self._shard_reader(sh) for sh in shards}, batch_size=s.replay_batch)
+        merged = MergedReader({sh.name: await self._shard_reader(sh) for sh in shards}, batch_size=s.replay_batch)
+        if self.discovered and cp is not None:
+            await self._retire_gone(merged, cp)
+        return merged
+
+    async def _retire_gone(self, merged: MergedReader, cp: Checkpoint) -> None:
+        """Shards the checkpoint follows and the cluster no longer lists: read what they took up to now."""
+        assert self.listed_at is not None
+        for name in sorted(set(cp.shards) - set(merged.readers)):
+            host = cp.shard_hosts.get(name)
+            if not host:
+                continue
+            shard = Shard(name, shard_uri(host, self.s.source), host)
+            try:
+                merged.readers[name] = await self._shard_reader(shard)
+            except McdcError as exc:
+                self.reporter.warn(
+                    f"shard {name} was removed from the cluster and cannot be read ({exc}): what it took after "
+                    f"{cp.shards[name].cluster_time} is not replicated"
+                )
+                continue
+            self.reporter.info(
+                f"shard {name} was removed from the cluster: reading what it took up to {self.listed_at}"
+            )
+            merged.retire(name, self.listed_at)
 
     async def _shards(self, info: ServerInfo) -> list[Shard]:
         """Explicit --shard URIs (named by replica set and hosts), else a mongos's listShards."""
@@ -80,7 +114,8 @@ class StreamTopology:
         """Relay ``user_stop`` to ``stop``, and every ``shard_refresh_s`` list the shards. Returns once
         they change (or the user stops, with no change), after setting ``stop`` so the merged stream
         closes before the set is changed."""
-        checked_at = await current_time(self.client)
+        if self.listed_at is None:
+            self.listed_at = await current_time(self.client)
         while True:
             if await sleep_or_stop(self.s.shard_refresh_s, user_stop):
                 stop.set()
@@ -92,18 +127,22 @@ class StreamTopology:
                 self.reporter.warn(f"cannot list the shards: {server_message(exc)}")
                 continue
             added = [sh for name, sh in shards.items() if name not in reader.readers]
-            removed = [name for name in reader.readers if name not in shards]
+            removed = [name for name in reader.readers if name not in shards and name not in reader.retiring]
+            since, self.listed_at = self.listed_at, now
             if added or removed:
                 stop.set()
-                return ShardChange(added, removed, checked_at)
-            checked_at = now
+                return ShardChange(added, removed, since, now)
 
     async def apply(self, reader: MergedReader, cp: Checkpoint, change: ShardChange) -> None:
-        """Start streams for added shards (from ``change.since``) and close those of removed ones."""
+        """Start streams for added shards (from ``change.since``); read removed ones up to ``change.seen``
+        (the merge closes them once they are drained)."""
         for sh in change.added:
             self.reporter.info(f"shard added: {sh}; following it from {change.since}")
             cp.add_shard(sh.name, Position(cluster_time=change.since))
+            if sh.host:
+                cp.shard_hosts[sh.name] = sh.host
             reader.readers[sh.name] = await self._shard_reader(sh)
         for name in change.removed:
-            self.reporter.info(f"shard removed: {name}")
-            await reader.remove(name)
+            assert change.seen is not None
+            self.reporter.info(f"shard removed: {name}; reading what it took up to {change.seen}, then closing it")
+            reader.retire(name, change.seen)
