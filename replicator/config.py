@@ -86,6 +86,7 @@ class Settings:
     retry_max_s: float = 120.0
     max_retries: int = 16
     connect_timeout_s: float = 10.0
+    io_timeout_s: float = 300.0  # an answer that never comes (a request lost by a restarted server) is an outage
     # tail
     start_at: str | None = None  # ISO-8601 time or SECONDS,INCREMENT (startAtOperationTime)
     on_history_lost: str = "fail"  # or "resnapshot"

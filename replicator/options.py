@@ -97,6 +97,11 @@ OPTIONS: tuple[Option, ...] = (
         "connect-timeout", "connect_timeout_s", "Seconds a server may take to answer before it counts as "
         "unreachable.", COMMANDS, metavar="SECONDS", minimum=0,
     ),
+    Option(
+        "io-timeout", "io_timeout_s", "Seconds a read of the source or a write of documents to the target "
+        "may wait for the server's answer before it counts as lost and is retried (index builds and "
+        "other DDL are not bounded).", SELECTING, metavar="SECONDS", minimum=1,
+    ),
     # which namespaces and fields
     Option(
         "include", "include", "Only namespaces whose db.collection matches REGEX (repeatable; default: all).",

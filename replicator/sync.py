@@ -100,7 +100,9 @@ class SyncJob:
         sink = open_sink(self.s)  # before any connection: a bad target or sink option fails at once
         try:
             with self.store.locked():
-                client = make_client(self.s.source, timeout_s=self.s.connect_timeout_s)
+                client = make_client(
+                    self.s.source, timeout_s=self.s.connect_timeout_s, io_timeout_s=self.s.io_timeout_s
+                )
                 try:
                     info = await probe(client, self.s.source, "source")
                     sink.source_name = info.set_name or ""

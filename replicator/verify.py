@@ -310,9 +310,9 @@ async def verify(settings: Settings, differ: RangeDiffer | None = None) -> Verif
             f"verify compares two MongoDB deployments: --target {redact(settings.target)} is not mongodb://"
         )
     started = time.monotonic()
-    source = make_client(settings.source, timeout_s=settings.connect_timeout_s)
+    source = make_client(settings.source, timeout_s=settings.connect_timeout_s, io_timeout_s=settings.io_timeout_s)
     try:
-        target = make_client(settings.target, timeout_s=settings.connect_timeout_s)
+        target = make_client(settings.target, timeout_s=settings.connect_timeout_s, io_timeout_s=settings.io_timeout_s)
         try:
             await probe(source, settings.source, "source")
             await probe(target, settings.target, "target")

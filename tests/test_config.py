@@ -112,6 +112,7 @@ SAMPLE = {
     "target": "mongodb://dst.example:27017",
     "checkpoint": "/var/lib/mcdc/sample.json",
     "connect-timeout": "2.5",
+    "io-timeout": "60",
     "include": "shop\\..*,crm\\.customers",
     "exclude": "shop\\.tmp_.*",
     "rename": "crm=crm_replica",

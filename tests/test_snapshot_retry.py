@@ -286,3 +286,29 @@ async def test_a_stop_during_the_backoff_ends_the_run_at_once(
     summary = (await job.run()).to_json()
     assert time.monotonic() - started < 20 and summary["retries"] == 1
     assert json.loads(cp.read_text())["snapshot"]["status"] == "in_progress"
+
+
+@pytest.mark.parametrize("reply", [b"insert\x00", b"getMore\x00"])
+def test_a_request_the_server_never_answers_is_bounded_and_retried(
+    mcdc: Mcdc, source_uri: str, target_uri: str, tmp_path: Path, reply: bytes
+) -> None:
+    """A server that took a write (or a read) and never answered, its connection left open and idle, as a
+    target restarted mid-copy was seen to do: the copy hung forever. Every wait on I/O is bounded by
+    --io-timeout: the operation counts as lost and the copy retries it."""
+    from tests.support.proxy import wire_proxy
+
+    _load(source_uri)
+    cp = tmp_path / "cp.json"
+    through = "target" if reply == b"insert\x00" else "source"  # a write, or a read of the source
+    with wire_proxy(target_uri if through == "target" else source_uri) as proxy:
+        source = proxy.uri if through == "source" else source_uri
+        target = proxy.uri if through == "target" else target_uri
+        proc = mcdc("sync", source, target, cp, "--json", "--io-timeout", "3")
+        _wait(_copying(cp), proc, 60, "the copy")
+        proxy.swallow_reply(reply)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert proxy.swallowed == 1
+        said = "did not answer within 3 s" if through == "target" else "timed out"  # the driver's socket timeout
+        assert json.loads(out)["retries"] >= 1 and said in err
+    assert_identical(source_uri, target_uri)

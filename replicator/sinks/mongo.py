@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -27,7 +27,7 @@ from pymongo import ReplaceOne
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.errors import BulkWriteError, OperationFailure
 
-from ..errors import SinkError
+from ..errors import SinkError, SinkUnavailable
 from ..events import ChangeEvent, CollectionSpec, Namespace, Op
 from ..extjson import dumps_str
 from ..filters import Scope
@@ -105,9 +105,13 @@ class MongoSink(Sink):
     schemes = ("mongodb", "mongodb+srv")
     holds_state = True
 
-    def __init__(self, uri: str, *, timeout_s: float = 10.0, scope: Scope | None = None) -> None:
-        """``scope``: the target namespaces this run maps its selection to; DDL touches no other."""
+    def __init__(
+        self, uri: str, *, timeout_s: float = 10.0, scope: Scope | None = None, io_timeout_s: float | None = None
+    ) -> None:
+        """``scope``: the target namespaces this run maps its selection to; DDL touches no other.
+        ``io_timeout_s``: how long a batch's document writes may wait for the target's answers."""
         self.uri = uri
+        self._io_timeout = io_timeout_s
         self._client = make_client(uri, timeout_s=timeout_s, durable_writes=True)
         self._schema = MongoSchema(self._client, scope=scope)
         self._transactions = True
@@ -140,14 +144,32 @@ class MongoSink(Sink):
 
     async def write(self, batch: Sequence[ChangeEvent]) -> None:
         for kind, events in _segments(batch):
-            if kind == "ddl":
+            if kind == "ddl":  # not bounded: an index build or a rename across databases takes its time
                 await self._schema.apply(events[0])
-            elif kind == "txn" and self._transactions:
-                await self._apply_transaction(events)
-            elif events[0].op is Op.READ and all(e.op is Op.READ for e in events):
-                await self._insert_snapshot(events)
             else:
-                await self._apply(events)
+                await self._bounded(self._write_documents(kind, events))
+
+    async def _write_documents(self, kind: str, events: Sequence[ChangeEvent]) -> None:
+        if kind == "txn" and self._transactions:
+            await self._apply_transaction(events)
+        elif events[0].op is Op.READ and all(e.op is Op.READ for e in events):
+            await self._insert_snapshot(events)
+        else:
+            await self._apply(events)
+
+    async def _bounded(self, writes: Coroutine[Any, Any, None]) -> None:
+        """Document writes whose answers must come within --io-timeout: a target that took a write and never
+        answered (a restarted server, a black-holing network) would otherwise hold the run forever. The
+        writes are cancelled and the batch counts as failed: it is retried, idempotently."""
+        if self._io_timeout is None:
+            await writes
+            return
+        try:
+            await asyncio.wait_for(writes, self._io_timeout)
+        except TimeoutError:
+            raise SinkUnavailable(
+                f"the target did not answer within {self._io_timeout:g} s (--io-timeout); writing the batch again"
+            ) from None
 
     async def _apply(self, events: Sequence[ChangeEvent]) -> None:
         """Apply document events: namespaces in parallel, each namespace's events in order."""

@@ -33,7 +33,8 @@ def open_sink(settings: Settings) -> Sink:
         from ..filters import Scope
         from .mongo import MongoSink
 
-        return MongoSink(uri, timeout_s=settings.connect_timeout_s, scope=Scope(settings.selection, settings.renamer))
+        scope = Scope(settings.selection, settings.renamer)
+        return MongoSink(uri, timeout_s=settings.connect_timeout_s, scope=scope, io_timeout_s=settings.io_timeout_s)
     if scheme == "memory":
         from .memory import MemorySink
 

@@ -74,14 +74,26 @@ def client_options(timeout_s: float, appname: str) -> dict[str, Any]:
     }
 
 
-def make_client(uri: str, *, timeout_s: float = 10.0, durable_writes: bool = False) -> Client:
+def read_timeout(uri: str, io_timeout_s: float | None) -> dict[str, Any]:
+    """socketTimeoutMS for a client that only reads (a source), unless the URI sets its own: a reply that
+    never comes (a request a restarted server lost) then fails the read, which is retried, instead of
+    waiting forever. A source's operations are all short (its change stream waits ``max_await_ms``); a
+    target's index builds are not, so its document writes are bounded where they are sent instead."""
+    if not io_timeout_s or "sockettimeoutms" in uri_options(uri):
+        return {}
+    return {"socketTimeoutMS": int(io_timeout_s * 1000)}
+
+
+def make_client(
+    uri: str, *, timeout_s: float = 10.0, durable_writes: bool = False, io_timeout_s: float | None = None
+) -> Client:
     """An AsyncMongoClient that returns raw BSON documents. Does no I/O.
 
     ``durable_writes``: unless the URI sets its own write concern, writes wait for a journaled majority,
     so what the checkpoint records as acknowledged survives a target crash."""
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = read_timeout(uri, io_timeout_s)
     if durable_writes and not uri_options(uri) & {"w", "journal", "wtimeoutms"}:
-        extra = {"w": "majority", "journal": True}
+        extra.update(w="majority", journal=True)
     try:
         return AsyncMongoClient(uri, **client_options(timeout_s, "mcdc"), connect=False, **extra)
     except (ConfigurationError, ValueError, TypeError) as exc:

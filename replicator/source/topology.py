@@ -102,7 +102,7 @@ class StreamTopology:
         return []
 
     async def _shard_reader(self, shard: Shard) -> ChangeStreamReader:
-        client = make_client(shard.uri, timeout_s=self.s.connect_timeout_s)
+        client = make_client(shard.uri, timeout_s=self.s.connect_timeout_s, io_timeout_s=self.s.io_timeout_s)
         info = await probe(client, shard.uri, f"shard {shard.name}")
         # short awaits: the merge waits for an idle shard's empty poll before releasing the others' events
         return ChangeStreamReader(

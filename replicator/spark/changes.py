@@ -28,17 +28,18 @@ from ..source.changestream import (
     after_refusal,
     reopen_options,
 )
-from ..source.connection import client_options
+from ..source.connection import client_options, read_timeout
 
 log = logging.getLogger("mcdc.spark")
 
 SyncClient = pymongo.MongoClient[RawBSONDocument]
 
 
-def sync_client(uri: str, timeout_s: float) -> SyncClient:
+def sync_client(uri: str, timeout_s: float, io_timeout_s: float | None = None) -> SyncClient:
     """A synchronous client returning raw BSON, with the codec options of the asyncio engine's clients
-    (dates outside Python's range kept, UUIDs left as binary)."""
-    return pymongo.MongoClient(uri, **client_options(timeout_s, "mcdc-spark"))
+    (dates outside Python's range kept, UUIDs left as binary); ``io_timeout_s`` for a source (see
+    connection.read_timeout)."""
+    return pymongo.MongoClient(uri, **client_options(timeout_s, "mcdc-spark"), **read_timeout(uri, io_timeout_s))
 
 
 def transaction_of(raw: Mapping[str, Any]) -> tuple[bytes, int] | None:

@@ -46,7 +46,7 @@ class SnapshotReader(DataSourceReader):
         assert isinstance(partition, Range)
         s = settings_for(self.options, "source")
         part = Partition.from_json(partition.partition)
-        with sync_client(s.source, s.connect_timeout_s) as client:
+        with sync_client(s.source, s.connect_timeout_s, s.io_timeout_s) as client:
             coll = client[part.ns.db][part.ns.coll or ""]
             sort = [("_id", 1)] if part.resumable else None
             for doc in coll.find(part.query(), sort=sort, batch_size=s.batch_docs):
@@ -55,7 +55,7 @@ class SnapshotReader(DataSourceReader):
 
 async def plan_snapshot(s: Settings) -> list[Partition]:
     """The snapshot's partitions of every selected collection (views have no documents of their own)."""
-    client = make_client(s.source, timeout_s=s.connect_timeout_s)
+    client = make_client(s.source, timeout_s=s.connect_timeout_s, io_timeout_s=s.io_timeout_s)
     try:
         if s.include:
             problem = catalog.unmatched(s.selection, await catalog.list_namespaces(client))

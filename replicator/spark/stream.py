@@ -90,7 +90,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return offsets.to_json({name: ShardOffset(None, ts.time, ts.inc) for name in self.shards()}, initial=True)
         start: dict[str, ShardOffset] = {}
         for name, uri in self.shards().items():
-            with sync_client(uri, s.connect_timeout_s) as client:
+            with sync_client(uri, s.connect_timeout_s, s.io_timeout_s) as client:
                 start[name] = position_now(client, s)
         log.info("mcdc stream starts at %s", start)
         return offsets.to_json(start, initial=True)
@@ -100,7 +100,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         s = self.settings
-        with sync_client(s.source, s.connect_timeout_s) as client:
+        with sync_client(s.source, s.connect_timeout_s, s.io_timeout_s) as client:
             self._until = source_time(client)
         log.info("mcdc stream: available now = up to %s", self._until)
 
@@ -134,7 +134,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     ) -> tuple[ShardOffset, bool]:
         """One shard's end (see :func:`advance`), or its post-batch token when it had no event."""
         s = self.settings
-        with sync_client(self.shards()[name], s.connect_timeout_s) as client:
+        with sync_client(self.shards()[name], s.connect_timeout_s, s.io_timeout_s) as client:
             stream = RawChangeStream(client, s)
             first = offsets.start_of(begin, name)
             stream.open(first.position())
@@ -164,7 +164,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[Row]:
         assert isinstance(partition, ShardRange)
         s = self.settings
-        with sync_client(partition.uri, s.connect_timeout_s) as client:
+        with sync_client(partition.uri, s.connect_timeout_s, s.io_timeout_s) as client:
             stream = RawChangeStream(client, s)
             stream.open(ShardOffset.from_json(partition.start).position())
             try:
@@ -265,7 +265,7 @@ async def stream_uris(s: Settings) -> dict[str, str]:
     asyncio engine's checkpoint names them), else a mongos's shards, else the source itself under ``""``."""
     if s.shards:
         return {shard.name: shard.uri for shard in await explicit_shards(s.shards, s.connect_timeout_s)}
-    client = make_client(s.source, timeout_s=s.connect_timeout_s)
+    client = make_client(s.source, timeout_s=s.connect_timeout_s, io_timeout_s=s.io_timeout_s)
     try:
         info = await probe(client, s.source, "source")
         if info.kind == "sharded":

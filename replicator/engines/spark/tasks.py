@@ -77,7 +77,7 @@ def copy(task: CopyTask) -> int:
 async def _copy(task: CopyTask) -> int:
     s = task.settings
     part = task.partition
-    client = make_client(s.source, timeout_s=s.connect_timeout_s)
+    client = make_client(s.source, timeout_s=s.connect_timeout_s, io_timeout_s=s.io_timeout_s)
     sink = open_sink(s)
     try:
         sink.source_name = task.source_name
@@ -113,7 +113,7 @@ def diff(task: DiffTask) -> DocumentDiff:
 
 async def _diff(task: DiffTask) -> DocumentDiff:
     s = task.settings
-    source = make_client(s.source, timeout_s=s.connect_timeout_s)
+    source = make_client(s.source, timeout_s=s.connect_timeout_s, io_timeout_s=s.io_timeout_s)
     target = make_client(s.target, timeout_s=s.connect_timeout_s)
     try:
         part = task.partition
