@@ -4,12 +4,14 @@ the run ends identical without a restart by hand."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -286,3 +288,73 @@ async def test_a_stop_during_the_backoff_ends_the_run_at_once(
     summary = (await job.run()).to_json()
     assert time.monotonic() - started < 20 and summary["retries"] == 1
     assert json.loads(cp.read_text())["snapshot"]["status"] == "in_progress"
+
+
+def _measurements(uri: str, ns: str) -> Counter[bytes]:
+    """Every document of ``ns`` as raw bytes, counted: measurements may share an ``_id``, so two copies of
+    one would be a single entry in a map keyed by ``_id``."""
+    from tests.support.compare import RAW
+
+    db, coll = ns.split(".", 1)
+    with pymongo.MongoClient(uri) as client:
+        return Counter(doc.raw for doc in client.get_database(db, codec_options=RAW)[coll].find())
+
+
+@pytest.mark.xfail(strict=True, reason="issue 16, defect 8: a retried time-series partition is inserted twice")
+@pytest.mark.parametrize("max_retries", [1, 0])  # retried within the run; the next run (a kill -9 and rerun)
+async def test_a_time_series_partition_copied_again_holds_each_measurement_once(
+    source_uri: str, target_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_retries: int
+) -> None:
+    """A write into a time-series collection fails after it landed (its acknowledgement lost): the partition
+    is copied again, and the target holds each measurement exactly once. Measurements' ``_id``s repeat and
+    inserting them never replaces, so the range the failed attempt wrote must be deleted first; that delete
+    touches neither the ranges already copied nor a target collection outside the selection.
+
+    SecantusDB keeps the ``timeseries`` options of such a collection and, as MongoDB does, lets its ``_id``s
+    repeat (it reports it as a plain collection: the planner reads the options)."""
+    from pymongo.errors import AutoReconnect
+
+    import replicator.sync
+    from replicator.errors import ConnectionFailed
+    from replicator.sinks.mongo import MongoSink
+
+    start = datetime.datetime(2024, 1, 1)
+    with pymongo.MongoClient(source_uri) as client:
+        client.ts.create_collection("m", timeseries={"timeField": "ts", "metaField": "sensor"})
+        client.ts.m.insert_many(
+            [{"_id": i % 40, "ts": start + datetime.timedelta(seconds=i), "sensor": i % 3, "v": i} for i in range(600)]
+        )
+        client.ts.plain.insert_many([{"_id": i, "ts": start + datetime.timedelta(seconds=i)} for i in range(100)])
+    with pymongo.MongoClient(target_uri) as client:  # not ours: no delete may reach it
+        client.keep.m.insert_many([{"_id": i, "ts": start + datetime.timedelta(seconds=i)} for i in range(600)])
+    kept = _measurements(target_uri, "keep.m")
+
+    class LosesOneAck(MongoSink):
+        writes = 0
+
+        async def write(self, batch: Any) -> None:
+            await super().write(batch)
+            if batch and str(batch[0].ns) == "ts.m":
+                LosesOneAck.writes += 1
+                if LosesOneAck.writes == 4:
+                    raise AutoReconnect("the target went away before it acknowledged")
+
+    cp = tmp_path / "cp.json"
+    flags = {"split": "always", "partition_docs": 200, "batch_docs": 50, "workers": 2, "include": [r"ts\..*"]}
+    job, sink = _job(source_uri, target_uri, cp, LosesOneAck, max_retries=max_retries, **flags)
+    monkeypatch.setattr(replicator.sync, "open_sink", lambda settings: sink)
+    if max_retries:
+        summary = (await job.run()).to_json()
+        assert summary["retries"] == 1 and summary["snapshot"] == "completed"
+    else:
+        with pytest.raises(ConnectionFailed, match="gave up after 0 retries"):
+            await job.run()
+        job, sink = _job(source_uri, target_uri, cp, MongoSink, **flags)  # the next run
+        monkeypatch.setattr(replicator.sync, "open_sink", lambda settings: sink)
+        assert (await job.run()).to_json()["snapshot"] == "resumed"
+    assert LosesOneAck.writes >= 4
+    source, target = _measurements(source_uri, "ts.m"), _measurements(target_uri, "ts.m")
+    assert sum(target.values()) == sum(source.values()) == 600
+    assert target == source
+    assert _measurements(target_uri, "ts.plain") == _measurements(source_uri, "ts.plain")
+    assert _measurements(target_uri, "keep.m") == kept
