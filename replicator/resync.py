@@ -108,6 +108,7 @@ class Resyncer:
         await self._sink.prepare([renamed], drop_existing=True)
         if spec.is_view:
             return
+        # into a collection just created: no partition is begun twice, so time-series ones may split by time
         plan = await plan_spec(self._client, spec, self.s.partition_docs, split=self.s.split)
 
         async def done(part: Partition, docs: int) -> None:

@@ -8,7 +8,7 @@ is queried with ``$type`` plus its bounds. A catch-all partition takes the ``_id
 
 A time-series collection is cut by time instead (TIME ranges of its time field, always a date): its
 measurements may share an ``_id``, MongoDB bounds a time range by its buckets' own time bounds (an ``_id``
-range reads every bucket).
+range reads every bucket), and a range copied again is first deleted from the target by the same filter.
 """
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ def _is_nan(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class Resume:
-    """Where a partition's copy goes on: after ``last_id``, the end of what the sink acknowledged.
+    """Where a partition's copy goes on: after ``last_id``, the end of what the sink acknowledged. For a
+    partition that clears on retry, any Resume only says that an earlier attempt began it.
 
     A wrapper rather than the bare value, since None is an ``_id`` too."""
 
@@ -128,6 +129,13 @@ class Partition:
         collection's (read in insertion order), a time-series one's (measurements may share an ``_id``)
         nor OTHER's (types without a bracket): those start over."""
         return self.keyed and not self.ordered and self.bracket != OTHER
+
+    @property
+    def clears_on_retry(self) -> bool:
+        """Must what an earlier attempt wrote be deleted from the target before the partition is copied
+        again? A time-series collection's (not keyed): inserting a measurement never replaces one, so a
+        second copy would keep both. The delete is of :meth:`query`, this partition's own range."""
+        return not self.keyed
 
     def query(self, after: Resume | None = None) -> dict[str, Any]:
         """The find() filter that selects exactly this partition's documents; with ``after``, those past
@@ -354,11 +362,11 @@ async def plan_spec(
     split_time: bool = True,
 ) -> list[Partition]:  # fmt: skip
     """One collection's partitions: ``_id`` ranges, or a time-series collection's time ranges (whole unless
-    ``split_time``)."""
+    ``split_time``: where the target cannot delete a time range again, see Sink.deletes_time_ranges)."""
     coll = client[spec.ns.db][spec.ns.coll or ""]
     if spec.kind == "timeseries" or spec.options.get("timeseries"):
         field = str((spec.options.get("timeseries") or {}).get("timeField") or "")
-        if not field:  # not said: copied whole
+        if not field:  # not said: copied whole (deleted whole before it is copied again)
             return [Partition(spec.ns, 0, ALL, keyed=False)]
         return await plan_timeseries(coll, spec.ns, field, partition_docs, split=split if split_time else "never")
     capped = bool(spec.options.get("capped"))
