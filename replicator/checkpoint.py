@@ -40,7 +40,9 @@ class SnapshotProgress:
     resumed run copies exactly the partitions not in ``done``. ``prepared`` lists target namespaces whose
     collection (with options) was already created; ``drop_target``: the snapshot replaces what the target
     holds, so a namespace not prepared yet is dropped first. ``resume`` maps a partition not done to the
-    ``_id`` (extended JSON) of the end of its acknowledged batches, where its copy goes on.
+    ``_id`` (extended JSON) of the end of its acknowledged batches, where its copy goes on; for a partition
+    that cannot go on (a time-series collection's) an entry (null) says only that its copy began: it is
+    copied again once its range is deleted from the target.
     """
 
     status: str = "none"

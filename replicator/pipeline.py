@@ -5,7 +5,9 @@ Two flows, both ``source -> normalize -> transform -> sink -> checkpoint``:
 * :func:`copy_partitions` copies snapshot partitions with ``workers`` concurrent workers. Each worker
   reads one partition ahead into a queue of ``queue_batches`` batches, so memory is bounded by
   workers x queue_batches x batch_bytes whatever the collection size. A partition is marked done only
-  after the sink acknowledged its last batch.
+  after the sink acknowledged its last batch. One whose documents cannot be written twice over themselves
+  (a time-series collection's) is recorded as begun before its first write, and copied again only after
+  its range is deleted from the target.
 * :func:`replay` reads the change stream ahead into a bounded queue (a slow sink slows the reader) and
   applies batches in order, moving the checkpoint to a batch's position only after the sink acked it.
 """
@@ -74,6 +76,7 @@ async def copy_partitions(
     on_progress: Callable[[Partition, Resume], Awaitable[None]] | None = None,
     result: CopyResult | None = None,
     fields: FieldRules | None = None,
+    on_start: Callable[[Partition], Awaitable[None]] | None = None,
 ) -> int:
     """Copy partitions with ``workers`` concurrent readers sharing ``workers`` write slots, so a last big
     partition still writes with all of them. Returns the number of documents written (also added to
@@ -82,7 +85,8 @@ async def copy_partitions(
 
     A partition with an entry in ``resume`` (by id) goes on after it. ``on_progress(partition, resume
     point)`` runs each time a resumable partition's acknowledged prefix of batches grows. ``fields``: the
-    field rules documents go through (the stream's events go through the same, in the transform stage)."""
+    field rules documents go through (the stream's events go through the same, in the transform stage).
+    ``on_start(partition)``: see :func:`begin`."""
     todo: asyncio.Queue[Partition] = asyncio.Queue()
     for part in sorted(partitions, key=lambda p: -p.estimated_docs):  # biggest first: shorter tail
         todo.put_nowait(part)
@@ -96,7 +100,7 @@ async def copy_partitions(
                 part = todo.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            after = (resume or {}).get(part.id) if part.resumable else None
+            after = await begin(part, resume, on_start)
             editor = fields.for_namespace(part.ns) if fields else None
             docs = await _copy_one(
                 client, sink, part, limits, rename(part.ns), reporter, slots, result, after, on_progress, editor
@@ -116,6 +120,23 @@ async def copy_partitions(
 Copier = Callable[..., Awaitable[int]]
 
 
+async def begin(
+    part: Partition, resume: Mapping[str, Resume] | None, on_start: Callable[[Partition], Awaitable[None]] | None
+) -> Resume | None:
+    """Where a partition's copy starts, decided before it writes anything (by either engine's driver).
+
+    A resumable partition goes on after its entry in ``resume``. One that clears on retry (a time-series
+    collection's) and has an entry there was begun before: its copy starts over once its range is deleted
+    from the target (see :func:`_copy_one`). One begun now is told to ``on_start``, which records it where
+    a retry will find it (the checkpoint), durably, before the copy writes anything."""
+    if part.resumable or part.clears_on_retry:
+        after = (resume or {}).get(part.id)
+        if after is None and part.clears_on_retry and on_start is not None:
+            await on_start(part)
+        return after
+    return None
+
+
 async def _copy_one(
     client: Client,
     sink: Sink,
@@ -132,7 +153,13 @@ async def _copy_one(
     """Read one partition ahead and write its batches, several at once unless its order matters.
 
     A resumable partition keeps at most ``workers`` batches past its acknowledged prefix (in flight, or
-    acknowledged after one still in flight), so a failure or a kill costs at most that many batches."""
+    acknowledged after one still in flight), so a failure or a kill costs at most that many batches. One
+    that clears on retry and was begun before (``after`` set) is first deleted from the target ``ns``:
+    its own range only (its query, whose time field the target's documents keep: a time-series target
+    refuses measurements without it)."""
+    if part.clears_on_retry and after is not None:
+        await sink.discard(ns, part.query())
+        after = None
     written = 0
     in_flight: set[asyncio.Task[None]] = set()
     most = 1 if part.ordered else limits.workers

@@ -27,7 +27,7 @@ from .sinks.base import Sink
 from .source import catalog
 from .source.changestream import current_time
 from .source.connection import Client
-from .source.partitions import Partition, plan_collection
+from .source.partitions import Partition, plan_spec
 from .tally import CollectionProgress, listing
 
 
@@ -108,9 +108,8 @@ class Resyncer:
         await self._sink.prepare([renamed], drop_existing=True)
         if spec.is_view:
             return
-        coll = self._client[ns.db][ns.coll or ""]
-        capped = bool(spec.options.get("capped"))
-        plan = await plan_collection(coll, ns, self.s.partition_docs, capped=capped, split=self.s.split)
+        # into a collection just created: no partition is begun twice, so time-series ones may split by time
+        plan = await plan_spec(self._client, spec, self.s.partition_docs, split=self.s.split)
 
         async def done(part: Partition, docs: int) -> None:
             pass

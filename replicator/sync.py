@@ -340,7 +340,7 @@ class SyncJob:
                 f"the target already holds data in {listing(busy, 5)}; pass --drop-target to replace it, "
                 "or --snapshot never to only replay changes"
             )
-        plan = await plan_specs(client, specs, s.partition_docs, split=s.split)
+        plan = await plan_specs(client, specs, s.partition_docs, split=s.split, split_time=sink.deletes_time_ranges)
         cp = self._new_checkpoint(
             identity,
             position=position,
@@ -437,6 +437,10 @@ class SyncJob:
                 if pace.due():
                     save()
 
+            async def start(part: Partition) -> None:
+                cp.snapshot.resume[part.id] = None  # begun: a retry deletes its range from the target first
+                save()  # now, before it writes anything
+
             async def done(part: Partition, docs: int) -> None:
                 self._retrier.progress()
                 cp.snapshot.resume.pop(part.id, None)
@@ -459,7 +463,7 @@ class SyncJob:
                 await self._copier(
                     client, sink, todo, limits=self._limits(), rename=s.renamer, on_done=done,
                     reporter=self.reporter, stop=self.stop, resume=resume, on_progress=progress, result=copied,
-                    fields=self._fields,
+                    fields=self._fields, on_start=start,
                 )  # fmt: skip
             except Exception:
                 if pace.owed:  # a resume point the pace held back: the retry goes on from it

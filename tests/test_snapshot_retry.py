@@ -4,12 +4,14 @@ the run ends identical without a restart by hand."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -312,3 +314,83 @@ def test_a_request_the_server_never_answers_is_bounded_and_retried(
         said = "did not answer within 3 s" if through == "target" else "timed out"  # the driver's socket timeout
         assert json.loads(out)["retries"] >= 1 and said in err
     assert_identical(source_uri, target_uri)
+
+
+def _measurements(uri: str, ns: str) -> Counter[bytes]:
+    """Every document of ``ns`` as raw bytes, counted: measurements may share an ``_id``, so two copies of
+    one would be a single entry in a map keyed by ``_id``."""
+    from tests.support.compare import RAW
+
+    db, coll = ns.split(".", 1)
+    with pymongo.MongoClient(uri) as client:
+        return Counter(doc.raw for doc in client.get_database(db, codec_options=RAW)[coll].find())
+
+
+@pytest.mark.parametrize("max_retries", [1, 0])  # retried within the run; the next run (a kill -9 and rerun)
+async def test_a_time_series_partition_copied_again_holds_each_measurement_once(
+    source_uri: str, target_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_retries: int
+) -> None:
+    """A write into a time-series collection fails after it landed (its acknowledgement lost): the partition
+    is copied again, and the target holds each measurement exactly once. Measurements' ``_id``s repeat and
+    inserting them never replaces, so the range the failed attempt wrote must be deleted first; that delete
+    touches neither the ranges already copied nor a target collection outside the selection.
+
+    SecantusDB keeps the ``timeseries`` options of such a collection and, as MongoDB does, lets its ``_id``s
+    repeat (it reports it as a plain collection: the planner reads the options)."""
+    from pymongo.errors import AutoReconnect
+
+    import replicator.sync
+    from replicator.errors import ConnectionFailed
+    from replicator.sinks.mongo import MongoSink
+
+    start = datetime.datetime(2024, 1, 1)
+    with pymongo.MongoClient(source_uri) as client:
+        client.ts.create_collection("m", timeseries={"timeField": "ts", "metaField": "sensor"})
+        client.ts.m.insert_many(
+            [{"_id": i % 40, "ts": start + datetime.timedelta(seconds=i), "sensor": i % 3, "v": i} for i in range(600)]
+        )
+        client.ts.plain.insert_many([{"_id": i, "ts": start + datetime.timedelta(seconds=i)} for i in range(100)])
+    with pymongo.MongoClient(target_uri) as client:  # not ours: no delete may reach it
+        client.keep.m.insert_many([{"_id": i, "ts": start + datetime.timedelta(seconds=i)} for i in range(600)])
+    kept = _measurements(target_uri, "keep.m")
+
+    discarded: list[tuple[str, dict[str, Any]]] = []
+
+    class Recording(MongoSink):
+        async def discard(self, ns: Any, where: Any) -> None:
+            discarded.append((str(ns), dict(where)))
+            await super().discard(ns, where)
+
+    class LosesOneAck(Recording):
+        writes = 0
+
+        async def write(self, batch: Any) -> None:
+            await super().write(batch)
+            if batch and str(batch[0].ns) == "ts.m":
+                LosesOneAck.writes += 1
+                if LosesOneAck.writes == 4:
+                    raise AutoReconnect("the target went away before it acknowledged")
+
+    cp = tmp_path / "cp.json"
+    flags = {"split": "always", "partition_docs": 200, "batch_docs": 50, "workers": 2, "include": [r"ts\..*"]}
+    job, sink = _job(source_uri, target_uri, cp, LosesOneAck, max_retries=max_retries, **flags)
+    monkeypatch.setattr(replicator.sync, "open_sink", lambda settings: sink)
+    if max_retries:
+        summary = (await job.run()).to_json()
+        assert summary["retries"] == 1 and summary["snapshot"] == "completed"
+    else:
+        with pytest.raises(ConnectionFailed, match="gave up after 0 retries"):
+            await job.run()
+        job, sink = _job(source_uri, target_uri, cp, Recording, **flags)  # the next run
+        monkeypatch.setattr(replicator.sync, "open_sink", lambda settings: sink)
+        assert (await job.run()).to_json()["snapshot"] == "resumed"
+    assert LosesOneAck.writes >= 4
+    plan = json.loads(cp.read_text())["snapshot"]["plan"]
+    assert [p["bracket"] for p in plan if p["coll"] == "m"] == ["time"] * 3  # 600 measurements, 200 a range
+    # the ranges the failed attempt had begun, and no other, were deleted before they were copied again
+    assert discarded and all(ns == "ts.m" and list(where) == ["ts"] for ns, where in discarded)
+    source, target = _measurements(source_uri, "ts.m"), _measurements(target_uri, "ts.m")
+    assert sum(target.values()) == sum(source.values()) == 600
+    assert target == source
+    assert _measurements(target_uri, "ts.plain") == _measurements(source_uri, "ts.plain")
+    assert _measurements(target_uri, "keep.m") == kept

@@ -10,6 +10,8 @@ A sink receives batches of :class:`~replicator.events.ChangeEvent` in source ord
 * ``await sink.flush()`` forces out anything buffered; ``await sink.close()`` flushes and releases.
 * ``prepare(specs)`` (before a snapshot) and ``finish_snapshot(specs)`` (after it) let a sink that keeps
   schema recreate collections, views and indexes; sinks without a schema leave the defaults.
+* ``discard(ns, where)`` deletes what an interrupted copy of a snapshot partition wrote, before that
+  partition is copied again, where writing its documents twice would keep both (time-series measurements).
 
 Concurrency: the snapshot calls ``write`` from several workers at once, each with batches of one
 namespace; the stream replay calls it from one task.
@@ -73,6 +75,19 @@ class Sink(ABC):
 
     async def finish_snapshot(self, specs: Sequence[CollectionSpec]) -> None:  # noqa: B027
         """Build what is cheaper to build after the data, such as secondary indexes."""
+
+    async def discard(self, ns: Namespace, where: Mapping[str, Any]) -> None:  # noqa: B027 - optional hook
+        """Delete the documents of destination namespace ``ns`` that ``where`` selects (a snapshot partition's
+        own range, ``{}`` for a whole collection): an earlier attempt to copy that partition may have written
+        some, and copying it again would keep both copies (a time-series collection's measurements, whose
+        inserts never replace). A log of events keeps what it was sent: consumers see those events again, as
+        after any re-delivery."""
+
+    @property
+    def deletes_time_ranges(self) -> bool:
+        """Can :meth:`discard` delete a time range of a time-series collection? Where it cannot, such a
+        collection is copied as one partition (deleted whole before it is copied again)."""
+        return True
 
     async def reconcile(self, spec: CollectionSpec) -> bool:
         """Make the destination's collection match ``spec``'s options and indexes without copying its

@@ -31,7 +31,8 @@ from ..errors import SinkError, SinkUnavailable
 from ..events import ChangeEvent, CollectionSpec, Namespace, Op
 from ..extjson import dumps_str
 from ..filters import Scope
-from ..source.connection import ServerInfo, make_client, probe
+from ..retry import is_retryable
+from ..source.connection import ServerInfo, make_client, probe, server_message
 from .base import Sink, SourceLookup
 from .mongo_plan import (
     DOLLAR_PREFIXED,
@@ -58,6 +59,8 @@ _NO_TRANSACTIONS_MESSAGE = "transaction numbers are only allowed on a replica se
 _NOT_IN_TRANSACTION = 263
 #: rounds of re-reading documents from the source to settle one unique-key conflict
 _RESOLVE_ROUNDS = 100
+#: MongoDB 7.0's wire version: time-series collections take deletes by any filter
+_DELETES_BY_TIME = 21
 
 
 class _Conflict(Exception):
@@ -137,6 +140,28 @@ class MongoSink(Sink):
 
     async def reconcile(self, spec: CollectionSpec) -> bool:
         return await self._schema.reconcile(spec)
+
+    @property
+    def deletes_time_ranges(self) -> bool:
+        """MongoDB deletes measurements by any filter from 7.0 (wire version 21); 5.1 to 6.x by the meta field
+        alone (or all of them), and 5.0 not at all."""
+        return self.server is None or self.server.max_wire_version >= _DELETES_BY_TIME
+
+    async def discard(self, ns: Namespace, where: Mapping[str, Any]) -> None:
+        if self._schema.scope is not None and not self._schema.scope(ns):  # never ours to delete from
+            raise SinkError(f"refusing to delete from {ns}: it is outside the selection's target namespaces")
+        try:
+            result = await self._client[ns.db][ns.coll or ""].delete_many(where)
+        except OperationFailure as exc:
+            if is_retryable(exc):
+                raise
+            raise SinkError(
+                f"{ns}: could not delete what an interrupted copy wrote, to copy it again "
+                f"({server_message(exc)}); deleting from a time-series collection takes MongoDB 5.1, and "
+                "deleting a time range of one 7.0"
+            ) from exc
+        if result.deleted_count:
+            log.info("%s: deleted %d documents an interrupted copy wrote, to copy them again", ns, result.deleted_count)
 
     def attach_source(self, lookup: SourceLookup) -> None:
         """Where to re-read documents when a unique-key conflict must be settled as the source has it."""

@@ -5,11 +5,16 @@ objects < binary < ObjectId < bool < date < timestamp < MaxKey), and a range que
 ``{_id: {$gte: 5}}`` only matches its own bracket. So ranges never span brackets: a collection's ``_id``
 order is cut where the bracket changes and every ``partition_docs`` keys inside a bracket, and each range
 is queried with ``$type`` plus its bounds. A catch-all partition takes the ``_id`` types no bracket names.
+
+A time-series collection is cut by time instead (TIME ranges of its time field, always a date): its
+measurements may share an ``_id``, MongoDB bounds a time range by its buckets' own time bounds (an ``_id``
+range reads every bucket), and a range copied again is first deleted from the target by the same filter.
 """
 
 from __future__ import annotations
 
 import datetime
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -49,6 +54,7 @@ BRACKETS: dict[str, tuple[str, ...]] = {
 UNBRACKETED = ("undefined", "array", "regex", "dbPointer", "javascript", "javascriptWithScope")
 ALL = "*"  # a whole collection in one partition
 OTHER = "other"  # every _id type no range of the plan names
+TIME = "time"  # a range of a time-series collection's time field
 
 
 def bracket_of(value: Any) -> str | None:
@@ -86,7 +92,8 @@ def _is_nan(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class Resume:
-    """Where a partition's copy goes on: after ``last_id``, the end of what the sink acknowledged.
+    """Where a partition's copy goes on: after ``last_id``, the end of what the sink acknowledged. For a
+    partition that clears on retry, any Resume only says that an earlier attempt began it.
 
     A wrapper rather than the bare value, since None is an ``_id`` too."""
 
@@ -95,20 +102,22 @@ class Resume:
 
 @dataclass(frozen=True)
 class Partition:
-    """One ``_id`` range of one collection: ``lower`` inclusive, ``upper`` exclusive, None = open.
+    """One range of one collection: ``lower`` inclusive, ``upper`` exclusive, None = open. The range is of
+    ``field``: ``_id``, or a time-series collection's time field (bracket TIME, or ALL).
 
     ``index`` orders the partitions of a namespace; ``(ns, index)`` identifies it in the checkpoint.
     """
 
     ns: Namespace
     index: int
-    bracket: str  # a BRACKETS key, ALL or OTHER
+    bracket: str  # a BRACKETS key, ALL, OTHER or TIME
     lower: Any = None
     upper: Any = None
     excluded: tuple[str, ...] = ()  # for OTHER: the brackets the plan's ranges cover
     estimated_docs: int = 0
     ordered: bool = False  # insertion order matters (capped): one writer, batches in read order
     keyed: bool = True  # _id is unique (not a time-series collection's): a copy can go on after an _id
+    field: str = "_id"  # what the range is of
 
     @property
     def id(self) -> str:
@@ -121,6 +130,13 @@ class Partition:
         nor OTHER's (types without a bracket): those start over."""
         return self.keyed and not self.ordered and self.bracket != OTHER
 
+    @property
+    def clears_on_retry(self) -> bool:
+        """Must what an earlier attempt wrote be deleted from the target before the partition is copied
+        again? A time-series collection's (not keyed): inserting a measurement never replaces one, so a
+        second copy would keep both. The delete is of :meth:`query`, this partition's own range."""
+        return not self.keyed
+
     def query(self, after: Resume | None = None) -> dict[str, Any]:
         """The find() filter that selects exactly this partition's documents; with ``after``, those past
         its ``last_id`` in ``_id`` order (a partition that is not :attr:`resumable` starts over)."""
@@ -128,6 +144,9 @@ class Partition:
             return self._query_after(after.last_id)
         if self.bracket == ALL:
             return {}
+        if self.bracket == TIME:  # a time field holds dates only: no bracket to name, nor NaN to mind
+            bounds = {"$gte": self.lower, "$lt": self.upper}
+            return {self.field: {op: value for op, value in bounds.items() if value is not None}}
         if self.bracket == OTHER:
             types = [t for b in self.excluded for t in BRACKETS[b]]
             return {"_id": {"$not": {"$type": types}}} if types else {}
@@ -171,6 +190,7 @@ class Partition:
             "estimated_docs": self.estimated_docs,
             "ordered": self.ordered,
             "keyed": self.keyed,
+            "field": self.field,
         }
 
     @classmethod
@@ -185,16 +205,20 @@ class Partition:
             estimated_docs=int(data.get("estimated_docs") or 0),
             ordered=bool(data.get("ordered")),
             keyed=bool(data.get("keyed", True)),
+            field=str(data.get("field") or "_id"),
         )
 
 
-async def ranges_use_index(coll: AsyncCollection[Any]) -> bool:
-    """Is a range of ``_id`` read through an index, so that N partitions cost one pass and not N?
+async def ranges_use_index(coll: AsyncCollection[Any], field: str = "_id", low: Any = 0, high: Any = 1) -> bool:
+    """Is a range of ``field`` (``low`` to ``high``, values of its type) read through an index, so that N
+    partitions cost one pass and not N?
 
-    True on MongoDB (the ``_id`` index or a clustered index bounds the scan). A server whose plan for a
-    range is a collection scan would read the whole collection once per partition: then it is not split.
+    True on MongoDB for ``_id`` (the ``_id`` index or a clustered index bounds the scan), and for a
+    time-series collection's time field where its buckets are clustered by time (6.3+) or indexed. A
+    server whose plan for a range is a collection scan would read the whole collection once per
+    partition: then it is not split.
     """
-    command = {"find": coll.name, "filter": {"_id": {"$gte": 0, "$lt": 1}}}
+    command = {"find": coll.name, "filter": {field: {"$gte": low, "$lt": high}}}
     try:  # queryPlanner verbosity: plan the query without running it
         plan = await coll.database.command("explain", command, verbosity="queryPlanner")
     except OperationFailure:
@@ -279,19 +303,83 @@ async def plan_collection(
     return cutter.partitions()
 
 
-async def plan_specs(
-    client: AsyncMongoClient[Any], specs: Sequence[CollectionSpec], partition_docs: int, *, split: str = "auto"
+def _millis(value: Any) -> int:
+    return int(value) if isinstance(value, DatetimeMS) else int(DatetimeMS(value))
+
+
+def _date(millis: int) -> Any:
+    """A BSON date as the source's client decodes it: a datetime, or a DatetimeMS outside its range."""
+    try:
+        return DatetimeMS(millis).as_datetime()
+    except (OverflowError, ValueError):
+        return DatetimeMS(millis)
+
+
+def time_ranges(ns: Namespace, field: str, first: Any, last: Any, count: int, partition_docs: int) -> list[Partition]:
+    """A time-series collection's plan: its ``count`` measurements, timed from ``first`` to ``last`` (dates),
+    cut into equal spans of time, of about ``partition_docs`` measurements each when they come at an even
+    pace. The first range is open below and the last open above, so ranges never leave a gap nor overlap
+    whatever the pace; one whole partition when there is nothing to cut. Pure."""
+    whole = [Partition(ns, 0, ALL, estimated_docs=count, keyed=False, field=field)]
+    if count <= partition_docs or bracket_of(first) != "date" or bracket_of(last) != "date":
+        return whole
+    low, high = _millis(first), _millis(last)
+    pieces = math.ceil(count / partition_docs)
+    cuts = sorted({low + (high - low) * i // pieces for i in range(1, pieces)} - {low})
+    if not cuts:  # every measurement at one instant
+        return whole
+    bounds = [None, *map(_date, cuts), None]
+    each = count // (len(cuts) + 1)
+    return [
+        Partition(ns, i, TIME, lower, upper, estimated_docs=each, keyed=False, field=field)
+        for i, (lower, upper) in enumerate(itertools.pairwise(bounds))
+    ]
+
+
+async def plan_timeseries(
+    coll: AsyncCollection[Any], ns: Namespace, field: str, partition_docs: int, *, split: str = "auto"
 ) -> list[Partition]:
-    """The snapshot's partitions of every collection in ``specs`` (views have no documents of their own;
-    a time-series collection's measurements may share an ``_id``, so its ranges are not keyed)."""
+    """Split a time-series collection by its time ``field`` (see :func:`time_ranges`); ``split`` as for
+    :func:`plan_collection`. Counting a time-series collection reads its buckets, so it is kept whole
+    without a count where it will not be split anyway."""
+    whole = [Partition(ns, 0, ALL, keyed=False, field=field)]
+    epoch = datetime.datetime(1970, 1, 1)
+    if split == "never" or (
+        split == "auto" and not await ranges_use_index(coll, field, epoch, epoch + datetime.timedelta(seconds=1))
+    ):
+        return whole
+    count = await coll.estimated_document_count()
+    if count <= partition_docs:
+        return [replace(whole[0], estimated_docs=count)]
+    ends = [await coll.find_one({}, {field: 1, "_id": 0}, sort=[(field, way)]) for way in (1, -1)]
+    if ends[0] is None or ends[1] is None:  # emptied meanwhile
+        return whole
+    return time_ranges(ns, field, ends[0].get(field), ends[1].get(field), count, partition_docs)
+
+
+async def plan_spec(
+    client: AsyncMongoClient[Any], spec: CollectionSpec, partition_docs: int, *, split: str = "auto",
+    split_time: bool = True,
+) -> list[Partition]:  # fmt: skip
+    """One collection's partitions: ``_id`` ranges, or a time-series collection's time ranges (whole unless
+    ``split_time``: where the target cannot delete a time range again, see Sink.deletes_time_ranges)."""
+    coll = client[spec.ns.db][spec.ns.coll or ""]
+    if spec.kind == "timeseries" or spec.options.get("timeseries"):
+        field = str((spec.options.get("timeseries") or {}).get("timeField") or "")
+        if not field:  # not said: copied whole (deleted whole before it is copied again)
+            return [Partition(spec.ns, 0, ALL, keyed=False)]
+        return await plan_timeseries(coll, spec.ns, field, partition_docs, split=split if split_time else "never")
+    capped = bool(spec.options.get("capped"))
+    return await plan_collection(coll, spec.ns, partition_docs, capped=capped, split=split)
+
+
+async def plan_specs(
+    client: AsyncMongoClient[Any], specs: Sequence[CollectionSpec], partition_docs: int, *, split: str = "auto",
+    split_time: bool = True,
+) -> list[Partition]:  # fmt: skip
+    """The snapshot's partitions of every collection in ``specs`` (views have no documents of their own)."""
     plan: list[Partition] = []
     for spec in specs:
-        if spec.is_view:
-            continue
-        coll = client[spec.ns.db][spec.ns.coll or ""]
-        capped = bool(spec.options.get("capped"))
-        parts = await plan_collection(coll, spec.ns, partition_docs, capped=capped, split=split)
-        if spec.kind == "timeseries" or spec.options.get("timeseries"):
-            parts = [replace(p, keyed=False) for p in parts]
-        plan.extend(parts)
+        if not spec.is_view:
+            plan.extend(await plan_spec(client, spec, partition_docs, split=split, split_time=split_time))
     return plan

@@ -5,7 +5,9 @@ at once as the cluster has cores (``defaultParallelism``). So the driver learns 
 its task returns, and marks it done in the checkpoint at once: a driver killed at any moment loses only
 the partitions still running, and the same command copies only those again. A task that fails is
 retried by Spark (``spark.task.maxFailures``; a local master gets 4 attempts): its writes are
-idempotent upserts, so a partly written attempt is simply written again.
+idempotent upserts, so a partly written attempt is simply written again. A time-series partition's are
+not (measurements never replace each other): the driver records it as begun before its task runs, and a
+task that copies it again (a later run, or Spark's next attempt) first deletes its range from the target.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 from ...config import Settings
 from ...events import Namespace
 from ...fields import FieldRules
-from ...pipeline import CopyLimits, CopyResult
+from ...pipeline import CopyLimits, CopyResult, begin
 from ...progress import Reporter
 from ...sinks.base import Sink
 from ...source.connection import Client
@@ -50,6 +52,7 @@ class SparkCopier:
         on_progress: Callable[[Partition, Resume], Awaitable[None]] | None = None,
         result: CopyResult | None = None,
         fields: FieldRules | None = None,
+        on_start: Callable[[Partition], Awaitable[None]] | None = None,
     ) -> int:
         """Copy ``partitions`` on the executors; ``client`` and ``sink`` (the driver's) are not used by the
         tasks, which open their own from the settings. Progress is per partition (``on_progress`` is not
@@ -63,7 +66,7 @@ class SparkCopier:
             async with slots:
                 if stop is not None and stop.is_set():
                     return  # the next run copies it
-                after = (resume or {}).get(part.id) if part.resumable else None
+                after = await begin(part, resume, on_start)  # on the driver: the checkpoint is here
                 task = tasks.CopyTask(self.s, part, after, sink.source_name, limits, rename, fields)
                 try:
                     docs = await asyncio.to_thread(self._run, task)

@@ -62,7 +62,7 @@ class CopyTask:
 
     settings: Settings
     partition: Partition
-    after: Resume | None  # go on after this _id (the checkpoint's resume point for the partition)
+    after: Resume | None  # go on after this _id (the checkpoint's resume point for the partition; see begin)
     source_name: str  # the source's replica set name, for event sinks' source block
     limits: CopyLimits
     rename: Callable[[Namespace], Namespace]
@@ -71,12 +71,23 @@ class CopyTask:
 
 def copy(task: CopyTask) -> int:
     """Copy the task's partition through the run's sink; the number of documents written."""
-    return asyncio.run(_copy(task))
+    return asyncio.run(_copy(task, retried=_attempt() > 0))
 
 
-async def _copy(task: CopyTask) -> int:
+def _attempt() -> int:
+    """Which attempt at its task this is: Spark runs a failed task again (``spark.task.maxFailures``)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context.attemptNumber() if context is not None else 0
+
+
+async def _copy(task: CopyTask, *, retried: bool = False) -> int:
     s = task.settings
     part = task.partition
+    after = task.after
+    if after is None and retried and part.clears_on_retry:
+        after = Resume(None)  # the failed attempt may have written some of it: begun before
     client = make_client(s.source, timeout_s=s.connect_timeout_s, io_timeout_s=s.io_timeout_s)
     sink = open_sink(s)
     try:
@@ -88,7 +99,7 @@ async def _copy(task: CopyTask) -> int:
 
         written = await copy_partitions(
             client, sink, [part], limits=task.limits, rename=task.rename, on_done=done, reporter=QuietReporter(),
-            resume={part.id: task.after} if task.after is not None else None, fields=task.fields,
+            resume={part.id: after} if after is not None else None, fields=task.fields,
         )  # fmt: skip
         await sink.flush()
         return written
