@@ -11,7 +11,6 @@ their options differ.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from bson.timestamp import Timestamp
@@ -128,7 +127,3 @@ class Resyncer:
         self.copied.documents += documents
         self.copied.seconds += time.monotonic() - started
         self._reporter.info(f"{ns}: copied {documents} documents again")
-
-
-#: How a job makes a Resyncer for its sink (a factory, so the Spark engine builds the same one).
-ResyncFactory = Callable[[Sink], Resyncer]

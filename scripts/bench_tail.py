@@ -156,12 +156,14 @@ def _doc(_id: int, seq: int, rng: random.Random) -> dict[str, Any]:
     }
 
 
-def make_backlog(uri: str, events: int, seed: int = 0) -> Backlog:
-    """Drop ``bench`` on the source, read its operation time, then make exactly ``events`` change events."""
+def make_backlog(uri: str, events: int, seed: int = 0, *, drop: bool = True) -> Backlog:
+    """Drop ``bench`` on the source (unless ``drop`` is False: the caller emptied it), read its operation
+    time, then make exactly ``events`` change events."""
     rng = random.Random(seed)
     kinds, weights = list(OP_WEIGHTS), list(OP_WEIGHTS.values())
     with _writer(uri) as client:
-        client.drop_database(DB)
+        if drop:
+            client.drop_database(DB)
         coll = client[DB][EVENTS]
         start: Timestamp = client.admin.command("ping")["operationTime"]
         started = time.perf_counter()

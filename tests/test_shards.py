@@ -96,22 +96,10 @@ async def test_a_shard_added_while_tailing_is_followed(
     import replicator.sync as sync_module
     from replicator.config import resolve
     from replicator.progress import LogReporter
-    from replicator.source import topology as topology_module
-    from replicator.source.connection import ServerInfo
     from replicator.source.shards import Shard
 
-    real_probe = sync_module.probe
-    listed = [Shard("shardA", source_uri)]
-
-    async def mongos_probe(*args: Any) -> ServerInfo:
-        info = await real_probe(*args)
-        return ServerInfo("sharded", None, info.process_id, info.max_wire_version)
-
-    async def list_shards(client: object, uri: str) -> list[Shard]:
-        return list(listed)
-
-    monkeypatch.setattr(sync_module, "probe", mongos_probe)
-    monkeypatch.setattr(topology_module, "discover", list_shards)
+    listed = [Shard("shardA", source_uri, source_uri)]
+    _as_mongos(monkeypatch, listed)
     settings = resolve(
         {"source": source_uri, "target": target_uri, "checkpoint": tmp_path / "cp.json", "snapshot": "never",
          "shard_refresh_s": 0.3, "progress": False},
@@ -134,7 +122,7 @@ async def test_a_shard_added_while_tailing_is_followed(
         with pymongo.MongoClient(source_uri) as a:
             a.db.c.insert_many([{"_id": i} for i in range(10)])
         await arrived(10)
-        listed.append(Shard("shardB", second_shard))  # a shard joins the cluster...
+        listed.append(Shard("shardB", second_shard, second_shard))  # a shard joins the cluster...
         # (as in the migration test: these servers share only the wall clock's seconds, not a cluster
         # time, so b's writes wait for the next second to be later than the listing that missed b)
         await asyncio.sleep(1.05 - time.time() % 1)
