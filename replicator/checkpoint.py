@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError, CheckpointLocked, ConfigError
+from .errors import CheckpointError, CheckpointLocked, ConfigError, quoted
 from .events import Position, ts_from_json, ts_to_json
 from .extjson import from_jsonable, to_jsonable
 
@@ -286,9 +286,26 @@ class CheckpointStore:
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """Hold an exclusive lock on ``<checkpoint>.lock`` (beside the real file, when the checkpoint path is a
-        link) for the duration; a second holder fails at once."""
+        link) for the duration; a second holder fails at once. The lock file is removed on release, so a run
+        leaves nothing behind but its checkpoint (none, when it was refused before saving one)."""
         self.check_writable()
         lock_path = self.real.with_name(self.real.name + ".lock")
+        fd = _lock(lock_path, self.path)
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            yield
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock_path)  # still locked: a run that opened it meanwhile sees a removed file
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+def _lock(lock_path: Path, checkpoint: Path) -> int:
+    """An open descriptor of ``lock_path`` holding its exclusive lock. A holder removes the file as it
+    releases it: a lock taken on a file no longer at ``lock_path`` is let go and taken again on the new one."""
+    while True:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -296,20 +313,21 @@ class CheckpointStore:
             os.close(fd)
             if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                 raise CheckpointLocked(
-                    f"checkpoint {self.path} is in use by another mcdc process; not starting a second run"
+                    f"checkpoint {checkpoint} is in use by another mcdc process; not starting a second run"
                 ) from None
-            raise CheckpointError(f"cannot lock checkpoint {self.path}: {exc.strerror}") from None
+            raise CheckpointError(f"cannot lock checkpoint {checkpoint}: {exc.strerror}") from None
         try:
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+            current = os.stat(lock_path).st_ino
+        except FileNotFoundError:
+            current = None
+        if current == os.fstat(fd).st_ino:
+            return fd
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def _roles(identities: dict[str, str | None], roles: list[str]) -> str:
-    return " and ".join(f"{role} {identities[role]!r}" for role in roles)
+    return " and ".join(f"{role} {quoted(identities[role])}" for role in roles)
 
 
 def _write_all(fd: int, payload: bytes) -> None:

@@ -25,7 +25,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 from bson.timestamp import Timestamp
 
-from .errors import ConfigError
+from .errors import ConfigError, quoted
 from .fields import FieldRules
 from .filters import Renamer, Selection
 from .options import BY_ENV, BY_FIELD, BY_NAME, ENV_CONFIG, OPTIONS, OTHER_ENV, OTHER_ENV_PREFIXES, Option, closest
@@ -41,12 +41,12 @@ def parse_start_at(text: str) -> Timestamp:
         try:
             ts = Timestamp(int(secs), int(inc))
         except (ValueError, TypeError, OverflowError):
-            raise ConfigError(f"--start-at {text!r}: SECONDS,INCREMENT must be two whole numbers") from None
+            raise ConfigError(f"--start-at {quoted(text)}: SECONDS,INCREMENT must be two whole numbers") from None
         return ts
     try:
         when = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise ConfigError(f"--start-at {text!r} is neither an ISO-8601 time nor SECONDS,INCREMENT") from None
+        raise ConfigError(f"--start-at {quoted(text)} is neither an ISO-8601 time nor SECONDS,INCREMENT") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     # increment 1: the first operation of that second (increments start at 1)
@@ -215,7 +215,7 @@ def _split(text: str) -> list[str]:
 
 
 def _invalid(origin: str, problem: str, value: Any) -> ConfigError:
-    return ConfigError(f"{origin} {problem}, got {value!r}")
+    return ConfigError(f"{origin} {problem}, got {quoted(value)}")
 
 
 def _format(value: Any) -> str:
@@ -234,7 +234,7 @@ def _named(key: str) -> Option | None:
 
 def _unknown(what: str, word: str, render: Callable[[Option], str]) -> str:
     option = closest(word)
-    return f"{what} {word!r}" + (f" (did you mean {render(option)!r}?)" if option is not None else "")
+    return f"{what} {quoted(word)}" + (f" (did you mean {quoted(render(option))}?)" if option is not None else "")
 
 
 def load_toml(path: Path) -> dict[str, Any]:
@@ -376,15 +376,17 @@ def _validate_engine(s: Settings) -> None:
 
 def _validate_event_options(s: Settings) -> None:
     if not s.topic_prefix or any(c in s.topic_prefix for c in "/\\ \t\n"):
-        raise ConfigError(f"--topic-prefix {s.topic_prefix!r} is not a usable topic name prefix")
+        raise ConfigError(f"--topic-prefix {quoted(s.topic_prefix)} is not a usable topic name prefix")
     for route in s.topic_routes:
         pattern, sep, topic = route.partition("=")
         if not sep or not pattern or not topic:
-            raise ConfigError(f"--topic-route {route!r} must be REGEX=TOPIC (e.g. 'shop\\.orders_.*=shop.orders')")
+            raise ConfigError(
+                f"--topic-route {quoted(route)} must be REGEX=TOPIC (e.g. 'shop\\.orders_.*=shop.orders')"
+            )
         try:
             re.compile(pattern)
         except re.error as exc:
-            raise ConfigError(f"--topic-route {route!r}: bad regular expression: {exc}") from None
+            raise ConfigError(f"--topic-route {quoted(route)}: bad regular expression: {exc}") from None
     for opt in s.kafka_opts:
         key, sep, _ = opt.partition("=")
         if not sep or not key.strip():

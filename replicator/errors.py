@@ -83,3 +83,9 @@ class VerifyMismatch(McdcError):
     """Source and target differ."""
 
     exit_code = 1
+
+
+def quoted(value: object) -> str:
+    """``value`` quoted for a message as the user typed it: 'ap\\.users', not repr's 'ap\\\\.users'."""
+    text = str(value)
+    return f'"{text}"' if "'" in text and '"' not in text else f"'{text}'"

@@ -24,7 +24,7 @@ from typing import Any
 import bson
 from bson.raw_bson import RawBSONDocument
 
-from .errors import ConfigError
+from .errors import ConfigError, quoted
 from .events import ChangeEvent, Namespace, UpdateDescription
 
 _INT32 = struct.Struct("<i")
@@ -68,14 +68,14 @@ def _parse(rule: str, flag: str, *, rename: bool) -> _Rule:
     parts = target.split(".")
     example = "db.collection.field=newname" if rename else "db.collection.field"
     if len(parts) < 3 or not all(parts) or (sep and not rename):
-        raise ConfigError(f"{flag} {rule!r} must look like {example} (the path may go deeper: a.b.c)")
+        raise ConfigError(f"{flag} {quoted(rule)} must look like {example} (the path may go deeper: a.b.c)")
     if rename and (not sep or not new or "." in new or new.startswith("$")):
-        raise ConfigError(f"{flag} {rule!r}: the new name must be one field name, e.g. {example}")
+        raise ConfigError(f"{flag} {quoted(rule)}: the new name must be one field name, e.g. {example}")
     if parts[2] == "_id":
         raise ConfigError(
-            f"{flag} {rule!r}: _id is the document key: it and the fields inside it cannot be excluded or renamed"
+            f"{flag} {quoted(rule)}: _id is the document key: it and the fields inside it cannot be excluded or renamed"
         )
-    return _Rule(_wildcard(parts[0]), tuple(parts[1:]), new if rename else None, f"{flag} {rule!r}")
+    return _Rule(_wildcard(parts[0]), tuple(parts[1:]), new if rename else None, f"{flag} {quoted(rule)}")
 
 
 class FieldRules:

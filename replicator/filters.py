@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from .errors import ConfigError
+from .errors import ConfigError, quoted
 from .events import ChangeEvent, CollectionSpec, Namespace, Op
 from .fields import FieldRules, transform_fields
 
@@ -19,7 +19,7 @@ def _compile(patterns: Iterable[str], flag: str) -> tuple[re.Pattern[str], ...]:
         try:
             compiled.append(re.compile(pattern))
         except re.error as exc:
-            raise ConfigError(f"{flag} {pattern!r} is not a valid regular expression: {exc}") from None
+            raise ConfigError(f"{flag} {quoted(pattern)} is not a valid regular expression: {exc}") from None
     return tuple(compiled)
 
 
@@ -72,14 +72,16 @@ class Renamer:
             src, sep, dst = rule.partition("=")
             src, dst = src.strip(), dst.strip()
             if not sep or not src or not dst:
-                raise ConfigError(f"--rename {rule!r} must look like SRC_DB.COLL=DST_DB.COLL or SRC_DB=DST_DB")
+                raise ConfigError(f"--rename {quoted(rule)} must look like SRC_DB.COLL=DST_DB.COLL or SRC_DB=DST_DB")
             if ("." in src) != ("." in dst):
-                raise ConfigError(f"--rename {rule!r} maps a collection to a database (or back); use both or neither")
+                raise ConfigError(
+                    f"--rename {quoted(rule)} maps a collection to a database (or back); use both or neither"
+                )
             if "." in src:
                 s_db, s_coll = src.split(".", 1)
                 d_db, d_coll = dst.split(".", 1)
                 if not all((s_db, s_coll, d_db, d_coll)):
-                    raise ConfigError(f"--rename {rule!r} has an empty database or collection name")
+                    raise ConfigError(f"--rename {quoted(rule)} has an empty database or collection name")
                 colls[(s_db, s_coll)] = (d_db, d_coll)
             else:
                 dbs[src] = dst

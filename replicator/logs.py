@@ -13,7 +13,7 @@ from typing import Any, TextIO
 
 import orjson
 
-from .errors import ConfigError
+from .errors import ConfigError, quoted
 from .uri import redact
 
 FORMATS = ("text", "json")
@@ -35,7 +35,7 @@ def setup_logging(
     Calling it again replaces the handler it installed earlier; handlers others added are kept.
     """
     if fmt not in FORMATS:
-        raise ConfigError(f"unknown log format {fmt!r}; use one of: {', '.join(FORMATS)}")
+        raise ConfigError(f"unknown log format {quoted(fmt)}; use one of: {', '.join(FORMATS)}")
     handler = logging.StreamHandler(sys.stderr if stream is None else stream)
     handler.set_name(_HANDLER_NAME)
     handler.addFilter(RedactFilter())

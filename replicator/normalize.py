@@ -16,7 +16,7 @@ from typing import Any
 import bson
 
 from . import rawbson
-from .errors import UnknownChange
+from .errors import UnknownChange, quoted
 from .events import ChangeEvent, Namespace, Op, Position, Transaction, UpdateDescription
 from .rawbson import RawDocument
 
@@ -72,7 +72,7 @@ def _op(op_type: str, fields: Container[str]) -> Op | None:
         return op
     if any(name in fields for name in _DOCUMENT_FIELDS):
         raise UnknownChange(
-            f"the change stream reported a document change of operationType {op_type!r}, which this mcdc "
+            f"the change stream reported a document change of operationType {quoted(op_type)}, which this mcdc "
             "cannot apply; the checkpoint stays before it: upgrade mcdc and run again"
         )
     if op_type not in _warned:

@@ -12,6 +12,7 @@ from bson.timestamp import Timestamp
 from .checkpoint import CheckpointStore
 from .config import Settings
 from .errors import ConfigError
+from .events import ts_to_json
 from .source.changestream import current_time
 from .source.connection import make_client, probe
 from .source.partitions import Partition
@@ -48,7 +49,7 @@ async def checkpoint_status(path: Path, source: str | None = None, timeout_s: fl
         "source_identity": cp.source_identity,
         "target_identity": cp.target_identity,
         "position": {
-            "cluster_time": str(position_time) if position_time else None,
+            "cluster_time": ts_to_json(position_time),
             "time": _iso(position_time.time) if position_time else None,
             "has_resume_token": cp.position.resume_token is not None,
         },
@@ -91,9 +92,14 @@ def status_lines(status: dict[str, Any]) -> list[str]:
         f"checkpoint {status['checkpoint']}",
         f"source     {status['source_identity'] or status['source']}",
         f"target     {status['target_identity'] or unknown}",
-        f"position   {status['position']['time'] or '-'} ({status['position']['cluster_time'] or 'no time'})",
+        f"position   {status['position']['time'] or '-'} ({_shown_ts(status['position']['cluster_time'])})",
         f"lag        {'-' if lag is None else f'{lag:.1f} s'} (against the {status['lag_measured_against']})",
         f"updated    {status['updated_at']} ({status['age_s']:.1f} s ago)",
         f"snapshot   {snap['status']}: {snap['partitions_done']}/{snap['partitions_total']} partitions, "
         f"{snap['collections_remaining']}/{snap['collections_total']} collections remaining",
     ]
+
+
+def _shown_ts(data: dict[str, int] | None) -> str:
+    """A cluster time as --start-at takes it back: SECONDS,INCREMENT."""
+    return "no time" if data is None else f"{data['t']},{data['i']}"

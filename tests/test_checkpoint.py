@@ -103,6 +103,19 @@ def test_second_holder_is_refused(tmp_path: Path) -> None:
         pass
 
 
+def test_a_released_lock_leaves_no_file(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "cp.json")
+    with store.locked():
+        assert (tmp_path / "cp.json.lock").exists()
+        with pytest.raises(CheckpointLocked):
+            with CheckpointStore(tmp_path / "cp.json").locked():
+                pass
+    assert list(tmp_path.iterdir()) == []  # a run refused before its first save leaves nothing behind
+    with store.locked():  # and the next run locks afresh
+        store.save(_sample())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cp.json"]
+
+
 def _big_plan(parts: int) -> list[dict[str, object]]:
     ns = Namespace("db", "c")
     return [Partition(ns, i, "number", lower=Int64(i), upper=Int64(i + 1)).to_json() for i in range(parts)]
@@ -225,7 +238,7 @@ def test_symlinked_checkpoint_stays_a_link_and_locks_the_real_file(tmp_path: Pat
         store.save(cp)
     assert link.is_symlink() and os.readlink(link) == str(Path("real") / "cp.json")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cp.json", "real"]
-    assert sorted(p.name for p in real_dir.iterdir()) == ["cp.json", "cp.json.backup", "cp.json.lock"]
+    assert sorted(p.name for p in real_dir.iterdir()) == ["cp.json", "cp.json.backup"]
     assert json.loads(real.read_text())["snapshot"]["done"] == ["db.c#0", "db.c#1"]
     assert json.loads((real_dir / "cp.json.backup").read_text())["snapshot"]["done"] == ["db.c#0"]
     loaded = CheckpointStore(link).load()

@@ -180,10 +180,13 @@ def test_status_reports_position_and_lag(source_uri: str, target_uri: str, tmp_p
     data = json.loads(out.stdout)
     assert data["lag_s"] is not None and data["lag_s"] < 60 and data["lag_measured_against"] == "source"
     assert data["position"]["has_resume_token"] and data["snapshot"]["status"] == "none"
+    ts = data["position"]["cluster_time"]  # as the sync summary writes it: no Python repr
+    assert set(ts) == {"t", "i"} and all(isinstance(v, int) for v in ts.values()) and "Timestamp(" not in out.stdout
     human = subprocess.run(
         [sys.executable, "-m", "replicator.cli", "status", "-c", str(cp)], capture_output=True, text=True, timeout=60
     )
     assert human.returncode == 0 and "lag" in human.stdout
+    assert f"({ts['t']},{ts['i']})" in human.stdout and "Timestamp(" not in human.stdout
 
 
 @pytest.fixture(autouse=True)

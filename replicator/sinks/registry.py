@@ -13,7 +13,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from ..config import Settings
-from ..errors import ConfigError
+from ..errors import ConfigError, quoted
 from ..uri import redact
 from .base import Sink
 
@@ -52,6 +52,6 @@ def open_sink(settings: Settings) -> Sink:
             factory: Any = ep.load()
             sink = factory(uri, settings)
             if not isinstance(sink, Sink):
-                raise ConfigError(f"plug-in sink {ep.value!r} for {scheme}:// is not a replicator Sink")
+                raise ConfigError(f"plug-in sink {quoted(ep.value)} for {scheme}:// is not a replicator Sink")
             return sink
-    raise ConfigError(f"no sink for target {redact(uri)!r}: unknown scheme {scheme!r}")
+    raise ConfigError(f"no sink for target {quoted(redact(uri))}: unknown scheme {quoted(scheme)}")

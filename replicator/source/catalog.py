@@ -9,6 +9,7 @@ from typing import Any
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
+from ..errors import quoted
 from ..events import CollectionSpec, Namespace
 from ..filters import Selection
 from .connection import DICT_CODEC
@@ -53,8 +54,8 @@ def unmatched(selection: Selection, namespaces: Sequence[Namespace]) -> str | No
     for pattern in selection.include:
         if not any(pattern.fullmatch(name) for name in names):
             near = difflib.get_close_matches(pattern.pattern.replace("\\", ""), names, n=1)
-            hint = f" (did you mean {near[0]!r}?)" if near else ""
-            return f"--include {pattern.pattern!r} matches no namespace on the source{hint}"
+            hint = f" (did you mean {quoted(near[0])}?)" if near else ""
+            return f"--include {quoted(pattern.pattern)} matches no namespace on the source{hint}"
     if any(selection(ns) for ns in namespaces):
         return None
     if not namespaces:

@@ -21,7 +21,7 @@ from typing import Any
 from bson import json_util
 from bson.timestamp import Timestamp
 
-from ..errors import ConfigError
+from ..errors import ConfigError, quoted
 from ..events import Position
 from ..extjson import CANONICAL, dumps_str
 
@@ -89,7 +89,7 @@ def from_json(data: Mapping[str, Any]) -> Offsets:
     out = {str(name): ShardOffset.from_json(entry) for name, entry in shards.items()}
     for name, entry in out.items():
         if entry.token is None and entry.cluster_time is None:
-            raise ConfigError(f"stream offset of shard {name!r} has neither a resume token nor a cluster time")
+            raise ConfigError(f"stream offset of shard {quoted(name)} has neither a resume token nor a cluster time")
     return out
 
 
@@ -110,7 +110,7 @@ def start_of(offsets: Mapping[str, ShardOffset], name: str) -> ShardOffset:
         return entry
     times = [e.cluster_time for e in offsets.values() if e.cluster_time is not None]
     if not times:
-        raise ConfigError(f"shard {name!r} is new and the stream offset has no cluster time to start it at")
+        raise ConfigError(f"shard {quoted(name)} is new and the stream offset has no cluster time to start it at")
     earliest = min(times)
     return ShardOffset(None, earliest.time, earliest.inc)
 

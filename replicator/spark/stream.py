@@ -28,6 +28,7 @@ from ..normalize import normalize_change
 from ..source.changestream import operation_time, token_timestamp
 from ..source.connection import make_client, probe
 from ..source.shards import discover, explicit_shards
+from ..tally import format_ts
 from ..uri import redact
 from . import offsets
 from .changes import RawChangeStream, SyncClient, log_skipped, skipped, sync_client, transaction_of
@@ -226,8 +227,8 @@ def read_range(stream: RawChangeStream, shard: str, end: ShardOffset, s: Setting
         ts = raw.get("clusterTime")
         if token != end.token and stop is not None and ts is not None and ts > stop:
             raise RuntimeError(
-                f"the change stream{_of(shard)} passed the micro-batch's end ({end.token} at {stop}) without "
-                f"meeting it (it is at {ts}): the stream changed since the offset was planned"
+                f"the change stream{_of(shard)} passed the micro-batch's end ({end.token} at {format_ts(stop)}) "
+                f"without meeting it (it is at {format_ts(ts)}): the stream changed since the offset was planned"
             )
         if skipped(raw):
             log_skipped(raw)
