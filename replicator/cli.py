@@ -274,8 +274,9 @@ def sync(settings: Settings) -> None:
 def catch_up(settings: Settings) -> None:
     """Resume from the checkpoint, replicate up to the source's current time, and exit 0.
 
-    The unit a cron job runs. A second run on the same checkpoint while one is active exits at once with
-    code 3. An interrupted snapshot is finished first.
+    The unit a cron job runs. Its first run (no checkpoint yet) begins as sync does: a snapshot, as
+    --snapshot says. A second run on the same checkpoint while one is active exits at once with code 3.
+    An interrupted snapshot is finished first.
     """
     _replicate("catch-up", settings)
 

@@ -19,7 +19,7 @@ from bson.timestamp import Timestamp
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
-from .tally import Clock, CollectionProgress, ReplayTally, SnapshotTally, listing
+from .tally import Clock, CollectionProgress, ReplayTally, SnapshotTally, listing, plural
 from .uri import redact
 
 log = logging.getLogger("mcdc")
@@ -27,6 +27,8 @@ log = logging.getLogger("mcdc")
 #: a log line at least this often, and at each further tenth of a snapshot
 LOG_EVERY_S = 5.0
 LOG_PARTS = 10
+#: a replay that applied nothing since its last line says it is alive this often (an idle tail stays quiet)
+IDLE_LOG_EVERY_S = 300.0
 
 
 class Reporter(Protocol):
@@ -85,15 +87,21 @@ class _Pace:
 class LogReporter:
     """Log lines (no terminal, ``--json`` or ``--no-progress``): during a snapshot, done/total, percent,
     docs/s and ETA every few seconds and at each further tenth, and a line at its end; during a replay,
-    events/s and lag every few seconds, and events/s over the whole replay at its end."""
+    events/s and lag every few seconds while events are applied (every few minutes while none are), and
+    events/s over the whole replay at its end."""
 
-    def __init__(self, every_s: float = LOG_EVERY_S, clock: Clock = time.monotonic) -> None:
+    def __init__(
+        self, every_s: float = LOG_EVERY_S, clock: Clock = time.monotonic, idle_every_s: float = IDLE_LOG_EVERY_S
+    ) -> None:
         self._every = every_s
+        self._idle_every = idle_every_s
         self._clock = clock
         self._snapshot: SnapshotTally | None = None
         self._snapshot_pace = _Pace(clock, every_s, LOG_PARTS)
         self._replay: ReplayTally | None = None
         self._replay_pace = _Pace(clock, every_s)
+        self._idle_pace = _Pace(clock, idle_every_s)
+        self._logged_events = 0  # the replay's events at its last line
 
     def info(self, message: str) -> None:
         log.info(redact(message))
@@ -106,7 +114,10 @@ class LogReporter:
         self._snapshot_pace = _Pace(self._clock, self._every, LOG_PARTS)
         if tally.resumed:
             names = sorted(tally.resumed)
-            log.info(f"snapshot: {len(names)} of {len(tally.collections)} collections already copied: {listing(names)}")
+            log.info(
+                f"snapshot: {len(names)} of {plural(len(tally.collections), 'collection')} already copied: "
+                f"{listing(names)}"
+            )
 
     def _tally(self) -> SnapshotTally:
         if self._snapshot is None:
@@ -134,14 +145,20 @@ class LogReporter:
     def replay_begin(self) -> None:
         self._replay = ReplayTally(self._clock)
         self._replay_pace = _Pace(self._clock, self._every)
+        self._idle_pace = _Pace(self._clock, self._idle_every)
+        self._logged_events = 0
 
     def replay_advance(self, events: int, lag_s: float | None) -> None:
         if self._replay is None:
             self.replay_begin()
-        assert self._replay is not None
-        self._replay.advance(events, lag_s)
-        if self._replay_pace.due():
-            log.info("replay: " + self._replay.status())
+        replay = self._replay
+        assert replay is not None
+        replay.advance(events, lag_s)
+        busy = replay.events > self._logged_events
+        if (self._replay_pace if busy else self._idle_pace).due():
+            log.info("replay: " + (replay.status() if busy else replay.idle()))
+            self._logged_events = replay.events
+            self._replay_pace, self._idle_pace = _Pace(self._clock, self._every), _Pace(self._clock, self._idle_every)
 
     def replay_end(self) -> None:
         if self._replay is not None:

@@ -27,7 +27,7 @@ from .source import catalog
 from .source.changestream import current_time
 from .source.connection import Client
 from .source.partitions import Partition, plan_spec
-from .tally import CollectionProgress, listing
+from .tally import CollectionProgress, listing, plural
 
 
 @dataclass
@@ -126,4 +126,4 @@ class Resyncer:
         await self._sink.finish_snapshot([renamed])
         self.copied.documents += documents
         self.copied.seconds += time.monotonic() - started
-        self._reporter.info(f"{ns}: copied {documents} documents again")
+        self._reporter.info(f"{ns}: copied {plural(documents, 'document')} again")

@@ -27,6 +27,7 @@ from .replay_stage import ReplayStage
 from .retry import Retrier, is_retryable
 from .source.changestream import Batch, ChangeStreamReader, current_time, oplog_window
 from .source.shards import MergedReader
+from .tally import duration
 
 log = logging.getLogger("mcdc.stream")
 
@@ -121,8 +122,8 @@ class StreamApplier:
         span, age = newest.time - oldest.time, newest.time - position.time
         if span > 0 and age > max(OPLOG_WARN_FRACTION * span, _MIN_RISK_AGE_S):
             self.reporter.warn(
-                f"the checkpoint's position is {age / 3600:.1f} h behind the source and its oplog holds "
-                f"{span / 3600:.1f} h: once it falls off, the events in between are gone (catch up, or enlarge "
+                f"the checkpoint's position is {duration(age)} behind the source and its oplog holds "
+                f"{duration(span)}: once it falls off, the events in between are gone (catch up, or enlarge "
                 "the oplog with replSetResizeOplog)"
             )
 

@@ -8,7 +8,7 @@ from typing import Any
 from bson.timestamp import Timestamp
 
 from .events import ts_to_json
-from .tally import format_rate, format_ts, per_second
+from .tally import format_rate, format_ts, plural
 
 
 @dataclass
@@ -35,33 +35,39 @@ class Summary:
 
     @property
     def docs_per_s(self) -> float | None:
-        return per_second(self.documents, self.snapshot_s)
+        return _rate(self.documents, self.snapshot_s)
 
     @property
     def events_per_s(self) -> float | None:
-        return per_second(self.events, self.replay_s)
+        return _rate(self.events, self.replay_s)
 
     def to_json(self) -> dict[str, Any]:
+        """The summary as JSON; a rate is left out when nothing was timed (no copy, no replay)."""
         data = dict(self.__dict__)
         data["snapshot_s"], data["replay_s"] = round(self.snapshot_s, 3), round(self.replay_s, 3)
-        data["docs_per_s"], data["events_per_s"] = _rounded(self.docs_per_s), _rounded(self.events_per_s)
+        for name, rate in (("docs_per_s", self.docs_per_s), ("events_per_s", self.events_per_s)):
+            if rate is not None:
+                data[name] = round(rate, 1)
         data["position"] = ts_to_json(self.position)
         return data
 
     def lines(self) -> list[str]:
         """The summary a person reads at the end of a run."""
-        copied = f"{self.documents:,} documents copied (snapshot {self.snapshot}"
-        if self.documents:
+        copied = f"{plural(self.documents, 'document')} copied (snapshot {self.snapshot}"
+        if self.docs_per_s is not None and self.documents:
             copied += f", {format_rate(self.docs_per_s)} docs/s"
-        replayed = f"{self.events:,} change events replayed"
-        if self.replay_s:
+        replayed = f"{plural(self.events, 'change event')} replayed"
+        if self.events_per_s is not None:
             replayed += f" in {self.replay_s:.1f} s ({format_rate(self.events_per_s)} events/s)"
         return [
-            f"{self.command} finished in {self.elapsed_s:.1f} s: {self.collections} collections, {copied}), {replayed}",
+            f"{self.command} finished in {self.elapsed_s:.1f} s: {plural(self.collections, 'collection')}, "
+            f"{copied}), {replayed}",
             f"source {self.source} -> target {self.target}",
             f"checkpoint {self.checkpoint}, position {format_ts(self.position) if self.position else '-'}",
         ]
 
 
-def _rounded(rate: float | None) -> float | None:
-    return None if rate is None else round(rate, 1)
+def _rate(count: int, seconds: float) -> float | None:
+    """The average rate of a whole phase: short phases count too (a progress line's rate needs a
+    longer interval, see tally.per_second). None when the phase did not run."""
+    return count / seconds if seconds > 0 else None

@@ -53,7 +53,7 @@ from .source.shards import MergedReader
 from .source.topology import Reader, StreamTopology
 from .streaming import StreamApplier
 from .summary import Summary
-from .tally import CollectionProgress, format_ts, listing
+from .tally import CollectionProgress, format_ts, listing, plural
 from .uri import redact
 from .watermark import SavePace
 
@@ -211,8 +211,10 @@ class SyncJob:
                 "--snapshot-only to copy anyway"
             )
         identity = source_name(info, s.source)
-        if self.command == "catch-up" and cp is None:
-            raise ConfigError(f"no checkpoint at {self.store.path}: run mcdc sync first (or pass --checkpoint)")
+        if self.command == "catch-up" and cp is None:  # a cron job's first run: begins as sync would
+            self.reporter.info(
+                f"no checkpoint at {self.store.path} yet: this first run begins as --snapshot {s.snapshot} says"
+            )
         if s.snapshot_only:
             self.reporter.warn("--snapshot-only: writes made to the source during the copy are not replayed")
         # a bounded run stops at the first empty poll: a short await keeps its tail short
@@ -286,7 +288,8 @@ class SyncJob:
             if self._stopped():
                 return  # the window is not replayed to its end: the next run goes on with it
         specs = [rename_spec(x, s.renamer) for x in await catalog.describe(client, s.selection)]
-        self.reporter.info(f"building indexes on {len(specs)} collections")
+        if sink.holds_state:  # an event sink has no indexes to build
+            self.reporter.info(f"building indexes on {plural(len(specs), 'collection')}")
         await sink.finish_snapshot(specs)
         cp.snapshot.status = "done"
         cp.snapshot.finished_at = time.time()
@@ -352,7 +355,7 @@ class SyncJob:
         self.store.save(cp)
         self._resnapshot, self._started_snapshot = False, True  # from here on, a retry resumes this one
         self.reporter.info(
-            f"snapshot of {len(targets)} namespaces in {len(plan)} partitions"
+            f"snapshot of {plural(len(targets), 'namespace')} in {plural(len(plan), 'partition')}"
             + (f", stream position captured at {format_ts(position.cluster_time)}" if position.cluster_time else "")
         )
         if busy:  # say what is replaced before it is gone

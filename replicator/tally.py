@@ -44,11 +44,12 @@ def format_rate(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
-def _plural(n: int, noun: str) -> str:
+def plural(n: int, noun: str) -> str:
+    """``1 collection``, ``2 collections``, ``1,200 documents``."""
     return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
-def _duration(seconds: float, *, precise: bool = False) -> str:
+def duration(seconds: float, *, precise: bool = False) -> str:
     """``8s``, ``2m05s``, ``1h02m``; ``precise``: tenths under a minute (``0.4s``)."""
     if seconds < 60:
         return f"{seconds:.1f}s" if precise else f"{math.ceil(seconds)}s"
@@ -176,7 +177,7 @@ class SnapshotTally:
     def _head(self) -> str:
         done, total = self.totals()
         if total is None:
-            return f"{done:,} documents ({_plural(self._uncounted, 'collection')} not counted yet)"
+            return f"{done:,} documents ({plural(self._uncounted, 'collection')} not counted yet)"
         percent = 100 if done >= total else int(100 * done / total)  # 100% only when done
         return f"{done:,}/{total:,} documents ({percent}%)"
 
@@ -186,7 +187,7 @@ class SnapshotTally:
         rate = self.rate.per_s()
         eta = "-"
         if total is not None and rate:
-            eta = _duration(max(total - done, 0) / rate)
+            eta = duration(max(total - done, 0) / rate)
         return f"{self._head()}, {format_rate(rate)} docs/s, ETA {eta}"
 
     def end(self, complete: bool, *, notes: bool = True) -> str:
@@ -199,14 +200,14 @@ class SnapshotTally:
         elapsed = self._clock() - self.started
         rate = per_second(self.rate.total, elapsed)
         ended = "done in" if complete else "stopped after"
-        text = f"{self._head()}, {format_rate(rate)} docs/s, {ended} {_duration(elapsed, precise=True)}"
+        text = f"{self._head()}, {format_rate(rate)} docs/s, {ended} {duration(elapsed, precise=True)}"
         if not notes:
             return text
         kinds = [f"{len(self.resumed)} done before"] if self.resumed else []
         empty = sum(1 for ns in self.collections if self.of(ns)[1] == 0)
         if empty:
             kinds.append(f"{empty} empty")
-        return f"{text} ({_plural(len(self.collections), 'collection')}{': ' if kinds else ''}{', '.join(kinds)})"
+        return f"{text} ({plural(len(self.collections), 'collection')}{': ' if kinds else ''}{', '.join(kinds)})"
 
 
 class ReplayTally:
@@ -231,8 +232,13 @@ class ReplayTally:
         lag = "-" if self.lag_s is None else f"{self.lag_s:.1f}s"
         return f"{self.events:,} events applied, {format_rate(self.rate.per_s())} events/s, lag {lag}"
 
+    def idle(self) -> str:
+        """While no event came for a while: ``idle; 5,000 events applied so far, lag 0.3s``."""
+        lag = "-" if self.lag_s is None else f"{self.lag_s:.1f}s"
+        return f"idle; {self.events:,} events applied so far, lag {lag}"
+
     def end(self) -> str:
         """At the end: ``5,000 events applied in 2.1s, 2,380 events/s`` (events over the replay's whole time)."""
         elapsed = self._clock() - self.started
-        applied = f"{self.events:,} events applied in {_duration(elapsed, precise=True)}"
+        applied = f"{self.events:,} events applied in {duration(elapsed, precise=True)}"
         return f"{applied}, {format_rate(per_second(self.events, elapsed))} events/s" if self.events else applied

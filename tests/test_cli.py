@@ -266,9 +266,20 @@ def test_corrupt_checkpoint(source_uri: str, target_uri: str, tmp_path: Path) ->
 
 
 @pytest.mark.integration
-def test_catch_up_without_checkpoint(source_uri: str, target_uri: str, tmp_path: Path) -> None:
-    result = _mcdc("catch-up", "-s", source_uri, "-t", target_uri, "-c", str(tmp_path / "none.json"))
-    _assert_one_line_error(result, 2, "run mcdc sync first")
+def test_a_first_catch_up_takes_the_snapshot_as_sync_would(source_uri: str, target_uri: str, tmp_path: Path) -> None:
+    cp = tmp_path / "none.json"
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.insert_many([{"_id": i} for i in range(5)])
+    first = _mcdc("catch-up", "-s", source_uri, "-t", target_uri, "-c", str(cp), "--json")
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["documents"] == 5 and json.loads(cp.read_text())["snapshot"]["status"] == "done"
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.insert_one({"_id": 5})
+    second = _mcdc("catch-up", "-s", source_uri, "-t", target_uri, "-c", str(cp), "--json")
+    assert second.returncode == 0, second.stderr
+    assert json.loads(second.stdout)["documents"] == 0
+    with pymongo.MongoClient(target_uri) as client:
+        assert sorted(d["_id"] for d in client.db.c.find()) == list(range(6))
 
 
 @pytest.mark.integration

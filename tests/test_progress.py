@@ -159,6 +159,30 @@ def test_replay_reports_events_over_the_whole_replay(clock: FakeClock, caplog: p
     assert _lines(caplog) == ["replay: 2,000 events applied in 1.0s, 1,996 events/s"]
 
 
+def test_an_idle_replay_logs_a_heartbeat_every_few_minutes(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="mcdc")
+    reporter = LogReporter(every_s=5.0, clock=clock, idle_every_s=300.0)
+    reporter.replay_begin()
+    for _ in range(20):  # busy: a line every 5 s
+        clock.tick(1.0)
+        reporter.replay_advance(100, 0.5)
+    assert len(_lines(caplog)) == 4
+    caplog.clear()
+    for _ in range(3600):  # an idle hour, polled every second: a line every 5 minutes, not every 5 s
+        clock.tick(1.0)
+        reporter.replay_advance(0, 0.2)
+    assert _lines(caplog) == ["replay: idle; 2,000 events applied so far, lag 0.2s"] * 12
+    caplog.clear()
+    clock.tick(1.0)
+    reporter.replay_advance(5, 0.1)  # events again: lines every 5 s again
+    for _ in range(5):
+        clock.tick(1.0)
+        reporter.replay_advance(5, 0.1)
+    assert len(_lines(caplog)) == 1 and _lines(caplog)[0].startswith("replay: 2,025 events applied")
+
+
 def test_replay_lines_while_following_show_rate_and_lag(clock: FakeClock) -> None:
     tally = ReplayTally(clock)
     for _ in range(60):
@@ -210,8 +234,18 @@ def test_json_summary_position_is_a_t_and_i_pair() -> None:
     summary.position = Timestamp(1_795_436_402, 1005)
     data = summary.to_json()
     assert data["position"] == {"t": 1_795_436_402, "i": 1005}
-    assert data["events_per_s"] == 2000.0 and data["docs_per_s"] is None
+    assert data["events_per_s"] == 2000.0 and "docs_per_s" not in data  # no copy: no rate, not a null
     lines = summary.lines()
     assert "3,000 change events replayed in 1.5 s (2,000 events/s)" in lines[0]
     assert lines[2] == "checkpoint cp.json, position 1795436402,1005 (2026-11-23T12:20:02Z)"
     assert Summary("sync", "s", "t", "c").to_json()["position"] is None
+
+
+def test_a_short_run_gets_rates_and_plurals_agree() -> None:
+    """A copy of 0.05 s still has a rate (a number, not "-"), and one collection is not "1 collections"."""
+    summary = Summary("sync", "src", "dst", "cp.json", collections=1, documents=100, snapshot_s=0.05, events=1)
+    summary.replay_s = 0.01
+    assert summary.to_json()["docs_per_s"] == 2000.0 and summary.to_json()["events_per_s"] == 100.0
+    line = summary.lines()[0]
+    assert ": 1 collection, 100 documents copied (snapshot skipped, 2,000 docs/s)" in line, line
+    assert "1 change event replayed in 0.0 s (100 events/s)" in line and " - " not in line
