@@ -23,6 +23,7 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, get_args, get_origin, get_type_hints
 
+import orjson
 from bson.timestamp import Timestamp
 
 from .errors import ConfigError, quoted
@@ -125,12 +126,17 @@ class Settings:
         """The checkpoint file: --checkpoint, else one per (source, target) pair under the state dir."""
         if self.checkpoint is not None:
             return self.checkpoint
-        key = "|".join(sorted(host_set(self.source))) + "->" + redact(self.target)
-        if not is_mongo_uri(self.target):  # event sinks: another topic prefix is another destination
+        base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "mcdc"
+        # "-" is another spelling of stdout: one checkpoint (a file made under "-" before is still found)
+        spellings = ("stdout", "-") if self.target in ("stdout", "-") else (self.target,)
+        paths = [base / f"checkpoint-{self._digest(target)}.json" for target in spellings]
+        return next((path for path in paths[1:] if path.exists() and not paths[0].exists()), paths[0])
+
+    def _digest(self, target: str) -> str:
+        key = "|".join(sorted(host_set(self.source))) + "->" + redact(target)
+        if not is_mongo_uri(target):  # event sinks: another topic prefix is another destination
             key += "#" + self.topic_prefix
-        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-        base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
-        return base / "mcdc" / f"checkpoint-{digest}.json"
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def _kind(hint: Any) -> Any:
@@ -215,7 +221,8 @@ def _split(text: str) -> list[str]:
 
 
 def _invalid(origin: str, problem: str, value: Any) -> ConfigError:
-    return ConfigError(f"{origin} {problem}, got {quoted(value)}")
+    shown = quoted(value) if isinstance(value, str) else orjson.dumps(value, default=str).decode()
+    return ConfigError(f"{origin} {problem}, got {shown}")
 
 
 def _format(value: Any) -> str:

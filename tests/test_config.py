@@ -56,6 +56,12 @@ def test_bad_input_is_one_clear_error(flags: dict[str, object], message: str) ->
         resolve(flags, env={})
 
 
+def test_a_regex_is_echoed_as_typed() -> None:
+    with pytest.raises(ConfigError) as caught:
+        resolve({"source": SRC, "target": DST, "include": ("ap\\.users[",)}, env={})
+    assert str(caught.value).startswith("--include 'ap\\.users[' is not a valid regular expression"), caught.value
+
+
 def test_bad_env_value_names_the_variable() -> None:
     with pytest.raises(ConfigError, match="MCDC_WORKERS"):
         resolve({"source": SRC, "target": DST}, env={"MCDC_WORKERS": "many"})
@@ -78,6 +84,19 @@ def test_default_checkpoint_is_per_pair_and_credential_free(tmp_path: Path, monk
     c = resolve({"source": SRC, "target": "mongodb://c.example"}, env={}).checkpoint_path()
     assert a == b != c
     assert a.parent == tmp_path / "mcdc" and "secret" not in str(a)
+
+
+def test_stdout_and_dash_share_a_default_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    dash = resolve({"source": SRC, "target": "-"}, env={}).checkpoint_path()
+    word = resolve({"source": SRC, "target": "stdout"}, env={}).checkpoint_path()
+    assert dash == word != resolve({"source": SRC, "target": "jsonl:/tmp/x"}, env={}).checkpoint_path()
+    # a checkpoint an earlier mcdc made for "-" under its own name is still found by both spellings
+    old = dash.with_name("checkpoint-" + resolve({"source": SRC, "target": "-"}, env={})._digest("-") + ".json")
+    old.parent.mkdir(parents=True)
+    old.write_text("{}")
+    assert resolve({"source": SRC, "target": "stdout"}, env={}).checkpoint_path() == old
+    assert resolve({"source": SRC, "target": "-"}, env={}).checkpoint_path() == old
 
 
 def test_redact_hides_credentials_everywhere() -> None:

@@ -159,9 +159,7 @@ def test_replay_reports_events_over_the_whole_replay(clock: FakeClock, caplog: p
     assert _lines(caplog) == ["replay: 2,000 events applied in 1.0s, 1,996 events/s"]
 
 
-def test_an_idle_replay_logs_a_heartbeat_every_few_minutes(
-    clock: FakeClock, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_an_idle_replay_logs_a_heartbeat_every_few_minutes(clock: FakeClock, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="mcdc")
     reporter = LogReporter(every_s=5.0, clock=clock, idle_every_s=300.0)
     reporter.replay_begin()
