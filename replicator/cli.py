@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import orjson
 import typer
-from pymongo.errors import PyMongoError
+from pymongo.errors import ConnectionFailure, PyMongoError
 
 from . import __version__
 from .config import Settings, field_kind, resolve
-from .errors import ConfigError, McdcError, OutputClosed, VerifyMismatch
+from .errors import EXIT_UNAVAILABLE, ConfigError, McdcError, OutputClosed, VerifyMismatch
 from .logs import setup_logging
 from .options import ENV_CONFIG, Option, for_command
 from .progress import make_reporter
@@ -162,11 +162,11 @@ def _run(make: Callable[[], Awaitable[T]]) -> T:
     except McdcError as exc:
         _fail(exc)
     except PyMongoError as exc:
-        # a server refusal (permissions, a dropped connection that outlived the retries, ...): one line;
-        # --verbose logs the traceback for a bug report
+        # a server refusal (permissions, ...: exit 2) or a connection lost for good (an outage: exit 75):
+        # one line; --verbose logs the traceback for a bug report
         log.debug("server error", exc_info=True)
         typer.echo(f"mcdc: error: MongoDB: {server_message(exc)} (--verbose shows where)", err=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(EXIT_UNAVAILABLE if isinstance(exc, ConnectionFailure) else 2) from None
     except KeyboardInterrupt:
         typer.echo("mcdc: interrupted; the checkpoint holds the last acknowledged position", err=True)
         raise typer.Exit(130) from None

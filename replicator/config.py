@@ -85,7 +85,7 @@ class Settings:
     # retries (Debezium's defaults: 1 s initial, 120 s max, 16 attempts; -1 = forever, 0 = never)
     retry_initial_s: float = 1.0
     retry_max_s: float = 120.0
-    max_retries: int = 16
+    max_retries: int | None = None  # None: 16, and only tail waits for a server unreachable at start
     connect_timeout_s: float = 10.0
     io_timeout_s: float = 300.0  # an answer that never comes (a request lost by a restarted server) is an outage
     # tail
@@ -121,6 +121,11 @@ class Settings:
     debug_driver: bool = False  # pymongo's debug lines (commands, server selection)
     selection: Selection = field(default_factory=Selection, compare=False)
     renamer: Renamer = field(default_factory=Renamer, compare=False)
+
+    def waits_at_start(self, command: str) -> bool:
+        """Is a server unreachable at start waited for (under --max-retries)? tail's always is; sync's and
+        catch-up's only when --max-retries was given (a cron job's run otherwise exits 75 at once)."""
+        return command == "tail" or self.max_retries is not None
 
     def checkpoint_path(self) -> Path:
         """The checkpoint file: --checkpoint, else one per (source, target) pair under the state dir."""

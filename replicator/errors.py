@@ -7,7 +7,8 @@ line and exits with its ``exit_code``. Anything else is a bug and keeps its trac
 
     McdcError                      exit 2 unless stated
     ├── ConfigError                bad flag, bad regex, bad rename, bad TOML, source == target
-    ├── ConnectionFailed           source/target unreachable or refusing us
+    ├── ConnectionFailed           source/target refusing us (credentials, a URI it cannot use)
+    ├── ServerUnavailable          source/target unreachable, or an outage outlived --max-retries (exit 75)
     ├── TopologyError              e.g. a standalone source without --snapshot-only
     ├── CheckpointError            unreadable, corrupt or unwritable checkpoint
     │   └── CheckpointLocked       another run holds the checkpoint (exit 3)
@@ -15,7 +16,7 @@ line and exits with its ``exit_code``. Anything else is a bug and keeps its trac
     ├── OversizeEvent              a change event over 16 MB the server cannot split
     ├── UnknownChange              a change to documents of a kind this mcdc does not know
     ├── SinkError                  the sink refused a write it cannot retry
-    │   └── SinkUnavailable        the destination is down for now (retried with backoff)
+    │   └── SinkUnavailable        the destination is down for now (retried with backoff; exit 75)
     ├── OutputClosed               the reader of --target stdout went away (exit 0, quietly)
     └── VerifyMismatch             verify found differences (exit 1)
 """
@@ -33,8 +34,19 @@ class ConfigError(McdcError):
     """Invalid configuration: a flag, environment variable or config file value."""
 
 
+#: An outage: a server could not be reached, or stayed away longer than --max-retries allowed. Worth
+#: running again later, unlike exit 2 (a mistake a person must fix). sysexits.h's EX_TEMPFAIL.
+EXIT_UNAVAILABLE = 75
+
+
 class ConnectionFailed(McdcError):
-    """A server could not be reached, or refused the credentials."""
+    """A server refused us: bad credentials, or a connection string it cannot use."""
+
+
+class ServerUnavailable(McdcError):
+    """A server could not be reached (or stayed unreachable through the retries): an outage, not a mistake."""
+
+    exit_code = EXIT_UNAVAILABLE
 
 
 class TopologyError(McdcError):
@@ -71,6 +83,8 @@ class SinkError(McdcError):
 
 class SinkUnavailable(SinkError, ConnectionError):
     """The destination cannot be reached right now; a ConnectionError, so the stream retries it."""
+
+    exit_code = EXIT_UNAVAILABLE
 
 
 class OutputClosed(McdcError):

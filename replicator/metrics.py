@@ -31,6 +31,8 @@ from .uri import redact
 log = logging.getLogger("mcdc.metrics")
 
 STATES = ("starting", "snapshot", "streaming", "retrying", "stopping")
+#: /health answers 503 once the run has been retrying an outage for longer than this
+UNHEALTHY_RETRYING_S = 60.0
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _MAX_HEAD = 8192  # request line + headers; a scrape sends a few hundred bytes
@@ -48,7 +50,7 @@ class Metrics:
     def __init__(
         self,
         *,
-        unhealthy_after_s: float = 120.0,
+        unhealthy_after_s: float = UNHEALTHY_RETRYING_S,
         stall_after_s: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -60,6 +62,7 @@ class Metrics:
         self._errors: dict[str, int] = {}
         self._info: dict[str, str] = {}
         self._lag: float | None = None
+        self._lag_at = 0.0  # when the lag was confirmed (the clock's time)
         self._last_event_time: float | None = None
         self._snapshot_total = 0
         self._snapshot_remaining = 0
@@ -79,7 +82,14 @@ class Metrics:
         self._events[key] = self._events.get(key, 0) + n
 
     def set_lag(self, seconds: float | None) -> None:
-        self._lag = seconds
+        """The target is ``seconds`` behind the source's writes, as confirmed now (None: unknown)."""
+        self._lag, self._lag_at = seconds, self._clock()
+
+    def lag(self) -> float | None:
+        """How far the target is behind the source's writes: the confirmed lag, plus the time since it was
+        confirmed. While the source cannot be read (an outage, a stalled stream) it grows with the clock:
+        nothing read means nothing known to be caught up."""
+        return None if self._lag is None else self._lag + max(0.0, self._clock() - self._lag_at)
 
     def set_last_event_time(self, epoch_s: float) -> None:
         self._last_event_time = epoch_s
@@ -134,9 +144,10 @@ class Metrics:
             reason = f"retrying for {in_state:.0f}s (limit {self._unhealthy_after:g}s)"
         elif self._state == "streaming" and since_progress > self._stall_after:
             reason = f"no progress for {since_progress:.0f}s while streaming (limit {self._stall_after:g}s)"
+        lag = self.lag()
         detail: dict[str, Any] = {
             "state": self._state,
-            "lag_seconds": self._lag,
+            "lag_seconds": None if lag is None else round(lag, 3),
             "seconds_since_progress": round(since_progress, 3),
             "seconds_in_state": round(in_state, 3),
         }
@@ -165,10 +176,12 @@ class Metrics:
             events.add_metric([op, ns], n)
         yield events
         yield CounterMetricFamily("mcdc_batches_total", "Batches the sink acknowledged.", value=self._batches)
+        lag = self.lag()
         yield GaugeMetricFamily(
             "mcdc_lag_seconds",
-            "Seconds the last applied event's cluster time is behind the clock; NaN when unknown.",
-            value=nan if self._lag is None else self._lag,
+            "Seconds the target is behind the source's writes: as of the last batch read (0 when it was "
+            "empty), plus the time since; it grows while the source cannot be read. NaN when unknown.",
+            value=nan if lag is None else lag,
         )
         yield GaugeMetricFamily(
             "mcdc_last_applied_timestamp_seconds",

@@ -160,7 +160,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("shard-refresh-interval", "shard_refresh_s", "Seconds between looks for shards added or "
            "removed (tail of a mongos).", ("tail",), metavar="SECONDS", minimum=0),
     # outages
-    Option("max-retries", "max_retries", "Retries in a row before giving up: -1 forever, 0 never.", JOB,
+    Option("max-retries", "max_retries", "Retries in a row before giving up: -1 forever, 0 never (default: 16). "
+           "tail waits for a server unreachable at start; sync and catch-up do when this is given.", JOB,
            minimum=-1),
     Option("retry-initial-delay", "retry_initial_s", "Seconds before the first retry; doubles each time.",
            JOB, metavar="SECONDS", minimum=0),

@@ -7,6 +7,7 @@ consecutive failed attempts. Progress (an acknowledged batch) resets the count.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 from dataclasses import dataclass
@@ -14,8 +15,10 @@ from typing import TYPE_CHECKING
 
 from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 
-from .errors import ConnectionFailed
+from .errors import ServerUnavailable
 from .source.connection import server_message
+
+log = logging.getLogger("mcdc.retry")
 
 if TYPE_CHECKING:
     from .config import Settings
@@ -41,18 +44,23 @@ def is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, (ConnectionError, TimeoutError))  # plug-in sinks speaking other protocols
 
 
+#: --max-retries when not given (Debezium's errors.max.retries default)
+DEFAULT_MAX_RETRIES = 16
+
+
 @dataclass(frozen=True)
 class Backoff:
     """Exponential backoff with jitter: initial_s, doubled per attempt, capped at max_s."""
 
     initial_s: float = 1.0
     max_s: float = 120.0
-    max_retries: int = 16  # -1: forever, 0: never
+    max_retries: int = DEFAULT_MAX_RETRIES  # -1: forever, 0: never
 
     @classmethod
     def of(cls, settings: Settings) -> Backoff:
         """The run's --retry-initial-delay, --retry-max-delay and --max-retries."""
-        return cls(settings.retry_initial_s, settings.retry_max_s, settings.max_retries)
+        retries = DEFAULT_MAX_RETRIES if settings.max_retries is None else settings.max_retries
+        return cls(settings.retry_initial_s, settings.retry_max_s, retries)
 
     def gives_up(self, attempt: int) -> bool:
         """After ``attempt`` consecutive failures, is it time to stop?"""
@@ -78,7 +86,7 @@ async def sleep_or_stop(delay: float, stop: asyncio.Event | None) -> bool:
 class Retrier:
     """One retry budget, shared by everything one phase retries: counts consecutive failed attempts,
     logs each retry ("...; retrying in 2.0s (attempt 2/16)") and waits with backoff; :meth:`progress`
-    (an acknowledged batch) resets the count. Gives up with ConnectionFailed past ``max_retries``."""
+    (an acknowledged batch) resets the count. Gives up with ServerUnavailable (exit 75) past ``max_retries``."""
 
     def __init__(
         self, backoff: Backoff, reporter: Reporter, *, stop: asyncio.Event | None = None, metrics: Metrics | None = None
@@ -89,6 +97,7 @@ class Retrier:
         self.metrics = metrics
         self.retries = 0  # in all
         self._attempt = 0  # in a row
+        self.patience_s = 0.0  # how long an attempt may wait for a server (--connect-timeout); 0: unknown
 
     @classmethod
     def of(
@@ -100,22 +109,25 @@ class Retrier:
         metrics: Metrics | None = None,
     ) -> Retrier:
         """A retry budget with the run's backoff (:meth:`Backoff.of`)."""
-        return cls(Backoff.of(settings), reporter, stop=stop, metrics=metrics)
+        retrier = cls(Backoff.of(settings), reporter, stop=stop, metrics=metrics)
+        retrier.patience_s = settings.connect_timeout_s
+        return retrier
 
     def progress(self) -> None:
         """Something was acknowledged: the next failure starts the backoff again."""
         self._attempt = 0
 
-    async def wait(self, exc: Exception, source: str) -> bool:
+    async def wait(self, exc: Exception, source: str, *, quiet: bool = False) -> bool:
         """Back off after the retryable failure ``exc``; True when asked to stop meanwhile. ``source``
-        labels the retries metric when the error came from reading the source ("sink" otherwise)."""
+        labels the retries metric when the error came from reading the source ("sink" otherwise);
+        ``quiet``: the attempt is logged at debug level (the caller said once what it waits for)."""
         self._attempt += 1
         self.retries += 1
         reason = _reason(exc)
         if self.backoff.gives_up(self._attempt):
             if self.metrics is not None:
                 self.metrics.error("gave_up")
-            raise ConnectionFailed(
+            raise ServerUnavailable(
                 f"gave up after {self._attempt - 1} retries (--max-retries {self.backoff.max_retries}): {reason}"
             ) from None
         if self.metrics is not None:
@@ -123,8 +135,21 @@ class Retrier:
             self.metrics.set_state("retrying")
         delay = self.backoff.delay(self._attempt)
         limit = "" if self.backoff.max_retries < 0 else f"/{self.backoff.max_retries}"
-        self.reporter.warn(f"{reason}; retrying in {delay:.1f}s (attempt {self._attempt}{limit})")
+        # the attempt starts after the delay; a server that does not answer holds it up to the timeout
+        waits = self.patience_s and isinstance(exc, ConnectionFailure | ServerUnavailable)
+        patience = f", then waits up to {self.patience_s:g}s for an answer" if waits else ""
+        message = f"{reason}; retrying in {delay:.1f}s (attempt {self._attempt}{limit}{patience})"
+        if quiet:
+            log.debug(message)
+        else:
+            self.reporter.warn(message)
         return await sleep_or_stop(delay, self.stop)
+
+    def budget(self) -> str:
+        """How long the retries go on, for a message: ``up to 16 retries (--max-retries)``."""
+        if self.backoff.max_retries < 0:
+            return "until it answers (--max-retries -1)"
+        return f"up to {self.backoff.max_retries} retries (--max-retries)"
 
 
 def _reason(exc: Exception) -> str:

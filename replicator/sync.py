@@ -21,15 +21,15 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from pymongo.errors import PyMongoError
 
 from .checkpoint import Checkpoint, CheckpointStore, SnapshotProgress
 from .config import Settings, parse_start_at
 from .ddl_window import DdlWindow, Resync
-from .errors import ConfigError, HistoryLost, TopologyError
+from .errors import ConfigError, HistoryLost, ServerUnavailable, TopologyError
 from .events import ChangeEvent, Namespace, Op, Position
 from .extjson import from_jsonable, to_jsonable
 from .fields import FieldRules
@@ -53,9 +53,11 @@ from .source.shards import MergedReader
 from .source.topology import Reader, StreamTopology
 from .streaming import StreamApplier
 from .summary import Summary
-from .tally import CollectionProgress, format_ts, listing, plural
+from .tally import CollectionProgress, duration, format_ts, listing, plural
 from .uri import redact
 from .watermark import SavePace
+
+T = TypeVar("T")
 
 
 class SyncJob:
@@ -104,7 +106,11 @@ class SyncJob:
                     self.s.source, timeout_s=self.s.connect_timeout_s, io_timeout_s=self.s.io_timeout_s
                 )
                 try:
-                    info = await probe(client, self.s.source, "source")
+                    reached = await self._reach(lambda: probe(client, self.s.source, "source"), "source")
+                    if reached is None:  # stopped while waiting for the source
+                        self.summary.elapsed_s = round(time.monotonic() - started, 3)
+                        return self.summary
+                    (info,) = reached
                     sink.source_name = info.set_name or ""
                     cp = self.store.load()
                     self._check_recorded(cp)
@@ -170,21 +176,33 @@ class SyncJob:
             self.reporter.warn(problem)
 
     async def _start_sink(self, sink: Sink) -> bool:
-        """Start the sink. A target unreachable for now (a Kafka broker not up yet) backs off and is tried
-        again as an outage later in the run would be, under the same --max-retries; False when stopped
-        meanwhile. A MongoDB target's probe failure is not retried (ConnectionFailed)."""
-        retries = self._retrier.retries
+        """Start the sink; False when stopped while waiting for an unreachable target (see :meth:`_reach`)."""
+        return await self._reach(sink.start, "target") is not None
+
+    async def _reach(self, attempt: Callable[[], Awaitable[T]], what: str) -> tuple[T] | None:
+        """``attempt()``'s result, once a server answers it. An outage at start (a Kafka broker not up yet,
+        or any unreachable server when :meth:`Settings.waits_at_start`: tail, or --max-retries given) is
+        said once, then waited for under --max-retries as an outage later in the run would be. None when
+        stopped meanwhile."""
+        retries, waiting_since = self._retrier.retries, 0.0
         try:
             while True:
                 try:
-                    await sink.start()
-                    self._retrier.progress()
-                    return True
+                    result = await attempt()
                 except Exception as exc:
-                    if not is_retryable(exc):
+                    unreachable = isinstance(exc, ServerUnavailable) and self.s.waits_at_start(self.command)
+                    if not (unreachable or is_retryable(exc)):
                         raise
-                    if await self._retrier.wait(exc, "sink"):
-                        return False
+                    if not waiting_since:
+                        waiting_since = time.monotonic()
+                        self.reporter.warn(f"{exc}; waiting for the {what}, retrying {self._retrier.budget()}")
+                    if await self._retrier.wait(exc, "source" if what == "source" else "sink", quiet=True):
+                        return None
+                    continue
+                if waiting_since:
+                    self.reporter.info(f"the {what} answered after {duration(time.monotonic() - waiting_since)}")
+                self._retrier.progress()
+                return (result,)
         finally:
             self.summary.retries += self._retrier.retries - retries
 

@@ -107,9 +107,8 @@ def test_a_released_lock_leaves_no_file(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path / "cp.json")
     with store.locked():
         assert (tmp_path / "cp.json.lock").exists()
-        with pytest.raises(CheckpointLocked):
-            with CheckpointStore(tmp_path / "cp.json").locked():
-                pass
+        with pytest.raises(CheckpointLocked), CheckpointStore(tmp_path / "cp.json").locked():
+            pass
     assert list(tmp_path.iterdir()) == []  # a run refused before its first save leaves nothing behind
     with store.locked():  # and the next run locks afresh
         store.save(_sample())

@@ -193,8 +193,49 @@ def test_unreachable_source_with_credentials_redacted(tmp_path: Path) -> None:
         "sync", "--source", "mongodb://admin:hunter2@127.0.0.1:1/?directConnection=true&serverSelectionTimeoutMS=300",
         "--target", "mongodb://127.0.0.1:2", "--checkpoint", str(tmp_path / "cp.json"), "--no-progress",
     )  # fmt: skip
-    _assert_one_line_error(result, 2, "source", "unreachable", "***@127.0.0.1:1")
+    _assert_one_line_error(result, 75, "source", "unreachable", "***@127.0.0.1:1")
     assert "hunter2" not in result.stderr + result.stdout
+
+
+_DOWN = "mongodb://127.0.0.1:1/?directConnection=true&serverSelectionTimeoutMS=300"
+_FAST_RETRIES = ("--retry-initial-delay", "0.05", "--retry-max-delay", "0.1")
+
+
+def test_an_outage_exits_75_and_a_mistake_exits_2(tmp_path: Path) -> None:
+    """cron and orchestrators tell them apart: retry later, or page a person."""
+    cp = str(tmp_path / "cp.json")
+    outage = _mcdc("catch-up", "-s", _DOWN, "-t", "mongodb://127.0.0.1:2", "-c", cp, "--no-progress")
+    _assert_one_line_error(outage, 75, "source mongodb://127.0.0.1:1", "is unreachable")
+    assert "waiting" not in outage.stderr  # no --max-retries: a cron run does not wait
+    mistake = _mcdc("catch-up", "-s", _DOWN, "-t", "mongodb://127.0.0.1:2", "-c", cp, "--workers", "none")
+    _assert_one_line_error(mistake, 2, "--workers")
+    assert list(tmp_path.iterdir()) == []  # neither left a file behind
+
+
+@pytest.mark.parametrize("command", ["tail", "sync"])
+def test_an_unreachable_source_at_start_is_waited_for_and_said_once(command: str, tmp_path: Path) -> None:
+    """tail waits under --max-retries; sync does when --max-retries is given. Once the retries are spent,
+    the outage exits 75."""
+    args = (command, "-s", _DOWN, "-t", "mongodb://127.0.0.1:2", "-c", str(tmp_path / "cp.json"), *_FAST_RETRIES)
+    result = _mcdc(*args, "--max-retries", "3")
+    _assert_one_line_error(result, 75, "gave up after 3 retries (--max-retries 3)", "is unreachable")
+    waiting = [line for line in result.stderr.splitlines() if "waiting for the source" in line]
+    assert len(waiting) == 1 and "retrying up to 3 retries (--max-retries)" in waiting[0], result.stderr
+    assert "retrying in" not in result.stderr  # said once, not per attempt
+
+
+@pytest.mark.integration
+def test_a_wrong_replica_set_name_is_named_against_the_real_one(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    with pymongo.MongoClient(source_uri) as client:
+        real = client.admin.command("hello").get("setName")
+    if not real:
+        pytest.skip("the source is not a replica set")
+    host = source_uri.split("//", 1)[1].split("/", 1)[0].split(",")[0]
+    wrong = f"mongodb://{host}/?replicaSet=not-{real}&serverSelectionTimeoutMS=500"
+    result = _mcdc("sync", "-s", wrong, "-t", target_uri, "-c", str(tmp_path / "cp.json"), "--no-progress")
+    _assert_one_line_error(result, 2, f"names replica set 'not-{real}'", f"is a member of replica set '{real}'")
 
 
 @pytest.mark.parametrize(
@@ -342,13 +383,13 @@ def test_a_selection_that_matches_nothing(source_uri: str, target_uri: str, tmp_
     with pymongo.MongoClient(source_uri) as client:
         client.shop.customers.insert_one({"_id": 1})
     typo = _mcdc("verify", *uris, "--include", r"shop\.custmers")
-    _assert_one_line_error(typo, 2, r"--include 'shop\\.custmers' matches no namespace", "shop.customers")
+    _assert_one_line_error(typo, 2, r"--include 'shop\.custmers' matches no namespace", "shop.customers")
     excluded = _mcdc("verify", *uris, "--exclude", r"shop\..*")
     _assert_one_line_error(excluded, 2, "--exclude leaves no namespace")
     cp = tmp_path / "cp.json"
     refused = _mcdc("sync", *uris, "-c", str(cp), "--include", r"shop\.orders", "--no-progress")
-    _assert_one_line_error(refused, 2, r"--include 'shop\\.orders' matches no namespace on the source")
-    assert not cp.exists()
+    _assert_one_line_error(refused, 2, r"--include 'shop\.orders' matches no namespace on the source")
+    assert list(tmp_path.iterdir()) == []  # a refused run leaves neither a checkpoint nor a lock file
     with pymongo.MongoClient(source_uri) as client:
         client.drop_database("shop")
     synced = _mcdc("sync", *uris, "-c", str(cp), "--no-progress")  # an empty source: a warning

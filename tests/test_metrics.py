@@ -148,7 +148,7 @@ def test_counters_accumulate_and_gauges_overwrite() -> None:
     assert _value(samples, "mcdc_snapshot_collections_total") == 5
     assert _value(samples, "mcdc_snapshot_collections_remaining") == 2
     assert _value(samples, "mcdc_batches_total") == 2
-    assert _value(samples, "mcdc_lag_seconds") == 0.25
+    assert _value(samples, "mcdc_lag_seconds") == pytest.approx(0.25, abs=0.5)  # plus the time since: none
     assert _value(samples, "mcdc_last_applied_timestamp_seconds") == 1700000000.5
     m.set_lag(None)
     assert "mcdc_lag_seconds NaN\n" in m.render()
@@ -192,6 +192,28 @@ def test_health_retrying_too_long() -> None:
     assert detail["state"] == "retrying" and "retrying for 121s" in detail["reason"]
     m.set_state("streaming")
     assert m.health()[0]
+
+
+def test_the_lag_grows_while_nothing_confirms_it_and_health_fails_after_a_minute_of_retries() -> None:
+    """An outage: the last batch read said caught up (0 s); 25 s later with the source down and retrying,
+    the target is 25 s behind the source's writes as far as anyone can know; past 60 s of retries the
+    run is unhealthy."""
+    clock = FakeClock()
+    m = Metrics(clock=clock)
+    m.set_state("streaming")
+    m.set_lag(0.0)
+    clock.now += 5
+    m.set_state("retrying")
+    clock.now += 20
+    assert m.lag() == 25.0 and _value(parse(m.render())[1], "mcdc_lag_seconds") == 25.0
+    ok, detail = m.health()
+    assert ok and detail["lag_seconds"] == 25.0
+    clock.now += 41  # retrying for 61 s
+    ok, detail = m.health()
+    assert not ok and "retrying for 61s (limit 60s)" in detail["reason"]
+    m.set_state("streaming")
+    m.set_lag(3.0)  # the source answered: the first batch after the outage was 3 s behind
+    assert m.lag() == 3.0 and m.health()[0]
 
 
 def test_health_stalled_stream() -> None:

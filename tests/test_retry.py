@@ -47,7 +47,7 @@ class _Warnings:
 
 
 async def test_retrier_logs_each_attempt_resets_on_progress_and_gives_up() -> None:
-    from replicator.errors import ConnectionFailed
+    from replicator.errors import ServerUnavailable
 
     log = _Warnings()
     retrier = Retrier(Backoff(initial_s=0.001, max_s=0.001, max_retries=2), log)  # type: ignore[arg-type]
@@ -58,7 +58,7 @@ async def test_retrier_logs_each_attempt_resets_on_progress_and_gives_up() -> No
     retrier.progress()  # an acknowledged batch: two more attempts
     assert await retrier.wait(failure, "snapshot") is False
     assert await retrier.wait(failure, "snapshot") is False
-    with pytest.raises(ConnectionFailed, match=r"gave up after 2 retries \(--max-retries 2\)"):
+    with pytest.raises(ServerUnavailable, match=r"gave up after 2 retries \(--max-retries 2\)"):
         await retrier.wait(failure, "snapshot")
     assert retrier.retries == 5
 

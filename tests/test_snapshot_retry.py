@@ -223,7 +223,7 @@ async def test_a_snapshot_failed_while_preparing_still_drops_what_it_had_not_pre
     from pymongo.errors import AutoReconnect
 
     import replicator.sync
-    from replicator.errors import ConnectionFailed
+    from replicator.errors import ServerUnavailable
     from replicator.sinks.mongo import MongoSink
 
     with pymongo.MongoClient(source_uri) as client:
@@ -253,7 +253,7 @@ async def test_a_snapshot_failed_while_preparing_still_drops_what_it_had_not_pre
             summary = (await job.run()).to_json()  # retried within the run
             assert summary["retries"] == 1 and summary["snapshot"] == "completed"
         else:
-            with pytest.raises(ConnectionFailed, match="gave up after 0 retries"):
+            with pytest.raises(ServerUnavailable, match="gave up after 0 retries"):
                 await job.run()
             job, sink = _job(source_uri, target_uri, cp, MongoSink, drop_target=False)  # the next run
             monkeypatch.setattr(replicator.sync, "open_sink", lambda settings, sink=sink: sink)
@@ -340,7 +340,7 @@ async def test_a_time_series_partition_copied_again_holds_each_measurement_once(
     from pymongo.errors import AutoReconnect
 
     import replicator.sync
-    from replicator.errors import ConnectionFailed
+    from replicator.errors import ServerUnavailable
     from replicator.sinks.mongo import MongoSink
 
     start = datetime.datetime(2024, 1, 1)
@@ -379,7 +379,7 @@ async def test_a_time_series_partition_copied_again_holds_each_measurement_once(
         summary = (await job.run()).to_json()
         assert summary["retries"] == 1 and summary["snapshot"] == "completed"
     else:
-        with pytest.raises(ConnectionFailed, match="gave up after 0 retries"):
+        with pytest.raises(ServerUnavailable, match="gave up after 0 retries"):
             await job.run()
         job, sink = _job(source_uri, target_uri, cp, Recording, **flags)  # the next run
         monkeypatch.setattr(replicator.sync, "open_sink", lambda settings: sink)

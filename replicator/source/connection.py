@@ -9,10 +9,10 @@ from urllib.parse import parse_qs
 
 from bson.codec_options import DatetimeConversion
 from bson.raw_bson import RawBSONDocument
-from pymongo import AsyncMongoClient
+from pymongo import AsyncMongoClient, uri_parser
 from pymongo.errors import ConfigurationError, OperationFailure, PyMongoError
 
-from ..errors import ConnectionFailed
+from ..errors import ConfigError, ConnectionFailed, ServerUnavailable, quoted
 from ..rawbson import DICT_CODEC as DICT_CODEC  # re-exported: the source's codecs
 from ..rawbson import RAW_CODEC as RAW_CODEC
 from ..uri import host_set, redact
@@ -101,15 +101,19 @@ def make_client(
 
 
 async def probe(client: Client, uri: str, role: str) -> ServerInfo:
-    """Ping the server and classify it; a failure becomes a one-line ConnectionFailed."""
+    """Ping the server and classify it. A refusal becomes a one-line ConnectionFailed, no answer a
+    ServerUnavailable (an outage: exit 75), and a replicaSet= the servers say is not theirs a ConfigError."""
     try:
         hello = await client.admin.command("hello", codec_options=DICT_CODEC)
         deployment_id = await _deployment_id(client, hello)
     except OperationFailure as exc:
         raise ConnectionFailed(f"{role} {redact(uri)} refused us: {server_message(exc)}") from None
     except PyMongoError as exc:
+        wrong_set = await _other_set_name(uri, client.options.server_selection_timeout)
+        if wrong_set is not None:
+            raise ConfigError(f"{role} {redact(uri)}: {wrong_set}") from None
         reason = redact(str(exc)).split(", Timeout:")[0].split(" (configured timeouts")[0]
-        raise ConnectionFailed(f"{role} {redact(uri)} is unreachable: {reason}") from None
+        raise ServerUnavailable(f"{role} {redact(uri)} is unreachable: {reason}") from None
     if hello.get("msg") == "isdbgrid":
         kind = "sharded"
     elif hello.get("setName"):
@@ -125,6 +129,32 @@ async def probe(client: Client, uri: str, role: str) -> ServerInfo:
         max_wire_version=int(hello.get("maxWireVersion", 0)),
         deployment_id=deployment_id,
     )
+
+
+async def _other_set_name(uri: str, timeout_s: float) -> str | None:
+    """When ``uri`` names a replica set its seed servers say they are not members of: what they say."""
+    try:
+        parsed = uri_parser.parse_uri(uri) if not uri.startswith("mongodb+srv://") else None
+    except (ConfigurationError, ValueError):
+        return None
+    if parsed is None or not parsed["options"].get("replicaSet"):
+        return None
+    wanted = parsed["options"]["replicaSet"]
+    tls = {k: v for k, v in parsed["options"].items() if k.lower().startswith(("tls", "ssl"))}
+    for host, port in parsed["nodelist"]:
+        direct: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+            host, port, directConnection=True, serverSelectionTimeoutMS=int(timeout_s * 1000), **tls
+        )
+        try:
+            actual = (await direct.admin.command("hello")).get("setName")
+        except PyMongoError:
+            continue
+        finally:
+            await direct.close()
+        if actual != wanted:
+            member = f"a member of replica set {quoted(actual)}" if actual else "not a replica set member"
+            return f"the URI names replica set {quoted(wanted)}, but {host}:{port} is {member} (fix replicaSet=)"
+    return None
 
 
 async def _deployment_id(client: Client, hello: dict[str, Any]) -> str | None:
