@@ -40,6 +40,7 @@ class Option:
     aliases: tuple[str, ...] = ()  # other spellings of the flag, e.g. "--format"
     minimum: int | None = None
     maximum: int | None = None
+    panel: str = ""  # the --help panel it is listed in (see PANELS)
     # the help of a command where the common wording does not fit
     help_for: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False, hash=False)
 
@@ -71,145 +72,185 @@ def _choice(name: str, field_name: str, values: tuple[str, ...], text: str, comm
     return Option(name, field_name, text, commands, metavar=_choices(*values), choices=values)
 
 
+#: --help's panels, in the order shown; each option belongs to one (its table section below)
+SOURCE, SELECTION, SNAPSHOT, REPLAY = "Source and target", "Selection", "Snapshot", "Replay"
+OUTAGES, EVENTS, SPARK, OUTPUT = "Outages", "Kafka and event targets", "Spark", "Output"
+PANELS = (SOURCE, SELECTION, SNAPSHOT, REPLAY, OUTAGES, EVENTS, SPARK, OUTPUT)
+
+
+def _panel(panel: str, *options: Option) -> tuple[Option, ...]:
+    return tuple(dataclasses.replace(option, panel=panel) for option in options)
+
+
 OPTIONS: tuple[Option, ...] = (
     # where from, where to
-    Option(
-        "source", "source", "Source MongoDB URI (replica set, mongos, or standalone with --snapshot-only).",
-        COMMANDS, metavar="URI", short="-s",
-        help_for={"status": "Source MongoDB URI: lag is measured against its current time; with --target, "
-                  "it finds the default checkpoint.",
-                  "verify": "Source MongoDB URI."},
-    ),
-    Option(
-        "target", "target", "Where to: mongodb://..., kafka://HOST:PORT[,...], stdout (or -), jsonl:PATH, "
-        "or a plug-in's scheme.",
-        COMMANDS, metavar="URI", short="-t",
-        help_for={"verify": "Target MongoDB URI (mongodb:// or mongodb+srv://) to compare with the source.",
-                  "status": "Target URI: with --source, finds the default checkpoint."},
-    ),
-    Option(
-        "checkpoint", "checkpoint", "Checkpoint file (default: one per source and target, under "
-        "$XDG_STATE_HOME/mcdc or ~/.local/state/mcdc).",
-        (*JOB, "status"), metavar="PATH", short="-c",
-        help_for={"status": "Checkpoint file to read (default: the one of --source and --target)."},
-    ),
-    Option(
-        "connect-timeout", "connect_timeout_s", "Seconds a server may take to answer before it counts as "
-        "unreachable.", COMMANDS, metavar="SECONDS", minimum=0,
-    ),
-    Option(
-        "io-timeout", "io_timeout_s", "Seconds a read of the source or a write of documents to the target "
-        "may wait for the server's answer before it counts as lost and is retried (index builds and "
-        "other DDL are not bounded).", SELECTING, metavar="SECONDS", minimum=1,
+    *_panel(
+        SOURCE,
+        Option(
+            "source", "source", "Source MongoDB URI (replica set, mongos, or standalone with --snapshot-only).",
+            COMMANDS, metavar="URI", short="-s",
+            help_for={"status": "Source MongoDB URI: lag is measured against its current time; with --target, "
+                      "it finds the default checkpoint.",
+                      "verify": "Source MongoDB URI."},
+        ),
+        Option(
+            "target", "target", "Where to: mongodb://..., kafka://HOST:PORT[,...], stdout (or -), jsonl:PATH, "
+            "or a plug-in's scheme.",
+            COMMANDS, metavar="URI", short="-t",
+            help_for={"verify": "Target MongoDB URI (mongodb:// or mongodb+srv://) to compare with the source.",
+                      "status": "Target URI: with --source, finds the default checkpoint."},
+        ),
+        Option(
+            "checkpoint", "checkpoint", "Checkpoint file (default: one per source and target, under "
+            "$XDG_STATE_HOME/mcdc or ~/.local/state/mcdc).",
+            (*JOB, "status"), metavar="PATH", short="-c",
+            help_for={"status": "Checkpoint file to read (default: the one of --source and --target)."},
+        ),
     ),
     # which namespaces and fields
-    Option(
-        "include", "include", "Only namespaces whose db.collection matches REGEX (repeatable; default: all).",
-        SELECTING, metavar="REGEX",
-    ),
-    Option("exclude", "exclude", "Skip namespaces whose db.collection matches REGEX (repeatable).",
-           SELECTING, metavar="REGEX"),
-    Option(
-        "rename", "rename", "Write a collection (db.coll=db2.coll2) or a whole database (db=db2) "
-        "under another name (repeatable).", SELECTING, metavar="SRC=DST",
-    ),
-    Option(
-        "field-exclude", "field_exclude", "Drop a field from db.coll's documents; * in db or coll matches "
-        "any characters (repeatable; Debezium's field.exclude.list).", SELECTING, metavar="DB.COLL.PATH",
-    ),
-    Option(
-        "field-rename", "field_rename", "Rename a field of db.coll's documents to NAME (repeatable; "
-        "Debezium's field.renames).", SELECTING, metavar="DB.COLL.PATH=NAME",
+    *_panel(
+        SELECTION,
+        Option(
+            "include", "include", "Only namespaces whose db.collection matches REGEX (repeatable; default: all).",
+            SELECTING, metavar="REGEX",
+        ),
+        Option("exclude", "exclude", "Skip namespaces whose db.collection matches REGEX (repeatable).",
+               SELECTING, metavar="REGEX"),
+        Option(
+            "rename", "rename", "Write a collection (db.coll=db2.coll2) or a whole database (db=db2) "
+            "under another name (repeatable).", SELECTING, metavar="SRC=DST",
+            help_for={"verify": "Compare a collection (db.coll=db2.coll2) or a whole database (db=db2) with "
+                      "the target's under another name, as sync's --rename wrote it (repeatable)."},
+        ),
+        Option(
+            "field-exclude", "field_exclude", "Drop a field from db.coll's documents; * in db or coll matches "
+            "any characters (repeatable; Debezium's field.exclude.list).", SELECTING, metavar="DB.COLL.PATH",
+            help_for={"verify": "A field the target was written without, as sync's --field-exclude dropped it "
+                      "(repeatable)."},
+        ),
+        Option(
+            "field-rename", "field_rename", "Rename a field of db.coll's documents to NAME (repeatable; "
+            "Debezium's field.renames).", SELECTING, metavar="DB.COLL.PATH=NAME",
+            help_for={"verify": "A field the target holds under another name, as sync's --field-rename wrote "
+                      "it (repeatable)."},
+        ),
     ),
     # the snapshot
-    _choice("snapshot", "snapshot", _SNAPSHOT_MODES, "When to copy the data (Debezium's snapshot.mode).", JOB),
-    Option(
-        "snapshot-only", "snapshot_only", "Copy without replaying changes (standalone sources): writes "
-        "made during the copy are lost.", ("sync", "catch-up"),
+    *_panel(
+        SNAPSHOT,
+        _choice("snapshot", "snapshot", _SNAPSHOT_MODES, "When to copy the data (Debezium's snapshot.mode).", JOB),
+        Option(
+            "snapshot-only", "snapshot_only", "Copy without replaying changes (standalone sources): writes "
+            "made during the copy are lost.", ("sync", "catch-up"),
+        ),
+        Option("drop-target", "drop_target", "Replace target collections that already hold data.", JOB),
+        Option(
+            "start-at", "start_at", "With no checkpoint: no snapshot, replay from TIME (ISO-8601, UTC unless "
+            "it says, or SECONDS,INCREMENT).", ("sync", "tail"), metavar="TIME",
+        ),
+        Option("workers", "workers", "Collections or _id ranges copied at once.", SELECTING, short="-w",
+               minimum=1, help_for={"verify": "Collections or _id ranges compared at once."}),
+        Option("partition-docs", "partition_docs", "Split collections into _id ranges of about this many "
+               "documents.", SELECTING, minimum=1),
+        _choice("split", "split", _SPLIT_MODES, "Split large collections into _id ranges: auto (where a range "
+                "read is bounded by the _id index), always, never.", SELECTING),
+        Option("batch-docs", "batch_docs", "Documents per snapshot batch.", SELECTING, minimum=1),
+        Option("batch-bytes", "batch_bytes", "Bytes per snapshot batch at most.", SELECTING, minimum=1),
+        Option("queue-batches", "queue_batches", "Batches read ahead per snapshot worker (memory: about "
+               "workers x queue-batches x batch-bytes).", JOB, minimum=1),
     ),
-    Option("drop-target", "drop_target", "Replace target collections that already hold data.", JOB),
-    Option(
-        "start-at", "start_at", "With no checkpoint: no snapshot, replay from TIME (ISO-8601, UTC unless "
-        "it says, or SECONDS,INCREMENT).", ("sync", "tail"), metavar="TIME",
-    ),
-    Option("workers", "workers", "Collections or _id ranges copied at once.", SELECTING, short="-w",
-           minimum=1, help_for={"verify": "Collections or _id ranges compared at once."}),
-    Option("partition-docs", "partition_docs", "Split collections into _id ranges of about this many "
-           "documents.", SELECTING, minimum=1),
-    _choice("split", "split", _SPLIT_MODES, "Split large collections into _id ranges: auto (where a range "
-            "read is bounded by the _id index), always, never.", SELECTING),
-    Option("batch-docs", "batch_docs", "Documents per snapshot batch.", SELECTING, minimum=1),
-    Option("batch-bytes", "batch_bytes", "Bytes per snapshot batch at most.", SELECTING, minimum=1),
-    Option("queue-batches", "queue_batches", "Batches read ahead per snapshot worker (memory: about "
-           "workers x queue-batches x batch-bytes).", JOB, minimum=1),
     # the change stream
-    _choice("full-document", "full_document", _FULL_DOCUMENT_MODES, "The change stream's fullDocument: "
-            "updateLookup reads the current document of each update.", JOB),
-    _choice("pre-images", "pre_images", _PRE_IMAGE_MODES, "The change stream's fullDocumentBeforeChange: "
-            "'before' images for event sinks (MongoDB 6.0+).", JOB),
-    Option("max-batch-size", "replay_batch", "Change events per write batch (Debezium's max.batch.size).", JOB,
-           minimum=1),
-    Option("max-queue-size", "max_queue_events", "Change events read ahead at most (Debezium's "
-           "max.queue.size).", JOB, minimum=1),
-    _choice("on-history-lost", "on_history_lost", ("fail", "resnapshot"), "When the checkpoint's position "
-            "has left the oplog: fail, or take a new snapshot.", JOB),
-    _choice("oversize", "oversize", ("fail", "skip"), "Change events over 16 MB the server cannot split, "
-            "and records over Kafka's max.request.size: fail, or skip each (logged).", JOB),
-    Option("shard", "shards", "A shard's replica set URI, one change stream each (repeatable; default: "
-           "listShards).", JOB, metavar="URI"),
-    Option("shard-refresh-interval", "shard_refresh_s", "Seconds between looks for shards added or "
-           "removed (tail of a mongos).", ("tail",), metavar="SECONDS", minimum=0),
-    # outages
-    Option("max-retries", "max_retries", "Retries in a row before giving up: -1 forever, 0 never (default: 16). "
-           "tail waits for a server unreachable at start; sync and catch-up do when this is given.", JOB,
-           minimum=-1),
-    Option("retry-initial-delay", "retry_initial_s", "Seconds before the first retry; doubles each time.",
-           JOB, metavar="SECONDS", minimum=0),
-    Option("retry-max-delay", "retry_max_s", "Longest wait between retries, in seconds.", JOB,
-           metavar="SECONDS", minimum=0),
-    # event sinks: Debezium's conventions
-    Option("topic-prefix", "topic_prefix", "Topics are PREFIX.db.collection (Debezium's topic.prefix).",
-           (*JOB, "status"), metavar="PREFIX",
-           help_for={"status": "The topic prefix of an event-sink target: part of its default checkpoint."}),
-    Option("topic-route", "topic_routes", "Namespaces matching REGEX go to TOPIC (\\1 = group 1; first "
-           "match wins; repeatable).", JOB, metavar="REGEX=TOPIC"),
-    Option("sanitize-names", "sanitize_names", "Avro-safe topic and schema names ([A-Za-z0-9_] only).", JOB),
-    Option(
-        "envelope", "envelope", "debezium, debezium-legacy (after/patch/filter), or plain (mcdc's own event).",
-        JOB, metavar=_choices(*_ENVELOPES), choices=_ENVELOPES, aliases=("--format",),
+    *_panel(
+        REPLAY,
+        _choice("full-document", "full_document", _FULL_DOCUMENT_MODES, "The change stream's fullDocument: "
+                "updateLookup reads the current document of each update.", JOB),
+        _choice("pre-images", "pre_images", _PRE_IMAGE_MODES, "The change stream's fullDocumentBeforeChange: "
+                "'before' images for event sinks (MongoDB 6.0+).", JOB),
+        Option("max-batch-size", "replay_batch", "Change events per write batch (Debezium's max.batch.size).", JOB,
+               minimum=1),
+        Option("max-queue-size", "max_queue_events", "Change events read ahead at most (Debezium's "
+               "max.queue.size).", JOB, minimum=1),
+        _choice("on-history-lost", "on_history_lost", ("fail", "resnapshot"), "When the checkpoint's position "
+                "has left the oplog: fail, or take a new snapshot.", JOB),
+        _choice("oversize", "oversize", ("fail", "skip"), "Change events over 16 MB the server cannot split, "
+                "and records over Kafka's max.request.size: fail, or skip each (logged).", JOB),
+        Option("shard", "shards", "A shard's replica set URI, one change stream each (repeatable; default: "
+               "listShards).", JOB, metavar="URI"),
+        Option("shard-refresh-interval", "shard_refresh_s", "Seconds between looks for shards added or "
+               "removed (tail of a mongos).", ("tail",), metavar="SECONDS", minimum=0),
     ),
-    Option("schemas", "schemas", "Wrap key and value in {schema, payload} (Kafka Connect's JSON).", JOB),
-    _choice("extended-json", "extended_json", ("canonical", "relaxed"), "Extended JSON mode (canonical is "
-            "lossless).", JOB),
-    _choice("tombstones", "tombstones", ("on", "off"), "A null-value record after each delete "
-            "(Debezium's tombstones.on.delete).", JOB),
-    Option("tx-metadata", "tx_metadata", "Transaction BEGIN/END records to PREFIX.transaction.", JOB),
-    Option("heartbeat-interval", "heartbeat_interval_s", "Seconds between heartbeat records while idle "
-           "(0: off).", JOB, metavar="SECONDS", minimum=0),
-    Option("kafka-opt", "kafka_opts", "A Kafka producer setting, e.g. compression.type=zstd (repeatable).",
-           JOB, metavar="KEY=VALUE"),
+    # outages
+    *_panel(
+        OUTAGES,
+        Option(
+            "connect-timeout", "connect_timeout_s", "Seconds a server may take to answer before it counts as "
+            "unreachable.", COMMANDS, metavar="SECONDS", minimum=0,
+        ),
+        Option(
+            "io-timeout", "io_timeout_s", "Seconds a read of the source or a write of documents to the target "
+            "may wait for the server's answer before it counts as lost and is retried (index builds and "
+            "other DDL are not bounded).", SELECTING, metavar="SECONDS", minimum=1,
+        ),
+        Option("max-retries", "max_retries", "Retries in a row before giving up: -1 forever, 0 never (default: 16). "
+               "tail waits for a server unreachable at start; sync and catch-up do when this is given.", JOB,
+               minimum=-1),
+        Option("retry-initial-delay", "retry_initial_s", "Seconds before the first retry; doubles each time.",
+               JOB, metavar="SECONDS", minimum=0),
+        Option("retry-max-delay", "retry_max_s", "Longest wait between retries, in seconds.", JOB,
+               metavar="SECONDS", minimum=0),
+    ),
+    # event sinks: Debezium's conventions
+    *_panel(
+        EVENTS,
+        Option("topic-prefix", "topic_prefix", "Topics are PREFIX.db.collection (Debezium's topic.prefix).",
+               (*JOB, "status"), metavar="PREFIX",
+               help_for={"status": "The topic prefix of an event-sink target: part of its default checkpoint."}),
+        Option("topic-route", "topic_routes", "Namespaces matching REGEX go to TOPIC (\\1 = group 1; first "
+               "match wins; repeatable).", JOB, metavar="REGEX=TOPIC"),
+        Option("sanitize-names", "sanitize_names", "Avro-safe topic and schema names ([A-Za-z0-9_] only).", JOB),
+        Option(
+            "envelope", "envelope", "debezium, debezium-legacy (after/patch/filter), or plain (mcdc's own event).",
+            JOB, metavar=_choices(*_ENVELOPES), choices=_ENVELOPES, aliases=("--format",),
+        ),
+        Option("schemas", "schemas", "Wrap key and value in {schema, payload} (Kafka Connect's JSON).", JOB),
+        _choice("extended-json", "extended_json", ("canonical", "relaxed"), "Extended JSON mode (canonical is "
+                "lossless).", JOB),
+        _choice("tombstones", "tombstones", ("on", "off"), "A null-value record after each delete "
+                "(Debezium's tombstones.on.delete).", JOB),
+        Option("tx-metadata", "tx_metadata", "Transaction BEGIN/END records to PREFIX.transaction.", JOB),
+        Option("heartbeat-interval", "heartbeat_interval_s", "Seconds between heartbeat records while idle "
+               "(0: off).", JOB, metavar="SECONDS", minimum=0),
+        Option("kafka-opt", "kafka_opts", "A Kafka producer setting, e.g. compression.type=zstd (repeatable).",
+               JOB, metavar="KEY=VALUE"),
+    ),
     # the engine
-    _choice("engine", "engine", ("asyncio", "spark"), "The loop that runs the pipeline: asyncio (embedded, "
-            "one process) or spark (PySpark tasks and Structured Streaming; pip install 'mcdc[spark]').",
-            SELECTING),
-    Option("spark-master", "spark_master", "--engine spark: the Spark master (local[*], spark://HOST:PORT, "
-           "yarn, k8s://...); under spark-submit, its session is used.", SELECTING, metavar="MASTER"),
-    Option("spark-conf", "spark_conf", "--engine spark: a Spark setting, e.g. spark.executor.memory=2g "
-           "(repeatable).", SELECTING, metavar="KEY=VALUE"),
+    *_panel(
+        SPARK,
+        _choice("engine", "engine", ("asyncio", "spark"), "The loop that runs the pipeline: asyncio (embedded, "
+                "one process) or spark (PySpark tasks and Structured Streaming; pip install 'mcdc[spark]').",
+                SELECTING),
+        Option("spark-master", "spark_master", "--engine spark: the Spark master (local[*], spark://HOST:PORT, "
+               "yarn, k8s://...); under spark-submit, its session is used.", SELECTING, metavar="MASTER"),
+        Option("spark-conf", "spark_conf", "--engine spark: a Spark setting, e.g. spark.executor.memory=2g "
+               "(repeatable).", SELECTING, metavar="KEY=VALUE"),
+    ),
     # output
-    Option("metrics-port", "metrics_port", "Serve Prometheus /metrics and /health on this port (0: any free one).",
-           JOB, metavar="PORT", minimum=0, maximum=65535),
-    Option("metrics-host", "metrics_host", "Address the metrics port listens on.", JOB, metavar="HOST"),
-    Option("verify-sample", "verify_sample", "Differing _ids listed per namespace.", ("verify",), minimum=0),
-    Option("json", "json_output", "Print the summary as JSON on stdout.", COMMANDS,
-           help_for={"verify": "Print the report as JSON on stdout.",
-                     "status": "Print the status as JSON on stdout."}),
-    Option("progress", "progress", "Show progress bars (on a terminal).", JOB),
-    _choice("log-format", "log_format", ("text", "json"), "Log lines as text, or one JSON object each.",
-            COMMANDS),
-    Option("verbose", "verbose", "Log mcdc's debug details too.", COMMANDS, short="-v"),
-    Option("debug-driver", "debug_driver", "Log the MongoDB driver's commands and server selection "
-           "(very verbose).", COMMANDS),
+    *_panel(
+        OUTPUT,
+        Option("metrics-port", "metrics_port", "Serve Prometheus /metrics and /health on this port (0: any free one).",
+               JOB, metavar="PORT", minimum=0, maximum=65535),
+        Option("metrics-host", "metrics_host", "Address the metrics port listens on.", JOB, metavar="HOST"),
+        Option("verify-sample", "verify_sample", "Differing _ids listed per namespace.", ("verify",), minimum=0),
+        Option("json", "json_output", "Print the summary as JSON on stdout.", COMMANDS,
+               help_for={"verify": "Print the report as JSON on stdout.",
+                         "status": "Print the status as JSON on stdout."}),
+        Option("progress", "progress", "Show progress bars (on a terminal).", JOB),
+        _choice("log-format", "log_format", ("text", "json"), "Log lines as text, or one JSON object each.",
+                COMMANDS),
+        Option("verbose", "verbose", "Log mcdc's debug details too.", COMMANDS, short="-v"),
+        Option("debug-driver", "debug_driver", "Log the MongoDB driver's commands and server selection "
+               "(very verbose).", COMMANDS),
+    ),
 )  # fmt: skip
 
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
