@@ -17,6 +17,7 @@ line and exits with its ``exit_code``. Anything else is a bug and keeps its trac
     ├── SinkError                  the sink refused a write it cannot retry
     │   └── SinkUnavailable        the destination is down for now (retried with backoff)
     ├── OutputClosed               the reader of --target stdout went away (exit 0, quietly)
+    ├── DevServerError             mcdc dev-server cannot start its server, or the server stopped
     └── VerifyMismatch             verify found differences (exit 1)
 """
 
@@ -71,6 +72,10 @@ class SinkError(McdcError):
 
 class SinkUnavailable(SinkError, ConnectionError):
     """The destination cannot be reached right now; a ConnectionError, so the stream retries it."""
+
+
+class DevServerError(McdcError):
+    """``mcdc dev-server``'s server is not installed, cannot start (port, directory), or died."""
 
 
 class OutputClosed(McdcError):
