@@ -22,7 +22,7 @@ import orjson
 import typer
 from pymongo.errors import ConnectionFailure, PyMongoError
 
-from . import __version__
+from . import __version__, devserver
 from .config import Settings, field_kind, resolve
 from .errors import EXIT_UNAVAILABLE, ConfigError, McdcError, OutputClosed, VerifyMismatch
 from .logs import setup_logging
@@ -118,8 +118,7 @@ def _command(
 ) -> Callable[[Callable[[Settings], None]], Callable[[Settings], None]]:
     """Register ``body`` as ``mcdc NAME``, with the flags of the options NAME takes: the flags given
     (and MCDC_*, and --config) resolve into Settings, logging is set up, then ``body(settings)`` runs."""
-    # "\b": click leaves the example's lines as they are
-    epilog = f"{heading}:\n\n\b\n  " + "\n      ".join(line.strip() for line in example.splitlines())
+    epilog = _epilog(example, heading)
 
     def register(body: Callable[[Settings], None]) -> Callable[[Settings], None]:
         def command(config: Path | None = None, **flags: Any) -> None:
@@ -131,6 +130,14 @@ def _command(
         return body
 
     return register
+
+
+def _epilog(example: str, heading: str = "Example") -> str:
+    """A command's example for its help: each command line indented, a line continuing one that ends in
+    a backslash indented more."""
+    lines = [line.strip() for line in example.splitlines()]
+    shown = [("      " if n and lines[n - 1].endswith("\\") else "  ") + line for n, line in enumerate(lines)]
+    return f"{heading}:\n\n\b\n" + "\n".join(shown)  # "\b": click leaves the example's lines as they are
 
 
 def _settings(command: str, flags: dict[str, Any], config: Path | None) -> Settings:
@@ -344,6 +351,56 @@ def version() -> None:
     Example: mcdc version
     """
     typer.echo(f"mcdc {__version__}")
+
+
+@app.command(
+    "dev-server",
+    epilog=_epilog(
+        """mcdc dev-server --port 27017 --dir src-data &
+        mcdc dev-server --port 27018 --dir dst-data &
+        mcdc sync --source "mongodb://127.0.0.1:27017/?replicaSet=secantus" \\
+          --target "mongodb://127.0.0.1:27018/?replicaSet=secantus\"""",
+        heading="Example (two servers for a trial, then a sync between them)",
+    ),
+)
+def dev_server(
+    port: Annotated[
+        int,
+        typer.Option(
+            "--port",
+            min=1,
+            max=65535,
+            metavar="PORT",
+            help="Port on 127.0.0.1 to serve." + _shown(devserver.DEFAULT_PORT),
+            show_default=False,
+        ),
+    ] = devserver.DEFAULT_PORT,
+    directory: Annotated[
+        Path,
+        typer.Option(
+            "--dir",
+            metavar="DIR",
+            help="Data directory; created if missing, kept when the server stops." + _shown(devserver.DEFAULT_DIR),
+            show_default=False,
+        ),
+    ] = devserver.DEFAULT_DIR,
+) -> None:
+    """Start a local MongoDB-compatible server to try mcdc on: for trials, not production.
+
+    Runs SecantusDB (pip install SecantusDB), a MongoDB wire-protocol server written in Python, as a
+    single-node replica set with change streams, in the foreground. Prints the URI to use once the server
+    answers; Ctrl-C stops it cleanly (exit 130), as does SIGTERM (exit 0). The data stays in --dir.
+    """
+    try:
+        code = devserver.serve(
+            port,
+            directory,
+            on_ready=typer.echo,
+            note=lambda text: typer.echo(f"mcdc dev-server: {text}", err=True),
+        )
+    except McdcError as exc:
+        _fail(exc)
+    raise typer.Exit(code)
 
 
 #: Each change event allocates a few dozen short-lived objects; with the default first-generation

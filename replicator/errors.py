@@ -18,6 +18,7 @@ line and exits with its ``exit_code``. Anything else is a bug and keeps its trac
     ├── SinkError                  the sink refused a write it cannot retry
     │   └── SinkUnavailable        the destination is down for now (retried with backoff; exit 75)
     ├── OutputClosed               the reader of --target stdout went away (exit 0, quietly)
+    ├── DevServerError             mcdc dev-server cannot start its server, or the server stopped
     └── VerifyMismatch             verify found differences (exit 1)
 """
 
@@ -85,6 +86,10 @@ class SinkUnavailable(SinkError, ConnectionError):
     """The destination cannot be reached right now; a ConnectionError, so the stream retries it."""
 
     exit_code = EXIT_UNAVAILABLE
+
+
+class DevServerError(McdcError):
+    """``mcdc dev-server``'s server is not installed, cannot start (port, directory), or died."""
 
 
 class OutputClosed(McdcError):

@@ -26,7 +26,7 @@ from replicator.options import BY_ENV, for_command
 from tests.test_config import SAMPLE
 
 runner = CliRunner()
-COMMANDS = ["sync", "catch-up", "tail", "status", "verify", "version"]
+COMMANDS = ["sync", "catch-up", "tail", "status", "verify", "version", "dev-server"]
 SETTINGS_COMMANDS = ["sync", "catch-up", "tail", "verify", "status"]
 
 

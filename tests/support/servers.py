@@ -9,7 +9,6 @@ against real servers named by ``MCDC_TEST_SOURCE_URI`` and ``MCDC_TEST_TARGET_UR
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import sys
 from dataclasses import dataclass
@@ -19,9 +18,9 @@ from typing import Any
 import pymongo
 from pymongo.errors import PyMongoError
 
+from replicator.devserver import EXECUTABLE, find_executable, server_argv
 from tests.support.process import ManagedProcess
 
-SERVER_EXECUTABLE = "secantusd-py"
 SOURCE_URI_ENV = "MCDC_TEST_SOURCE_URI"
 TARGET_URI_ENV = "MCDC_TEST_TARGET_URI"
 SYSTEM_DATABASES = frozenset({"admin", "local", "config"})
@@ -45,14 +44,10 @@ def external_uris() -> tuple[str, str] | None:
 
 
 def _find_executable() -> str:
-    # Prefer the interpreter's own venv so an unactivated venv still finds its server.
-    beside = Path(sys.executable).parent / SERVER_EXECUTABLE
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    found = shutil.which(SERVER_EXECUTABLE)
+    found = find_executable()
     if found is None:
         raise RuntimeError(
-            f"{SERVER_EXECUTABLE} not found next to {sys.executable} or on PATH: pip install SecantusDB "
+            f"{EXECUTABLE} not found next to {sys.executable} or on PATH: pip install SecantusDB "
             f"(or set {SOURCE_URI_ENV} and {TARGET_URI_ENV} to real servers)"
         )
     return found
@@ -91,8 +86,7 @@ class LocalServer(ManagedProcess):
 
     def argv(self) -> list[str]:
         """``secantusd-py`` serving ``storage_dir`` on ``host:port``."""
-        args = [_find_executable(), "--host", self.host, "--port", str(self.port)]
-        return [*args, "--storage-path", str(self.storage_dir)]
+        return server_argv(_find_executable(), self.host, self.port, self.storage_dir)
 
     def prepare(self) -> None:
         """Create the storage directory."""
