@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 import orjson
 import typer
 from pymongo.errors import ConnectionFailure, PyMongoError
+from typer.core import TyperCommand
 
 from . import __version__, devserver
 from .config import Settings, field_kind, resolve
 from .errors import EXIT_UNAVAILABLE, ConfigError, McdcError, OutputClosed, VerifyMismatch
 from .logs import setup_logging
-from .options import ENV_CONFIG, Option, for_command
+from .options import BY_FIELD, ENV_CONFIG, PANELS, Option, for_command
 from .progress import make_reporter
 from .sinks.registry import scheme_of
 from .source.connection import server_message
@@ -118,7 +119,7 @@ def _command(
 ) -> Callable[[Callable[[Settings], None]], Callable[[Settings], None]]:
     """Register ``body`` as ``mcdc NAME``, with the flags of the options NAME takes: the flags given
     (and MCDC_*, and --config) resolve into Settings, logging is set up, then ``body(settings)`` runs."""
-    epilog = _epilog(example, heading)
+    epilog = _epilog(example, heading) + EXIT_CODES_HELP
 
     def register(body: Callable[[Settings], None]) -> Callable[[Settings], None]:
         def command(config: Path | None = None, **flags: Any) -> None:
@@ -126,10 +127,42 @@ def _command(
 
         params = [_parameter(option, name) for option in for_command(name)]
         command.__signature__ = inspect.Signature([*params, _CONFIG])  # type: ignore[attr-defined]
-        app.command(name, help=body.__doc__, epilog=epilog)(command)
+        app.command(name, help=body.__doc__, epilog=epilog, cls=_PanelCommand)(command)
         return body
 
     return register
+
+
+#: Every exit code of the commands that take options, for their --help (the README's table says the same).
+EXIT_CODES = (
+    (0, "done (verify: identical)"),
+    (1, "verify found differences"),
+    (2, "a mistake to fix: a bad option or URI, a refused login, a bad checkpoint"),
+    (3, "another mcdc holds the checkpoint's lock"),
+    (4, "the checkpoint's position left the source's oplog (see --on-history-lost)"),
+    (EXIT_UNAVAILABLE, "an outage: a server unreachable (past --max-retries); run again later"),
+    (130, "interrupted (Ctrl-C)"),
+)
+EXIT_CODES_HELP = "\n\nExit codes:\n\n\b\n" + "\n".join(f"  {code:<4} {text}" for code, text in EXIT_CODES)
+
+
+class _PanelCommand(TyperCommand):
+    """A command whose --help lists its options in panels (options.PANELS), most used first."""
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        panels: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                option = BY_FIELD.get(param.name or "")
+                panels.setdefault(option.panel if option is not None else GENERAL, []).append(record)
+        for panel in (*PANELS, GENERAL):
+            if panel in panels:
+                with formatter.section(panel):
+                    formatter.write_dl(panels[panel])
+
+
+GENERAL = "General"
 
 
 def _epilog(example: str, heading: str = "Example") -> str:

@@ -146,7 +146,7 @@ OPTIONS: tuple[Option, ...] = (
         Option("drop-target", "drop_target", "Replace target collections that already hold data.", JOB),
         Option(
             "start-at", "start_at", "With no checkpoint: no snapshot, replay from TIME (ISO-8601, UTC unless "
-            "it says, or SECONDS,INCREMENT).", ("sync", "tail"), metavar="TIME",
+            "it says, or SECONDS,INCREMENT).", JOB, metavar="TIME",
         ),
         Option("workers", "workers", "Collections or _id ranges copied at once.", SELECTING, short="-w",
                minimum=1, help_for={"verify": "Collections or _id ranges compared at once."}),
@@ -237,7 +237,8 @@ OPTIONS: tuple[Option, ...] = (
     # output
     *_panel(
         OUTPUT,
-        Option("metrics-port", "metrics_port", "Serve Prometheus /metrics and /health on this port (0: any free one).",
+        Option("metrics-port", "metrics_port", "Serve Prometheus /metrics and /health on this port (0: any free one); "
+               "/health answers 503 after 60 s of retries.",
                JOB, metavar="PORT", minimum=0, maximum=65535),
         Option("metrics-host", "metrics_host", "Address the metrics port listens on.", JOB, metavar="HOST"),
         Option("verify-sample", "verify_sample", "Differing _ids listed per namespace.", ("verify",), minimum=0),

@@ -38,10 +38,27 @@ def test_every_command_has_help_with_an_example(command: str) -> None:
 
 
 @pytest.mark.parametrize("command", SETTINGS_COMMANDS)
+def test_help_groups_options_in_panels_and_lists_the_exit_codes(command: str) -> None:
+    from replicator.options import OPTIONS, PANELS
+
+    assert all(option.panel in PANELS for option in OPTIONS)
+    out = runner.invoke(app, [command, "--help"], terminal_width=100).output
+    headings = [line[:-1] for line in out.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    shown = [h for h in headings if h in (*PANELS, "General")]
+    assert shown == [p for p in (*PANELS, "General") if p in shown] and shown[0] == "Source and target", headings
+    assert "Options:" not in out  # every option sits in a panel
+    for option in for_command(command):  # each under its own panel's heading
+        section = out[out.index(option.panel + ":") :]
+        assert option.flag in section.split("\n\n")[0] + section.split("\n\n")[1], (option.flag, option.panel)
+    for code in ("0", "1", "2", "3", "4", "75", "130"):
+        assert re.search(rf"^\s+{code}\s+\S", out[out.index("Exit codes:") :], re.MULTILINE), code
+
+
+@pytest.mark.parametrize("command", SETTINGS_COMMANDS)
 def test_help_is_conventional(command: str) -> None:
     text = runner.invoke(app, [command, "-h"], terminal_width=200).output
     assert text == runner.invoke(app, [command, "--help"], terminal_width=200).output
-    assert "<" not in text.split("Options:")[1].split("Example")[0]  # TEXT, INTEGER, URI, ..., not <list[str]>
+    assert "<" not in text.split("Source and target:")[1].split("Example")[0]  # TEXT, INTEGER, URI, not <list[str]>
     example = text.split("Example")[1]
     assert "mongodb://" in example and not re.search(r"(?<![\"'])mongodb://", example)  # URIs are quoted
     if command != "status":
@@ -62,7 +79,6 @@ NOT_APPLICABLE = {
     "sync": {"shard_refresh_s": "only tail follows shards being added or removed"},
     "catch-up": {
         "shard_refresh_s": "only tail follows shards being added or removed",
-        "start_at": "catch-up needs a checkpoint, and a checkpoint wins over --start-at",
     },
     "tail": {"snapshot_only": "tail follows the stream: a copy without it is sync --snapshot-only"},
     "verify": {},
@@ -117,8 +133,12 @@ def _fields_read(command: str) -> set[str]:
 
 def test_checkpoint_path_reads_what_the_walk_assumes() -> None:
     config = ast.parse((ROOT / "config.py").read_text())
-    method = next(n for n in ast.walk(config) if isinstance(n, ast.FunctionDef) and n.name == "checkpoint_path")
-    reads = {n.attr for n in ast.walk(method) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
+    methods = [
+        n for n in ast.walk(config) if isinstance(n, ast.FunctionDef) and n.name in ("checkpoint_path", "_digest")
+    ]
+    reads = {
+        n.attr for m in methods for n in ast.walk(m) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+    }
     assert reads & FIELDS == {"checkpoint", "source", "target", "topic_prefix"}
 
 
