@@ -1,0 +1,194 @@
+"""The README's commands work as written: each ``bash`` block runs here against the fixtures' servers, or
+is listed below with the reason it cannot (a new block fails the test until it is run or listed).
+
+Hosts and paths that only exist on the reader's machines are replaced with the fixtures' (``SUBSTITUTE``);
+``$SRC`` and ``$DST`` are set in the environment as the README assumes. A ``tail`` runs until its first
+checkpoint, then gets SIGTERM and must exit 0.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pymongo
+import pytest
+
+from tests.support.kafka import KafkaBroker
+from tests.support.servers import drop_user_databases, free_port
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+#: Blocks not run here, by their first line, and why.
+NOT_RUN = {
+    "# 1. install and run the demo": "the demo is run by test_scripts.py, the test command is this suite",
+    "mcdc sync --engine spark --spark-master spark://HOST:7077": "needs a Spark cluster",
+    "spark-submit --master yarn": "needs YARN",
+    "python scripts/soak.py --minutes 30": "a 30-minute soak; CI runs the chaos seeds (tests/chaos)",
+}
+#: The first lines of the blocks that run every command they hold, in README order. The blocks that copy
+#: run on an empty target, each as if it were the reader's first run; status and verify read what the
+#: block before them left.
+RUN = (
+    "# with mcdc installed",  # the trial on two dev servers
+    'mcdc sync --source "mongodb://src1,src2/?replicaSet=rs0"',
+    'mcdc catch-up --source "$SRC" --target "$DST" --checkpoint /var/lib/mcdc/prod.json',
+    'mcdc tail --source "$SRC" --target "$DST" --checkpoint /var/lib/mcdc/live.json',
+    "mcdc status --checkpoint /var/lib/mcdc/live.json",
+    'mcdc verify --source "$SRC" --target "$DST"',
+    "mcdc dev-server --port 27017 --dir mcdc-dev-data",
+    """mcdc sync -s "$SRC" -t "$SRC" --include 'scratch\\.a'""",
+    'mcdc tail -s "$SRC" -t kafka://broker1:9092,broker2:9092',
+)
+READS = ("mcdc status", "mcdc verify")
+
+
+def _blocks() -> list[list[str]]:
+    """The README's bash blocks, each as its lines."""
+    blocks = re.findall(r"^( *)```bash\n(.*?)^ *```", README.read_text(), re.S | re.M)
+    return [textwrap.dedent(body).strip("\n").splitlines() for _, body in blocks]
+
+
+def _commands(lines: list[str]) -> list[str]:
+    """A block's commands: continuation lines joined, comments and blank lines left out."""
+    commands, current = [], ""
+    for line in lines:
+        if not current and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        current += line.rstrip()
+        if current.endswith("\\"):
+            current = current[:-1] + " "
+            continue
+        commands.append(current)
+        current = ""
+    return commands
+
+
+def test_every_bash_block_is_run_or_says_why_not() -> None:
+    firsts = [lines[0] for lines in _blocks()]
+    unlisted = [f for f in firsts if not any(f.startswith(p) for p in (*RUN, *NOT_RUN))]
+    assert unlisted == [], "a README block neither run by test_readme.py nor listed in NOT_RUN"
+    assert [p for p in RUN if not any(f.startswith(p) for f in firsts)] == []  # the listed ones are all there
+
+
+class Shell:
+    """Runs README lines with bash: ``$SRC``/``$DST`` set, the reader's hosts and paths swapped for ours."""
+
+    def __init__(self, tmp: Path, substitute: dict[str, str], env: dict[str, str]) -> None:
+        self.tmp = tmp
+        self.substitute = substitute
+        bin_dir = str(Path(sys.executable).parent)  # this venv's mcdc
+        self.env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ["PATH"], **env}
+
+    def line(self, command: str) -> str:
+        for theirs, ours in self.substitute.items():
+            command = command.replace(theirs, ours)
+        return command
+
+    def run(self, command: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        script = "set -o pipefail\n" + self.line(command)
+        return subprocess.run(
+            ["bash", "-c", script], capture_output=True, text=True, timeout=timeout, env=self.env, cwd=self.tmp
+        )
+
+    def tail(self, command: str, checkpoint: Path | None) -> tuple[int, str]:
+        """Start a long-running command, wait for its first checkpoint (or a few seconds), SIGTERM it."""
+        proc = subprocess.Popen(
+            ["bash", "-c", "exec " + self.line(command)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=self.env, cwd=self.tmp,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            if checkpoint is not None and checkpoint.exists():
+                break
+            time.sleep(0.2)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        return proc.returncode, err
+
+
+def _block(prefix: str) -> list[str]:
+    return next(lines for lines in _blocks() if lines[0].startswith(prefix))
+
+
+def _ok(result: subprocess.CompletedProcess[str], command: str) -> None:
+    assert result.returncode == 0, f"{command}\nexit {result.returncode}\n{result.stderr[-3000:]}"
+
+
+@pytest.mark.integration
+def test_the_readme_commands_run_as_written(
+    source_uri: str, target_uri: str, kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    if not kafka_broker.running:
+        kafka_broker.start()
+    with pymongo.MongoClient(source_uri) as client:
+        client.shop.orders.insert_many([{"_id": i, "total": i * 10} for i in range(50)])
+        client.logs.app.insert_many([{"_id": i} for i in range(5)])
+        client.scratch.a.insert_many([{"_id": i} for i in range(5)])
+    state = tmp_path / "state"
+    shell = Shell(
+        tmp_path,
+        {
+            "mongodb://src1,src2/?replicaSet=rs0": source_uri,
+            "mongodb://dst/?replicaSet=rs1": target_uri,
+            "/var/lib/mcdc/": f"{tmp_path}/",
+            "kafka://broker1:9092,broker2:9092": f"kafka://{kafka_broker.bootstrap}",
+            "--metrics-port 9464": f"--metrics-port {free_port()}",
+        },
+        {"SRC": source_uri, "DST": target_uri, "XDG_STATE_HOME": str(state)},
+    )
+    for prefix in RUN[1:]:
+        if prefix.startswith("mcdc dev-server"):
+            continue  # test_devserver.py runs the command; the trial block below runs it as the README does
+        if not prefix.startswith(READS):
+            drop_user_databases(target_uri)
+        for command in _commands(_block(prefix)):
+            if command.startswith("mcdc tail"):
+                jsonl = "jsonl:" in command
+                checkpoint = None if "kafka://" in command or jsonl else Path(shell.line(command).split()[7])
+                code, err = shell.tail(command, checkpoint)
+                assert code == 0, f"{command}\nexit {code}\n{err[-3000:]}"
+                if jsonl:
+                    assert (tmp_path / "events.jsonl").stat().st_size > 0
+            else:
+                result = shell.run(command)
+                _ok(result, command)
+                if "| jq" in command:
+                    assert "total" in result.stdout  # the documents' after images (JSON strings)
+
+
+@pytest.mark.integration
+def test_the_readme_trial_on_two_dev_servers(tmp_path: Path) -> None:
+    lines = _block(RUN[0])
+    ports = {"27017": str(free_port()), "27018": str(free_port())}
+    script = ["set -e", "trap 'kill $(jobs -p) 2>/dev/null; wait' EXIT"]
+    for command in _commands(lines):
+        for theirs, ours in ports.items():
+            command = command.replace(theirs, ours)
+        if command.startswith("mcdc dev-server"):  # "terminals 1 and 2 (or put & after both in one terminal)"
+            port = command.split("--port ")[1].split()[0]
+            script += [command.split("#")[0] + " > /dev/null &", _wait_for_port(port)]
+        else:
+            script.append(command)
+    env = {
+        **os.environ,
+        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"],
+        "XDG_STATE_HOME": str(tmp_path / "state"),  # the default checkpoint, out of the home directory
+    }
+    result = subprocess.run(
+        ["bash", "-c", "\n".join(script)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "1,000 documents copied" in result.stdout and "0 differences" in result.stdout, result.stdout
+
+
+def _wait_for_port(port: str) -> str:
+    """A bash line waiting up to 60 s for a server to listen on ``port``."""
+    return f"for _ in $(seq 300); do (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && break; sleep 0.2; done"
