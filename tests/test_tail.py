@@ -147,6 +147,45 @@ def test_source_restart_and_target_outage(
     assert "retrying in" in err  # the outage was logged, once per attempt
 
 
+def test_an_idle_tail_stays_quiet_and_its_lag_grows_while_the_source_is_down(
+    servers: ServerPair, source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    """Lag is how far the target is behind the source's writes: while the source cannot be read, it grows
+    with the outage (it read 0.0 s through a 25 s outage). And an idle tail logs no line every 5 s."""
+    if servers.source is None:
+        pytest.skip("external servers cannot be stopped by the tests")
+    cp = tmp_path / "cp.json"
+    port = free_port()
+    args = ("--snapshot", "never", "--metrics-port", str(port), "--max-retries", "-1")
+    proc = _tail(source_uri, target_uri, cp, *args, env={"MCDC_CONNECT_TIMEOUT": "1"})
+    _wait(cp.exists, what="the first checkpoint")
+    time.sleep(11)  # idle
+    assert _lag(port) < 5  # caught up, and confirmed so by each empty poll
+    servers.source.stop()
+    try:
+        time.sleep(12)
+        assert _lag(port) > 10
+        status, body = _http(port, "/health")
+        detail = json.loads(body)
+        assert detail["state"] == "retrying" and detail["lag_seconds"] > 10, detail
+        assert status == 200  # under the 60 s of retries that make it unhealthy
+    finally:
+        servers.source.start()
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.insert_one({"_id": 1})
+    _wait(_converged(source_uri, target_uri), timeout=90, what="convergence after the outage")
+    _wait(lambda: _lag(port) < 5, timeout=30, what="the lag back down")
+    code, _, err = _stop(proc)
+    assert code == 0, err
+    assert "replay: 0 events applied" not in err  # idle lines come every 5 minutes, not every 5 s
+    assert "waits up to 1s for an answer" in err  # the retry line says when the attempt really ends
+
+
+def _lag(port: int) -> float:
+    line = next(x for x in _http(port, "/metrics")[1].splitlines() if x.startswith("mcdc_lag_seconds "))
+    return float(line.split()[1])
+
+
 def _retries(port: int) -> dict[str, float]:
     out = {}
     for line in _http(port, "/metrics")[1].splitlines():
