@@ -181,30 +181,37 @@ def _failed_tasks(spark: Any, jobs: set[int]) -> int:
 
 
 async def _sync_killing_a_busy_worker(spark: Any, source_uri: str, target_uri: str, cp: Path) -> dict[str, Any]:
-    """A sync during which, once a partition is done, the Python process running a task dies: Spark
-    retries that task. Asserts it did."""
+    """A sync during which the Python process running a task dies in the middle of it: Spark retries that
+    task. The tasks write to the target through a proxy that keeps the reply to the first insert: the task
+    that sent it is waiting for it, so the worker holding that connection is surely busy with a task
+    (no guess from CPU use, which a loaded machine made unreliable). Asserts the task was retried."""
+    import psutil
+
+    from tests.support.proxy import wire_proxy
+
     before = set(spark.sparkContext.statusTracker().getJobIdsForGroup(JOB_GROUP))
     killed: list[int] = []
+    with wire_proxy(target_uri) as proxy:
+        proxy.swallow_reply(b"insert\x00")
 
-    def kill_a_busy_worker() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not killed:
-            state = _checkpoint(cp)
-            if state is not None and state.get("snapshot", {}).get("done"):
-                for worker in _python_workers():
-                    if worker.cpu_percent(interval=0.05) > 0:
-                        worker.kill()
-                        killed.append(worker.pid)
-                        return
-            time.sleep(0.01)
+        def kill_the_waiting_worker() -> None:
+            if not proxy.swallowed_event.wait(120):
+                return
+            workers = {w.pid: w for w in _python_workers()}
+            for conn in psutil.net_connections(kind="tcp"):
+                if conn.laddr and tuple(conn.laddr)[:2] == proxy.swallowed_from and conn.pid in workers:
+                    workers[conn.pid].kill()
+                    killed.append(conn.pid)
+                    return
 
-    killer = threading.Thread(target=kill_a_busy_worker)
-    killer.start()
-    try:
-        summary = await run_job(source_uri, target_uri, cp, partition_docs=250, split="always", batch_docs=50)
-    finally:
-        killer.join()
-    assert killed, "no busy Python worker was found to kill"
+        killer = threading.Thread(target=kill_the_waiting_worker)
+        killer.start()
+        try:
+            summary = await run_job(source_uri, proxy.uri, cp, partition_docs=250, split="always", batch_docs=50)
+        finally:
+            proxy.swallowed_event.set()  # a run that failed before any insert: let the killer go
+            killer.join()
+    assert killed, "the insert whose reply was kept did not come from a Python worker"
     jobs = set(spark.sparkContext.statusTracker().getJobIdsForGroup(JOB_GROUP)) - before
     assert _failed_tasks(spark, jobs) >= 1
     assert summary["snapshot"] == "completed"

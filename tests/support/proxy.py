@@ -29,6 +29,9 @@ class WireProxy:
         self.upstream = (host, port)
         self.port = free_port()
         self.swallowed = 0
+        #: set once a reply was swallowed; ``swallowed_from`` is the (host, port) of the client it was owed to
+        self.swallowed_event = threading.Event()
+        self.swallowed_from: tuple[str, int] | None = None
         self._marker: bytes | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -57,6 +60,7 @@ class WireProxy:
                 message = await _message(client_r)
                 if self._take_marker(message):
                     drop.set()
+                    self.swallowed_from = client_w.get_extra_info("peername")[:2]
                 server_w.write(message)
                 await server_w.drain()
 
@@ -66,6 +70,7 @@ class WireProxy:
                 if drop.is_set():
                     drop.clear()
                     self.swallowed += 1
+                    self.swallowed_event.set()
                     continue
                 client_w.write(message)
                 await client_w.drain()
