@@ -8,7 +8,7 @@ from typing import Any
 from bson.timestamp import Timestamp
 
 from .events import ts_to_json
-from .tally import format_rate, format_ts, plural
+from .tally import average, format_rate, format_ts, plural
 
 
 @dataclass
@@ -35,11 +35,11 @@ class Summary:
 
     @property
     def docs_per_s(self) -> float | None:
-        return _rate(self.documents, self.snapshot_s)
+        return average(self.documents, self.snapshot_s)
 
     @property
     def events_per_s(self) -> float | None:
-        return _rate(self.events, self.replay_s)
+        return average(self.events, self.replay_s)
 
     def to_json(self) -> dict[str, Any]:
         """The summary as JSON; a rate is left out when nothing was timed (no copy, no replay)."""
@@ -66,8 +66,3 @@ class Summary:
             f"checkpoint {self.checkpoint}, position {format_ts(self.position) if self.position else '-'}",
         ]
 
-
-def _rate(count: int, seconds: float) -> float | None:
-    """The average rate of a whole phase: short phases count too (a progress line's rate needs a
-    longer interval, see tally.per_second). None when the phase did not run."""
-    return count / seconds if seconds > 0 else None

@@ -39,6 +39,12 @@ def listing(names: Sequence[object], most: int = 10) -> str:
     return listed + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
+def average(count: int, seconds: float) -> float | None:
+    """The rate of a whole phase, however short it was (a rate while it runs needs :func:`per_second`'s
+    longer interval); None when it took no time at all."""
+    return count / seconds if seconds > 0 else None
+
+
 def format_rate(value: float | None) -> str:
     """A rate as shown: ``8,100``, or ``-`` when none could be measured."""
     return "-" if value is None else f"{value:,.0f}"
@@ -198,9 +204,10 @@ class SnapshotTally:
             for ns in self.collections:
                 self.finish(ns)
         elapsed = self._clock() - self.started
-        rate = per_second(self.rate.total, elapsed)
+        rate = average(self.rate.total, elapsed)
         ended = "done in" if complete else "stopped after"
-        text = f"{self._head()}, {format_rate(rate)} docs/s, {ended} {duration(elapsed, precise=True)}"
+        shown = "" if rate is None else f", {format_rate(rate)} docs/s"
+        text = f"{self._head()}{shown}, {ended} {duration(elapsed, precise=True)}"
         if not notes:
             return text
         kinds = [f"{len(self.resumed)} done before"] if self.resumed else []
@@ -241,4 +248,5 @@ class ReplayTally:
         """At the end: ``5,000 events applied in 2.1s, 2,380 events/s`` (events over the replay's whole time)."""
         elapsed = self._clock() - self.started
         applied = f"{self.events:,} events applied in {duration(elapsed, precise=True)}"
-        return f"{applied}, {format_rate(per_second(self.events, elapsed))} events/s" if self.events else applied
+        rate = average(self.events, elapsed)
+        return f"{applied}, {format_rate(rate)} events/s" if self.events and rate is not None else applied

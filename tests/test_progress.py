@@ -247,3 +247,14 @@ def test_a_short_run_gets_rates_and_plurals_agree() -> None:
     line = summary.lines()[0]
     assert ": 1 collection, 100 documents copied (snapshot skipped, 2,000 docs/s)" in line, line
     assert "1 change event replayed in 0.0 s (100 events/s)" in line and " - " not in line
+
+
+def test_a_short_copy_and_replay_end_with_a_rate_not_a_dash(clock: FakeClock) -> None:
+    tally = SnapshotTally([CollectionProgress("db.a", 100)], clock)
+    tally.advance("db.a", 100)
+    clock.tick(0.05)
+    assert tally.end(complete=True, notes=False) == "100/100 documents (100%), 2,000 docs/s, done in 0.0s"
+    replay = ReplayTally(clock)
+    replay.advance(10, 0.0)
+    clock.tick(0.1)
+    assert replay.end() == "10 events applied in 0.1s, 100 events/s"
