@@ -189,15 +189,28 @@ def _settings(command: str, flags: dict[str, Any], config: Path | None) -> Setti
 
 
 def _fail(exc: McdcError) -> NoReturn:
-    typer.echo(f"mcdc: error: {redact(str(exc))}", err=True)
+    _error(redact(str(exc)))
     raise typer.Exit(exc.exit_code) from None
 
 
+def _error(message: str) -> None:
+    """``mcdc: error: MESSAGE`` on stderr, naming Spark's log when this run's Spark wrote one (the rest of
+    the story: each task's failure, the JVM's stack)."""
+    from .engines.spark.session import console_log
+
+    spark_log = console_log()
+    typer.echo(f"mcdc: error: {message}" + (f" (Spark's log: {spark_log})" if spark_log else ""), err=True)
+
+
 def _run(make: Callable[[], Awaitable[T]]) -> T:
-    """Run a library call; user errors become one line on stderr and the error's exit code."""
+    """Run a library call; user errors become one line on stderr and the error's exit code. Spark's log
+    is removed after a run that succeeded, and kept after one that did not."""
+    from .engines.spark.session import drop_console_log
+
     try:
-        return asyncio.run(make())  # type: ignore[arg-type]
+        result: T = asyncio.run(make())  # type: ignore[arg-type]
     except OutputClosed:
+        drop_console_log()
         raise typer.Exit(0) from None  # `mcdc tail --target - | head`: the reader has what it wanted
     except McdcError as exc:
         _fail(exc)
@@ -205,11 +218,13 @@ def _run(make: Callable[[], Awaitable[T]]) -> T:
         # a server refusal (permissions, ...: exit 2) or a connection lost for good (an outage: exit 75):
         # one line; --verbose logs the traceback for a bug report
         log.debug("server error", exc_info=True)
-        typer.echo(f"mcdc: error: MongoDB: {server_message(exc)} (--verbose shows where)", err=True)
+        _error(f"MongoDB: {server_message(exc)} (--verbose shows where)")
         raise typer.Exit(EXIT_UNAVAILABLE if isinstance(exc, ConnectionFailure) else 2) from None
     except KeyboardInterrupt:
         typer.echo("mcdc: interrupted; the checkpoint holds the last acknowledged position", err=True)
         raise typer.Exit(130) from None
+    drop_console_log()
+    return result
 
 
 def _emit_json(data: dict[str, Any]) -> None:

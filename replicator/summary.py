@@ -65,4 +65,3 @@ class Summary:
             f"source {self.source} -> target {self.target}",
             f"checkpoint {self.checkpoint}, position {format_ts(self.position) if self.position else '-'}",
         ]
-

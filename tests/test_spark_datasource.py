@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ import pytest
 from bson.raw_bson import RawBSONDocument
 
 from replicator.spark import register
-from replicator.spark.rows import NAMES
+from replicator.spark.rows import NAMES, SCHEMA
 from tests.support.compare import RAW
 from tests.support.corpus import load_corpus
 from tests.support.servers import Clients
@@ -174,6 +176,74 @@ def test_batch_write_of_a_read_collection_is_byte_exact(
     assert not {"corpus", "corpus_other"} & set(clients.target.list_database_names())
     with pytest.raises(Exception, match="unknown option 'max-batch'"):
         df.write.format("mcdc").option("target", target_uri).option("max-batch", "5").mode("append").save()
+
+
+#: What a user does wrong -> mcdc's one line: each fails as soon as Spark hands the options over (load(), a
+#: write's save() or start()), before any connection
+_MISTAKES: dict[str, tuple[Callable[[Any, str, Path], object], str]] = {
+    "read, a bad value": (
+        lambda spark, uri, _: spark.read.format("mcdc").option("source", uri).option("workers", "x").load(),
+        "mcdc: option workers must be a whole number, got 'x'",
+    ),
+    "readStream, a misspelled name": (
+        lambda spark, uri, _: spark.readStream.format("mcdc").option("source", uri).option("max-batch", "5").load(),
+        "mcdc: unknown option 'max-batch' (did you mean 'max-batch-size'?)",
+    ),
+    "read, no source": (
+        lambda spark, uri, _: spark.read.format("mcdc").option("include", "shop\\..*").load(),
+        'mcdc: no source: pass .option("source", "mongodb://...") to the mcdc data source',
+    ),
+    "write, a bad value": (
+        lambda spark, uri, _: (
+            spark.createDataFrame([], SCHEMA)
+            .write.format("mcdc")
+            .option("target", uri)
+            .option("split", "sometimes")
+            .mode("append")
+            .save()
+        ),
+        "mcdc: option split must be one of auto, always, never, got 'sometimes'",
+    ),
+    "write, mode overwrite": (
+        lambda spark, uri, _: (
+            spark.createDataFrame([], SCHEMA).write.format("mcdc").option("target", uri).mode("overwrite").save()
+        ),
+        'mcdc: the mcdc data source writes change events idempotently: use mode("append") (overwrite would '
+        "have to drop target data it has no event for)",
+    ),
+    "writeStream, a bad value": (  # Spark makes a streaming write's sink in the query, not at start()
+        lambda spark, uri, cp: (
+            spark.readStream.format("rate")
+            .load()
+            .writeStream.format("mcdc")
+            .option("target", uri)
+            .option("max-batch-size", "0")
+            .option("checkpointLocation", str(cp))
+            .start()
+            .awaitTermination(120)
+        ),
+        "mcdc: option max-batch-size must be at least 1, got 0",
+    ),
+}
+
+
+@pytest.mark.parametrize("mistake", list(_MISTAKES))
+def test_a_bad_option_fails_with_mcdc_s_one_line_first(
+    mcdc: Any, source_uri: str, tmp_path: Path, mistake: str
+) -> None:
+    action, expected = _MISTAKES[mistake]
+    with pytest.raises(Exception) as caught:  # Spark's AnalysisException, around the data source's error
+        action(mcdc, source_uri, tmp_path / "cp")
+    text = str(caught.value)
+    first = text.splitlines()[0]
+    # Spark's error class and its few words first ("[PYTHON_DATA_SOURCE_ERROR] Failed to ...: "; a query
+    # adds its own, with its ids), then mcdc's line, whole, and no traceback anywhere
+    assert first.endswith(": " + expected), text
+    spark_prefix = re.sub(
+        r"^\[STREAM_FAILED\] Query \[[^]]*\] terminated with exception: ", "", first[: -len(expected)]
+    )
+    assert spark_prefix.startswith("[") and len(spark_prefix) < 90, text
+    assert "Traceback" not in text, text
 
 
 def test_stream_write_converges_the_target_on_the_source(

@@ -66,6 +66,36 @@ def _sync_args(source: str, target: str, cp: Path) -> list[str]:
     )  # fmt: skip
 
 
+def test_a_spark_run_that_fails_names_spark_s_log_in_its_one_line_and_keeps_it(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.insert_many([{"_id": i} for i in range(10)])
+    # the executors' Python cannot start: each attempt at the snapshot's task fails
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYSPARK_PYTHON": str(tmp_path / "no-python")}
+    argv = _spark_cli("sync", "-s", source_uri, "-t", target_uri, "-c", str(tmp_path / "cp.json"))
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    logs = list(tmp_path.glob("mcdc-spark-*.log"))
+    assert done.returncode == 2 and len(logs) == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("mcdc: error: the snapshot failed on Spark: "), done.stderr
+    assert last.endswith(f" (Spark's log: {logs[0]})") and "no-python" in last, last
+    assert "Exception in task" in logs[0].read_text()  # each attempt's failure, at length
+
+
+def test_a_spark_run_that_succeeds_leaves_no_log_behind(source_uri: str, target_uri: str, tmp_path: Path) -> None:
+    for uri in (source_uri, target_uri):
+        with pymongo.MongoClient(uri) as client:
+            client.db.c.insert_many([{"_id": i} for i in range(10)])
+    argv = _spark_cli("verify", "-s", source_uri, "-t", target_uri)
+    done = subprocess.run(
+        argv, capture_output=True, text=True, env={**os.environ, "TMPDIR": str(tmp_path)}, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert not list(tmp_path.glob("mcdc-spark-*.log"))
+
+
 def _checkpoint(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())  # type: ignore[no-any-return]
@@ -77,8 +107,8 @@ def _spark_cli(command: str, *args: str) -> list[str]:
     """``mcdc COMMAND --engine spark`` on its own local[2] Spark, as a user runs it."""
     return [
         sys.executable, "-m", "replicator.cli", command, "--engine", "spark", "--spark-master", "local[2]",
-        "--spark-conf", "spark.ui.enabled=false", "--spark-conf", "spark.driver.host=127.0.0.1", "--no-progress",
-        *args,
+        "--spark-conf", "spark.ui.enabled=false", "--spark-conf", "spark.driver.host=127.0.0.1",
+        *(["--no-progress"] if command != "verify" else []), *args,
     ]  # fmt: skip
 
 

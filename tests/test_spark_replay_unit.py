@@ -1,5 +1,6 @@
 """The Spark replay's pure parts, without Spark or a server: the start offset from a checkpoint, each
-shard's acknowledged position in a micro-batch, the merge across shards, and what a failed query means."""
+shard's acknowledged position in a micro-batch, the merge across shards, and what a failed query (or
+job) means."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 from bson.timestamp import Timestamp
 
 from replicator.checkpoint import Checkpoint
+from replicator.engines.spark.failures import reason
 from replicator.engines.spark.replay import StreamOutage, batch_positions, merged_order, start_positions, stream_error
 from replicator.events import ChangeEvent, Namespace, Op, Position
 from replicator.retry import is_retryable
@@ -55,6 +57,26 @@ def test_a_failed_query_is_one_line_and_an_outage_is_retried() -> None:
     assert "\n" not in str(outage) and "secret" not in str(outage) and "ServerSelectionTimeoutError" in str(outage)
     other = stream_error("ValueError: the row's change column holds an event mcdc does not replay")
     assert not is_retryable(other) and str(other).endswith("does not replay")
+
+
+def test_a_failed_job_is_the_error_its_task_raised_else_spark_s_reason_without_the_attempts() -> None:
+    raised = (
+        "An exception was thrown from the Python worker:\nTraceback (most recent call last):\n  File x\n"
+        '    raise ConnectionFailed("cannot reach the target")\n'
+        "replicator.errors.ConnectionFailed: cannot reach the target\n"
+    )
+    assert reason(raised) == "replicator.errors.ConnectionFailed: cannot reach the target"
+    jvm = (  # py4j's text of a job whose executors could not start Python
+        "An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 0.0 failed 4 "
+        "times, most recent failure: Lost task 0.3 in stage 0.0 (TID 3) (192.0.2.2 executor driver): "
+        'java.io.IOException: Cannot run program "/no/python": error=2, No such file or directory\n'
+        "\tat org.apache.spark.api.python.PythonWorkerFactory.startDaemon(PythonWorkerFactory.scala:371)\n"
+    )
+    assert reason(jvm) == (
+        'a task failed 4 times: java.io.IOException: Cannot run program "/no/python": error=2, No such file or '
+        "directory"
+    )
 
 
 def test_history_lost_in_a_reader_task_is_history_lost() -> None:

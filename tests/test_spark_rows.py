@@ -6,7 +6,9 @@ from __future__ import annotations
 import datetime
 import importlib
 import json
+import os
 import sys
+import traceback
 from typing import Any
 
 import bson
@@ -23,7 +25,7 @@ from replicator.normalize import normalize_change
 from replicator.source.connection import RAW_CODEC
 from replicator.spark import offsets
 from replicator.spark.offsets import ShardOffset
-from replicator.spark.options import START_POSITIONS, settings_for
+from replicator.spark.options import START_POSITIONS, OptionError, one_line, settings_for
 from replicator.spark.rows import COLUMNS, NAMES, bson_bytes, event_from_row, event_row, snapshot_row
 from tests.support.corpus import bson_corpus_documents
 
@@ -210,6 +212,24 @@ def test_options_are_mcdc_options_parsed_like_the_cli() -> None:
         settings_for({"source": "mongodb://h1/", "max-batch-size": "lots"}, "source")
     with pytest.raises(ConfigError, match=r'no target: pass \.option\("target"'):
         settings_for({"source": "mongodb://h1/"}, "target")
+
+
+def test_an_option_mistake_prints_as_mcdc_s_line_and_hides_the_traceback_only_in_a_spark_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    env: dict[str, str] = {}
+    monkeypatch.setattr(os, "environ", env)
+    with pytest.raises(OptionError) as caught, one_line():
+        settings_for({"workers": "x"})
+    # what Spark's worker prints of it, after its own prefix
+    assert traceback.format_exception_only(caught.type, caught.value) == [
+        "mcdc: option workers must be a whole number, got 'x'\n"
+    ]
+    assert isinstance(caught.value, ConfigError) and env == {}  # the user's own process is left as it is
+    env["SPARK_PYTHON_RUNTIME"] = "PYTHON_WORKER"
+    with pytest.raises(OptionError), one_line():
+        settings_for({"source": "mongodb://h1/"}, "target")
+    assert env["SPARK_HIDE_TRACEBACK"] == "1"  # read by the worker as it formats the error, before it exits
 
 
 def test_importing_without_pyspark_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

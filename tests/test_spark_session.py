@@ -10,10 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import typer
 
 from replicator.config import resolve
 from replicator.engines.spark import session
-from replicator.errors import ConfigError
+from replicator.errors import ConfigError, McdcError
 
 
 @pytest.mark.parametrize(
@@ -91,3 +92,29 @@ def test_no_java_is_one_line_from_the_cli(tmp_path: Path) -> None:
     done = _cli("verify", "--engine", "spark", "-s", "mongodb://127.0.0.1:1", "-t", "mongodb://127.0.0.1:2", env=env)
     assert done.returncode != 0
     assert "Java 17+" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_the_cli_names_spark_s_log_when_a_run_fails_and_removes_it_when_one_succeeds(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from replicator import cli
+
+    log = tmp_path / "mcdc-spark-1.log"
+    log.write_text("ERROR Executor: Exception in task 0.0 in stage 0.0 (TID 0)\n")
+    monkeypatch.setattr(session, "_console_logs", {log})  # as a Spark started by this process leaves it
+
+    async def fail() -> None:
+        raise McdcError("the snapshot failed on Spark: boom")
+
+    async def succeed() -> int:
+        return 1
+
+    with pytest.raises(typer.Exit):
+        cli._run(fail)
+    assert capsys.readouterr().err == f"mcdc: error: the snapshot failed on Spark: boom (Spark's log: {log})\n"
+    assert log.exists()
+    assert cli._run(succeed) == 1
+    assert not log.exists()
+    with pytest.raises(typer.Exit):  # no log (asyncio, --verbose, spark-submit): the line alone
+        cli._run(fail)
+    assert capsys.readouterr().err == "mcdc: error: the snapshot failed on Spark: boom\n"

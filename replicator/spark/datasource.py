@@ -3,8 +3,11 @@ streams) and change rows written to MongoDB. Options are mcdc's own option names
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
+
 from pyspark.sql.datasource import DataSource
 
+from .options import one_line, settings_for
 from .rows import SCHEMA
 from .snapshot import SnapshotReader
 from .stream import ChangeStreamReader
@@ -12,25 +15,42 @@ from .writer import TargetStreamWriter, TargetWriter, check_mode
 
 
 class MongoChanges(DataSource):
-    """``spark.read/readStream/write/writeStream.format("mcdc")``."""
+    """``spark.read/readStream/write/writeStream.format("mcdc")``.
+
+    A mistake in the options fails where Spark hands them over (a read's ``load()``, a write's ``save()``
+    or ``start()``), as mcdc's one line (see :func:`.options.one_line`), before any connection."""
+
+    def __init__(self, options: MutableMapping[str, str]) -> None:
+        # PySpark asks data sources not to replace its __init__: this one keeps its signature and runs it
+        # first, then checks every option's name and value, whatever the read or write
+        super().__init__(options)
+        with one_line():
+            settings_for(self.options)
 
     @classmethod
     def name(cls) -> str:
         return "mcdc"
 
     def schema(self) -> str:
+        with one_line():  # only a read asks for the schema (at load()): the moment to miss its source
+            settings_for(self.options, "source")
         return SCHEMA
 
     def reader(self, schema: object) -> SnapshotReader:
-        return SnapshotReader(self.options)
+        with one_line():
+            return SnapshotReader(self.options)
 
     def streamReader(self, schema: object) -> ChangeStreamReader:
+        # not under one_line(): PySpark's stream runner replaces an error raised here by its own (an unbound
+        # reader it stops) unless the traceback shows both; schema() has checked the options at load()
         return ChangeStreamReader(self.options)
 
     def writer(self, schema: object, overwrite: bool) -> TargetWriter:
-        check_mode(overwrite)
-        return TargetWriter(self.options)
+        with one_line():
+            check_mode(overwrite)
+            return TargetWriter(self.options)
 
     def streamWriter(self, schema: object, overwrite: bool) -> TargetStreamWriter:
-        check_mode(overwrite)
-        return TargetStreamWriter(self.options)
+        with one_line():
+            check_mode(overwrite)
+            return TargetStreamWriter(self.options)

@@ -1,9 +1,11 @@
 """The data source's options: mcdc's own option names (the CLI's long flags, parsed by the one option
-table), plus the few that only the data source reads."""
+table), plus the few that only the data source reads; and how a mistake in them reaches the user."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
 
 from ..config import Settings, settings_from_strings
 from ..errors import ConfigError
@@ -15,13 +17,40 @@ START_POSITIONS = "start-positions"
 _OWN = frozenset({START_POSITIONS})
 
 
-def settings_for(options: Mapping[str, str], need: str) -> Settings:
+class OptionError(ConfigError):
+    """A mistake in the data source's options, as Spark shows it: ``mcdc: <the CLI's one line>``.
+
+    Spark puts a Python data source's error after its own prefix the way Python prints an exception's last
+    line, ``module.Class: message``, and Python leaves the module out for a class of ``builtins``: so this
+    class says it is ``builtins.mcdc``, and the user reads ``...: mcdc: option workers must be ...``."""
+
+    __module__ = "builtins"
+    __qualname__ = "mcdc"
+
+
+def settings_for(options: Mapping[str, str], need: str | None = None) -> Settings:
     """Settings from Spark's options, with the same one-line errors as the CLI (an unknown name is named,
-    with the closest option). ``need``: "source" (readers) or "target" (writers)."""
+    with the closest option). ``need``: "source" (readers) or "target" (writers), if already known."""
     mcdc = {k: v for k, v in options.items() if k.lower() not in SPARK_OWN | _OWN}
     # command "status": the one that needs neither a source nor a target (a writer needs no source); the
     # one this role needs is checked below, and each URI given is still validated
     settings = settings_from_strings(mcdc, command="status")
-    if not getattr(settings, need):
+    if need is not None and not getattr(settings, need):
         raise ConfigError(f'no {need}: pass .option("{need}", "mongodb://...") to the mcdc data source')
     return settings
+
+
+@contextlib.contextmanager
+def one_line() -> Iterator[None]:
+    """Around the data source's own checks, which Spark runs in a Python worker of the driver: a mistake
+    reaches the user as mcdc's one line (:class:`OptionError`), without a traceback of mcdc's code.
+
+    Spark's worker prints the error with its traceback unless SPARK_HIDE_TRACEBACK is set
+    (spark.sql.execution.pyspark.udf.hideTraceback.enabled), which it reads when it formats the error,
+    after this has raised; then the worker exits. So only this worker, about to end, is told."""
+    try:
+        yield
+    except ConfigError as exc:
+        if os.environ.get("SPARK_PYTHON_RUNTIME") == "PYTHON_WORKER":  # never the user's own process
+            os.environ["SPARK_HIDE_TRACEBACK"] = "1"
+        raise OptionError(str(exc)) from None

@@ -35,6 +35,7 @@ from ...spark import offsets
 from ...spark.offsets import REPLICA_SET, ShardOffset
 from ...streaming import measure
 from ...uri import redact
+from .failures import HISTORY_LOST, reason
 
 #: Options of the data source the replay sets itself (the run's settings give the rest).
 _STREAM_OPTIONS = ("source", "shard", "full-document", "pre-images", "oversize", "max-batch-size", "connect-timeout")
@@ -251,22 +252,9 @@ class StreamOutage(McdcError, ConnectionError):
 def stream_error(exc: Any) -> McdcError:
     """The error a failed streaming query stands for, in one line: an outage (retried), the position
     gone from the oplog (HistoryLost: exit 4, and --on-history-lost resnapshot applies), or a failure."""
-    line = redact(_first_line(exc))
+    line = redact(reason(exc))
     if any(name in line for name in _OUTAGES):
         return StreamOutage(f"the source is unreachable: {line}")
-    if _HISTORY_LOST in line:
-        return HistoryLost(line.split(_HISTORY_LOST, 1)[1].lstrip(": ") or line)
+    if HISTORY_LOST in line:
+        return HistoryLost(line.split(HISTORY_LOST, 1)[1].lstrip(": ") or line)
     return McdcError(f"the change stream on Spark failed: {line}")
-
-
-#: how a reader task's HistoryLost shows in the query's error
-_HISTORY_LOST = "HistoryLost"
-
-
-def _first_line(exc: Any) -> str:
-    text = str(getattr(exc, "desc", None) or exc)
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    for line in lines:  # the Python error the reader raised, without the JVM's stack
-        if ("Error:" in line or f"{_HISTORY_LOST}:" in line) and "Traceback" not in line:
-            return line
-    return lines[0] if lines else "unknown error"

@@ -1,6 +1,6 @@
 """Getting a SparkSession for ``--engine spark``: pyspark and Java checked first, with one-line errors;
 the session ``spark-submit`` started is used as it is; Spark's console noise goes to a log file unless
-``--verbose``."""
+``--verbose``, which the CLI names when the run fails and removes when it succeeds."""
 
 from __future__ import annotations
 
@@ -33,6 +33,9 @@ DEFAULTS = {
 #: A local master retries a failed task this many times (Spark's local mode does not retry otherwise).
 LOCAL_TASK_ATTEMPTS = 4
 _LOCAL = re.compile(r"^local(\[(\*|\d+)\])?$")
+#: The file this process gave the console of the Spark it started (its PID's); empty until then. Process
+#: state, as the console (file descriptor 2) it stands for is.
+_console_logs: set[Path] = set()
 
 
 def require_pyspark() -> None:
@@ -126,11 +129,25 @@ def _console_to_log(verbose: bool) -> Iterator[None]:
     try:
         with open(path, "ab") as sink:
             os.dup2(sink.fileno(), 2)
+        _console_logs.add(path)
         yield
     finally:
         os.dup2(saved, 2)
         os.close(saved)
     log.debug("Spark's console output goes to %s", path)
+
+
+def console_log() -> Path | None:
+    """The file this process's Spark wrote its console to (None with --verbose, under spark-submit, or
+    before Spark started), while it is there."""
+    return next((path for path in _console_logs if path.exists()), None)
+
+
+def drop_console_log() -> None:
+    """After a run that succeeded: nothing in Spark's console log is worth keeping."""
+    for path in _console_logs:
+        path.unlink(missing_ok=True)
+    _console_logs.clear()
 
 
 def existing() -> Any:

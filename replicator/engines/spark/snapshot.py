@@ -25,6 +25,7 @@ from ...sinks.base import Sink
 from ...source.connection import Client
 from ...source.partitions import Partition, Resume
 from . import tasks
+from .failures import failing_in_one_line
 
 #: The Spark job group of the snapshot's jobs (cancelled together when the run is).
 JOB_GROUP = "mcdc-snapshot"
@@ -89,4 +90,5 @@ class SparkCopier:
         sc = self.spark.sparkContext
         sc.setJobGroup(JOB_GROUP, f"mcdc snapshot {task.partition.ns}", interruptOnCancel=True)
         rdd = sc.parallelize([task], 1).map(tasks.copy)
-        return int(rdd.collect()[0])
+        with failing_in_one_line("the snapshot"):
+            return int(rdd.collect()[0])

@@ -13,6 +13,7 @@ from ...events import Namespace
 from ...source.partitions import Partition
 from ...verify import DocumentDiff, VerifyReport
 from . import tasks
+from .failures import failing_in_one_line
 from .session import existing, session, stop_owned
 
 
@@ -30,7 +31,8 @@ class SparkDiffer:
             return []
         sc = self.spark.sparkContext
         sc.setJobDescription(f"mcdc verify {work[0].target_db}.{work[0].target_coll}")
-        return list(sc.parallelize(work, len(work)).map(tasks.diff).collect())  # in plan order
+        with failing_in_one_line("verify"):
+            return list(sc.parallelize(work, len(work)).map(tasks.diff).collect())  # in plan order
 
 
 async def verify_on_spark(settings: Settings) -> VerifyReport:
