@@ -25,8 +25,11 @@ DEPRECATED = frozenset({_SYMBOL, _UNDEFINED, _DBPOINTER})
 #: A deprecated type byte, a field name (printable or UTF-8) and its NUL, then what its value must start
 #: with: for Undefined (no value) the next element's type byte or the document's end; for Symbol and
 #: DBPointer a string's int32 length (1 to 16 MB: its last byte is 0)
+#: (one leading character set, then the alternatives by lookbehind: the regex engine then skips, in C,
+#: every position that does not start with one of the three type bytes; half the cost of an alternation)
 CANDIDATE = re.compile(
-    rb"\x06[\x20-\xff]+\x00[\x00-\x13\x7f\xff]|[\x0c\x0e][\x20-\xff]+\x00[\x00-\xff][\x00-\xff][\x00-\xff]\x00"
+    rb"[\x06\x0c\x0e](?:(?<=\x06)[\x20-\xff]+\x00[\x00-\x13\x7f\xff]"
+    rb"|(?<=[\x0c\x0e])[\x20-\xff]+\x00[\x00-\xff][\x00-\xff][\x00-\xff]\x00)"
 )
 #: value sizes of the fixed-size types
 _FIXED = {0x01: 8, 0x06: 0, 0x07: 12, 0x08: 1, 0x09: 8, 0x0A: 0, 0x10: 4, 0x11: 8, 0x12: 8, 0x13: 16, 0xFF: 0, 0x7F: 0}
@@ -55,11 +58,12 @@ def _value_end(data: bytes, t: int, pos: int) -> int:
     raise ValueError(f"unknown BSON type 0x{t:02x}")
 
 
-def holds_deprecated(data: bytes) -> bool:
+def holds_deprecated(data: bytes, start: int = 0) -> bool:
     """Does this BSON document hold a Symbol, Undefined or DBPointer, at any depth? Cheap when
     :data:`CANDIDATE` finds nothing; else the element headers are walked, skipping every nested document
-    that holds no candidate, and stopping after the last one."""
-    spots = [m.start() for m in CANDIDATE.finditer(data)]
+    that holds no candidate, and stopping after the last one. ``start``: no candidate comes before it
+    (the caller's search found the first there)."""
+    spots = [m.start() for m in CANDIDATE.finditer(data, start)]
     return bool(spots) and _walk(data, 4, len(data) - 1, spots)
 
 

@@ -486,7 +486,8 @@ def to_json_value(value: Any, *, relaxed: bool = False) -> Any:
 def _raw_value(data: bytes | memoryview, options: CodecOptions[dict[str, Any]]) -> dict[str, Any]:
     """A raw document's data; one that holds a deprecated type (Symbol, Undefined, DBPointer, which
     pymongo decodes as str, None and DBRef) keeps it in the spec's form (deprecated_bson)."""
-    if CANDIDATE.search(data) is None or not holds_deprecated(whole := bytes(data)):
+    first = CANDIDATE.search(data)
+    if first is None or not holds_deprecated(whole := bytes(data), first.start()):
         return _decode_bson(data, options)
     converted: dict[str, Any] = convert(whole, lambda one: _decode_bson(one, options))
     return converted
