@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 import pymongo
 import pytest
 
+from replicator.config import resolve
 from tests.support.kafka import KafkaBroker
 from tests.support.servers import drop_user_databases, free_port
 
@@ -97,21 +99,36 @@ class Shell:
             ["bash", "-c", script], capture_output=True, text=True, timeout=timeout, env=self.env, cwd=self.tmp
         )
 
-    def tail(self, command: str, checkpoint: Path | None) -> tuple[int, str]:
-        """Start a long-running command, wait for its first checkpoint (or a few seconds), SIGTERM it."""
+    def tail(self, command: str, checkpoint: Path) -> tuple[int, str]:
+        """Start a long-running command, wait for its first save of ``checkpoint``, SIGTERM it."""
+        before = checkpoint.stat().st_mtime_ns if checkpoint.exists() else 0
         proc = subprocess.Popen(
             ["bash", "-c", "exec " + self.line(command)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=self.env, cwd=self.tmp,
         )  # fmt: skip
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:
-            if checkpoint is not None and checkpoint.exists():
+            if checkpoint.exists() and checkpoint.stat().st_mtime_ns != before:
                 break
             time.sleep(0.2)
         time.sleep(1.0)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
         return proc.returncode, err
+
+
+def _checkpoint_of(command: str, state: Path) -> Path:
+    """The checkpoint a README command line uses: its --checkpoint, else its pair's default one."""
+    words = shlex.split(command)
+    if "--checkpoint" in words:
+        return Path(words[words.index("--checkpoint") + 1])
+    flags = dict(zip(words[2::2], words[3::2], strict=False))
+    source, target = flags.get("--source", flags.get("-s")), flags.get("--target", flags.get("-t"))
+    prefix = flags.get("--topic-prefix", "mcdc")
+    settings = resolve({"source": source, "target": target, "topic_prefix": prefix}, env={})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_STATE_HOME", str(state))
+        return settings.checkpoint_path()
 
 
 def _block(prefix: str) -> list[str]:
@@ -152,8 +169,7 @@ def test_the_readme_commands_run_as_written(
         for command in _commands(_block(prefix)):
             if command.startswith("mcdc tail"):
                 jsonl = "jsonl:" in command
-                checkpoint = None if "kafka://" in command or jsonl else Path(shell.line(command).split()[7])
-                code, err = shell.tail(command, checkpoint)
+                code, err = shell.tail(command, _checkpoint_of(shell.line(command), state))
                 assert code == 0, f"{command}\nexit {code}\n{err[-3000:]}"
                 if jsonl:
                     assert (tmp_path / "events.jsonl").stat().st_size > 0

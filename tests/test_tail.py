@@ -330,7 +330,7 @@ async def test_warns_when_the_checkpoint_nears_the_end_of_the_oplog(
             seen[age_s] = [w for w in reporter.seen if "falls off" in w]
         assert not seen[20] and 20 not in calls and calls[600] >= 1
         assert not seen[600]
-        assert seen[6600] and "1.8 h behind" in seen[6600][0] and "holds 2.0 h" in seen[6600][0]
+        assert seen[6600] and "1h50m behind" in seen[6600][0] and "holds 2h00m" in seen[6600][0]
     finally:
         await source.close()
 

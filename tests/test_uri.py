@@ -171,3 +171,11 @@ def test_kafka_bootstrap_errors_say_what_is_wrong_without_reprs() -> None:
         with pytest.raises(ConfigError) as info:
             kafka_bootstrap(uri)
         assert expected in str(info.value) and "'" not in str(info.value)
+
+
+def test_timeouts_the_uri_sets_win_over_connect_timeout() -> None:
+    from replicator.source.connection import client_options
+
+    mine = client_options(10, "mcdc", "mongodb://h/?serverSelectionTimeoutMS=300")
+    assert "serverSelectionTimeoutMS" not in mine and mine["connectTimeoutMS"] == 10_000
+    assert client_options(2.5, "mcdc", "mongodb://h/")["serverSelectionTimeoutMS"] == 2500

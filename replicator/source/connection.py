@@ -61,17 +61,21 @@ def server_message(exc: PyMongoError) -> str:
     return redact(f"{message} ({code})" if code else message)
 
 
-def client_options(timeout_s: float, appname: str) -> dict[str, Any]:
+def client_options(timeout_s: float, appname: str, uri: str = "") -> dict[str, Any]:
     """The options of every client mcdc opens, async or sync: raw BSON documents, dates outside Python's
-    range kept, UUIDs left as binary, and the connect timeouts."""
-    return {
+    range kept, UUIDs left as binary, and the connect timeouts (--connect-timeout), unless ``uri`` sets
+    its own (a keyword would override the URI's)."""
+    options: dict[str, Any] = {
         "document_class": RAW_CODEC.document_class,
         "datetime_conversion": DatetimeConversion.DATETIME_AUTO,
         "uuidRepresentation": "unspecified",
-        "serverSelectionTimeoutMS": int(timeout_s * 1000),
-        "connectTimeoutMS": int(timeout_s * 1000),
         "appname": appname,
     }
+    given = uri_options(uri)
+    for name in ("serverSelectionTimeoutMS", "connectTimeoutMS"):
+        if name.lower() not in given:
+            options[name] = int(timeout_s * 1000)
+    return options
 
 
 def read_timeout(uri: str, io_timeout_s: float | None) -> dict[str, Any]:
@@ -95,7 +99,7 @@ def make_client(
     if durable_writes and not uri_options(uri) & {"w", "journal", "wtimeoutms"}:
         extra.update(w="majority", journal=True)
     try:
-        return AsyncMongoClient(uri, **client_options(timeout_s, "mcdc"), connect=False, **extra)
+        return AsyncMongoClient(uri, **client_options(timeout_s, "mcdc", uri), connect=False, **extra)
     except (ConfigurationError, ValueError, TypeError) as exc:
         raise ConnectionFailed(f"cannot use {redact(uri)}: {redact(str(exc))}") from None
 
@@ -109,7 +113,9 @@ async def probe(client: Client, uri: str, role: str) -> ServerInfo:
     except OperationFailure as exc:
         raise ConnectionFailed(f"{role} {redact(uri)} refused us: {server_message(exc)}") from None
     except PyMongoError as exc:
-        wrong_set = await _other_set_name(uri, client.options.server_selection_timeout)
+        # pymongo drops a seed whose set is not the URI's, then finds no member: ask the seeds directly
+        no_member = "No replica set members" in str(exc)
+        wrong_set = await _other_set_name(uri, client.options.server_selection_timeout) if no_member else None
         if wrong_set is not None:
             raise ConfigError(f"{role} {redact(uri)}: {wrong_set}") from None
         reason = redact(str(exc)).split(", Timeout:")[0].split(" (configured timeouts")[0]

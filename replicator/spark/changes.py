@@ -39,7 +39,7 @@ def sync_client(uri: str, timeout_s: float, io_timeout_s: float | None = None) -
     """A synchronous client returning raw BSON, with the codec options of the asyncio engine's clients
     (dates outside Python's range kept, UUIDs left as binary); ``io_timeout_s`` for a source (see
     connection.read_timeout)."""
-    return pymongo.MongoClient(uri, **client_options(timeout_s, "mcdc-spark"), **read_timeout(uri, io_timeout_s))
+    return pymongo.MongoClient(uri, **client_options(timeout_s, "mcdc-spark", uri), **read_timeout(uri, io_timeout_s))
 
 
 def transaction_of(raw: Mapping[str, Any]) -> tuple[bytes, int] | None:
