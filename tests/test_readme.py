@@ -119,7 +119,7 @@ class Shell:
 
 def _checkpoint_of(command: str, state: Path) -> Path:
     """The checkpoint a README command line uses: its --checkpoint, else its pair's default one."""
-    words = shlex.split(command)
+    words = shlex.split(command, comments=True)
     if "--checkpoint" in words:
         return Path(words[words.index("--checkpoint") + 1])
     flags = dict(zip(words[2::2], words[3::2], strict=False))
@@ -169,7 +169,8 @@ def test_the_readme_commands_run_as_written(
         for command in _commands(_block(prefix)):
             if command.startswith("mcdc tail"):
                 jsonl = "jsonl:" in command
-                code, err = shell.tail(command, _checkpoint_of(shell.line(command), state))
+                expanded = shell.line(command).replace("$SRC", source_uri).replace("$DST", target_uri)
+                code, err = shell.tail(command, _checkpoint_of(expanded, state))
                 assert code == 0, f"{command}\nexit {code}\n{err[-3000:]}"
                 if jsonl:
                     assert (tmp_path / "events.jsonl").stat().st_size > 0
