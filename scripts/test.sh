@@ -13,4 +13,10 @@ fi
 "$VENV/bin/python" -m ruff check .
 "$VENV/bin/python" -m ruff format --check .
 "$VENV/bin/python" -m mypy
-"$VENV/bin/python" -m pytest "$@"
+# Each worker starts servers of its own; external servers are shared, so their tests run one at a time.
+# The Spark tests share one worker (tests/conftest.py), so one JVM runs at a time.
+WORKERS=(-n "${MCDC_TEST_WORKERS:-3}" --dist loadgroup)
+if [ -n "${MCDC_TEST_SOURCE_URI:-}${MCDC_TEST_KAFKA_BOOTSTRAP:-}" ]; then
+  WORKERS=(-p no:xdist)
+fi
+"$VENV/bin/python" -m pytest "${WORKERS[@]}" "$@"

@@ -20,6 +20,19 @@ from tests.support.servers import Clients, LocalServer, ServerPair, connect, dro
 from tests.support.spark import start_session
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (scripts/test.sh runs the suite on a few workers, each with servers of its own),
+    the Spark tests go to two workers (the engine's, and the rest), each with one SparkSession, and the
+    chaos plans share one worker."""
+    for item in items:
+        if "test_spark_engine" in item.nodeid:
+            item.add_marker(pytest.mark.xdist_group("spark-engine"))
+        elif "spark" in item.nodeid.lower():
+            item.add_marker(pytest.mark.xdist_group("spark"))
+        elif "/chaos/" in item.nodeid:
+            item.add_marker(pytest.mark.xdist_group("chaos"))
+
+
 @pytest.fixture(scope="session")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPair]:
     """The session's source and target servers (``.source``/``.target`` are None when external)."""
