@@ -9,6 +9,7 @@ use a real broker instead, whose topics and consumer groups are then all deleted
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,11 +23,12 @@ from tests.support.spark import start_session
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (scripts/test.sh runs the suite on a few workers, each with servers of its own),
-    the Spark tests go to two workers (the engine's, and the rest), each with one SparkSession, and the
-    chaos plans share one worker."""
+    the Spark tests go to three groups (the engine's tests, halved, and the rest), each group on one
+    worker with one SparkSession, and the chaos plans share one worker."""
     for item in items:
         if "test_spark_engine" in item.nodeid:
-            item.add_marker(pytest.mark.xdist_group("spark-engine"))
+            half = zlib.crc32(item.nodeid.encode()) % 2  # stable from run to run
+            item.add_marker(pytest.mark.xdist_group(f"spark-engine-{half}"))
         elif "spark" in item.nodeid.lower():
             item.add_marker(pytest.mark.xdist_group("spark"))
         elif "/chaos/" in item.nodeid:
