@@ -76,6 +76,9 @@ class Checkpoint:
     recorded: dict[str, Any] | None = None
     #: a discovered shard's listShards host, so a shard removed while mcdc was down can still be read
     shard_hosts: dict[str, str] = field(default_factory=dict)
+    #: set by ``mcdc cutover`` once the target was proven identical at a quiet source: the cutover point
+    #: (``cluster_time``), when, the evidence and the reverse checkpoint written; None before
+    cutover: dict[str, Any] | None = None
 
     def acknowledge(
         self, position: Position, shard_positions: Mapping[str, Position] | None = None, *, applied: bool = True
@@ -104,6 +107,7 @@ class Checkpoint:
             "position": _position_json(self.position),
             "shards": {name: _position_json(pos) for name, pos in sorted(self.shards.items())},
             "shard_hosts": dict(sorted(self.shard_hosts.items())),
+            "cutover": self.cutover,
             "snapshot": {
                 "status": self.snapshot.status,
                 "plan": self.snapshot.plan,
@@ -131,6 +135,7 @@ class Checkpoint:
             position=_position_from_json(data.get("position")),
             shards={str(k): _position_from_json(v) for k, v in (data.get("shards") or {}).items()},
             shard_hosts={str(k): str(v) for k, v in (data.get("shard_hosts") or {}).items()},
+            cutover=dict(data["cutover"]) if data.get("cutover") is not None else None,
             snapshot=SnapshotProgress(
                 status=str(snap.get("status", "none")),
                 plan=list(snap.get("plan") or []),

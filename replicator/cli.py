@@ -140,6 +140,7 @@ EXIT_CODES = (
     (2, "a mistake to fix: a bad option or URI, a refused login, a bad checkpoint"),
     (3, "another mcdc holds the checkpoint's lock"),
     (4, "the checkpoint's position left the source's oplog (see --on-history-lost)"),
+    (5, "cutover refused: the source took writes while it checked"),
     (EXIT_UNAVAILABLE, "an outage: a server unreachable (past --max-retries); run again later"),
     (130, "interrupted (Ctrl-C)"),
 )
@@ -390,6 +391,36 @@ def status(settings: Settings) -> None:
         _emit_json(data)
     else:
         typer.echo("\n".join(status_lines(data)))
+
+
+@_command(
+    "cutover",
+    """mcdc cutover --source "mongodb://src/?replicaSet=rs0" --target "mongodb://dst/?replicaSet=rs1" \\
+      --checkpoint /var/lib/mcdc/live.json --block-writes""",
+)
+def cutover(settings: Settings) -> None:
+    """End a migration: with the source's writes stopped, prove the target identical, and leave a reverse
+    checkpoint for the way back.
+
+    Needs a checkpoint whose snapshot is done (stop the tail on it first). Blocks the source's writes
+    with --block-writes (MongoDB 6.0+; else stop the application), catches up to the source's current
+    time, verifies every selected document, index and option, and checks that the source took no write
+    meanwhile: exit 5 if it did, exit 1 if the target differs. On success prints the cutover point and
+    writes the reverse checkpoint: `mcdc tail --source TARGET --target SOURCE` then carries writes made
+    on the new side back. Running it again after success only says so.
+    """
+    from .cutover import cutover as run_cutover
+
+    reporter = make_reporter(settings.progress and not settings.json_output)
+    try:
+        result = _run(lambda: run_cutover(settings, reporter))
+    finally:
+        reporter.close()
+    if settings.json_output:
+        _emit_json(result.to_json())
+    else:
+        for line in result.lines():
+            typer.echo(line)
 
 
 @app.command()

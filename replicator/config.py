@@ -100,6 +100,8 @@ class Settings:
     json_output: bool = False
     progress: bool = True
     verify_sample: int = 5  # differing _ids listed per namespace
+    block_writes: bool = False  # cutover: setUserWriteBlockMode on the source first
+    reverse_checkpoint: Path | None = None  # cutover: where the way back's checkpoint goes (default: its pair's)
     # event sinks (Kafka, stdout, jsonl); Debezium's property names in brackets
     topic_prefix: str = "mcdc"  # [topic.prefix] topics are <prefix>.<db>.<collection>
     topic_routes: tuple[str, ...] = ()  # REGEX=TOPIC on "db.collection" (first match wins; \1 = group 1)

@@ -104,6 +104,18 @@ class VerifyMismatch(McdcError):
     exit_code = 1
 
 
+class CutoverRefused(McdcError):
+    """cutover did not prove the target identical to the source: not cut over."""
+
+    exit_code = 1
+
+
+class SourceNotQuiet(McdcError):
+    """cutover saw writes to the selection after its cutover point: the proof is stale, not cut over."""
+
+    exit_code = 5
+
+
 def quoted(value: object) -> str:
     """``value`` quoted for a message as the user typed it: 'ap\\.users', not repr's 'ap\\\\.users'."""
     text = str(value)

@@ -4,7 +4,8 @@
 families are built from them only when scraped (:meth:`Metrics.collect`, a prometheus_client collector).
 Each run has a ``CollectorRegistry`` of its own, with the standard process and platform collectors;
 prometheus_client writes the exposition (text 0.0.4, or OpenMetrics when the scraper asks for it).
-:func:`serve` answers ``GET /metrics`` and ``GET /health`` on a tiny asyncio HTTP/1.1 server, in the
+:func:`serve` answers ``GET /metrics``, ``GET /health`` and ``GET /progress`` (migration.py) on a tiny
+asyncio HTTP/1.1 server, in the
 run's event loop (prometheus_client's own servers run in a thread, and have no /health).
 ``set_info`` label values pass through :func:`~replicator.uri.redact`: no credentials reach a label.
 """
@@ -26,6 +27,8 @@ from prometheus_client import CollectorRegistry, PlatformCollector, ProcessColle
 from prometheus_client.exposition import choose_encoder, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
+from .migration import STATES as MIGRATION_STATES
+from .migration import Facts, Verification, progress_document
 from .uri import redact
 
 log = logging.getLogger("mcdc.metrics")
@@ -67,6 +70,10 @@ class Metrics:
         self._snapshot_total = 0
         self._snapshot_remaining = 0
         self._snapshot_docs = 0
+        self._snapshot_estimate: int | None = None  # documents the snapshot plans to copy (estimated counts)
+        self._copied_before = 0  # documents of the snapshot that earlier runs copied
+        self._snapshot_done = False  # the snapshot is done (or none is needed): the replay is what remains
+        self.verification: Verification | None = None  # the embedded verifier's findings, when it runs
         self._batches = 0
         self._state = "starting"
         self._state_since = self._progress_at = clock()
@@ -100,6 +107,16 @@ class Metrics:
 
     def snapshot_docs(self, n: int) -> None:
         self._snapshot_docs += n
+
+    def snapshot_estimate(self, documents: int, copied_before: int = 0) -> None:
+        """Add ``documents`` to the snapshot's estimated total (collections are counted as they come), and
+        ``copied_before``, documents earlier runs copied, to those copied."""
+        self._snapshot_estimate = (self._snapshot_estimate or 0) + documents
+        self._copied_before += copied_before
+
+    def snapshot_done(self) -> None:
+        """The snapshot is done, or none was needed: what remains is the replay."""
+        self._snapshot_done = True
 
     def retry(self, what: str) -> None:
         self._retries[what] = self._retries.get(what, 0) + 1
@@ -154,6 +171,21 @@ class Metrics:
         if reason is not None:
             detail["reason"] = reason
         return reason is None, detail
+
+    def events_applied(self) -> int:
+        return sum(self._events.values())
+
+    def facts(self) -> Facts:
+        """This run as the progress document (migration.py) reads it."""
+        return Facts(
+            state=MIGRATION_STATES[self._state],
+            snapshot_done=self._snapshot_done,
+            lag_s=self.lag(),
+            events_applied=self.events_applied(),
+            estimated_documents=self._snapshot_estimate,
+            copied_documents=self._copied_before + self._snapshot_docs,
+            verification=self.verification,
+        )
 
     def render(self) -> str:
         """The run's registry (these metrics and the process's) in the Prometheus text format 0.0.4."""
@@ -273,8 +305,8 @@ def _respond(metrics: Metrics, head: bytes) -> tuple[_Response, bool]:
         return _text(HTTPStatus.BAD_REQUEST, "malformed request line\n"), True
     method, target, _ = parts
     path = target.split("?", 1)[0]
-    if path not in ("/metrics", "/health"):
-        return _text(HTTPStatus.NOT_FOUND, "not found; try /metrics or /health\n"), method != "HEAD"
+    if path not in ("/metrics", "/health", "/progress"):
+        return _text(HTTPStatus.NOT_FOUND, "not found; try /metrics, /health or /progress\n"), method != "HEAD"
     if method not in ("GET", "HEAD"):
         response = _text(HTTPStatus.METHOD_NOT_ALLOWED, "use GET\n")
         return response._replace(headers=(("Allow", "GET, HEAD"),)), True
@@ -282,6 +314,8 @@ def _respond(metrics: Metrics, head: bytes) -> tuple[_Response, bool]:
         if path == "/metrics":  # the format the scraper asks for, as prometheus_client's own servers do
             encode, content_type = choose_encoder(_header(header_lines, b"accept"))
             response = _Response(HTTPStatus.OK, content_type, encode(metrics.registry))
+        elif path == "/progress":
+            response = _Response(HTTPStatus.OK, "application/json", orjson.dumps(progress_document(metrics.facts())))
         else:
             ok, detail = metrics.health()
             body = orjson.dumps({"healthy": ok, **detail})

@@ -13,8 +13,8 @@ import dataclasses
 import difflib
 from collections.abc import Mapping
 
-#: The commands that run a replication job (replicator.sync.SyncJob).
-JOB = ("sync", "catch-up", "tail")
+#: The commands that run a replication job (replicator.sync.SyncJob; cutover's catch-up is one).
+JOB = ("sync", "catch-up", "tail", "cutover")
 #: Commands that read the source's selected namespaces.
 SELECTING = (*JOB, "verify")
 COMMANDS = (*SELECTING, "status")
@@ -75,7 +75,8 @@ def _choice(name: str, field_name: str, values: tuple[str, ...], text: str, comm
 #: --help's panels, in the order shown; each option belongs to one (its table section below)
 SOURCE, SELECTION, SNAPSHOT, REPLAY = "Source and target", "Selection", "Snapshot", "Replay"
 OUTAGES, EVENTS, SPARK, OUTPUT = "Outages", "Kafka and event targets", "Spark", "Output"
-PANELS = (SOURCE, SELECTION, SNAPSHOT, REPLAY, OUTAGES, EVENTS, SPARK, OUTPUT)
+CUTOVER = "Cutover"
+PANELS = (SOURCE, SELECTION, SNAPSHOT, REPLAY, OUTAGES, EVENTS, SPARK, CUTOVER, OUTPUT)
 
 
 def _panel(panel: str, *options: Option) -> tuple[Option, ...]:
@@ -234,6 +235,14 @@ OPTIONS: tuple[Option, ...] = (
         Option("spark-conf", "spark_conf", "--engine spark: a Spark setting, e.g. spark.executor.memory=2g "
                "(repeatable).", SELECTING, metavar="KEY=VALUE"),
     ),
+    # cutover
+    *_panel(
+        CUTOVER,
+        Option("block-writes", "block_writes", "Block writes on the source first (setUserWriteBlockMode, "
+               "MongoDB 6.0+); else stop the application's writes before the cutover.", ("cutover",)),
+        Option("reverse-checkpoint", "reverse_checkpoint", "Where the checkpoint of the way back goes (default: "
+               "the default checkpoint of --source TARGET --target SOURCE).", ("cutover",), metavar="PATH"),
+    ),
     # output
     *_panel(
         OUTPUT,
@@ -241,7 +250,8 @@ OPTIONS: tuple[Option, ...] = (
                "/health answers 503 after 60 s of retries.",
                JOB, metavar="PORT", minimum=0, maximum=65535),
         Option("metrics-host", "metrics_host", "Address the metrics port listens on.", JOB, metavar="HOST"),
-        Option("verify-sample", "verify_sample", "Differing _ids listed per namespace.", ("verify",), minimum=0),
+        Option("verify-sample", "verify_sample", "Differing _ids listed per namespace.", ("verify", "cutover"),
+               minimum=0),
         Option("json", "json_output", "Print the summary as JSON on stdout.", COMMANDS,
                help_for={"verify": "Print the report as JSON on stdout.",
                          "status": "Print the status as JSON on stdout."}),

@@ -13,6 +13,7 @@ from .checkpoint import CheckpointStore
 from .config import Settings
 from .errors import ConfigError
 from .events import ts_to_json
+from .migration import COMMITTED, STOPPED, Facts, progress_document
 from .source.changestream import current_time
 from .source.connection import make_client, probe
 from .source.partitions import Partition
@@ -42,7 +43,17 @@ async def checkpoint_status(path: Path, source: str | None = None, timeout_s: fl
             await client.close()
     reference = source_time.time if source_time is not None else now
     plan = [Partition.from_json(p) for p in cp.snapshot.plan]
+    lag = max(0.0, reference - position_time.time) if position_time else None
+    facts = Facts(
+        state=COMMITTED if cp.cutover is not None else STOPPED,
+        snapshot_done=cp.snapshot.status in ("done", "none"),
+        lag_s=lag,
+        events_applied=None,  # a checkpoint does not count them
+        estimated_documents=None,
+        copied_documents=None,
+    )
     return {
+        **progress_document(facts),
         "checkpoint": str(path),
         "source": cp.source_id,
         # None in a checkpoint written before mcdc recorded them: the next run fills them in
@@ -55,7 +66,7 @@ async def checkpoint_status(path: Path, source: str | None = None, timeout_s: fl
         },
         "updated_at": _iso(cp.updated_at),
         "age_s": round(now - cp.updated_at, 3),
-        "lag_s": round(max(0.0, reference - position_time.time), 3) if position_time else None,
+        "lag_s": None if lag is None else round(lag, 3),
         "lag_measured_against": "source" if source_time is not None else "local clock",
         "snapshot": {
             "status": cp.snapshot.status,

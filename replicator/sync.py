@@ -113,6 +113,11 @@ class SyncJob:
                     (info,) = reached
                     sink.source_name = info.set_name or ""
                     cp = self.store.load()
+                    if cp is not None and cp.cutover is not None:
+                        raise ConfigError(
+                            f"checkpoint {self.store.path} was cut over (mcdc cutover): the target is the one "
+                            "written to now; its reverse checkpoint carries writes the other way"
+                        )
                     self._check_recorded(cp)
                     await self._check_selection(client, first_run=cp is None)
                     # an event sink's identity needs no I/O: claim before start() opens (or trims) its file
@@ -247,6 +252,8 @@ class SyncJob:
                     if cp is None or self._stopped():
                         break
                     cp.shard_hosts.update(self._topology.hosts)  # saved with the next position
+                    if self.metrics is not None and cp.snapshot.status in ("done", "none"):
+                        self.metrics.snapshot_done()
                     if not s.snapshot_only:
                         await self._follow_selection(client, sink, cp)
                         await self._replay(reader, sink, cp, snapshot_window=False, follow=self.command == "tail")
@@ -422,6 +429,8 @@ class SyncJob:
             except PyMongoError:
                 return  # only progress: the copy itself retries the source's failures
             self.reporter.snapshot_totals({str(ns): count})
+            if self.metrics is not None:
+                self.metrics.snapshot_estimate(count)
 
     def _limits(self) -> CopyLimits:
         s = self.s
@@ -441,6 +450,9 @@ class SyncJob:
             resume = {pid: Resume(from_jsonable(value)) for pid, value in cp.snapshot.resume.items()}
             collections, uncounted = _progress_plan(plan, cp.snapshot.done)
             self.reporter.snapshot_begin(collections)  # partitions done before show as done, not as copied now
+            if self.metrics is not None:
+                before = sum(c.done for c in collections)  # copied by earlier runs
+                self.metrics.snapshot_estimate(sum(c.total or 0 for c in collections), copied_before=before)
             counting = asyncio.create_task(self._count(client, uncounted))
             left = Counter(p.ns for p in todo)
 

@@ -26,8 +26,8 @@ from replicator.options import BY_ENV, for_command
 from tests.test_config import SAMPLE
 
 runner = CliRunner()
-COMMANDS = ["sync", "catch-up", "tail", "status", "verify", "version", "dev-server"]
-SETTINGS_COMMANDS = ["sync", "catch-up", "tail", "verify", "status"]
+COMMANDS = ["sync", "catch-up", "tail", "status", "verify", "cutover", "version", "dev-server"]
+SETTINGS_COMMANDS = ["sync", "catch-up", "tail", "verify", "status", "cutover"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -83,10 +83,14 @@ NOT_APPLICABLE = {
     "tail": {"snapshot_only": "tail follows the stream: a copy without it is sync --snapshot-only"},
     "verify": {},
     "status": {},
+    "cutover": {
+        "shard_refresh_s": "only tail follows shards being added or removed",
+        "snapshot_only": "a cutover replays changes: its checkpoint's snapshot is done",
+    },
 }
 ROOT = Path(replicator.__file__).parent
 #: The code each command runs: modules, and the functions of cli.py on its way.
-_NOT_THE_JOB = ("cli.py", "config.py", "options.py", "verify.py", "status.py")
+_NOT_THE_JOB = ("cli.py", "config.py", "options.py", "verify.py", "status.py", "cutover.py", "devserver.py")
 READERS = {
     "job": (
         [p for p in ROOT.rglob("*.py") if p.name not in _NOT_THE_JOB],
@@ -98,6 +102,10 @@ READERS = {
     ),
     "status": ([ROOT / "status.py"], ["_settings", "status"]),
 }
+READERS["cutover"] = (
+    [*READERS["job"][0], *READERS["verify"][0], ROOT / "cutover.py"],
+    ["_settings", "cutover", "_metrics"],
+)
 FIELDS = {f.name for f in dataclasses.fields(Settings)}
 DERIVED = {"selection": {"include", "exclude"}, "renamer": {"rename"}}
 
@@ -185,11 +193,21 @@ def test_every_flag_reaches_the_settings(command: str, monkeypatch: pytest.Monke
     monkeypatch.setattr("replicator.verify.verify", library_call)
     monkeypatch.setattr("replicator.engines.spark.verify.verify_on_spark", library_call)  # SAMPLE's engine
     monkeypatch.setattr("replicator.status.status", library_call)
+
+    async def cutover(settings: Settings, reporter: Any) -> Any:
+        from bson.timestamp import Timestamp
+
+        from replicator.cutover import CutoverResult
+
+        seen.append(settings)
+        return CutoverResult(Timestamp(1, 1), 0, 0.0, "back.json", "mcdc tail ...", writes_blocked=False)
+
+    monkeypatch.setattr("replicator.cutover.cutover", cutover)
     result = runner.invoke(app, [command, *_args(command)])
     assert result.exit_code == 0, result.output
     expected = settings_from_strings({o.name: SAMPLE[o.name] for o in for_command(command)}, command=command)
     assert seen == [expected]
-    assert seen[0].replay_batch == (250 if command in ("sync", "catch-up", "tail") else 1000)
+    assert seen[0].replay_batch == (250 if command in ("sync", "catch-up", "tail", "cutover") else 1000)
 
 
 def _mcdc(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

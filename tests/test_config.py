@@ -174,6 +174,8 @@ SAMPLE = {
     "metrics-port": "9464",
     "metrics-host": "0.0.0.0",
     "verify-sample": "10",
+    "block-writes": "true",
+    "reverse-checkpoint": "/var/lib/mcdc/back.json",
     "json": "true",
     "progress": "false",
     "log-format": "json",
@@ -189,7 +191,7 @@ def test_every_settings_field_has_one_option_and_every_option_one_name() -> None
     for option in OPTIONS:
         assert re.fullmatch(r"[a-z][a-z-]*[a-z]", option.name), option.name
         assert option.env == "MCDC_" + option.name.upper().replace("-", "_")
-        assert option.commands and set(option.commands) <= {"sync", "catch-up", "tail", "verify", "status"}
+        assert option.commands and set(option.commands) <= {"sync", "catch-up", "tail", "verify", "status", "cutover"}
         assert "<" not in option.metavar and "list[" not in option.metavar
     assert set(SAMPLE) == set(BY_NAME)
     for option in OPTIONS:  # the sample really differs from every default

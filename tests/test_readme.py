@@ -8,6 +8,7 @@ checkpoint, then gets SIGTERM and must exit 0.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -44,11 +45,12 @@ RUN = (
     'mcdc tail --source "$SRC" --target "$DST" --checkpoint /var/lib/mcdc/live.json',
     "mcdc status --checkpoint /var/lib/mcdc/live.json",
     'mcdc verify --source "$SRC" --target "$DST"',
+    'mcdc cutover --source "$SRC" --target "$DST" --checkpoint /var/lib/mcdc/live.json',
     "mcdc dev-server --port 27017 --dir mcdc-dev-data",
     """mcdc sync -s "$SRC" -t "$SRC" --include 'scratch\\.a'""",
     'mcdc tail -s "$SRC" -t kafka://broker1:9092,broker2:9092',
 )
-READS = ("mcdc status", "mcdc verify")
+READS = ("mcdc status", "mcdc verify", "mcdc cutover")
 
 
 def _blocks() -> list[list[str]]:
@@ -108,13 +110,22 @@ class Shell:
         )  # fmt: skip
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:
-            if checkpoint.exists() and checkpoint.stat().st_mtime_ns != before:
+            if checkpoint.exists() and checkpoint.stat().st_mtime_ns != before and _replaying(checkpoint):
                 break
             time.sleep(0.2)
         time.sleep(1.0)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
         return proc.returncode, err
+
+
+def _replaying(checkpoint: Path) -> bool:
+    """Has the run behind ``checkpoint`` finished its snapshot (or taken none) and saved a position?"""
+    try:
+        data = json.loads(checkpoint.read_text())
+    except (OSError, ValueError):
+        return False  # being replaced right now
+    return data["snapshot"]["status"] in ("done", "none") and bool(data["position"]["cluster_time"])
 
 
 def _checkpoint_of(command: str, state: Path) -> Path:

@@ -1,0 +1,108 @@
+"""A migration's progress as one JSON document (``GET /progress``, ``mcdc status --json``): pure, from
+:class:`Facts` that a running job's metrics or a checkpoint file give.
+
+Field names are mongosync's wherever mongosync has the concept (``state``, ``canCommit``, ``canWrite``,
+``info``, ``lagTimeSeconds``, ``collectionCopy``, ``totalEventsApplied``, ``verification``), so dashboards
+and scripts written for its progress endpoint read this one too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: ``canCommit`` needs the target this close behind the source's writes, in seconds
+COMMIT_LAG_S = 10.0
+
+#: a run's state (metrics.STATES) as the progress document names it
+STATES = {
+    "starting": "STARTING",
+    "snapshot": "SNAPSHOT",
+    "streaming": "REPLAYING",
+    "retrying": "RETRYING",
+    "stopping": "STOPPING",
+}
+STOPPED, COMMITTED = "STOPPED", "COMMITTED"
+
+_INFO = {
+    "STARTING": "connecting to the source and the target",
+    "SNAPSHOT": "copying collections",
+    "REPLAYING": "applying change events",
+    "RETRYING": "waiting for a server to answer again",
+    "STOPPING": "saving the checkpoint",
+    STOPPED: "no mcdc is running on this checkpoint",
+    COMMITTED: "cut over: the target is the one to write to",
+}
+
+
+@dataclass
+class Verification:
+    """What the embedded verifier has found (``phase`` "off" when the run does not verify)."""
+
+    phase: str = "off"  # off | scanning | rechecking | idle
+    scanned_documents: int = 0
+    mismatches: int = 0  # documents or collections that still differ after their re-check
+    rechecking: int = 0  # differences waiting for the replay to pass the time they were read at
+    passes: int = 0  # sweeps completed
+    clean_passes: int = 0  # of them, how many in a row ended with no persistent mismatch
+    first_mismatches: list[dict[str, Any]] = field(default_factory=list)  # {"namespace", "_id"}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "phase": self.phase,
+            "scannedDocuments": self.scanned_documents,
+            "mismatches": self.mismatches,
+            "rechecking": self.rechecking,
+            "passes": self.passes,
+            "firstMismatches": self.first_mismatches,
+        }
+
+
+@dataclass
+class Facts:
+    """What the document is made of: a running job's (metrics) or a checkpoint's (status)."""
+
+    state: str  # one of STATES' values, STOPPED or COMMITTED
+    snapshot_done: bool
+    lag_s: float | None
+    events_applied: int | None  # None: not known (a checkpoint does not count them)
+    estimated_documents: int | None
+    copied_documents: int | None
+    verification: Verification | None = None  # None: the run does not verify
+    reason: str = ""  # why it is retrying, when it is
+
+
+def can_commit(facts: Facts) -> bool:
+    """The snapshot is done, the target is within COMMIT_LAG_S of the source's writes, and, when the run
+    verifies, a whole pass ended with no persistent mismatch (and nothing waits to be re-checked)."""
+    if facts.state == COMMITTED:
+        return False  # done already
+    if not facts.snapshot_done or facts.lag_s is None or facts.lag_s > COMMIT_LAG_S:
+        return False
+    v = facts.verification
+    return v is None or (v.clean_passes > 0 and v.mismatches == 0 and v.rechecking == 0)
+
+
+def progress_document(facts: Facts) -> dict[str, Any]:
+    """``{"progress": {...}}``, the answer of ``GET /progress``."""
+    info = _INFO.get(facts.state, facts.state.lower())
+    if facts.reason:
+        info += f": {facts.reason}"
+    copy: dict[str, Any] = {}
+    if facts.estimated_documents is not None:
+        copy["estimatedTotalDocuments"] = facts.estimated_documents
+    if facts.copied_documents is not None:
+        copy["copiedDocuments"] = facts.copied_documents
+    progress: dict[str, Any] = {
+        "state": facts.state,
+        "canCommit": can_commit(facts),
+        "canWrite": facts.state == COMMITTED,
+        "info": info,
+        "lagTimeSeconds": None if facts.lag_s is None else round(facts.lag_s, 3),
+        "collectionCopy": copy,
+        "snapshotDone": facts.snapshot_done,
+        "verification": (facts.verification or Verification()).to_json(),
+    }
+    if facts.events_applied is not None:
+        progress["totalEventsApplied"] = facts.events_applied
+    return {"progress": progress}

@@ -1,0 +1,219 @@
+"""Ending a migration: ``GET /progress`` while it runs, ``mcdc cutover`` proving the target identical at a
+quiet source (and refusing under writes), and the reverse checkpoint that carries the new side's writes back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pymongo
+import pytest
+from pymongo.errors import OperationFailure
+
+from replicator.cutover import block_writes
+from replicator.errors import ConfigError
+from replicator.migration import COMMIT_LAG_S, Facts, Verification, can_commit, progress_document
+from tests.support.compare import assert_identical
+from tests.support.proxy import wire_proxy
+from tests.support.servers import free_port
+from tests.test_cli import _assert_one_line_error, _mcdc
+
+
+def _sync(source_uri: str, target_uri: str, cp: Path) -> None:
+    result = _mcdc("sync", "-s", source_uri, "-t", target_uri, "-c", str(cp), "--no-progress")
+    assert result.returncode == 0, result.stderr
+
+
+def _cutover(source_uri: str, target_uri: str, cp: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return _mcdc("cutover", "-s", source_uri, "-t", target_uri, "-c", str(cp), "--json", "--no-progress", *extra)
+
+
+@pytest.mark.integration
+def test_a_quiet_cutover_proves_the_target_and_the_reverse_carries_only_the_new_sides_writes(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    cp, reverse = tmp_path / "cp.json", tmp_path / "back.json"
+    with pymongo.MongoClient(source_uri) as client:
+        client.shop.orders.insert_many([{"_id": i, "n": i} for i in range(200)])
+        client.shop.orders.create_index("n")
+    _sync(source_uri, target_uri, cp)
+    with pymongo.MongoClient(source_uri) as client:  # changed after the sync: the cutover's catch-up brings it
+        client.shop.orders.update_one({"_id": 1}, {"$set": {"n": -1}})
+    done = _cutover(source_uri, target_uri, cp, "--reverse-checkpoint", str(reverse))
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["documents"] == 200 and result["point"]["t"] > 0 and not result["already"]
+    assert f'--source "{target_uri}" --target "{source_uri}"' in result["reverse_command"]
+    assert_identical(source_uri, target_uri)
+    back = json.loads(reverse.read_text())
+    assert back["snapshot"]["status"] == "done" and back["position"]["cluster_time"]["t"] > 0
+    assert json.loads(cp.read_text())["cutover"]["point"] == result["point"]
+
+    again = _cutover(source_uri, target_uri, cp, "--reverse-checkpoint", str(reverse))
+    assert again.returncode == 0 and json.loads(again.stdout)["already"]  # harmless, and says so
+    forward = _mcdc("catch-up", "-s", source_uri, "-t", target_uri, "-c", str(cp))
+    _assert_one_line_error(forward, 2, "was cut over")  # the old side no longer writes the new one
+
+    with pymongo.MongoClient(target_uri) as client:  # the application now writes to the target
+        client.shop.orders.insert_one({"_id": 1000, "n": 1000})
+        client.shop.orders.update_one({"_id": 2}, {"$set": {"n": -2}})
+        client.shop.orders.delete_one({"_id": 3})
+    way_back = _mcdc("catch-up", "-s", target_uri, "-t", source_uri, "-c", str(reverse), "--json", "--no-progress")
+    assert way_back.returncode == 0, way_back.stderr
+    summary = json.loads(way_back.stdout)
+    assert summary["events"] == 3 and summary["documents"] == 0  # those three writes, and nothing from before
+    assert_identical(target_uri, source_uri)
+
+
+@pytest.mark.integration
+def test_a_cutover_while_the_source_takes_writes_is_refused(source_uri: str, target_uri: str, tmp_path: Path) -> None:
+    cp, reverse = tmp_path / "cp.json", tmp_path / "back.json"
+    with pymongo.MongoClient(source_uri) as client:
+        client.shop.orders.insert_many([{"_id": i} for i in range(500)])
+    _sync(source_uri, target_uri, cp)
+    stop = threading.Event()
+
+    def application() -> None:  # still writing: nobody stopped it
+        with pymongo.MongoClient(source_uri) as client:
+            n = 10_000
+            while not stop.is_set():
+                client.shop.orders.insert_one({"_id": n})
+                n += 1
+                time.sleep(0.01)
+
+    writer = threading.Thread(target=application)
+    writer.start()
+    try:
+        refused = _cutover(source_uri, target_uri, cp, "--reverse-checkpoint", str(reverse))
+    finally:
+        stop.set()
+        writer.join()
+    _assert_one_line_error(refused, 5, "the source took", "while the target was verified", "not cut over")
+    assert not reverse.exists() and json.loads(cp.read_text())["cutover"] is None
+
+
+@pytest.mark.integration
+def test_block_writes_on_a_server_without_it_is_one_line(source_uri: str, target_uri: str, tmp_path: Path) -> None:
+    cp = tmp_path / "cp.json"
+    with pymongo.MongoClient(source_uri) as client:
+        client.shop.orders.insert_one({"_id": 1})
+        try:
+            client.admin.command({"setUserWriteBlockMode": 1, "global": True})
+            client.admin.command({"setUserWriteBlockMode": 0, "global": False})
+            pytest.skip("this source can block writes")
+        except OperationFailure:
+            pass
+    _sync(source_uri, target_uri, cp)
+    refused = _cutover(source_uri, target_uri, cp, "--block-writes")
+    _assert_one_line_error(refused, 2, "cannot block writes", "stop the application's writes")
+
+
+class _Admin:
+    """A MongoDB-shaped admin database: records commands, and answers as a server without the command
+    (code 59) or as MongoDB 6.0+."""
+
+    def __init__(self, fail_code: int | None) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.fail_code = fail_code
+
+    async def command(self, command: dict[str, Any], **_: Any) -> dict[str, Any]:
+        self.calls.append(command)
+        if self.fail_code is not None:
+            raise OperationFailure("no such command: 'setUserWriteBlockMode'", code=self.fail_code)
+        return {"ok": 1}
+
+
+class _Client:
+    def __init__(self, fail_code: int | None = None) -> None:
+        self.admin = _Admin(fail_code)
+
+
+def test_block_writes_sends_set_user_write_block_mode_and_explains_a_refusal() -> None:
+    client = _Client()
+    asyncio.run(block_writes(client))  # type: ignore[arg-type]
+    assert client.admin.calls == [{"setUserWriteBlockMode": 1, "global": True}]
+    with pytest.raises(ConfigError, match=r"setUserWriteBlockMode needs MongoDB 6\.0\+"):
+        asyncio.run(block_writes(_Client(fail_code=59)))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="refused to block writes"):
+        asyncio.run(block_writes(_Client(fail_code=13)))  # type: ignore[arg-type]
+
+
+def test_can_commit_needs_the_snapshot_a_small_lag_and_a_clean_verifier_pass() -> None:
+    base = Facts("REPLAYING", snapshot_done=True, lag_s=1.0, events_applied=5, estimated_documents=9,
+                 copied_documents=9)  # fmt: skip
+    assert can_commit(base)
+    assert not can_commit(Facts(**{**base.__dict__, "snapshot_done": False}))
+    assert not can_commit(Facts(**{**base.__dict__, "lag_s": COMMIT_LAG_S + 1}))
+    assert not can_commit(Facts(**{**base.__dict__, "verification": Verification(phase="scanning")}))
+    clean = Verification(phase="scanning", passes=1, clean_passes=1)
+    assert can_commit(Facts(**{**base.__dict__, "verification": clean}))
+    found = Verification(phase="scanning", passes=1, clean_passes=1, mismatches=1)
+    assert not can_commit(Facts(**{**base.__dict__, "verification": found}))
+    doc = progress_document(base)["progress"]
+    assert doc["state"] == "REPLAYING" and doc["canCommit"] and not doc["canWrite"]
+    assert doc["collectionCopy"] == {"estimatedTotalDocuments": 9, "copiedDocuments": 9}
+    assert doc["totalEventsApplied"] == 5 and doc["verification"]["phase"] == "off"
+
+
+def _progress(port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/progress", timeout=10) as reply:
+        document: dict[str, Any] = json.loads(reply.read())["progress"]
+        return document
+
+
+def _until(what: str, condition: Any, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = condition()
+            if last:
+                return last
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}: {last}")
+
+
+@pytest.mark.integration
+def test_progress_during_the_snapshot_the_replay_and_after_a_workload(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    with pymongo.MongoClient(source_uri) as client:
+        client.shop.orders.insert_many([{"_id": i} for i in range(3000)])
+    port = free_port()
+    with wire_proxy(target_uri) as proxy:
+        proxy.swallow_reply(b"insert\x00")  # the snapshot's first write waits --io-timeout: a snapshot to watch
+        args = ["tail", "-s", source_uri, "-t", proxy.uri, "-c", str(tmp_path / "cp.json"), "--no-progress"]
+        args += ["--metrics-port", str(port), "--io-timeout", "5", "--retry-initial-delay", "0.2"]
+        tail = subprocess.Popen([sys.executable, "-m", "replicator.cli", *args], stderr=subprocess.PIPE, text=True)
+        try:
+            during = _until("the snapshot", lambda: (p := _progress(port))["state"] == "SNAPSHOT" and p)
+            assert not during["canCommit"] and not during["snapshotDone"] and during["info"] == "copying collections"
+            counted = _until(  # a collection copied whole is counted beside the copy, not before it
+                "the estimate", lambda: (p := _progress(port))["collectionCopy"].get("estimatedTotalDocuments") and p
+            )
+            assert counted["state"] == "SNAPSHOT" and counted["collectionCopy"]["estimatedTotalDocuments"] == 3000
+            replaying = _until("the replay", lambda: (p := _progress(port))["state"] == "REPLAYING" and p)
+            assert replaying["snapshotDone"] and replaying["collectionCopy"]["copiedDocuments"] >= 3000
+            with pymongo.MongoClient(source_uri) as client:
+                for i in range(20):
+                    client.shop.orders.update_one({"_id": i}, {"$set": {"x": 1}})
+            after = _until("the workload applied", lambda: (p := _progress(port))["totalEventsApplied"] >= 20 and p)
+            assert after["lagTimeSeconds"] is not None and after["lagTimeSeconds"] < COMMIT_LAG_S
+            assert after["canCommit"] and not after["canWrite"] and after["info"] == "applying change events"
+        finally:
+            tail.terminate()
+            _, err = tail.communicate(timeout=60)
+    assert tail.returncode == 0, err[-3000:]
+    status = _mcdc("status", "-c", str(tmp_path / "cp.json"), "--json")
+    assert status.returncode == 0, status.stderr
+    stopped = json.loads(status.stdout)["progress"]
+    assert stopped["state"] == "STOPPED" and stopped["snapshotDone"] and "totalEventsApplied" not in stopped
