@@ -1,10 +1,11 @@
 """Small asyncio pieces shared by the readers: a task that drains an async iterator into a bounded
-queue, and a get that raises that task's error instead of waiting forever."""
+queue, a get that raises that task's error instead of waiting forever, and a stop that ends such tasks
+for sure."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 #: Put after an iterator's last item.
@@ -27,3 +28,20 @@ async def get_or_raise(queue: asyncio.Queue[object], producer: asyncio.Task[None
     getter.cancel()
     producer.result()  # raises the producer's error
     return await queue.get()  # it finished normally: its last items are queued
+
+
+async def stop_pumps(tasks: Iterable[asyncio.Task[None]], queues: Iterable[asyncio.Queue[object]]) -> None:
+    """Cancel ``pump`` tasks and wait for them to end. A cancellation can be swallowed below the pump (in
+    a driver's call it interrupted), and the pump then goes on to wait on its full queue, which nobody
+    reads any more: so the queues are emptied and the tasks cancelled again until they have ended."""
+    tasks, queues = list(tasks), list(queues)
+    while pending := [task for task in tasks if not task.done()]:
+        for task in pending:
+            task.cancel()
+        for queue in queues:
+            while not queue.empty():
+                queue.get_nowait()
+        await asyncio.wait(pending, timeout=0.1)
+    for task in tasks:  # collect their errors: nobody reads them
+        if not task.cancelled():
+            task.exception()

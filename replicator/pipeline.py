@@ -15,7 +15,6 @@ Two flows, both ``source -> normalize -> transform -> sink -> checkpoint``:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 from bson.timestamp import Timestamp
 
-from .aio import DONE, get_or_raise, pump
+from .aio import DONE, get_or_raise, pump, stop_pumps
 from .events import ChangeEvent, Namespace
 from .fields import FieldEditor, FieldRules
 from .normalize import snapshot_read
@@ -219,9 +218,7 @@ async def read_ahead(source: AsyncIterator[T], maxsize: int) -> AsyncIterator[T]
         await producer
     finally:
         if not producer.done():
-            producer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await producer
+            await stop_pumps([producer], [queue])
 
 
 @dataclass

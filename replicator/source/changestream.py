@@ -7,7 +7,6 @@ apply a transaction as one unit.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -19,7 +18,7 @@ from bson.timestamp import Timestamp
 from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.errors import OperationFailure, PyMongoError
 
-from ..aio import get_or_raise, pump
+from ..aio import get_or_raise, pump, stop_pumps
 from ..errors import HistoryLost, OversizeEvent
 from ..events import Position
 from .batching import OVERSIZE_FLAG, BatchAssembler, Fragments, merge_fragments, plain_token
@@ -291,9 +290,7 @@ class ChangeStreamReader:
         reader, self._reader = self._reader, None
         self._pending.clear()
         if reader is not None:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
+            await stop_pumps([reader], [self._replies])
 
 
 #: Replies of the server read ahead of the batch being assembled.

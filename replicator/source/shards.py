@@ -10,7 +10,6 @@ never appear: change streams leave out the migration's internal writes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from urllib.parse import quote
 
 from bson.timestamp import Timestamp
 
-from ..aio import DONE, get_or_raise, pump
+from ..aio import DONE, get_or_raise, pump, stop_pumps
 from ..events import ChangeEvent, Position
 from ..uri import redact
 from .changestream import Batch, ChangeStreamReader
@@ -147,11 +146,7 @@ class MergedReader:
                 if all(st.finished and not st.buffer for st in shards.values()):
                     return
         finally:
-            for task in tasks.values():
-                task.cancel()
-            for task in tasks.values():
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            await stop_pumps(tasks.values(), queues.values())
 
     def _until(self, name: str, until: Timestamp | None) -> Timestamp | None:
         end = self.retiring.get(name)
