@@ -57,6 +57,12 @@ def test_a_failed_query_is_one_line_and_an_outage_is_retried() -> None:
     assert "\n" not in str(outage) and "secret" not in str(outage) and "ServerSelectionTimeoutError" in str(outage)
     other = stream_error("ValueError: the row's change column holds an event mcdc does not replay")
     assert not is_retryable(other) and str(other).endswith("does not replay")
+    # the line shown is the first Python error; the outage may be further down the chain (a restarted source)
+    chained = (
+        "Traceback (most recent call last):\n  File x\nOSError: connection closed\n\nThe above exception was the "
+        "direct cause of the following exception:\n\npymongo.errors.AutoReconnect: connection closed\n  at org"
+    )
+    assert isinstance(stream_error(chained), StreamOutage)
 
 
 def test_a_failed_job_is_the_error_its_task_raised_else_spark_s_reason_without_the_attempts() -> None:

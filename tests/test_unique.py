@@ -100,9 +100,13 @@ def test_bursts_of_swaps_under_tail_with_kill_9(source_uri: str, target_uri: str
         proc.wait()
         _abort_abandoned_transactions(target_uri)  # what MongoDB's reaper does to its open transaction
         assert "Traceback" not in (proc.stderr.read() if proc.stderr else ""), f"burst {burst}"
+        saved = cp.stat().st_mtime_ns
         proc = _tail(source_uri, target_uri, cp)
     try:
         _wait(_converged(source_uri, target_uri), timeout=120, what="convergence after the bursts")
+        # the last tail is up (it saved the checkpoint) before it is stopped: a SIGTERM before Python set
+        # its handlers would kill it
+        _wait(lambda: cp.stat().st_mtime_ns != saved, what="the last tail's first save")
     finally:
         if proc.poll() is not None:
             print(proc.stderr.read() if proc.stderr else "")

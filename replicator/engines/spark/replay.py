@@ -253,7 +253,8 @@ def stream_error(exc: Any) -> McdcError:
     """The error a failed streaming query stands for, in one line: an outage (retried), the position
     gone from the oplog (HistoryLost: exit 4, and --on-history-lost resnapshot applies), or a failure."""
     line = redact(reason(exc))
-    if any(name in line for name in _OUTAGES):
+    text = str(getattr(exc, "desc", None) or exc)  # the whole chain: the outage may be a cause of the line
+    if any(name in text for name in _OUTAGES):
         return StreamOutage(f"the source is unreachable: {line}")
     if HISTORY_LOST in line:
         return HistoryLost(line.split(HISTORY_LOST, 1)[1].lstrip(": ") or line)
