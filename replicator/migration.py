@@ -45,7 +45,10 @@ class Verification:
     rechecking: int = 0  # differences waiting for the replay to pass the time they were read at
     passes: int = 0  # sweeps completed
     clean_passes: int = 0  # of them, how many in a row ended with no persistent mismatch
-    first_mismatches: list[dict[str, Any]] = field(default_factory=list)  # {"namespace", "_id"}
+    first_mismatches: list[dict[str, Any]] = field(default_factory=list)  # {"namespace", "_id"|"detail"}
+    pass_scanned: int = 0  # documents compared in the pass under way
+    pass_namespaces: int = 0  # namespaces compared in it
+    pass_ranges: int = 0  # ranges compared in the namespace under way
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -55,6 +58,12 @@ class Verification:
             "rechecking": self.rechecking,
             "passes": self.passes,
             "firstMismatches": self.first_mismatches,
+            "cleanPasses": self.clean_passes,
+            "currentPass": {
+                "scannedDocuments": self.pass_scanned,
+                "namespacesDone": self.pass_namespaces,
+                "rangesDone": self.pass_ranges,
+            },
         }
 
 

@@ -26,10 +26,11 @@ from .errors import ConfigError
 from .events import CollectionSpec, Namespace
 from .fields import FieldRules
 from .filters import Selection, rename_spec
+from .recheck import key_of
 from .sinks.mongo_schema import same_index
 from .source import catalog
-from .source.connection import DICT_CODEC, RAW_CODEC, Client, make_client, probe
-from .source.partitions import Partition, plan_collection
+from .source.connection import DICT_CODEC, Client, make_client, probe
+from .source.partitions import Partition, plan_collection, with_catch_all
 from .source.snapshot import read_partition
 from .uri import is_mongo_uri, redact
 
@@ -98,7 +99,7 @@ class VerifyReport:
 
 def id_key(doc: RawBSONDocument) -> bytes:
     """The document's ``_id`` as BSON: equal keys mean byte-identical ``_id`` values, type included."""
-    return bson.encode({"_id": doc["_id"]}, codec_options=RAW_CODEC)
+    return key_of(doc["_id"])
 
 
 def id_json(key: bytes) -> str:
@@ -106,7 +107,7 @@ def id_json(key: bytes) -> str:
     return extjson.dumps(bson.decode(key, codec_options=DICT_CODEC)["_id"])
 
 
-def _digest(doc: RawBSONDocument) -> bytes:
+def digest(doc: RawBSONDocument) -> bytes:
     # a 16-byte digest rather than the document keeps a partition small in memory; collisions are negligible
     return hashlib.blake2b(doc.raw, digest_size=16).digest()
 
@@ -154,17 +155,17 @@ class DocumentDiffer:
 
     def add_source(self, docs: Iterable[RawBSONDocument]) -> None:
         for doc in docs:
-            self._pending[id_key(doc)] = _digest(doc)
+            self._pending[id_key(doc)] = digest(doc)
             self.diff.source_docs += 1
 
     def add_target(self, docs: Iterable[RawBSONDocument]) -> None:
         for doc in docs:
             self.diff.target_docs += 1
             key = id_key(doc)
-            digest = self._pending.pop(key, None)
-            if digest is None:
+            want = self._pending.pop(key, None)
+            if want is None:
                 self.diff.note("extra", (key,), 1)
-            elif digest != _digest(doc):
+            elif want != digest(doc):
                 self.diff.note("changed", (key,), 1)
 
     def finish(self) -> DocumentDiff:
@@ -210,12 +211,38 @@ def schema_differences(ns: str, want: CollectionSpec, found: CollectionSpec) -> 
     return out
 
 
+def namespace_differences(
+    src: Namespace, want: CollectionSpec | None, found: CollectionSpec | None
+) -> list[Difference]:
+    """How a namespace differs beyond its documents: missing on either side, of another kind, or with
+    other options or indexes. ``want``: the source's spec as named on the target (None: not on the
+    source); ``found``: the target's."""
+    if want is None and found is None:
+        return []
+    if want is None:
+        assert found is not None
+        return [Difference(_label(src, found.ns), "extra_namespace", "only on the target")]
+    ns = _label(src, want.ns)
+    if found is None:
+        return [Difference(ns, "missing_namespace", f"{want.kind} missing on the target")]
+    if found.kind != want.kind:
+        return [Difference(ns, "kind", f"a {want.kind} on the source, a {found.kind} on the target")]
+    return schema_differences(ns, want, found)
+
+
 async def diff_partition(
-    settings: Settings, source: Client, target: Client, part: Partition, dst: Namespace, fields: FieldRules
+    settings: Settings,
+    source: Client,
+    target: Client,
+    part: Partition,
+    dst: Namespace,
+    fields: FieldRules,
+    *,
+    sample: int | None = None,
 ) -> DocumentDiff:
     """Compare one source partition, edited by the field rules, with the same ``_id`` range of ``dst`` on
-    the target."""
-    differ = DocumentDiffer(settings.verify_sample)
+    the target. ``sample``: differing ``_id``s kept per kind (default: --verify-sample)."""
+    differ = DocumentDiffer(settings.verify_sample if sample is None else sample)
     editor = fields.for_namespace(part.ns)
     docs, size = settings.batch_docs, settings.batch_bytes
     async for batch in read_partition(source, part, batch_docs=docs, batch_bytes=size):  # as edited for the target
@@ -256,17 +283,15 @@ class _Verifier:
             # renamer(origin) == ns: only names the selected source could write to (with a rename on one
             # server, the source's own namespaces are on the target too and are not extra)
             if ns not in wanted and s.renamer(origin) == ns and s.selection(origin):
-                differences.append(Difference(_label(origin, ns), "extra_namespace", "only on the target"))
+                differences += namespace_differences(origin, None, found[ns])
         return VerifyReport(len(specs), self.documents, differences)
 
     async def _namespace(self, spec: CollectionSpec, found: CollectionSpec | None) -> list[Difference]:
         want = rename_spec(spec, self.s.renamer)
         ns = _label(spec.ns, want.ns)
-        if found is None:
-            return [Difference(ns, "missing_namespace", f"{spec.kind} missing on the target")]
-        if found.kind != want.kind:
-            return [Difference(ns, "kind", f"a {want.kind} on the source, a {found.kind} on the target")]
-        differences = schema_differences(ns, want, found)
+        differences = namespace_differences(spec.ns, want, found)
+        if found is None or found.kind != want.kind:
+            return differences
         if want.kind == "collection":
             differences += await self._documents(spec.ns, want.ns, ns)
         elif want.kind == "timeseries":  # measurements have no unique _id to key on: compare counts only
@@ -278,6 +303,7 @@ class _Verifier:
             plan = await plan_collection(
                 self.source[src.db][src.coll or ""], src, self.s.partition_docs, split=self.s.split
             )
+        plan = with_catch_all(plan)
         parts = await self._differ(plan, dst)
         total = DocumentDiff(self.s.verify_sample)
         for part in parts:  # in plan order, so the sampled _ids do not depend on timing

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterator
 from typing import Any
 
@@ -243,6 +244,20 @@ async def test_verify_identical_then_each_kind_of_difference(
     assert by_kind["extra"].ids == [extjson.dumps(Int64(6))]
     assert by_kind["index"].detail == "index s_n missing on the target"
     assert report.lines()[-1] == f"verify: 2 namespaces, {len(IDS)} documents compared, 4 differences"
+
+
+@pytest.mark.integration
+async def test_a_target_only_document_of_a_type_the_source_lacks_is_found(
+    pair: tuple[pymongo.MongoClient[dict[str, Any]], ...], source_uri: str, target_uri: str
+) -> None:
+    """The ranges are planned on the source: target documents whose _id types no range names (a date and
+    a bool, which the source never had) are compared too."""
+    _, target = pair
+    seed(target, "app")
+    target["app"]["items"].insert_many([{"_id": datetime.datetime(2026, 1, 1)}, {"_id": True}])
+    report = await verify(settings(source_uri, target_uri))
+    assert kinds(report) == [("app.items", "extra")], report.lines()
+    assert "2 documents only on the target" in report.differences[0].detail
 
 
 @pytest.mark.integration

@@ -278,6 +278,16 @@ class RangeCutter:
         return parts
 
 
+def with_catch_all(plan: Sequence[Partition]) -> list[Partition]:
+    """The plan as verify compares it: its ranges, plus one for every ``_id`` type none of them names.
+    The ranges were cut from the source's ``_id``s, so a document of another type on the target alone
+    would be in none of them (on the source, the catch-all reads what was inserted since the plan)."""
+    if not plan or any(p.bracket in (ALL, OTHER, TIME) for p in plan):
+        return list(plan)
+    covered = tuple(dict.fromkeys(p.bracket for p in plan))
+    return [*plan, Partition(plan[0].ns, len(plan), OTHER, excluded=covered)]
+
+
 async def plan_collection(
     coll: AsyncCollection[Any], ns: Namespace, partition_docs: int, *, capped: bool = False, split: str = "auto"
 ) -> list[Partition]:

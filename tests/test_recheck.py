@@ -1,0 +1,136 @@
+"""The embedded verifier's pure parts: the replay clock, re-check rounds and their verdicts, what events
+make a round prove nothing, and the state kept in the checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+from bson.int64 import Int64
+from bson.timestamp import Timestamp
+
+from replicator.events import ChangeEvent, Namespace, Op, Position
+from replicator.recheck import (
+    AGAIN,
+    COUNT,
+    DOC,
+    MISMATCH,
+    RESOLVED,
+    SCHEMA,
+    Entry,
+    Mismatches,
+    RecheckList,
+    ReplayClock,
+    SweepState,
+    key_of,
+    verification_of,
+)
+
+NS = Namespace("shop", "orders")
+DST = Namespace("archive", "orders")
+
+
+def _event(op: Op, _id: object, ns: Namespace = NS, to: Namespace | None = None) -> ChangeEvent:
+    key = None if op.is_ddl else {"_id": _id}
+    return ChangeEvent(op=op, ns=ns, key=key, to=to, position=Position(cluster_time=Timestamp(5, 1)))
+
+
+def test_the_clock_passes_a_read_by_an_applied_event_or_by_a_later_empty_poll() -> None:
+    clock = ReplayClock()
+    assert not clock.passed(Timestamp(10, 1), 100.0)
+    clock.acked(Timestamp(10, 0))
+    assert not clock.passed(Timestamp(10, 1), 100.0)
+    clock.acked(Timestamp(10, 1))
+    assert clock.passed(Timestamp(10, 1), 100.0)
+    idle = ReplayClock()
+    idle.acked(None, idle_since=99.0)  # a poll that began before the read ended proves nothing
+    assert not idle.passed(Timestamp(10, 1), 100.0)
+    idle.acked(None, idle_since=100.5)
+    assert idle.passed(Timestamp(10, 1), 100.0)
+    idle.acked(None, idle_since=50.0)  # never goes back
+    assert idle.caught_up_at == 100.5
+
+
+def test_a_round_resolves_when_equal_and_is_a_mismatch_only_when_nothing_touched_it() -> None:
+    clock = ReplayClock()
+    entry = Entry(NS, DST, DOC, key_of(1))
+    entry.reading()
+    entry.read_source(b"digest-a", Timestamp(20, 1), 10.0)
+    assert not entry.due(clock)
+    clock.acked(Timestamp(20, 1))
+    assert entry.due(clock)
+    assert entry.verdict(same=True) == RESOLVED
+    assert entry.verdict(same=False) == MISMATCH
+    entry.touched = True
+    assert entry.verdict(same=False) == AGAIN and not entry.read  # a new round: read the source again
+    entry.reading()
+    assert not entry.touched and entry.rounds == 1
+
+
+def test_events_touch_the_documents_and_namespaces_they_change() -> None:
+    rechecks = RecheckList(10)
+    doc = Entry(NS, DST, DOC, key_of(1))
+    int64 = Entry(NS, DST, DOC, key_of(Int64(2)))
+    other = Entry(Namespace("shop", "users"), Namespace("shop", "users"), DOC, key_of(1))
+    count = Entry(Namespace("shop", "metrics"), Namespace("shop", "metrics"), COUNT)
+    schema = Entry(NS, DST, SCHEMA)
+    for entry in (doc, int64, other, count, schema):
+        assert rechecks.add(entry)
+    rechecks.seen([_event(Op.UPDATE, 1), _event(Op.INSERT, 2)])  # Int32 2 is another _id than Int64 2
+    assert doc.touched and not int64.touched and not other.touched and not count.touched and not schema.touched
+    rechecks.seen([_event(Op.INSERT, 7, ns=Namespace("shop", "metrics"))])
+    assert count.touched
+    rechecks.seen([_event(Op.CREATE_INDEXES, None)])
+    assert schema.touched and int64.touched and not other.touched
+    rechecks.seen([_event(Op.DROP_DATABASE, None, ns=Namespace("shop"))])
+    assert other.touched
+    renamed = RecheckList(10)
+    into = Entry(Namespace("shop", "new"), Namespace("shop", "new"), DOC, key_of(1))
+    renamed.add(into)
+    renamed.seen([_event(Op.RENAME, None, ns=Namespace("shop", "old"), to=Namespace("shop", "new"))])
+    assert into.touched
+    copied = RecheckList(10)
+    again = Entry(NS, DST, DOC, key_of(3))
+    copied.add(again)
+    copied.namespace_changed(Namespace("shop"))  # a database copied again
+    assert again.touched
+
+
+def test_the_list_is_bounded_and_removes_what_it_holds() -> None:
+    rechecks = RecheckList(2)
+    first, second = Entry(NS, DST, DOC, key_of(1)), Entry(NS, DST, DOC, key_of(2))
+    assert rechecks.add(first) and rechecks.add(second) and rechecks.add(Entry(NS, DST, DOC, key_of(1)))
+    assert not rechecks.add(Entry(NS, DST, DOC, key_of(3))) and rechecks.room == 0
+    rechecks.remove(first)
+    assert len(rechecks) == 1 and rechecks.room == 1
+    rechecks.seen([_event(Op.UPDATE, 1)])  # no longer watched
+    assert not first.touched
+
+
+def test_the_state_survives_the_checkpoint_and_counts_mismatches_once() -> None:
+    state = SweepState(current="shop.orders", plan=[{"x": 1}], parts_done=3, scanned=300, total_scanned=900)
+    entry = Entry(NS, DST, DOC, key_of(Int64(7)))
+    assert state.found.add(entry, "differs") and not state.found.add(entry, "differs")
+    rechecks = RecheckList(5)
+    rechecks.add(Entry(NS, DST, SCHEMA))
+    rechecks.add(entry)
+    state.recheck = rechecks.to_json()
+    saved = json.loads(json.dumps(state.to_json()))
+    back = SweepState.from_json(saved)
+    assert (back.current, back.plan, back.parts_done, back.scanned) == ("shop.orders", [{"x": 1}], 3, 300)
+    assert back.mismatches == 1
+    assert back.first_mismatches(5) == [
+        {"namespace": "archive.orders", "_id": {"$numberLong": "7"}, "detail": "differs"}
+    ]
+    loaded = RecheckList(5)
+    loaded.load(back.recheck)
+    assert sorted(e.ident for e in loaded) == sorted(e.ident for e in rechecks)
+    progress = verification_of(saved)
+    assert (progress.phase, progress.rechecking, progress.pass_ranges) == ("stopped", 2, 3)
+
+    assert not back.pass_completed(at=1000.0)  # a mismatch: not clean
+    assert back.passes == 1 and back.clean_passes == 0 and back.mismatches == 1  # the last pass's still count
+    assert back.current is None and back.scanned == 0 and back.total_scanned == 900
+    back.found.add(entry)  # found again in the next pass: still one
+    assert back.mismatches == 1
+    back.found = Mismatches()
+    assert back.pass_completed(at=1001.0) and back.clean_passes == 1 and back.mismatches == 0
