@@ -79,6 +79,9 @@ class Checkpoint:
     #: set by ``mcdc cutover`` once the target was proven identical at a quiet source: the cutover point
     #: (``cluster_time``), when, the evidence and the reverse checkpoint written; None before
     cutover: dict[str, Any] | None = None
+    #: the embedded verifier's place (recheck.SweepState's JSON): a restarted ``tail --verify`` goes on
+    #: with its pass; None when no run verified
+    verifier: dict[str, Any] | None = None
 
     def acknowledge(
         self, position: Position, shard_positions: Mapping[str, Position] | None = None, *, applied: bool = True
@@ -108,6 +111,7 @@ class Checkpoint:
             "shards": {name: _position_json(pos) for name, pos in sorted(self.shards.items())},
             "shard_hosts": dict(sorted(self.shard_hosts.items())),
             "cutover": self.cutover,
+            "verifier": self.verifier,
             "snapshot": {
                 "status": self.snapshot.status,
                 "plan": self.snapshot.plan,
@@ -136,6 +140,7 @@ class Checkpoint:
             shards={str(k): _position_from_json(v) for k, v in (data.get("shards") or {}).items()},
             shard_hosts={str(k): str(v) for k, v in (data.get("shard_hosts") or {}).items()},
             cutover=dict(data["cutover"]) if data.get("cutover") is not None else None,
+            verifier=dict(data["verifier"]) if data.get("verifier") is not None else None,
             snapshot=SnapshotProgress(
                 status=str(snap.get("status", "none")),
                 plan=list(snap.get("plan") or []),

@@ -100,6 +100,8 @@ class Settings:
     json_output: bool = False
     progress: bool = True
     verify_sample: int = 5  # differing _ids listed per namespace
+    verify: bool = False  # tail: the embedded verifier (verifier.py) sweeps beside the replay
+    verify_interval_s: float = 60.0  # tail --verify: a pass begins at most this often
     block_writes: bool = False  # cutover: setUserWriteBlockMode on the source first
     reverse_checkpoint: Path | None = None  # cutover: where the way back's checkpoint goes (default: its pair's)
     # event sinks (Kafka, stdout, jsonl); Debezium's property names in brackets

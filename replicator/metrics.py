@@ -233,8 +233,29 @@ class Metrics:
             "Documents the snapshot read from the source.",
             value=self._snapshot_docs,
         )
+        if self.verification is not None:
+            yield from _verification(self.verification)
         yield _by_what("mcdc_retries_total", "Retried operations, by what was retried.", self._retries)
         yield _by_what("mcdc_errors_total", "Errors, by where they happened.", self._errors)
+
+
+def _verification(v: Verification) -> Iterator[Metric]:
+    """The embedded verifier's counts (tail --verify)."""
+    yield CounterMetricFamily(
+        "mcdc_verify_documents_scanned_total", "Documents the embedded verifier compared.", value=v.scanned_documents
+    )
+    yield CounterMetricFamily("mcdc_verify_passes_total", "Verify passes completed.", value=v.passes)
+    yield GaugeMetricFamily(
+        "mcdc_verify_mismatches",
+        "Documents or namespaces that differ after a re-check (this pass and the last).",
+        value=v.mismatches,
+    )
+    yield GaugeMetricFamily(
+        "mcdc_verify_rechecking", "Differences waiting for the replay to pass them.", value=v.rechecking
+    )
+    yield GaugeMetricFamily(
+        "mcdc_verify_clean_passes", "Verify passes in a row that ended with no mismatch.", value=v.clean_passes
+    )
 
 
 def _by_what(name: str, help_text: str, counts: dict[str, int]) -> CounterMetricFamily:

@@ -238,6 +238,10 @@ OPTIONS: tuple[Option, ...] = (
     # cutover
     *_panel(
         CUTOVER,
+        Option("verify", "verify", "Compare the target with the source continuously, as verify does, beside the "
+               "replay; differences are re-checked after the replay passed them (see /progress).", ("tail",)),
+        Option("verify-interval", "verify_interval_s", "tail --verify: seconds from the end of one verify pass "
+               "to the start of the next, at least.", ("tail",), metavar="SECONDS"),
         Option("block-writes", "block_writes", "Block writes on the source first (setUserWriteBlockMode, "
                "MongoDB 6.0+); else stop the application's writes before the cutover.", ("cutover",)),
         Option("reverse-checkpoint", "reverse_checkpoint", "Where the checkpoint of the way back goes (default: "

@@ -10,8 +10,9 @@ says the batch may be acknowledged.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from bson.timestamp import Timestamp
 
@@ -27,6 +28,17 @@ Transform = Callable[[ChangeEvent], ChangeEvent | None]
 Resyncer = Callable[[Resync], Awaitable[tuple[set[Namespace], Timestamp]]]
 #: Runs after the sink acknowledged a batch, with the events as read (before the transform).
 AfterWrite = Callable[[Sequence[ChangeEvent]], Awaitable[None]]
+
+
+class Observer(Protocol):
+    """Follows what the replay does (the embedded verifier): events about to be applied, namespaces copied
+    again, and how far the acknowledged replay has come."""
+
+    def seen(self, events: Sequence[ChangeEvent]) -> None: ...
+
+    def recopied(self, namespaces: Iterable[Namespace]) -> None: ...
+
+    def acked(self, applied: Timestamp | None, *, idle_since: float | None = None) -> None: ...
 
 
 @dataclass
@@ -55,8 +67,10 @@ class ReplayStage:
         window: DdlWindow | None = None,
         resync: Resyncer | None = None,
         after_write: AfterWrite | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.sink = sink
+        self.observer = observer
         self.transform = transform
         self.window = window
         self._client = client
@@ -71,6 +85,8 @@ class ReplayStage:
 
     async def write(self, events: Sequence[ChangeEvent]) -> Written:
         """Apply one batch as read from the stream; returns once the sink acknowledged it."""
+        if self.observer is not None:
+            self.observer.seen(events)
         if self._client is not None:
             events = await own_lookups(self._client, events)
         written = Written()
@@ -90,12 +106,21 @@ class ReplayStage:
         written.ackable = self.window is None or not self.window.pending
         return written
 
+    def acked(self, applied: Timestamp | None, *, idle_since: float | None = None) -> None:
+        """The engine acknowledged the replay up to the event at ``applied``; ``idle_since``: a poll begun
+        then found nothing more (see recheck.ReplayClock)."""
+        if self.observer is not None:
+            self.observer.acked(applied, idle_since=idle_since)
+
     async def settle(self) -> bool:
         """Copy again what the window marked (the stream is caught up, or ends, or passed its horizon).
         True when nothing is left waiting: the checkpoint may move."""
         if self.window is None or not self.window.pending:
             return True
         assert self._resync is not None
-        copied, at = await self._resync(self.window.take())
+        resync = self.window.take()
+        if self.observer is not None:
+            self.observer.recopied([*resync.data, *resync.catalog, *(Namespace(db) for db in resync.databases)])
+        copied, at = await self._resync(resync)
         self.window.copied(copied, at)
         return not self.window.pending

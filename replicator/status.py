@@ -14,6 +14,7 @@ from .config import Settings
 from .errors import ConfigError
 from .events import ts_to_json
 from .migration import COMMITTED, STOPPED, Facts, progress_document
+from .recheck import verification_of
 from .source.changestream import current_time
 from .source.connection import make_client, probe
 from .source.partitions import Partition
@@ -51,6 +52,8 @@ async def checkpoint_status(path: Path, source: str | None = None, timeout_s: fl
         events_applied=None,  # a checkpoint does not count them
         estimated_documents=None,
         copied_documents=None,
+        # the embedded verifier's place, as its last run left it (stopped: "phase" says so)
+        verification=None if cp.verifier is None else verification_of(cp.verifier),
     )
     return {
         **progress_document(facts),

@@ -61,6 +61,7 @@ class StreamApplier:
         self._save = Throttle(1.0)
         self._window_check = Throttle(300.0)
         self._window_check()  # the first check runs when the stream opens
+        self._stage: ReplayStage | None = None
 
     @property
     def retries(self) -> int:
@@ -71,6 +72,7 @@ class StreamApplier:
         """Replay up to ``until`` (``to_now``: the source's time when this call starts), or until ``stop``
         is set when neither is given. Returns what was applied."""
         result = ReplayResult()
+        self._stage = stage
         while True:
             try:
                 if to_now and until is None:
@@ -99,6 +101,8 @@ class StreamApplier:
     async def _ack(self, batch: Batch, events: Sequence[ChangeEvent]) -> None:
         self._retrier.progress()
         self.cp.acknowledge(batch.position, batch.shard_positions, applied=bool(events))
+        if self._stage is not None:
+            self._stage.acked(self.cp.position.cluster_time, idle_since=None if batch.events else batch.idle_since)
         if self.metrics is not None:
             self._measure(events)
         if self._save():

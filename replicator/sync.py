@@ -21,7 +21,8 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from pymongo.errors import PyMongoError
@@ -54,7 +55,7 @@ from .source.topology import Reader, StreamTopology
 from .streaming import StreamApplier
 from .summary import Summary
 from .tally import CollectionProgress, duration, format_ts, listing, plural
-from .uri import redact
+from .uri import is_mongo_uri, redact
 from .watermark import SavePace
 
 T = TypeVar("T")
@@ -99,6 +100,8 @@ class SyncJob:
 
     async def run(self) -> Summary:
         started = time.monotonic()
+        if self.s.verify and self.command == "tail" and not is_mongo_uri(self.s.target):
+            raise ConfigError(f"--verify compares two MongoDB deployments: --target {redact(self.s.target)} is not")
         sink = open_sink(self.s)  # before any connection: a bad target or sink option fails at once
         try:
             with self.store.locked():
@@ -532,11 +535,42 @@ class SyncJob:
         stage = self._stage(sink, transform, snapshot_window=snapshot_window)
         self.reporter.replay_begin()
         started = time.monotonic()
-        try:
-            await self._replay_until_done(reader, cp, stage, follow=follow)
-        finally:
-            self.summary.replay_s += time.monotonic() - started
+        async with self._verifying(stage, cp, follow=follow):
+            try:
+                await self._replay_until_done(reader, cp, stage, follow=follow)
+            finally:
+                self.summary.replay_s += time.monotonic() - started
         self.reporter.replay_end()
+
+    @contextlib.asynccontextmanager
+    async def _verifying(self, stage: ReplayStage, cp: Checkpoint, *, follow: bool) -> AsyncIterator[None]:
+        """tail --verify: the embedded verifier runs beside the replay (as the stage's observer), from
+        its place in the checkpoint."""
+        if not (follow and self.s.verify):
+            yield
+            return
+        from .verifier import RECHECK_CAPACITY, EmbeddedVerifier
+
+        target = make_client(self.s.target, timeout_s=self.s.connect_timeout_s, io_timeout_s=self.s.io_timeout_s)
+        differ, at_once = None, 1
+        if self._spark is not None:  # the ranges hashed as Spark tasks, a few at once
+            from .engines.spark.verify import SparkDiffer
+
+            differ = SparkDiffer(replace(self.s, verify_sample=RECHECK_CAPACITY), self._spark)
+            at_once = int(self._spark.sparkContext.defaultParallelism)
+        verifier = EmbeddedVerifier(
+            self.s, self._client, target, cp, self.reporter, metrics=self.metrics, differ=differ, ranges_at_once=at_once
+        )
+        stage.observer = verifier
+        task = asyncio.create_task(verifier.run())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            stage.observer = None
+            await target.close()
 
     def _stage(self, sink: Sink, transform: Transform, *, snapshot_window: bool) -> ReplayStage:
         """The stages of a replayed batch for this sink (shared by both engines)."""

@@ -180,7 +180,14 @@ class MergedReader:
         if not events and not positions:
             return None
         last = events[-1].position if events else None
-        return Batch(events=events, position=last or Position(), caught_up=not events, shard_positions=positions)
+        followed = [st for st in shards.values() if not st.finished]
+        idle = [st.idle_since for st in followed if st.idle_since is not None and not st.buffer]
+        # every shard idle: every write a poll begun at the earliest of their empty polls could see is released
+        idle_since = min(idle) if not events and idle and len(idle) == len(followed) else None
+        return Batch(
+            events=events, position=last or Position(), caught_up=not events, shard_positions=positions,
+            idle_since=idle_since,
+        )  # fmt: skip
 
 
 class _ShardState:

@@ -63,7 +63,7 @@ class StreamTopology:
         if not shards:
             return ChangeStreamReader(
                 self.client, full_document=s.full_document, batch_size=s.replay_batch, max_await_ms=max_await_ms,
-                oversize=s.oversize, pre_images=s.pre_images, rs=info.set_name,
+                track_time=True, oversize=s.oversize, pre_images=s.pre_images, rs=info.set_name,
             )  # fmt: skip
         self.reporter.info("one change stream per shard: " + ", ".join(str(sh) for sh in shards))
         merged = MergedReader({sh.name: await self._shard_reader(sh) for sh in shards}, batch_size=s.replay_batch)

@@ -14,10 +14,12 @@ which keeps the events of each document in order across shards (merged by cluste
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -135,6 +137,7 @@ class SparkReplay:
             if written.ackable:
                 acknowledge(owed)
                 owed.clear()
+                stage.acked(cp.position.cluster_time)
             self._retrier.progress()
             if self.metrics is not None:
                 measure(self.metrics, written.events, cp)
@@ -154,6 +157,7 @@ class SparkReplay:
             idle = _idle_positions(progress)
             if idle:
                 acknowledge(idle, applied=False)
+            stage.acked(cp.position.cluster_time, idle_since=_planned_at(progress))
 
         def each_batch(frame: Any, batch_id: int) -> None:
             with lock:
@@ -233,6 +237,18 @@ def _idle_positions(progress: Any) -> dict[str, Position]:
         return offsets.idle_positions(json.loads(end) if isinstance(end, str) else end)
     except (TypeError, KeyError, IndexError, ValueError):
         return {}
+
+
+def _planned_at(progress: Any) -> float | None:
+    """When a micro-batch that read nothing was triggered (its offsets were planned after), on the local
+    monotonic clock; None when it read rows or its progress has no time."""
+    try:
+        if progress["numInputRows"]:
+            return None
+        wall = datetime.datetime.fromisoformat(str(progress["timestamp"]).replace("Z", "+00:00")).timestamp()
+    except (TypeError, KeyError, ValueError):
+        return None
+    return time.monotonic() - max(0.0, time.time() - wall)
 
 
 def _stop_between_batches(query: Any, lock: threading.Lock) -> None:
