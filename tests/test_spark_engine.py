@@ -25,7 +25,9 @@ from replicator.progress import LogReporter
 from replicator.sync import SyncJob
 from tests.support.compare import assert_identical
 from tests.support.corpus import load_bulk, load_corpus
+from tests.support.servers import free_port
 from tests.support.workload import random_workload, two_shard_workload
+from tests.test_cutover import _progress
 
 pytestmark = pytest.mark.integration
 
@@ -135,6 +137,14 @@ def _identical(source: str, target: str) -> Callable[[], bool]:
             return False
 
     return check
+
+
+def _served(port: int) -> dict[str, Any]:
+    """The tail's /progress, or {} before it listens."""
+    try:
+        return _progress(port)
+    except OSError:
+        return {}
 
 
 def _sigterm(proc: subprocess.Popen[str]) -> str:
@@ -344,15 +354,23 @@ async def test_catch_up_on_spark_reaches_now(spark: Any, source_uri: str, target
 def test_tail_on_spark_converges_under_writes_and_exits_0_on_sigterm(
     source_uri: str, target_uri: str, tmp_path: Path
 ) -> None:
-    cp = tmp_path / "cp.json"
+    """With --verify: the embedded verifier hashes its ranges as Spark tasks, finds no mismatch while
+    the writes run, and finds a difference made on the target alone."""
+    cp, port = tmp_path / "cp.json", free_port()
     with pymongo.MongoClient(source_uri) as client:
         client.db.c.insert_many([{"_id": i} for i in range(200)])
-    proc = _tail(source_uri, target_uri, cp)
+    proc = _tail(source_uri, target_uri, cp, "--verify", "--verify-interval", "0", "--metrics-port", str(port))
     try:
         _until(proc, lambda: (_checkpoint(cp) or {}).get("snapshot", {}).get("status") == "done", "the snapshot")
         random_workload(source_uri, rounds=300, seed=7)
         _until(proc, _identical(source_uri, target_uri), "convergence")
-        _sigterm(proc)
+        _until(proc, lambda: _served(port).get("canCommit", False), "a clean verify pass")
+        assert _progress(port)["verification"]["mismatches"] == 0
+        with pymongo.MongoClient(target_uri) as client:
+            client.db.c.insert_one({"_id": "only-here"})
+        _until(proc, lambda: _served(port).get("verification", {}).get("mismatches") == 1, "the mismatch")
+        assert not _progress(port)["canCommit"]
+        assert 'verify: db.c _id "only-here" only on the target' in _sigterm(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
