@@ -21,6 +21,24 @@ def test_bench_sync_small_run_prints_a_ratio() -> None:
     assert "mcdc sync --source" in result.stdout
 
 
+def test_bench_verify_small_run_prints_the_ratios_and_the_goals() -> None:
+    result = run_script("bench_verify.py", "--docs", "2000", "--events", "500", "--json", timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    for kind in ("two cursors", "mcdc verify", "mcdc tail --verify"):
+        assert re.search(rf"^{kind}\s+2,000\s", out, re.MULTILINE), out
+    for ratio in ("embedded/mcdc verify docs/s", "embedded/two cursors docs/s", "replay verify/no-verify ev/s"):
+        assert re.search(rf"^{re.escape(ratio)}\s+\d+\.\d\d", out, re.MULTILINE), out
+    assert re.search(r"^(PASS|FAIL)  tail --verify peak RSS < 300 MB$", out, re.MULTILINE), out
+    assert re.search(r"^(PASS|FAIL)  replay slowdown with --verify < 20%$", out, re.MULTILINE), out
+    assert "mcdc tail --source" in out and "--verify --verify-interval 0" in out
+    data = json.loads(out[out.rindex("\n{\n") + 1 :])
+    assert [run["kind"] for run in data["replays"]] == ["warm-up", "no verify", "verify", "no verify again"]
+    assert all(run["events"] == 500 for run in data["replays"])  # each replay applied the whole backlog
+    assert data["replays"][2]["verification"] is not None and data["embedded"]["verification"]["passes"] >= 1
+    assert data["tail_verify_peak_rss_mb"] > 0
+
+
 def test_bench_kafka_small_run_measures_all_three_parts() -> None:
     result = run_script("bench_kafka.py", "--events", "300", "--repeat", "1", "--cpu-rounds", "1", "--json")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -201,6 +202,8 @@ class Runner:
             argv += ["--topic-prefix", self.prefix]
         if self.plan.engine == "spark":
             argv += ["--engine", "spark", "--spark-master", "local[2]"]
+        if command == "tail" and self.plan.sink == "mongo":  # the embedded verifier sweeps all along
+            argv += ["--verify", "--verify-interval", "0" if self.plan.engine == "asyncio" else "1"]
         return argv
 
     def _spawn(self, command: str) -> subprocess.Popen[bytes]:
@@ -349,10 +352,19 @@ class Runner:
             self._converge(lambda: self._proc is not None and self._proc.poll() is None)
             self._sigterm(must_exit_0=True)
             self._count_events()
+            self._check_verifier()
         else:
             self._run("catch-up")
             self._check()
         self.copies.take()
+
+    def _check_verifier(self) -> None:
+        """The embedded verifier's property: whatever the faults, it never confirms a difference that the
+        replay then removes (the target converged), nor stops."""
+        for log in self._logs:
+            for line in log.read_text(errors="replace").splitlines():
+                if "verify stopped:" in line or ("(confirmed by a re-check)" in line and not _quirk(line)):
+                    self.fail(f"the embedded verifier in {log.name}: {line}")
 
     def _replay_copies(self) -> None:
         """The property: catch-up from saved checkpoints, each restored in turn, converges."""
@@ -413,6 +425,21 @@ class Runner:
                 if time.monotonic() > deadline:
                     self.fail(f"no convergence within {CONVERGE_S[self.plan.engine]:.0f} s: {exc}")
             time.sleep(0.5)
+
+
+#: what the test server's createIndexes change events leave out (INFRA.md: a SecantusDB quirk; mongod's
+#: events carry them): until a catalog reconcile, the replayed index lacks them, a real difference
+_QUIRK_OPTIONS = ("unique", "sparse", "partialFilterExpression")
+_INDEX_DIFFERS = re.compile(r"index \S+ differs: source (\{.*\}), target (\{.*\}) \(confirmed by a re-check\)")
+
+
+def _quirk(line: str) -> bool:
+    """A confirmed index difference that is only the options the test server's events leave out."""
+    match = _INDEX_DIFFERS.search(line)
+    if match is None:
+        return False
+    source, target = (json.loads(text) for text in match.groups())
+    return {k: v for k, v in source.items() if k not in _QUIRK_OPTIONS} == target
 
 
 def run_plan(plan: Plan, servers: Servers, workdir: Path) -> Tally:
