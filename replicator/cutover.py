@@ -7,7 +7,8 @@ mongosync's ``/commit`` and reverse sync are the model. The order matters:
 1. the checkpoint's snapshot must be done (a cutover ends a migration, it does not start one);
 2. ``--block-writes``: ``setUserWriteBlockMode`` on the source (MongoDB 6.0+);
 3. a catch-up to the source's current time;
-4. a full verify of the selection (documents, indexes, options);
+4. a verify of the selection (documents, indexes, options): of what changed since the last clean pass of
+   ``tail --verify`` when the checkpoint holds one (cutover_check), else of everything;
 5. a second catch-up, which must find no change to apply: a write to the selection since the first means
    the proof is stale, and the cutover is refused (exit 5); its end position is the cutover point;
 6. the target's current time becomes the reverse checkpoint's position (snapshot done), and the forward
@@ -27,14 +28,16 @@ from pymongo.errors import OperationFailure
 
 from .checkpoint import Checkpoint, CheckpointStore, SnapshotProgress
 from .config import Settings
+from .cutover_check import changes_between, proven_since
 from .errors import ConfigError, CutoverRefused, SourceNotQuiet
 from .events import Position, ts_from_json, ts_to_json
 from .preflight import source_name
 from .progress import Reporter
+from .recheck import RecheckList, SweepState
 from .source.changestream import current_time
 from .source.connection import DICT_CODEC, Client, deployment_identity, make_client, probe
 from .sync import SyncJob
-from .tally import format_ts, listing
+from .tally import format_ts, listing, plural
 from .uri import is_mongo_uri, redact
 from .verify import VerifyReport, verify
 
@@ -53,6 +56,8 @@ class CutoverResult:
     reverse_command: str
     writes_blocked: bool
     already: bool = False  # an earlier run cut over: nothing was done again
+    #: "full", or "changes since the verifier's last clean pass" (the rest was proven by that pass)
+    verified: str = "full"
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -63,7 +68,9 @@ class CutoverResult:
         head = "already cut over" if self.already else "cut over"
         return [
             f"{head} at {format_ts(self.point)}: the target is identical to the source "
-            f"({self.documents:,} documents compared in {self.seconds:.1f} s)",
+            f"({self.documents:,} documents compared in {self.seconds:.1f} s"
+            + ("" if self.verified == "full" else f"; {self.verified}")
+            + ")",
             f"reverse checkpoint {self.reverse_checkpoint}: to carry the target's writes back to the source, run",
             f"  {self.reverse_command}",
         ]
@@ -92,8 +99,7 @@ async def cutover(settings: Settings, reporter: Reporter) -> CutoverResult:
             reporter.info("writes to the source are blocked (setUserWriteBlockMode)")
         reporter.info("catching up to the source's current time")
         await SyncJob(settings, reporter, command="catch-up").run()
-        reporter.info("verifying the target against the source")
-        report = await _verify(settings)
+        report, scope = await _verify(settings, reporter, source, store.load())
         # the proof holds if nothing changed since the catch-up: a second one must find nothing to apply
         # (asked first: writes during the verify also explain differences it found)
         again = await SyncJob(settings, reporter, command="catch-up").run()
@@ -122,6 +128,7 @@ async def cutover(settings: Settings, reporter: Reporter) -> CutoverResult:
         reverse_checkpoint=str(reverse),
         reverse_command=reverse_command(settings, reverse),
         writes_blocked=settings.block_writes,
+        verified=scope,
     )
     with store.locked():
         cp = store.load()
@@ -131,13 +138,34 @@ async def cutover(settings: Settings, reporter: Reporter) -> CutoverResult:
     return result
 
 
-async def _verify(settings: Settings) -> VerifyReport:
-    """mcdc verify's comparison, as Spark tasks under --engine spark."""
+async def _verify(
+    settings: Settings, reporter: Reporter, source: Client, cp: Checkpoint | None
+) -> tuple[VerifyReport, str]:
+    """Compare what a clean pass of ``tail --verify`` has not proven (see cutover_check), else everything
+    (as Spark tasks under --engine spark). Also says which it was."""
+    state = SweepState.from_json(cp.verifier) if cp is not None and cp.verifier is not None else None
+    since = proven_since(state) if state is not None else None
+    if state is not None and since is not None:
+        info = await probe(source, settings.source, "source")
+        changes = await changes_between(settings, reporter, source, info, since, await current_time(source))
+        if changes is not None:
+            rechecks = RecheckList(len(state.recheck))
+            rechecks.load(state.recheck)
+            changes.add_rechecks(rechecks)
+            reporter.info(
+                f"verifying what changed since the verifier's last clean pass began ({format_ts(since)}): "
+                f"{plural(changes.documents, 'document')} by _id, {plural(len(changes.whole), 'namespace')} whole, "
+                "and every "
+                "namespace's kind, options and indexes"
+            )
+            return await verify(settings, scope=changes.scope), "changes since the verifier's last clean pass"
+        reporter.info("the verifier's last clean pass began before the oldest entry of the oplog")
+    reporter.info("verifying the target against the source")
     if settings.engine == "spark":
         from .engines.spark.verify import verify_on_spark
 
-        return await verify_on_spark(settings)
-    return await verify(settings)
+        return await verify_on_spark(settings), "full"
+    return await verify(settings), "full"
 
 
 async def block_writes(client: Client) -> None:
@@ -215,4 +243,5 @@ def _already(cp: Checkpoint, settings: Settings) -> CutoverResult:
         reverse_command=reverse_command(settings, path),
         writes_blocked=bool(recorded.get("writes_blocked")),
         already=True,
+        verified=str(recorded.get("verified") or "full"),
     )

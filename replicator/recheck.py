@@ -25,7 +25,7 @@ from typing import Any
 import bson
 from bson.timestamp import Timestamp
 
-from .events import ChangeEvent, Namespace
+from .events import ChangeEvent, Namespace, ts_from_json, ts_to_json
 from .extjson import to_json_value
 from .migration import Verification
 from .rawbson import DICT_CODEC, RAW_CODEC
@@ -288,6 +288,10 @@ class SweepState:
     last: Mismatches = field(default_factory=Mismatches)  # the last completed pass's
     recheck: list[dict[str, Any]] = field(default_factory=list)
     extra_checked: bool = False  # the pass looked for namespaces only on the target (its last step)
+    pass_from: Timestamp | None = None  # the source's time when the pass under way began
+    #: the source's time when the last pass began, if it was clean: every document unchanged since then
+    #: is proven identical (cutover compares only the others); None after a pass that was not
+    proven_since: Timestamp | None = None
     last_pass_at: float | None = None  # when the last pass completed (wall time)
 
     @property
@@ -316,6 +320,7 @@ class SweepState:
     def pass_completed(self, at: float) -> bool:
         """The pass is over (its re-checks too): True when it was clean."""
         clean = self.found.count == 0 and self.unchecked == 0
+        self.proven_since, self.pass_from = (self.pass_from if clean else None), None
         self.passes += 1
         self.clean_passes = self.clean_passes + 1 if clean else 0
         self.last, self.found = self.found, Mismatches()
@@ -341,6 +346,8 @@ class SweepState:
             "last": self.last.to_json(),
             "recheck": list(self.recheck),
             "extra_checked": self.extra_checked,
+            "pass_from": ts_to_json(self.pass_from),
+            "proven_since": ts_to_json(self.proven_since),
         }
 
     @classmethod
@@ -362,6 +369,8 @@ class SweepState:
             last=Mismatches.from_json(data.get("last")),
             recheck=[dict(e) for e in data.get("recheck") or []],
             extra_checked=bool(data.get("extra_checked", False)),
+            pass_from=ts_from_json(data.get("pass_from")),
+            proven_since=ts_from_json(data.get("proven_since")),
         )
 
 

@@ -142,6 +142,7 @@ class EmbeddedVerifier:
                 await asyncio.sleep(min(wait, 1.0) if not did else 0)
                 return
             self.state.pass_started_at = time.time()
+            self.state.pass_from = await current_time(self.source)
         if self.rechecks.room and await self._sweep_step():
             self._set_phase("scanning")
             self._save()

@@ -34,6 +34,8 @@ from .source.partitions import Partition, plan_collection, with_catch_all
 from .source.snapshot import read_partition
 from .uri import is_mongo_uri, redact
 
+#: ``_id``s read per query when only some documents are compared
+_BY_KEY = 1000
 #: Document-level difference kinds, in report order.
 DOCUMENT_KINDS = ("missing", "extra", "changed")
 _DOCUMENT_TEXT = {"missing": "missing on the target", "extra": "only on the target", "changed": "differ"}
@@ -257,11 +259,23 @@ async def diff_partition(
 RangeDiffer = Callable[[Sequence[Partition], Namespace], Awaitable[list[DocumentDiff]]]
 
 
+#: Which documents of a source namespace to compare: their ``id_key``s, or None for all of them.
+Scope = Callable[[Namespace], "set[bytes] | None"]
+
+
 class _Verifier:
-    def __init__(self, settings: Settings, source: Client, target: Client, differ: RangeDiffer | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        source: Client,
+        target: Client,
+        differ: RangeDiffer | None = None,
+        scope: Scope | None = None,
+    ) -> None:
         self.s = settings
         self.source = source
         self.target = target
+        self.scope = scope
         self.slots = asyncio.Semaphore(settings.workers)
         self.documents = 0
         self.fields = FieldRules(settings.field_exclude, settings.field_rename)
@@ -292,7 +306,10 @@ class _Verifier:
         differences = namespace_differences(spec.ns, want, found)
         if found is None or found.kind != want.kind:
             return differences
-        if want.kind == "collection":
+        keys = None if self.scope is None else self.scope(spec.ns)
+        if want.kind == "collection" and keys is not None:
+            differences += await self._documents_by_key(spec.ns, want.ns, ns, keys)
+        elif want.kind == "collection":
             differences += await self._documents(spec.ns, want.ns, ns)
         elif want.kind == "timeseries":  # measurements have no unique _id to key on: compare counts only
             differences += await self._count(spec.ns, want.ns, ns)
@@ -308,6 +325,25 @@ class _Verifier:
         total = DocumentDiff(self.s.verify_sample)
         for part in parts:  # in plan order, so the sampled _ids do not depend on timing
             total.merge(part)
+        self.documents += total.source_docs
+        return total.differences(ns)
+
+    async def _documents_by_key(self, src: Namespace, dst: Namespace, ns: str, keys: set[bytes]) -> list[Difference]:
+        """Only the documents of these ``_id``s, in chunks (``$in`` on each side)."""
+        total = DocumentDiff(self.s.verify_sample)
+        editor = self.fields.for_namespace(src)
+        ordered = sorted(keys)
+        for start in range(0, len(ordered), _BY_KEY):
+            values = [bson.decode(k, codec_options=DICT_CODEC)["_id"] for k in ordered[start : start + _BY_KEY]]
+            query = {"_id": {"$in": values}}
+            differ = DocumentDiffer(self.s.verify_sample)
+            async with self.slots:
+                found = await self.source[src.db][src.coll or ""].find(query).to_list()
+                differ.add_source(
+                    found if editor is None else [cast(RawBSONDocument, editor.document(d)) for d in found]
+                )
+                differ.add_target(await self.target[dst.db][dst.coll or ""].find(query).to_list())
+            total.merge(differ.finish())
         self.documents += total.source_docs
         return total.differences(ns)
 
@@ -327,10 +363,11 @@ class _Verifier:
         return [Difference(ns, "count", f"{on_source} documents on the source, {on_target} on the target")]
 
 
-async def verify(settings: Settings, differ: RangeDiffer | None = None) -> VerifyReport:
+async def verify(settings: Settings, differ: RangeDiffer | None = None, scope: Scope | None = None) -> VerifyReport:
     """Compare the selected source namespaces with their (renamed) target namespaces: kinds, options,
     indexes and every document, byte for byte. Differences are reported, not raised. ``differ``: how
-    ranges are compared (default: here, ``--workers`` at once; the Spark engine's runs them as tasks)."""
+    ranges are compared (default: here, ``--workers`` at once; the Spark engine's runs them as tasks).
+    ``scope``: compare only these documents of a namespace (cutover after a verifier's clean pass)."""
     if not is_mongo_uri(settings.target):
         raise ConfigError(
             f"verify compares two MongoDB deployments: --target {redact(settings.target)} is not mongodb://"
@@ -342,7 +379,7 @@ async def verify(settings: Settings, differ: RangeDiffer | None = None) -> Verif
         try:
             await probe(source, settings.source, "source")
             await probe(target, settings.target, "target")
-            report = await _Verifier(settings, source, target, differ).run()
+            report = await _Verifier(settings, source, target, differ, scope).run()
         finally:
             await target.close()
     finally:

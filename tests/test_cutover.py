@@ -218,3 +218,40 @@ def test_progress_during_the_snapshot_the_replay_and_after_a_workload(
     assert status.returncode == 0, status.stderr
     stopped = json.loads(status.stdout)["progress"]
     assert stopped["state"] == "STOPPED" and stopped["snapshotDone"] and "totalEventsApplied" not in stopped
+
+
+@pytest.mark.integration
+def test_after_a_clean_verifier_pass_cutover_compares_only_what_changed_since(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    cp, port = tmp_path / "cp.json", free_port()
+    with pymongo.MongoClient(source_uri) as client:
+        client.shop.orders.insert_many([{"_id": i, "n": i} for i in range(3000)])
+        client.shop.users.insert_many([{"_id": i} for i in range(50)])
+    args = ["tail", "-s", source_uri, "-t", target_uri, "-c", str(cp), "--no-progress", "--verify"]
+    args += ["--metrics-port", str(port), "--verify-interval", "3600"]
+    tail = subprocess.Popen([sys.executable, "-m", "replicator.cli", *args], stderr=subprocess.PIPE, text=True)
+    try:
+        _until("a clean pass", lambda: (p := _progress(port))["verification"]["cleanPasses"] >= 1 and p)
+        with pymongo.MongoClient(source_uri) as client:  # after the pass began: not proven by it
+            client.shop.orders.update_many({"_id": {"$lt": 7}}, {"$set": {"n": -1}})
+            client.shop.orders.delete_one({"_id": 10})
+            client.shop.users.drop()  # DDL: compared whole
+        _until("the changes applied", lambda: _progress(port)["totalEventsApplied"] >= 9)
+    finally:
+        tail.terminate()
+        _, err = tail.communicate(timeout=60)
+    assert tail.returncode == 0, err[-3000:]
+    with pymongo.MongoClient(target_uri) as client:  # a wrong copy of a changed document: must be found
+        client.shop.orders.update_one({"_id": 3}, {"$set": {"n": "wrong"}})
+    refused = _cutover(source_uri, target_uri, cp)
+    assert refused.returncode == 1, refused.stderr
+    assert "8 documents by _id, 1 namespace whole" in refused.stderr, refused.stderr
+    with pymongo.MongoClient(target_uri) as client:
+        client.shop.orders.update_one({"_id": 3}, {"$set": {"n": -1}})
+    done = _cutover(source_uri, target_uri, cp)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    # the 7 updated documents (the deleted one is on neither side): not the 3,000 of a full verify
+    assert result["verified"] == "changes since the verifier's last clean pass" and result["documents"] == 7
+    assert_identical(source_uri, target_uri)

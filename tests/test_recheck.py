@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
@@ -134,3 +135,24 @@ def test_the_state_survives_the_checkpoint_and_counts_mismatches_once() -> None:
     assert back.mismatches == 1
     back.found = Mismatches()
     assert back.pass_completed(at=1001.0) and back.clean_passes == 1 and back.mismatches == 0
+
+
+def test_changes_since_a_pass_keep_keys_and_mark_ddl_and_overflow_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    from replicator import cutover_check
+    from replicator.cutover_check import Changes
+
+    changes = Changes()
+    users = Namespace("shop", "users")
+    changes.note([_event(Op.UPDATE, 1), _event(Op.DELETE, 2), _event(Op.UPDATE, 1), _event(Op.INSERT, 1, ns=users)])
+    assert changes.scope(NS) == {key_of(1), key_of(2)} and changes.documents == 3
+    changes.note([_event(Op.CREATE_INDEXES, None, ns=users)])
+    assert changes.scope(users) is None and changes.scope(Namespace("shop", "quiet")) == set()
+    changes.note([_event(Op.DROP_DATABASE, None, ns=Namespace("shop"))])
+    assert changes.scope(NS) is None
+    changes.add_rechecks([Entry(Namespace("b", "c"), Namespace("b", "c"), DOC, key_of(9))])
+    assert changes.scope(Namespace("b", "c")) == {key_of(9)}
+
+    monkeypatch.setattr(cutover_check, "KEY_CAP", 2)
+    capped = Changes()  # past the cap, the namespace with the most keys is compared whole
+    capped.note([_event(Op.UPDATE, i) for i in range(3)] + [_event(Op.UPDATE, 1, ns=users)])
+    assert capped.scope(NS) is None and capped.scope(users) == {key_of(1)}
