@@ -143,7 +143,7 @@ async def _verify(
 ) -> tuple[VerifyReport, str]:
     """Compare what a clean pass of ``tail --verify`` has not proven (see cutover_check), else everything
     (as Spark tasks under --engine spark). Also says which it was."""
-    state = SweepState.from_json(cp.verifier) if cp is not None and cp.verifier is not None else None
+    state = None if cp is None or cp.verifier is None or settings.full_verify else SweepState.from_json(cp.verifier)
     since = proven_since(state) if state is not None else None
     if state is not None and since is not None:
         info = await probe(source, settings.source, "source")

@@ -75,10 +75,17 @@ def test_version_flag_and_verify_help_lists_only_mongodb_targets() -> None:
 
 
 #: Fields a command's code reads that it offers no flag for, and why.
+_VERIFIER = "the embedded verifier runs beside a tail (cutover compares on its own)"
 NOT_APPLICABLE = {
-    "sync": {"shard_refresh_s": "only tail follows shards being added or removed"},
+    "sync": {
+        "shard_refresh_s": "only tail follows shards being added or removed",
+        "verify": _VERIFIER,
+        "verify_interval_s": _VERIFIER,
+    },
     "catch-up": {
         "shard_refresh_s": "only tail follows shards being added or removed",
+        "verify": _VERIFIER,
+        "verify_interval_s": _VERIFIER,
     },
     "tail": {"snapshot_only": "tail follows the stream: a copy without it is sync --snapshot-only"},
     "verify": {},
@@ -86,6 +93,8 @@ NOT_APPLICABLE = {
     "cutover": {
         "shard_refresh_s": "only tail follows shards being added or removed",
         "snapshot_only": "a cutover replays changes: its checkpoint's snapshot is done",
+        "verify": _VERIFIER,
+        "verify_interval_s": _VERIFIER,
     },
 }
 ROOT = Path(replicator.__file__).parent

@@ -35,7 +35,9 @@ def test_bench_verify_small_run_prints_the_ratios_and_the_goals() -> None:
     data = json.loads(out[out.rindex("\n{\n") + 1 :])
     assert [run["kind"] for run in data["replays"]] == ["warm-up", "no verify", "verify", "no verify again"]
     assert all(run["events"] == 500 for run in data["replays"])  # each replay applied the whole backlog
-    assert data["replays"][2]["verification"] is not None and data["embedded"]["verification"]["passes"] >= 1
+    after = data["replays"][2]["verifier"]  # the --verify replay: its verifier followed until two passes ended
+    assert after["next_pass"]["passes"] >= after["at_end"]["passes"] + 2 and after["next_pass"]["rechecking"] == 0
+    assert data["embedded"]["verification"]["passes"] >= 1
     assert data["tail_verify_peak_rss_mb"] > 0
 
 
