@@ -102,7 +102,7 @@ def status_lines(status: dict[str, Any]) -> list[str]:
     snap = status["snapshot"]
     lag = status["lag_s"]
     unknown = "- (not recorded yet: the next run records it)"
-    return [
+    lines = [
         f"checkpoint {status['checkpoint']}",
         f"source     {status['source_identity'] or status['source']}",
         f"target     {status['target_identity'] or unknown}",
@@ -112,6 +112,15 @@ def status_lines(status: dict[str, Any]) -> list[str]:
         f"snapshot   {snap['status']}: {snap['partitions_done']}/{snap['partitions_total']} partitions, "
         f"{snap['collections_remaining']}/{snap['collections_total']} collections remaining",
     ]
+    v = status["progress"]["verification"]
+    if v["phase"] != "off":  # a tail --verify ran on it
+        current = v["currentPass"]
+        lines.append(
+            f"verify     {v['passes']} passes ({v['cleanPasses']} clean in a row), {v['mismatches']} mismatches, "
+            f"{v['rechecking']} to re-check; the pass under way: {current['namespacesDone']} namespaces, "
+            f"{current['scannedDocuments']:,} documents"
+        )
+    return lines
 
 
 def _shown_ts(data: dict[str, int] | None) -> str:

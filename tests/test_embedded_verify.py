@@ -121,6 +121,7 @@ def test_no_false_mismatch_under_writes_and_a_target_only_difference_is_found(
     assert 'verify: shop.orders _id {"$numberInt": "5"} differs (confirmed by a re-check)' in err
     status = json.loads(_mcdc("status", "-c", str(cp), "--json").stdout)["progress"]
     assert status["verification"]["phase"] == "stopped" and status["verification"]["mismatches"] == 3
+    assert ", 3 mismatches, " in _mcdc("status", "-c", str(cp)).stdout
 
 
 def _metrics(port: int) -> str:
