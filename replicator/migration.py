@@ -39,7 +39,7 @@ _INFO = {
 class Verification:
     """What the embedded verifier has found (``phase`` "off" when the run does not verify)."""
 
-    phase: str = "off"  # off | scanning | rechecking | idle
+    phase: str = "off"  # off | scanning | rechecking | idle | failed | stopped (a checkpoint's)
     scanned_documents: int = 0
     mismatches: int = 0  # documents or collections that still differ after their re-check
     rechecking: int = 0  # differences waiting for the replay to pass the time they were read at
@@ -89,7 +89,9 @@ def can_commit(facts: Facts) -> bool:
     if not facts.snapshot_done or facts.lag_s is None or facts.lag_s > COMMIT_LAG_S:
         return False
     v = facts.verification
-    return v is None or (v.clean_passes > 0 and v.mismatches == 0 and v.rechecking == 0)
+    if v is None:
+        return True
+    return v.phase != "failed" and v.clean_passes > 0 and v.mismatches == 0 and v.rechecking == 0
 
 
 def progress_document(facts: Facts) -> dict[str, Any]:

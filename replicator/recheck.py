@@ -33,6 +33,8 @@ from .rawbson import DICT_CODEC, RAW_CODEC
 DOC, SCHEMA, COUNT = "document", "schema", "count"
 #: verdicts of a round
 RESOLVED, MISMATCH, AGAIN = "resolved", "mismatch", "again"
+#: the longest wait between two rounds of an entry whose document keeps changing
+MAX_WAIT_S = 10.0
 #: mismatches kept by name per pass (the count goes on past it)
 KEPT_MISMATCHES = 1000
 
@@ -82,6 +84,7 @@ class Entry:
     read_time: Timestamp | None = None
     read_ended: float = 0.0
     touched: bool = False
+    not_before: float = 0.0  # a round that proved nothing: the next waits (local monotonic time)
 
     @property
     def ident(self) -> tuple[str, str, bytes | None]:
@@ -101,13 +104,19 @@ class Entry:
         """May the target be read (the replay passed the source read)?"""
         return self.read and self.read_time is not None and clock.passed(self.read_time, self.read_ended)
 
-    def verdict(self, same: bool) -> str:
+    def verdict(self, same: bool, now: float = 0.0) -> str:
         """Step 3, given whether the target read matched the source read: RESOLVED, MISMATCH, or AGAIN
-        (the replay applied a change of it meanwhile: a new round)."""
+        (the replay applied a change of it meanwhile: a new round, after a wait that doubles with each
+        round up to MAX_WAIT_S, so a document that keeps changing costs few reads)."""
         if self.touched:
             self.read = False
+            self.not_before = now + min(MAX_WAIT_S, 0.1 * 2 ** min(self.rounds, 10))
             return AGAIN
         return RESOLVED if same else MISMATCH
+
+    def ready(self, now: float) -> bool:
+        """May a new round begin (the source be read)?"""
+        return not self.read and now >= self.not_before
 
     def to_json(self) -> dict[str, Any]:  # a round in progress is not kept: it begins again after a restart
         out: dict[str, Any] = {"src": _ns_json(self.src), "dst": _ns_json(self.dst), "kind": self.kind}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 from bson.raw_bson import RawBSONDocument
@@ -74,7 +74,6 @@ class EmbeddedVerifier:
         metrics: Metrics | None = None,
         differ: RangeDiffer | None = None,
         ranges_at_once: int = 1,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.s = settings
         self.source = source
@@ -88,7 +87,6 @@ class EmbeddedVerifier:
         self.rechecks.load(self.state.recheck)
         self._differ = differ
         self._at_once = max(1, ranges_at_once)
-        self._now = clock
         self._fields = FieldRules(settings.field_exclude, settings.field_rename)
         self._todo: list[Namespace] | None = None  # this pass's namespaces not compared yet
         self._logged = 0
@@ -116,15 +114,11 @@ class EmbeddedVerifier:
             while True:
                 try:
                     await self._step()
-                except asyncio.CancelledError:
-                    raise
                 except Exception as exc:
                     if not is_retryable(exc):
                         raise
                     log.debug("verify: waiting for the servers: %s", exc)
                     await asyncio.sleep(_RETRY_S)
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:
             self.phase = "failed"
             self._publish()
@@ -254,8 +248,8 @@ class EmbeddedVerifier:
     async def _recheck_round(self) -> bool:
         """Read on the source what waits for its first read, then on the target what the replay has
         passed. True when anything was read."""
-        entries = list(self.rechecks)
-        unread = [e for e in entries if not e.read][:_ROUND]
+        entries, now = list(self.rechecks), time.monotonic()
+        unread = [e for e in entries if e.ready(now)][:_ROUND]
         for entry in unread:
             entry.reading()
         values = [await self._read(self.source, entry, entry.src) for entry in unread]
@@ -266,7 +260,7 @@ class EmbeddedVerifier:
         due = [e for e in entries if e.due(self.clock)][:_ROUND]
         for entry in due:
             value = await self._read(self.target, entry, entry.dst)
-            verdict = entry.verdict(self._same(entry, value))
+            verdict = entry.verdict(self._same(entry, value), time.monotonic())
             if verdict == RESOLVED:
                 self.rechecks.remove(entry)
             elif verdict == MISMATCH:

@@ -156,6 +156,8 @@ def test_can_commit_needs_the_snapshot_a_small_lag_and_a_clean_verifier_pass() -
     assert can_commit(Facts(**{**base.__dict__, "verification": clean}))
     found = Verification(phase="scanning", passes=1, clean_passes=1, mismatches=1)
     assert not can_commit(Facts(**{**base.__dict__, "verification": found}))
+    failed = Verification(phase="failed", passes=1, clean_passes=1)  # a verifier that stopped proves nothing more
+    assert not can_commit(Facts(**{**base.__dict__, "verification": failed}))
     doc = progress_document(base)["progress"]
     assert doc["state"] == "REPLAYING" and doc["canCommit"] and not doc["canWrite"]
     assert doc["collectionCopy"] == {"estimatedTotalDocuments": 9, "copiedDocuments": 9}

@@ -62,7 +62,8 @@ def test_a_round_resolves_when_equal_and_is_a_mismatch_only_when_nothing_touched
     assert entry.verdict(same=True) == RESOLVED
     assert entry.verdict(same=False) == MISMATCH
     entry.touched = True
-    assert entry.verdict(same=False) == AGAIN and not entry.read  # a new round: read the source again
+    assert entry.verdict(same=False, now=50.0) == AGAIN and not entry.read  # a new round: the source again,
+    assert not entry.ready(50.1) and entry.ready(50.2)  # after a wait that doubles with the rounds
     entry.reading()
     assert not entry.touched and entry.rounds == 1
 
