@@ -235,20 +235,64 @@ def _emit_json(data: dict[str, Any]) -> None:
 def _replicate(command: str, settings: Settings) -> None:
     """sync, catch-up and tail: one SyncJob, with metrics served when --metrics-port says so."""
 
-    async def go() -> Summary:
+    async def go() -> tuple[Summary, Any]:
         stop = _stop_on_signals() if command == "tail" else None
+        control = command == "tail" and settings.control
+        if control:
+            _check_control(settings)
         async with _metrics(settings) as metrics:
             reporter = make_reporter(settings.progress and not settings.json_output)
+            asked: list[bool] = []  # POST /commit was accepted (with blockWrites or not)
+            if control and metrics is not None and stop is not None:
+                metrics.commit = _commit_hook(metrics, stop, asked)
             try:
-                return await SyncJob(settings, reporter, command=command, stop=stop, metrics=metrics).run()
+                summary = await SyncJob(settings, reporter, command=command, stop=stop, metrics=metrics).run()
+                if not asked:
+                    return summary, None
+                from .cutover import cutover as run_cutover
+
+                assert metrics is not None
+                metrics.set_state("committing")
+                result = await run_cutover(dataclasses.replace(settings, block_writes=asked[0]), reporter)
+                metrics.set_state("committed")
+                return summary, result
             finally:
                 reporter.close()
 
     try:
-        summary = _run(go)
+        summary, committed = _run(go)
     except asyncio.CancelledError:
         raise typer.Exit(130) from None
     _print_summary(summary, settings)
+    if committed is not None:
+        _print_cutover(committed, settings)
+
+
+def _check_control(settings: Settings) -> None:
+    if settings.metrics_port is None:
+        raise ConfigError("--control answers POST /commit on the metrics port: give --metrics-port too")
+    if settings.metrics_host not in ("127.0.0.1", "::1", "localhost"):
+        raise ConfigError(
+            f"--control answers POST /commit on loopback only: --metrics-host {settings.metrics_host} is not"
+        )
+
+
+def _commit_hook(metrics: Any, stop: asyncio.Event, asked: list[bool]) -> Any:
+    """POST /commit: when canCommit holds, stop the tail (it saves its checkpoint) and cut over after."""
+    from .migration import can_commit
+
+    def commit(block_writes: bool) -> str | None:
+        if asked:
+            return "a cutover is under way already"
+        facts = metrics.facts()
+        if not can_commit(facts):
+            return "canCommit is false: see GET /progress (the snapshot, the lag, or the verifier is not there yet)"
+        asked.append(block_writes)
+        metrics.set_state("committing")
+        stop.set()
+        return None
+
+    return commit
 
 
 def _stop_on_signals() -> asyncio.Event:
@@ -416,6 +460,10 @@ def cutover(settings: Settings) -> None:
         result = _run(lambda: run_cutover(settings, reporter))
     finally:
         reporter.close()
+    _print_cutover(result, settings)
+
+
+def _print_cutover(result: Any, settings: Settings) -> None:
     if settings.json_output:
         _emit_json(result.to_json())
     else:

@@ -103,6 +103,7 @@ class Settings:
     verify: bool = False  # tail: the embedded verifier (verifier.py) sweeps beside the replay
     verify_interval_s: float = 60.0  # tail --verify: a pass begins at most this often
     block_writes: bool = False  # cutover: setUserWriteBlockMode on the source first
+    control: bool = False  # tail: POST /commit on the metrics port stops the tail and cuts over
     full_verify: bool = False  # cutover: compare everything, even after a clean pass of tail --verify
     reverse_checkpoint: Path | None = None  # cutover: where the way back's checkpoint goes (default: its pair's)
     # event sinks (Kafka, stdout, jsonl); Debezium's property names in brackets

@@ -33,7 +33,7 @@ from .uri import redact
 
 log = logging.getLogger("mcdc.metrics")
 
-STATES = ("starting", "snapshot", "streaming", "retrying", "stopping")
+STATES = ("starting", "snapshot", "streaming", "retrying", "stopping", "committing", "committed")
 #: /health answers 503 once the run has been retrying an outage for longer than this
 UNHEALTHY_RETRYING_S = 60.0
 
@@ -74,6 +74,9 @@ class Metrics:
         self._copied_before = 0  # documents of the snapshot that earlier runs copied
         self._snapshot_done = False  # the snapshot is done (or none is needed): the replay is what remains
         self.verification: Verification | None = None  # the embedded verifier's findings, when it runs
+        #: tail --control: POST /commit asks the tail to stop and cut over (argument: block the source's
+        #: writes first); returns None when accepted, else why not. None: no /commit.
+        self.commit: Callable[[bool], str | None] | None = None
         self._batches = 0
         self._state = "starting"
         self._state_since = self._progress_at = clock()
@@ -325,7 +328,9 @@ def _respond(metrics: Metrics, head: bytes) -> tuple[_Response, bool]:
     if len(parts) != 3 or not parts[1].startswith("/") or not parts[2].startswith("HTTP/1."):
         return _text(HTTPStatus.BAD_REQUEST, "malformed request line\n"), True
     method, target, _ = parts
-    path = target.split("?", 1)[0]
+    path, _, query = target.partition("?")
+    if path == "/commit" and metrics.commit is not None:
+        return _commit(metrics, method, query), True
     if path not in ("/metrics", "/health", "/progress"):
         return _text(HTTPStatus.NOT_FOUND, "not found; try /metrics, /health or /progress\n"), method != "HEAD"
     if method not in ("GET", "HEAD"):
@@ -345,6 +350,18 @@ def _respond(metrics: Metrics, head: bytes) -> tuple[_Response, bool]:
         log.exception("metrics: could not answer %s", path)
         response = _text(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error\n")
     return response, method != "HEAD"
+
+
+def _commit(metrics: Metrics, method: str, query: str) -> _Response:
+    """POST /commit[?blockWrites=true]: 202 once the tail is asked to cut over, 409 when it cannot."""
+    assert metrics.commit is not None
+    if method != "POST":
+        return _text(HTTPStatus.METHOD_NOT_ALLOWED, "use POST\n")._replace(headers=(("Allow", "POST"),))
+    block = "blockwrites=true" in query.lower().replace("%3d", "=")
+    refused = metrics.commit(block)
+    if refused is not None:
+        return _Response(HTTPStatus.CONFLICT, "application/json", orjson.dumps({"error": refused}))
+    return _Response(HTTPStatus.ACCEPTED, "application/json", orjson.dumps(progress_document(metrics.facts())))
 
 
 def _header(lines: bytes, name: bytes) -> str:

@@ -21,6 +21,8 @@ STATES = {
     "streaming": "REPLAYING",
     "retrying": "RETRYING",
     "stopping": "STOPPING",
+    "committing": "COMMITTING",
+    "committed": "COMMITTED",
 }
 STOPPED, COMMITTED = "STOPPED", "COMMITTED"
 
@@ -30,6 +32,7 @@ _INFO = {
     "REPLAYING": "applying change events",
     "RETRYING": "waiting for a server to answer again",
     "STOPPING": "saving the checkpoint",
+    "COMMITTING": "cutting over: catching up, verifying, checking that the source is quiet",
     STOPPED: "no mcdc is running on this checkpoint",
     COMMITTED: "cut over: the target is the one to write to",
 }

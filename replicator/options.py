@@ -242,6 +242,8 @@ OPTIONS: tuple[Option, ...] = (
                "replay; differences are re-checked after the replay passed them (see /progress).", ("tail",)),
         Option("verify-interval", "verify_interval_s", "tail --verify: seconds from the end of one verify pass "
                "to the start of the next, at least.", ("tail",), metavar="SECONDS"),
+        Option("control", "control", "Answer POST /commit[?blockWrites=true] on the metrics port (loopback only): "
+               "once canCommit holds, the tail stops and cuts over, as mcdc cutover does.", ("tail",)),
         Option("full-verify", "full_verify", "Compare every document, even after a clean pass of tail --verify "
                "(which else proves those the source has not changed since).", ("cutover",)),
         Option("block-writes", "block_writes", "Block writes on the source first (setUserWriteBlockMode, "

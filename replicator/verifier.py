@@ -32,6 +32,7 @@ from .fields import FieldRules
 from .filters import Selection, rename_spec
 from .metrics import Metrics
 from .migration import Verification
+from .pipeline import Throttle
 from .progress import Reporter
 from .recheck import COUNT, DOC, MISMATCH, RESOLVED, SCHEMA, Entry, RecheckList, ReplayClock, SweepState
 from .retry import is_retryable
@@ -53,6 +54,8 @@ _IDLE_S = 0.2
 _RETRY_S = 2.0
 #: mismatch lines logged per pass (all are counted, and listed in /progress)
 _LOGGED = 10
+#: clean passes in a row are logged at most this often
+_CLEAN_LINES_S = 60.0
 #: first mismatches shown in /progress
 _SHOWN = 5
 
@@ -90,6 +93,7 @@ class EmbeddedVerifier:
         self._fields = FieldRules(settings.field_exclude, settings.field_rename)
         self._todo: list[Namespace] | None = None  # this pass's namespaces not compared yet
         self._logged = 0
+        self._quiet = Throttle(_CLEAN_LINES_S)
         self.phase = "scanning"
         self._publish()
 
@@ -321,12 +325,16 @@ class EmbeddedVerifier:
         s = self.state
         started = s.pass_started_at or time.time()
         scanned, found = s.scanned, s.found.count + s.unchecked
+        was_clean = s.clean_passes > 0
         clean = s.pass_completed(time.time())
         self._todo, self._logged = None, 0
-        self.reporter.info(
-            f"verify: pass {s.passes} done in {duration(time.time() - started, precise=True)}: "
-            f"{plural(scanned, 'document')} compared, " + ("no mismatch" if clean else f"{found:,} mismatched")
-        )
+        # a line per pass, but a run of clean passes (back to back with --verify-interval 0) says so
+        # once a minute at most
+        if not (clean and was_clean) or self._quiet():
+            self.reporter.info(
+                f"verify: pass {s.passes} done in {duration(time.time() - started, precise=True)}: "
+                f"{plural(scanned, 'document')} compared, " + ("no mismatch" if clean else f"{found:,} mismatched")
+            )
         self._save()
 
     def _save(self) -> None:

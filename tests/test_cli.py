@@ -81,11 +81,13 @@ NOT_APPLICABLE = {
         "shard_refresh_s": "only tail follows shards being added or removed",
         "verify": _VERIFIER,
         "verify_interval_s": _VERIFIER,
+        "control": "POST /commit stops a tail",
     },
     "catch-up": {
         "shard_refresh_s": "only tail follows shards being added or removed",
         "verify": _VERIFIER,
         "verify_interval_s": _VERIFIER,
+        "control": "POST /commit stops a tail",
     },
     "tail": {"snapshot_only": "tail follows the stream: a copy without it is sync --snapshot-only"},
     "verify": {},

@@ -177,6 +177,7 @@ SAMPLE = {
     "verify": "true",
     "verify-interval": "30",
     "full-verify": "true",
+    "control": "true",
     "block-writes": "true",
     "reverse-checkpoint": "/var/lib/mcdc/back.json",
     "json": "true",

@@ -259,3 +259,55 @@ def test_after_a_clean_verifier_pass_cutover_compares_only_what_changed_since(
     # the 7 updated documents (the deleted one is on neither side): not the 3,000 of a full verify
     assert result["verified"] == "changes since the verifier's last clean pass" and result["documents"] == 7
     assert_identical(source_uri, target_uri)
+
+
+def _post(port: int, path: str) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.mark.integration
+def test_post_commit_on_a_controlled_tail_waits_for_can_commit_then_cuts_over(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    cp, port = tmp_path / "cp.json", free_port()
+    with pymongo.MongoClient(source_uri) as client:
+        client.shop.orders.insert_many([{"_id": i} for i in range(100)])
+    args = ["tail", "-s", source_uri, "-t", target_uri, "-c", str(cp), "--no-progress", "--json", "--control"]
+    args += ["--metrics-port", str(port), "--verify", "--verify-interval", "0"]
+    tail = subprocess.Popen(
+        [sys.executable, "-m", "replicator.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _until("a clean pass", lambda: _progress(port)["canCommit"])
+        with pymongo.MongoClient(target_uri) as client:
+            client.shop.orders.insert_one({"_id": "stray"})
+        _until("the mismatch", lambda: _progress(port)["verification"]["mismatches"] == 1)
+        status, refused = _post(port, "/commit")
+        assert status == 409 and "canCommit is false" in refused["error"]
+        with pymongo.MongoClient(target_uri) as client:
+            client.shop.orders.delete_one({"_id": "stray"})
+        _until("canCommit again", lambda: _progress(port)["canCommit"])
+        status, accepted = _post(port, "/commit")
+        assert status == 202 and accepted["progress"]["state"] == "COMMITTING"
+        out, err = tail.communicate(timeout=120)
+    finally:
+        if tail.poll() is None:
+            tail.kill()
+            tail.communicate()
+    assert tail.returncode == 0, err[-3000:]
+    result = json.loads(out[out.rindex('{\n  "point"') :])
+    assert result["point"]["t"] > 0 and result["verified"] == "changes since the verifier's last clean pass"
+    assert json.loads(cp.read_text())["cutover"]["point"] == result["point"]
+    assert_identical(source_uri, target_uri)
+
+
+def test_control_needs_a_loopback_metrics_port(tmp_path: Path) -> None:
+    base = ["tail", "-s", "mongodb://127.0.0.1:1", "-t", "mongodb://127.0.0.1:2", "-c", str(tmp_path / "cp.json")]
+    base += ["--control", "--connect-timeout", "1"]
+    _assert_one_line_error(_mcdc(*base), 2, "give --metrics-port too")
+    _assert_one_line_error(_mcdc(*base, "--metrics-port", "0", "--metrics-host", "0.0.0.0"), 2, "loopback only")
