@@ -13,7 +13,7 @@ full verify.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bson.timestamp import Timestamp
 
@@ -96,7 +96,8 @@ async def changes_between(
     """The changes to the selection from ``since`` up to ``until``, read from the source's change stream
     (one per shard); None when ``since`` is no longer in the oplog."""
     changes = Changes()
-    topology = StreamTopology(settings, reporter, client)
+    # keys only: no document looked up, no pre-image
+    topology = StreamTopology(replace(settings, full_document="default", pre_images="off"), reporter, client)
     reader = await topology.reader(info, max_await_ms=200)
     start = Position(cluster_time=since)
     try:
