@@ -309,7 +309,19 @@ def _stop_on_signals() -> asyncio.Event:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
+    loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
     return stop
+
+
+def _dump_tasks() -> None:
+    """SIGUSR1: what each of the run's tasks is waiting on, on stderr (a run that seems stuck)."""
+    import io
+
+    out = io.StringIO()
+    for task in asyncio.all_tasks():
+        task.print_stack(limit=12, file=out)
+    sys.stderr.write(f"mcdc: {len(asyncio.all_tasks())} tasks\n{out.getvalue()}")
+    sys.stderr.flush()
 
 
 @contextlib.asynccontextmanager

@@ -566,9 +566,7 @@ class SyncJob:
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await verifier.stop(task)
             stage.observer = None
             await target.close()
 

@@ -16,6 +16,7 @@ current pass. Memory holds one range's digests and the re-check list (at most RE
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -94,8 +95,17 @@ class EmbeddedVerifier:
         self._todo: list[Namespace] | None = None  # this pass's namespaces not compared yet
         self._logged = 0
         self._quiet = Throttle(_CLEAN_LINES_S)
+        self._stopping = False
         self.phase = "scanning"
         self._publish()
+
+    async def stop(self, task: asyncio.Task[None]) -> None:
+        """End ``run()`` (its task): cancelled, and told to stop, since a cancellation that reaches the
+        driver mid-request can come back as a network error, which run() would otherwise retry."""
+        self._stopping = True
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
     # --- the replay's observer (replay_stage.Observer) ---
 
@@ -112,13 +122,15 @@ class EmbeddedVerifier:
     # --- the loop ---
 
     async def run(self) -> None:
-        """Sweep and re-check until cancelled. A server that does not answer is waited for (the replay
+        """Sweep and re-check until :meth:`stop`. A server that does not answer is waited for (the replay
         reports the outage); any other failure stops the verifier, not the replay, and is said once."""
         try:
-            while True:
+            while not self._stopping:
                 try:
                     await self._step()
                 except Exception as exc:
+                    if self._stopping:  # a cancellation the driver turned into an error
+                        return
                     if not is_retryable(exc):
                         raise
                     log.debug("verify: waiting for the servers: %s", exc)
