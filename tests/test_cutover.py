@@ -164,6 +164,17 @@ def test_can_commit_needs_the_snapshot_a_small_lag_and_a_clean_verifier_pass() -
     assert doc["totalEventsApplied"] == 5 and doc["verification"]["phase"] == "off"
 
 
+def verifying_tail(
+    source_uri: str, target_uri: str, cp: Path, port: int, *extra: str, stdout: int | None = None
+) -> subprocess.Popen[str]:
+    """``mcdc tail --verify`` (passes back to back unless ``extra`` says otherwise) serving /progress."""
+    args = ["tail", "-s", source_uri, "-t", target_uri, "-c", str(cp), "--no-progress", "--verify"]
+    args += ["--metrics-port", str(port), "--verify-interval", "0", *extra]
+    return subprocess.Popen(
+        [sys.executable, "-m", "replicator.cli", *args], stdout=stdout, stderr=subprocess.PIPE, text=True
+    )
+
+
 def _progress(port: int) -> dict[str, Any]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/progress", timeout=10) as reply:
         document: dict[str, Any] = json.loads(reply.read())["progress"]
@@ -230,9 +241,7 @@ def test_after_a_clean_verifier_pass_cutover_compares_only_what_changed_since(
     with pymongo.MongoClient(source_uri) as client:
         client.shop.orders.insert_many([{"_id": i, "n": i} for i in range(3000)])
         client.shop.users.insert_many([{"_id": i} for i in range(50)])
-    args = ["tail", "-s", source_uri, "-t", target_uri, "-c", str(cp), "--no-progress", "--verify"]
-    args += ["--metrics-port", str(port), "--verify-interval", "3600"]
-    tail = subprocess.Popen([sys.executable, "-m", "replicator.cli", *args], stderr=subprocess.PIPE, text=True)
+    tail = verifying_tail(source_uri, target_uri, cp, port, "--verify-interval", "3600")
     try:
         _until("a clean pass", lambda: (p := _progress(port))["verification"]["cleanPasses"] >= 1 and p)
         with pymongo.MongoClient(source_uri) as client:  # after the pass began: not proven by it
@@ -277,11 +286,7 @@ def test_post_commit_on_a_controlled_tail_waits_for_can_commit_then_cuts_over(
     cp, port = tmp_path / "cp.json", free_port()
     with pymongo.MongoClient(source_uri) as client:
         client.shop.orders.insert_many([{"_id": i} for i in range(100)])
-    args = ["tail", "-s", source_uri, "-t", target_uri, "-c", str(cp), "--no-progress", "--json", "--control"]
-    args += ["--metrics-port", str(port), "--verify", "--verify-interval", "0"]
-    tail = subprocess.Popen(
-        [sys.executable, "-m", "replicator.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    tail = verifying_tail(source_uri, target_uri, cp, port, "--json", "--control", stdout=subprocess.PIPE)
     try:
         _until("a clean pass", lambda: _progress(port)["canCommit"])
         with pymongo.MongoClient(target_uri) as client:

@@ -8,7 +8,6 @@ import json
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -19,13 +18,7 @@ import pytest
 
 from tests.support.servers import free_port
 from tests.test_cli import _assert_one_line_error, _mcdc
-from tests.test_cutover import _progress, _until
-
-
-def _tail(source_uri: str, target_uri: str, cp: Path, port: int, *extra: str) -> subprocess.Popen[str]:
-    args = ["tail", "-s", source_uri, "-t", target_uri, "-c", str(cp), "--no-progress", "--verify"]
-    args += ["--metrics-port", str(port), "--verify-interval", "0", *extra]
-    return subprocess.Popen([sys.executable, "-m", "replicator.cli", *args], stderr=subprocess.PIPE, text=True)
+from tests.test_cutover import _progress, _until, verifying_tail
 
 
 def _stop(tail: subprocess.Popen[str]) -> str:
@@ -71,7 +64,7 @@ def test_no_false_mismatch_under_writes_and_a_target_only_difference_is_found(
         client.shop.users.insert_many([{"_id": i, "name": f"u{i}"} for i in range(300)])
         client.shop.orders.create_index("n")
     port, cp = free_port(), tmp_path / "cp.json"
-    tail = _tail(source_uri, target_uri, cp, port, "--partition-docs", "250", "--split", "always")
+    tail = verifying_tail(source_uri, target_uri, cp, port, "--partition-docs", "250", "--split", "always")
     try:
         _until("a first pass", lambda: _verification(port)["passes"] >= 1, timeout=90)
         stop = threading.Event()
@@ -138,14 +131,14 @@ def test_a_pass_goes_on_after_kill_9_instead_of_starting_over(source_uri: str, t
         client.shop.orders.insert_many([{"_id": i, "pad": "x" * 100} for i in range(documents)])
     port, cp = free_port(), tmp_path / "cp.json"
     ranges = ["--partition-docs", "300", "--split", "always", "--verify-interval", "3600"]
-    tail = _tail(source_uri, target_uri, cp, port, *ranges)
+    tail = verifying_tail(source_uri, target_uri, cp, port, *ranges)
     try:
         saved = _until("a pass saved half-way", lambda: _saved_place(cp), timeout=120)
     finally:
         tail.send_signal(signal.SIGKILL)
         tail.communicate(timeout=60)
     assert saved["passes"] == 0 and 0 < saved["parts_done"] < 20 and saved["scanned"] == saved["parts_done"] * 300
-    tail = _tail(source_uri, target_uri, cp, port, *ranges)
+    tail = verifying_tail(source_uri, target_uri, cp, port, *ranges)
     try:
         first = _until("the restarted verifier", lambda: _verification(port)["currentPass"])
         assert first["rangesDone"] >= saved["parts_done"]  # from where it was, not from 0
