@@ -20,11 +20,13 @@ comparison, and what it costs the replay beside it; on the same two servers, in 
    answer showed) over that time; by wall time, from process start. The peak RSS of the tail's process
    tree (sampled every 50 ms, start to stop) is the memory figure. Stopped with SIGTERM.
 5. Replay slowdown. With no tail running, ``--events`` change events are made on ``bench.docs``: ``$inc`` of
-   the field ``v`` by update_many over runs of 100 consecutive ``_id``s, one call in ten an update_one of one
-   random document (every event adds 1 to one document's ``v``, so count and sum of ``v`` tell the final
-   state). Then four tails of that backlog, each from a fresh copy of the checkpoint put aside in step 1
-   (its position is before the backlog), into the same target, each stopped with SIGTERM once
-   ``/progress``'s ``totalEventsApplied`` reaches the backlog:
+   the field ``v``, one UpdateOne by ``_id`` per event (bulk_write, 1,000 a call), over runs of 100
+   consecutive ``_id``s from random places, one run in ten a single random document (every event adds 1
+   to one document's ``v``, so count and sum of ``v`` tell the final state). Not update_many over an ``_id``
+   range: SecantusDB reads a range by a collection scan, about 8 s a call at 500,000 documents. Then four
+   tails of that backlog, each from a fresh copy of the checkpoint put aside in step 1 (its position is
+   before the backlog), into the same target, each stopped with SIGTERM once ``/progress``'s
+   ``totalEventsApplied`` reaches the backlog:
 
    a. warm-up, without --verify (not compared: the first read of the backlog's oplog entries);
    b. without --verify;
@@ -48,14 +50,14 @@ comparison, and what it costs the replay beside it; on the same two servers, in 
 Prints two tables, the ratios (embedded docs/s against mcdc verify and against the two cursors, replay
 events/s with and without --verify), and PASS/FAIL for the goals (tail --verify peak RSS < 300 MB, replay
 slowdown < 20%, no mismatch reported by step 4's pass nor after the replay in c); exits 0 whatever they
-say: it is a measurement. Exits 1 only when a step fails: a command exits non-zero or dies, a target is not identical
-to the source where it must be, a pass or a replay does not finish in time.
+say: it is a measurement. Exits 1 only when a step fails: a command exits non-zero or dies, a target is
+not identical to the source where it must be, a pass or a replay does not finish in time.
 
 Without ``--source/--target`` it starts two local SecantusDB servers (a Python MongoDB-compatible server,
 several times slower than mongod) in a temporary directory: figures are for that server, not for MongoDB;
 the ratios within one run are what count. With them, only the ``bench`` database is touched (dropped on
-the target, reloaded on the source if its ``bench.meta`` marker does not match, and updated by the backlog:
-the next run reloads it).
+the target; on the source, reloaded if its ``bench.meta`` marker does not match, else an earlier run's
+backlog is taken out before the sync, and the backlog written).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ import platform
 import random
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -94,14 +97,16 @@ from _local import (
 from bench_sync import COLL, DB, INCLUDE, _check_target, _reset_target, load_and_warm, mcdc_argv, run_mcdc
 from bench_tail import Tail, _fingerprint, _fresh_checkpoint, _writer, tail_argv
 from bson.raw_bson import RawBSONDocument
+from pymongo import UpdateOne
 
 from tests.support.compare import RAW
 from tests.support.servers import connect, free_port
 
 RSS_TARGET_MB = 300.0
 SLOWDOWN_TARGET = 0.20
-RUN_IDS = 100  # _ids per update_many of the backlog
-ONE_IN = 10  # one backlog call in this many is an update_one
+RUN_IDS = 100  # consecutive _ids updated in a run of the backlog
+ONE_IN = 10  # one run in this many is a single random document
+BULK = 1_000  # backlog updates per bulk_write
 #: the tails of step 5, in order (see the docstring)
 WARM_UP, NO_VERIFY, WITH_VERIFY, NO_VERIFY_AGAIN = "warm-up", "no verify", "verify", "no verify again"
 REPLAYS = (WARM_UP, NO_VERIFY, WITH_VERIFY, NO_VERIFY_AGAIN)
@@ -341,8 +346,8 @@ class Backlog:
     """The change events made on bench.docs for step 5."""
 
     events: int
-    update_one: int  # events made by update_one calls
-    update_many: int  # events made by update_many calls (of RUN_IDS _ids)
+    runs: int  # runs of RUN_IDS consecutive _ids (or fewer, at the end)
+    singles: int  # single random documents
     docs: int
     v_sum: int
     build_s: float
@@ -351,20 +356,26 @@ class Backlog:
 def make_backlog(uri: str, docs: int, events: int, seed: int = 0) -> Backlog:
     """``events`` $inc updates of existing documents' ``v``; the source's count and sum of ``v`` checked."""
     rng = random.Random(seed)
-    ones = manys = 0
+    ids: list[int] = []
+    runs = singles = 0
+    while len(ids) < events:
+        if rng.randrange(ONE_IN) == 0:
+            ids.append(rng.randrange(docs))
+            singles += 1
+            continue
+        size = min(RUN_IDS, docs, events - len(ids))
+        first = rng.randrange(docs - size + 1)
+        ids.extend(range(first, first + size))
+        runs += 1
     with _writer(uri) as client:  # without retryable writes, as bench_tail's backlog (see _writer)
         coll = client[DB][COLL]
         started = time.perf_counter()
-        while ones + manys < events:
-            if rng.randrange(ONE_IN) == 0 or events - ones - manys < RUN_IDS:
-                result = coll.update_one({"_id": rng.randrange(docs)}, {"$inc": {"v": 1}})
-                ones += result.modified_count
-                continue
-            first = rng.randrange(max(1, docs - RUN_IDS + 1))
-            result = coll.update_many({"_id": {"$gte": first, "$lt": first + RUN_IDS}}, {"$inc": {"v": 1}})
-            manys += result.modified_count
+        for at in range(0, events, BULK):
+            chunk = [UpdateOne({"_id": _id}, {"$inc": {"v": 1}}) for _id in ids[at : at + BULK]]
+            if coll.bulk_write(chunk).modified_count != len(chunk):
+                raise BenchError(f"a backlog bulk_write did not update each of its {len(chunk)} documents")
         build_s = time.perf_counter() - started
-        backlog = Backlog(events, ones, manys, docs, events, round(build_s, 2))
+        backlog = Backlog(events, runs, singles, docs, events, round(build_s, 2))
         found = _fingerprint(coll)
         if found != (docs, events):
             raise BenchError(f"the source's {DB}.{COLL} holds (documents, sum of v) {found}, not {(docs, events)}")
@@ -432,15 +443,15 @@ def _applied(p: Progress) -> int:
     return int(p.get("totalEventsApplied") or 0)
 
 
-def restore_target(uri: str, docs: int) -> int:
-    """Take the backlog out of the target (``v`` unset where it is): the documents as mcdc sync wrote them.
-    Returns how many were changed."""
+def without_backlog(uri: str, docs: int) -> int:
+    """Take the backlog out of a server's bench.docs (``v`` unset where it is): the documents as loaded
+    and synced. Returns how many were changed."""
     with connect(uri) as client:
         coll = client[DB][COLL]
         changed = coll.update_many({"v": {"$exists": True}}, {"$unset": {"v": ""}}).modified_count
         found = _fingerprint(coll)
     if found != (docs, 0):
-        raise BenchError(f"the restored target holds (documents, sum of v) {found}, not {(docs, 0)}")
+        raise BenchError(f"{DB}.{COLL} without the backlog holds (documents, sum of v) {found}, not {(docs, 0)}")
     return changed
 
 
@@ -600,8 +611,9 @@ def print_report(data: dict[str, Any]) -> None:
             print(f"{s['kind']}: {s['note']}")
     print()
     print(
-        f"backlog: {backlog['events']:,} $inc events on {DB}.{COLL} ({backlog['update_many']:,} by update_many of "
-        f"{RUN_IDS} _ids, {backlog['update_one']:,} by update_one), made in {backlog['build_s']:.1f} s"
+        f"backlog: {backlog['events']:,} $inc events on {DB}.{COLL} (UpdateOne by _id: {backlog['runs']:,} runs of "
+        f"up to {RUN_IDS} consecutive _ids, {backlog['singles']:,} single documents), "
+        f"made in {backlog['build_s']:.1f} s"
     )
     print(
         f"{'replay (mcdc tail)':<22}{'events':>8}{'wall s':>9}{'ev/s':>8}{'first s':>9}{'steady s':>10}{'ev/s':>8}"
@@ -643,6 +655,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     with bench_setup("bench_verify", args, "mcdc-bench-verify-") as (workdir, source, target, server):
         commands = {"bench": show([sys.executable, *sys.argv])}
         load_and_warm(source, args.docs, args.doc_size)
+        if args.source:  # a load reused from an earlier run holds that run's backlog
+            print(f"an earlier backlog taken out of the source: {without_backlog(source, args.docs):,} documents")
 
         heading("Step 1: mcdc sync into the wiped target (the checkpoint every tail starts from)")
         _reset_target(target)
@@ -679,13 +693,13 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         heading(f"Step 5: a backlog of {args.events:,} updates on {DB}.{COLL}, replayed without and with --verify")
         backlog = make_backlog(source, args.docs, args.events)
         print(
-            f"made in {backlog.build_s:.1f} s: {backlog.update_many:,} events by update_many, "
-            f"{backlog.update_one:,} by update_one"
+            f"made in {backlog.build_s:.1f} s: {backlog.runs:,} runs of up to {RUN_IDS} consecutive _ids, "
+            f"{backlog.singles:,} single documents"
         )
         replays: list[Replay] = []
         for kind in REPLAYS:
             heading(f"Step 5: replay of the backlog from a copy of the checkpoint: {kind}")
-            print(f"target put back as the sync left it: {restore_target(target, args.docs):,} documents changed")
+            print(f"target put back as the sync left it: {without_backlog(target, args.docs):,} documents changed")
             done, argv = replay(source, target, base, backlog, kind, workdir, args.mcdc_arg)
             commands[f"tail ({kind})"] = show(argv)
             print(
@@ -694,6 +708,12 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             )
             replays.append(done)
         return figures(sync, [cursors, verify, tail], embedded, backlog, replays, args, server, commands)
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    """SIGTERM as Ctrl-C: the way out stops the running mcdc and the local servers (a plain SIGTERM left
+    them running)."""
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -705,6 +725,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.docs < 1 or args.events < 1:
         parser.error("--docs and --events must be at least 1")
+    signal.signal(signal.SIGTERM, _interrupted)
     return run_bench("bench_verify", lambda: bench(args), print_report, args.json)
 
 
