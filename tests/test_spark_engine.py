@@ -25,6 +25,7 @@ from replicator.progress import LogReporter
 from replicator.sync import SyncJob
 from tests.support.compare import assert_identical
 from tests.support.corpus import load_bulk, load_corpus
+from tests.support.spark import quick_jvm_conf
 from tests.support.workload import random_workload, two_shard_workload
 
 pytestmark = pytest.mark.integration
@@ -104,10 +105,11 @@ def _checkpoint(path: Path) -> dict[str, Any] | None:
 
 
 def _spark_cli(command: str, *args: str) -> list[str]:
-    """``mcdc COMMAND --engine spark`` on its own local[2] Spark, as a user runs it."""
+    """``mcdc COMMAND --engine spark`` on its own local[2] Spark, as a user runs it (with a JVM that starts
+    sooner)."""
     return [
         sys.executable, "-m", "replicator.cli", command, "--engine", "spark", "--spark-master", "local[2]",
-        "--spark-conf", "spark.ui.enabled=false", "--spark-conf", "spark.driver.host=127.0.0.1",
+        "--spark-conf", "spark.ui.enabled=false", "--spark-conf", "spark.driver.host=127.0.0.1", *quick_jvm_conf(),
         *(["--no-progress"] if command != "verify" else []), *args,
     ]  # fmt: skip
 

@@ -38,6 +38,7 @@ from tests.chaos.workload import SELECTION, ChaosWorkload, prepare, selected
 from tests.support.compare import assert_identical
 from tests.support.kafka import KafkaBroker
 from tests.support.servers import LocalServer, drop_user_databases
+from tests.support.spark import quick_jvm_conf
 
 MODES = ("tail", "catch-up")
 ENGINES = ("asyncio", "spark")
@@ -200,7 +201,7 @@ class Runner:
         if self.plan.sink == "kafka":
             argv += ["--topic-prefix", self.prefix]
         if self.plan.engine == "spark":
-            argv += ["--engine", "spark", "--spark-master", "local[2]"]
+            argv += ["--engine", "spark", "--spark-master", "local[2]", *quick_jvm_conf()]
         return argv
 
     def _spawn(self, command: str) -> subprocess.Popen[bytes]:
