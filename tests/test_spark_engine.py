@@ -461,8 +461,11 @@ async def test_a_tail_on_spark_from_start_at_moves_each_shards_checkpoint(
     """--start-at leaves no per-shard entry in the checkpoint; the first acknowledged events make them."""
     from tests.test_shards import _wait_converged
 
-    with pymongo.MongoClient(source_uri) as client:
-        start = client.admin.command("ping")["operationTime"]
+    starts = []
+    for uri in (source_uri, second_shard):  # the earlier: these servers share no cluster time (see the workload)
+        with pymongo.MongoClient(uri) as client:
+            starts.append(client.admin.command("ping")["operationTime"])
+    start = min(starts)
     two_shard_workload(source_uri, second_shard)
     cp = tmp_path / "cp.json"
     shards = {"shards": (source_uri, second_shard)}
