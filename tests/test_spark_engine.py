@@ -85,18 +85,6 @@ def test_a_spark_run_that_fails_names_spark_s_log_in_its_one_line_and_keeps_it(
     assert "Exception in task" in logs[0].read_text()  # each attempt's failure, at length
 
 
-def test_a_spark_run_that_succeeds_leaves_no_log_behind(source_uri: str, target_uri: str, tmp_path: Path) -> None:
-    for uri in (source_uri, target_uri):
-        with pymongo.MongoClient(uri) as client:
-            client.db.c.insert_many([{"_id": i} for i in range(10)])
-    argv = _spark_cli("verify", "-s", source_uri, "-t", target_uri)
-    done = subprocess.run(
-        argv, capture_output=True, text=True, env={**os.environ, "TMPDIR": str(tmp_path)}, timeout=300
-    )
-    assert done.returncode == 0, done.stderr
-    assert not list(tmp_path.glob("mcdc-spark-*.log"))
-
-
 def _checkpoint(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())  # type: ignore[no-any-return]
@@ -114,9 +102,9 @@ def _spark_cli(command: str, *args: str) -> list[str]:
     ]  # fmt: skip
 
 
-def _tail(source: str, target: str, cp: Path, *args: str) -> subprocess.Popen[str]:
+def _tail(source: str, target: str, cp: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     argv = _spark_cli("tail", "-s", source, "-t", target, "-c", str(cp), *args)
-    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def _until(proc: subprocess.Popen[str], ready: Callable[[], bool], what: str, timeout: float = 120) -> None:
@@ -343,18 +331,22 @@ async def test_catch_up_on_spark_reaches_now(spark: Any, source_uri: str, target
     assert again["events"] == 0  # nothing read twice
 
 
-def test_tail_on_spark_converges_under_writes_and_exits_0_on_sigterm(
+def test_tail_on_spark_converges_under_writes_exits_0_on_sigterm_and_leaves_no_log_behind(
     source_uri: str, target_uri: str, tmp_path: Path
 ) -> None:
+    """A run that succeeds (a tail stopped by SIGTERM exits 0) removes the file Spark's console went to."""
     cp = tmp_path / "cp.json"
     with pymongo.MongoClient(source_uri) as client:
         client.db.c.insert_many([{"_id": i} for i in range(200)])
-    proc = _tail(source_uri, target_uri, cp)
+    proc = _tail(source_uri, target_uri, cp, env={**os.environ, "TMPDIR": str(tmp_path)})
+    spark_log = tmp_path / f"mcdc-spark-{proc.pid}.log"
     try:
         _until(proc, lambda: (_checkpoint(cp) or {}).get("snapshot", {}).get("status") == "done", "the snapshot")
+        assert spark_log.exists()  # Spark's console goes there while the tail runs
         random_workload(source_uri, rounds=300, seed=7)
         _until(proc, _identical(source_uri, target_uri), "convergence")
         _sigterm(proc)
+        assert not list(tmp_path.glob("mcdc-spark-*.log"))
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -382,24 +374,34 @@ async def test_sync_on_spark_to_kafka_writes_from_the_executors_and_rebuilds_exa
     assert_same(rebuild(decoded), server_docs(source_uri))
 
 
-def test_tail_on_spark_follows_two_shards_in_order(
-    source_uri: str, target_uri: str, second_shard: str, tmp_path: Path
+async def test_tail_on_spark_follows_two_shards_in_order(
+    spark: Any, source_uri: str, target_uri: str, second_shard: str, tmp_path: Path
 ) -> None:
+    """On the session's Spark, stopped as SIGTERM stops ``mcdc tail``: SIGTERM sets this same event, which
+    test_tail_on_spark_converges_under_writes_exits_0_on_sigterm_and_leaves_no_log_behind proves of a Spark
+    tail in a process of its own."""
     from tests.test_shards import _wait_converged
 
     cp = tmp_path / "cp.json"
-    proc = _tail(source_uri, target_uri, cp, "--shard", source_uri, "--shard", second_shard, "--snapshot", "never")
+    settings = resolve(
+        {"source": source_uri, "target": target_uri, "checkpoint": cp, "engine": "spark",
+         "shards": (source_uri, second_shard), "snapshot": "never"}, env={},
+    )  # fmt: skip
+    stop = asyncio.Event()
+    job = asyncio.create_task(SyncJob(settings, LogReporter(), command="tail", stop=stop).run())
     try:
-        _until(proc, cp.exists, "the first checkpoint", timeout=60)
-        two_shard_workload(source_uri, second_shard)
-        _wait_converged(target_uri, source_uri, second_shard, timeout=120)
-        _sigterm(proc)
-        saved = json.loads(cp.read_text())
-        assert len(saved["shards"]) == 2 and all(p["resume_token"] for p in saved["shards"].values())
+        deadline = time.monotonic() + 60
+        while not cp.exists():
+            assert not job.done(), job.result()
+            assert time.monotonic() < deadline, "timed out waiting for the first checkpoint"
+            await asyncio.sleep(0.1)
+        await asyncio.to_thread(two_shard_workload, source_uri, second_shard)
+        await asyncio.to_thread(_wait_converged, target_uri, source_uri, second_shard, timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        stop.set()
+        await asyncio.wait_for(job, timeout=60)
+    saved = json.loads(cp.read_text())
+    assert len(saved["shards"]) == 2 and all(p["resume_token"] for p in saved["shards"].values())
 
 
 def test_kill_9_of_a_spark_tail_then_a_restart_converges(source_uri: str, target_uri: str, tmp_path: Path) -> None:
