@@ -9,6 +9,12 @@ Here a work unit is either the tests of :data:`SESSION_MODULES`, which use the s
 worker, one session), or a single test. A worker that runs low gets the longest unit left (by
 :data:`MEASURED_S`), so no long test starts last and keeps one worker busy after the others are done. The
 figures only set the order: a stale or missing one makes the suite slower, never wrong.
+
+A Spark unit (the session's, or a test that starts a JVM) keeps about one core busy for its whole run (measured
+alone: the Spark chaos plan used 95 CPU-seconds in 103 s, a kill -9 tail test 44 in 50), where most other
+long tests wait on outages and processes. So no more than :data:`SPARK_AT_ONCE` workers hold Spark units
+at a time while other units are left: three of them on two cores slowed each other down by half, and the
+other tests, run after them, then left the cores idle.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ SESSION_MODULES = ("tests/test_spark_engine.py", "tests/test_spark_datasource.py
 SPARK_SESSION = "spark-session"
 #: What a test not in :data:`MEASURED_S` counts for.
 DEFAULT_S = 1.0
+#: How many workers may run Spark units at once (scripts/test.sh runs 3 on 2 cores).
+SPARK_AT_ONCE = 2
 #: Seconds per test function, by name (for a parametrized one, its longest case), for those over ~10 s,
 #: measured by ``scripts/test.sh --durations=60`` on a 2-core machine.
 MEASURED_S: dict[str, float] = {
@@ -76,13 +84,27 @@ def uses_the_session_outside_its_modules(item: pytest.Item) -> bool:
     return "spark" in getattr(item, "fixturenames", ()) and item.nodeid.split("::", 1)[0] not in SESSION_MODULES
 
 
+def is_spark(scope: str) -> bool:
+    """Whether the work unit ``scope`` runs Spark: the session's unit, or a long test with Spark in its name
+    (its own JVMs: ``mcdc ... --engine spark`` processes, a cluster, a Spark benchmark or chaos plan)."""
+    return scope == SPARK_SESSION or ("spark" in scope.lower() and expected_seconds(scope) >= 10)
+
+
 class SuiteScheduling(LoadScopeScheduling):
-    """pytest-xdist's scope scheduling with this suite's work units, handed out longest first."""
+    """pytest-xdist's scope scheduling with this suite's work units: the longest first, and Spark units on at
+    most :data:`SPARK_AT_ONCE` workers at a time while there are others."""
 
     def _split_scope(self, nodeid: str) -> str:
         return SPARK_SESSION if nodeid.split("::", 1)[0] in SESSION_MODULES else nodeid
 
     def _assign_work_unit(self, node: WorkerController) -> None:
-        longest = max(self.workqueue, key=lambda scope: sum(map(expected_seconds, self.workqueue[scope])))
+        units = list(self.workqueue)
+        if not self._holds_spark(node) and sum(map(self._holds_spark, self.nodes)) >= SPARK_AT_ONCE:
+            units = [scope for scope in units if not is_spark(scope)] or units
+        longest = max(units, key=lambda scope: sum(map(expected_seconds, self.workqueue[scope])))
         self.workqueue.move_to_end(longest, last=False)  # the base class hands out the first unit
         super()._assign_work_unit(node)
+
+    def _holds_spark(self, node: WorkerController) -> bool:
+        """Whether ``node`` runs, or has yet to run, a Spark unit."""
+        return any(is_spark(scope) and not all(done.values()) for scope, done in self.assigned_work[node].items())
