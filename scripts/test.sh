@@ -14,7 +14,8 @@ fi
 "$VENV/bin/python" -m ruff format --check .
 "$VENV/bin/python" -m mypy
 # Each worker starts servers of its own; external servers are shared, so their tests run one at a time.
-# The Spark tests share one worker (tests/conftest.py), so one JVM runs at a time.
+# With --dist loadgroup, the tests that use the session's SparkSession share one worker (one session for the
+# suite) and the longest tests start first (tests/support/schedule.py).
 WORKERS=(-n "${MCDC_TEST_WORKERS:-3}" --dist loadgroup)
 if [ -n "${MCDC_TEST_SOURCE_URI:-}${MCDC_TEST_KAFKA_BOOTSTRAP:-}" ]; then
   WORKERS=(-p no:xdist)

@@ -9,7 +9,7 @@ use a real broker instead, whose topics and consumer groups are then all deleted
 
 from __future__ import annotations
 
-import zlib
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,22 +17,29 @@ from typing import Any
 import pytest
 
 from tests.support.kafka import KafkaBroker, delete_consumer_groups, delete_topics
+from tests.support.schedule import SuiteScheduling, uses_the_session_outside_its_modules
 from tests.support.servers import Clients, LocalServer, ServerPair, connect, drop_user_databases, start_pair
 from tests.support.spark import start_session
 
 
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # before pytest-xdist's own; none without xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` (scripts/test.sh runs the suite on a few workers, each with servers of its own):
+    the tests that use the session's SparkSession on one worker, the longest tests first
+    (tests/support/schedule.py)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    return SuiteScheduling(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (scripts/test.sh runs the suite on a few workers, each with servers of its own),
-    the Spark tests go to three groups (the engine's tests, halved, and the rest), each group on one
-    worker with one SparkSession, and the chaos plans share one worker."""
+    """A test that uses the session's SparkSession must run in the unit that has it."""
     for item in items:
-        if "test_spark_engine" in item.nodeid:
-            half = zlib.crc32(item.nodeid.encode()) % 2  # stable from run to run
-            item.add_marker(pytest.mark.xdist_group(f"spark-engine-{half}"))
-        elif "spark" in item.nodeid.lower():
-            item.add_marker(pytest.mark.xdist_group("spark"))
-        elif "/chaos/" in item.nodeid:
-            item.add_marker(pytest.mark.xdist_group("chaos"))
+        if uses_the_session_outside_its_modules(item):
+            raise pytest.UsageError(
+                f"{item.nodeid} uses the spark fixture: add its module to SESSION_MODULES in "
+                "tests/support/schedule.py, so that its worker is the one with the session"
+            )
 
 
 @pytest.fixture(scope="session")
@@ -103,9 +110,30 @@ def spark() -> Iterator[Any]:
 @pytest.fixture
 def second_shard(tmp_path: Path) -> Iterator[str]:
     """A second server, to act as a second shard of the source beside ``source_uri``."""
-    server = LocalServer(tmp_path / "shard2")
+    with _own_server(tmp_path / "shard2") as uri:
+        yield uri
+
+
+@pytest.fixture
+def own_source(servers: ServerPair, tmp_path: Path) -> Iterator[str]:
+    """A source server of the test's own, whose oplog holds only what the test writes: for a test that reads
+    the oplog from long ago, which on the session's source holds every earlier test's writes. With external
+    servers, the session's source (its user databases dropped, as ``source_uri`` does)."""
+    if servers.source is None:
+        drop_user_databases(servers.source_uri)
+        yield servers.source_uri
+        return
+    with _own_server(tmp_path / "own-source") as uri:
+        yield uri
+
+
+@contextlib.contextmanager
+def _own_server(directory: Path) -> Iterator[str]:
+    """A server for one test, killed at its end: no one reads its data again, and a clean stop of an idle
+    SecantusDB takes 2 s."""
+    server = LocalServer(directory)
     server.start()
     try:
         yield server.uri
     finally:
-        server.stop()
+        server.kill()

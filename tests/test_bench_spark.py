@@ -8,12 +8,14 @@ import re
 import pytest
 
 from tests.support.scripts import run_script
+from tests.support.spark import quick_jvm_conf
 
 pytestmark = pytest.mark.integration
 
 
 def test_bench_spark_small_run_prints_both_engines_and_the_targets() -> None:
-    result = run_script("bench_spark.py", "--docs", "1000", "--events", "200", "--json", timeout=300)
+    quick = [f"--mcdc-arg={arg}" for arg in quick_jvm_conf()]  # its Spark runs start a JVM each
+    result = run_script("bench_spark.py", "--docs", "1000", "--events", "200", "--json", *quick, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     for engine in ("asyncio", "spark"):

@@ -16,7 +16,7 @@ import pytest
 
 from replicator.source.shards import parse_shards, shard_uri
 from tests.support.compare import server_state
-from tests.support.workload import two_shard_workload
+from tests.support.workload import two_shard_workload, wait_past_cluster_time
 
 
 def test_shard_uris_keep_credentials_and_options() -> None:
@@ -123,9 +123,9 @@ async def test_a_shard_added_while_tailing_is_followed(
             a.db.c.insert_many([{"_id": i} for i in range(10)])
         await arrived(10)
         listed.append(Shard("shardB", second_shard, second_shard))  # a shard joins the cluster...
-        # (as in the migration test: these servers share only the wall clock's seconds, not a cluster
-        # time, so b's writes wait for the next second to be later than the listing that missed b)
-        await asyncio.sleep(1.05 - time.time() % 1)
+        # (as in the migration test: these servers share no cluster time, so b's writes wait for the wall
+        # clock to pass a's to be later than the listing that missed b)
+        await asyncio.to_thread(wait_past_cluster_time, source_uri)
         with pymongo.MongoClient(second_shard) as b:
             b.db.c.insert_many([{"_id": i} for i in range(10, 20)])  # ...and takes writes at once
         await arrived(20)
@@ -154,12 +154,6 @@ def _as_mongos(monkeypatch: pytest.MonkeyPatch, listed: list[Any]) -> None:
     monkeypatch.setattr(sync_module, "probe", mongos_probe)
     monkeypatch.setattr(topology_module, "discover", list_shards)
     monkeypatch.setattr(topology_module, "shard_uri", lambda host, mongos: host)
-
-
-def _next_second() -> None:
-    """These servers share only the wall clock's seconds, not a cluster time: wait for the next second so
-    what comes now is later than what came before on the other."""
-    time.sleep(1.05 - time.time() % 1)
 
 
 @pytest.mark.integration
@@ -196,10 +190,10 @@ async def test_a_shard_removed_while_mcdc_was_down_is_read_to_its_end(
     with pymongo.MongoClient(source_uri) as a, pymongo.MongoClient(second_shard) as b:
         await tail_until(0)  # the checkpoint follows both shards
         a.db.c.insert_many([{"_id": i} for i in range(5)])
-        _next_second()
+        wait_past_cluster_time(source_uri)  # these servers share no cluster time: b's writes come later
         b.db.c.insert_many([{"_id": i} for i in range(5, 10)])  # taken while mcdc is down...
     listed.pop()  # ...and the shard is removed before it starts again
-    _next_second()  # (a real cluster's time is past b's writes by now)
+    wait_past_cluster_time(second_shard)  # (a real cluster's time is past b's writes by now)
     await tail_until(10)
     with pymongo.MongoClient(target_uri) as target:
         assert sorted(d["_id"] for d in target.db.c.find()) == list(range(10))
@@ -225,10 +219,10 @@ async def test_a_shard_added_during_the_snapshot_is_followed_from_before_it(
         def snapshot_begin(self, collections: Iterable[CollectionProgress]) -> None:
             super().snapshot_begin(collections)
             listed.append(Shard("shardB", second_shard, second_shard))
-            _next_second()
+            wait_past_cluster_time(source_uri)
             with pymongo.MongoClient(second_shard) as b:
                 b.db.c.insert_many([{"_id": i} for i in range(100, 105)])  # the new shard takes writes at once
-            _next_second()  # the snapshot goes on: its end is later than those writes
+            wait_past_cluster_time(second_shard)  # the snapshot goes on: its end is later than those writes
 
     with pymongo.MongoClient(source_uri) as a:
         a.db.c.insert_many([{"_id": i} for i in range(5)])

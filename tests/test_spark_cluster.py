@@ -17,7 +17,8 @@ import pytest
 from tests.support.compare import assert_identical
 from tests.support.corpus import load_corpus
 from tests.support.servers import connect
-from tests.support.spark_cluster import Cluster, cluster_environment, quick_jvm_conf
+from tests.support.spark import quick_jvm_conf
+from tests.support.spark_cluster import Cluster, cluster_environment
 
 pytestmark = pytest.mark.integration
 

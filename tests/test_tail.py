@@ -280,8 +280,10 @@ async def test_events_over_16mb_arrive_whole(source_uri: str, target_uri: str) -
 
 
 async def test_warns_when_the_checkpoint_nears_the_end_of_the_oplog(
-    source_uri: str, target_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    own_source: str, target_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The oplog's ends are faked; the stream itself reads from 10 and 110 minutes ago, which on the
+    session's source is every earlier test's writes: on a source of its own (0.5 s, not 30 s in the suite)."""
     from bson.timestamp import Timestamp
 
     import replicator.streaming as streaming
@@ -303,9 +305,9 @@ async def test_warns_when_the_checkpoint_nears_the_end_of_the_oplog(
         def warn(self, message: str) -> None:
             self.seen.append(message)
 
-    source = make_client(source_uri)
+    source = make_client(own_source)
     try:
-        with pymongo.MongoClient(source_uri) as client:
+        with pymongo.MongoClient(own_source) as client:
             client.db.c.insert_one({"_id": 1})
         real = await oplog_window(source)  # the source's oplog is readable
         assert real is not None and real[0] <= real[1]
@@ -318,7 +320,7 @@ async def test_warns_when_the_checkpoint_nears_the_end_of_the_oplog(
             return Timestamp(now - 7200, 1), Timestamp(now, 1)
 
         monkeypatch.setattr(streaming, "oplog_window", two_hour_oplog)
-        settings = resolve({"source": source_uri, "target": target_uri}, env={})
+        settings = resolve({"source": own_source, "target": target_uri}, env={})
         seen = {}
         for age_s in (20, 600, 6600):  # 8% and 92% of the window; 20 s is too recent to read the oplog for
             reporter = Warnings()

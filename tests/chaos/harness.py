@@ -39,6 +39,7 @@ from tests.chaos.workload import SELECTION, ChaosWorkload, prepare, selected
 from tests.support.compare import assert_identical
 from tests.support.kafka import KafkaBroker
 from tests.support.servers import LocalServer, drop_user_databases
+from tests.support.spark import quick_jvm_conf
 
 MODES = ("tail", "catch-up")
 ENGINES = ("asyncio", "spark")
@@ -201,7 +202,7 @@ class Runner:
         if self.plan.sink == "kafka":
             argv += ["--topic-prefix", self.prefix]
         if self.plan.engine == "spark":
-            argv += ["--engine", "spark", "--spark-master", "local[2]"]
+            argv += ["--engine", "spark", "--spark-master", "local[2]", *quick_jvm_conf()]
         if command == "tail" and self.plan.sink == "mongo":  # the embedded verifier sweeps all along
             argv += ["--verify", "--verify-interval", "0" if self.plan.engine == "asyncio" else "1"]
         return argv

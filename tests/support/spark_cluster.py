@@ -14,12 +14,10 @@ from typing import ClassVar
 
 from tests.support.process import ManagedProcess
 from tests.support.servers import free_port
+from tests.support.spark import QUICK_JVM
 
 #: The daemons' heap (Spark's default is 1g each; the executors get their own).
 DAEMON_MEMORY = "512m"
-#: JVM options for short runs: the C1 compiler only and the serial collector start a JVM seconds sooner
-#: on a busy machine (measured: a test run 55 -> 43 s), and the work that matters runs in Python anyway.
-QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def spark_home() -> Path:
@@ -138,14 +136,6 @@ class Cluster:
             daemon.terminate()
         for daemon in (self.worker, self.master):
             daemon.stop()
-
-
-def quick_jvm_conf() -> list[str]:
-    """``--spark-conf`` options giving a driver and its executors :data:`QUICK_JVM`."""
-    return [
-        "--spark-conf", f"spark.driver.extraJavaOptions={QUICK_JVM}",
-        "--spark-conf", f"spark.executor.extraJavaOptions={QUICK_JVM}",
-    ]  # fmt: skip
 
 
 def cluster_environment() -> dict[str, str]:

@@ -66,14 +66,31 @@ def two_shard_workload(a_uri: str, b_uri: str) -> None:
     ``_id``s, then a "chunk migration" moves documents from a to b, where they change again.
 
     The shards of a real cluster share a logical clock (cluster time gossip), so what b does after a has a
-    later cluster time; these two independent servers only share the wall clock's seconds, so the move waits
-    for the next second to give the same order."""
+    later cluster time; these two independent servers do not (see :func:`wait_past_cluster_time`), so the
+    move waits for the wall clock to pass a's cluster time to give the same order."""
     with pymongo.MongoClient(a_uri) as a, pymongo.MongoClient(b_uri) as b:
         a.db.c.insert_many([{"_id": i, "on": "a"} for i in range(0, 200, 2)])
         b.db.c.insert_many([{"_id": i, "on": "b"} for i in range(1, 200, 2)])
         moved = [a.db.c.find_one_and_delete({"_id": i}) for i in range(0, 60, 2)]
-        time.sleep(1.05 - time.time() % 1)
+        wait_past_cluster_time(a_uri)
         b.db.c.insert_many([{**doc, "on": "b", "moved": True} for doc in moved if doc is not None])
         b.db.c.update_many({"moved": True}, {"$set": {"after_move": 1}})
         a.db.c.update_many({}, {"$set": {"touched": 1}})
         b.db.c.delete_many({"_id": {"$gt": 190}})
+
+
+def wait_past_cluster_time(*uris: str) -> None:
+    """Return once the wall clock's second is later than the cluster time of the last write on each server
+    at ``uris``, so that what another server writes next is later than what these wrote before.
+
+    The test servers are independent replica sets: they share no cluster time, only the wall clock, whose
+    second stamps their writes; but a SecantusDB restarted a moment ago stamps its first writes a second
+    ahead of the wall clock. Waiting for the next wall-clock second (what the tests did before) was not
+    enough right after a test that restarted the session's source."""
+    latest = 0
+    for uri in uris:
+        client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(uri)
+        with client:
+            latest = max(latest, client.admin.command("ping")["operationTime"].time)
+    while time.time() < latest + 1.05:
+        time.sleep(0.02)

@@ -1,0 +1,228 @@
+"""``mcdc ... --engine spark`` as a user runs it: a process with a local[2] Spark of its own, for what only
+a process shows: its exit code and one-line errors, SIGTERM, kill -9 and the same command run again, and the
+file Spark's console goes to. (The engine's work itself is tested in the session's SparkSession, in
+test_spark_engine.py: a JVM starts here for each run.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pymongo
+import pytest
+
+from tests.support.compare import assert_identical
+from tests.support.corpus import load_bulk
+from tests.support.servers import free_port
+from tests.support.spark import quick_jvm_conf
+from tests.support.workload import random_workload
+from tests.test_cutover import _progress
+from tests.test_spark_engine import _checkpoint
+
+pytestmark = pytest.mark.integration
+
+
+def _sync_args(source: str, target: str, cp: Path) -> list[str]:
+    return _spark_cli(
+        "sync", "--source", source, "--target", target, "--checkpoint", str(cp),
+        "--partition-docs", "500", "--split", "always", "--batch-docs", "100", "--json",
+    )  # fmt: skip
+
+
+def test_a_spark_run_that_fails_names_spark_s_log_in_its_one_line_and_keeps_it(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.insert_many([{"_id": i} for i in range(10)])
+    # the executors' Python cannot start: each attempt at the snapshot's task fails
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYSPARK_PYTHON": str(tmp_path / "no-python")}
+    argv = _spark_cli("sync", "-s", source_uri, "-t", target_uri, "-c", str(tmp_path / "cp.json"))
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    logs = list(tmp_path.glob("mcdc-spark-*.log"))
+    assert done.returncode == 2 and len(logs) == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("mcdc: error: the snapshot failed on Spark: "), done.stderr
+    assert last.endswith(f" (Spark's log: {logs[0]})") and "no-python" in last, last
+    assert "Exception in task" in logs[0].read_text()  # each attempt's failure, at length
+
+
+def _spark_cli(command: str, *args: str) -> list[str]:
+    """``mcdc COMMAND --engine spark`` on its own local[2] Spark, as a user runs it (with a JVM that starts
+    sooner)."""
+    return [
+        sys.executable, "-m", "replicator.cli", command, "--engine", "spark", "--spark-master", "local[2]",
+        "--spark-conf", "spark.ui.enabled=false", "--spark-conf", "spark.driver.host=127.0.0.1", *quick_jvm_conf(),
+        *(["--no-progress"] if command != "verify" else []), *args,
+    ]  # fmt: skip
+
+
+def _tail(source: str, target: str, cp: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    argv = _spark_cli("tail", "-s", source, "-t", target, "-c", str(cp), *args)
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _until(proc: subprocess.Popen[str], ready: Callable[[], bool], what: str, timeout: float = 120) -> None:
+    """Poll ``ready`` until it holds; ``proc`` must stay up meanwhile."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _identical(source: str, target: str) -> Callable[[], bool]:
+    def check() -> bool:
+        try:
+            assert_identical(source, target)
+            return True
+        except (AssertionError, pymongo.errors.PyMongoError):
+            return False
+
+    return check
+
+
+def _served(port: int) -> dict[str, Any]:
+    """The tail's /progress, or {} before it listens."""
+    try:
+        return _progress(port)
+    except OSError:
+        return {}
+
+
+def _sigterm(proc: subprocess.Popen[str]) -> str:
+    """SIGTERM: exit 0, no traceback; returns stderr."""
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err, err
+    return err
+
+
+def test_kill_9_of_the_driver_mid_snapshot_then_the_same_command(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    with pymongo.MongoClient(source_uri) as client:
+        load_bulk(client, "crash", "a", 8000, doc_size=300)
+    cp = tmp_path / "cp.json"
+    proc = subprocess.Popen(_sync_args(source_uri, target_uri, cp), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 180
+    killed_at = None
+    while time.monotonic() < deadline:
+        state = _checkpoint(cp)
+        if state is not None and len(state["snapshot"]["done"]) >= 3:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            killed_at = _checkpoint(cp)  # the last save before the kill
+            break
+        assert proc.poll() is None, f"sync ended before the kill point: {proc.communicate()}"
+        time.sleep(0.02)
+    assert killed_at is not None, "kill point never reached"
+    assert killed_at["snapshot"]["status"] == "in_progress"
+    plan = {p_id(p): p["estimated_docs"] for p in killed_at["snapshot"]["plan"]}
+    copied_before = sum(plan[pid] for pid in killed_at["snapshot"]["done"])
+    assert 0 < copied_before < 8000
+    done = subprocess.run(_sync_args(source_uri, target_uri, cp), capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()
+    summary = json.loads(done.stdout)
+    assert summary["snapshot"] == "resumed"
+    assert summary["documents"] == 8000 - copied_before  # finished partitions were not copied again
+    assert_identical(source_uri, target_uri)
+    assert b"Traceback" not in done.stderr and b"WARN" not in done.stderr  # Spark's console noise stays out
+
+
+def p_id(part: dict[str, Any]) -> str:
+    from replicator.source.partitions import Partition
+
+    return Partition.from_json(part).id
+
+
+def test_tail_on_spark_converges_under_writes_exits_0_on_sigterm_and_leaves_no_log_behind(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    """A run that succeeds (a tail stopped by SIGTERM exits 0) removes the file Spark's console went to.
+    With --verify: the embedded verifier hashes its ranges as Spark tasks, finds no mismatch while the
+    writes run, and finds a difference made on the target alone."""
+    cp, port = tmp_path / "cp.json", free_port()
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.insert_many([{"_id": i} for i in range(200)])
+    verify = ["--verify", "--verify-interval", "0", "--metrics-port", str(port)]
+    proc = _tail(source_uri, target_uri, cp, *verify, env={**os.environ, "TMPDIR": str(tmp_path)})
+    spark_log = tmp_path / f"mcdc-spark-{proc.pid}.log"
+    try:
+        _until(proc, lambda: (_checkpoint(cp) or {}).get("snapshot", {}).get("status") == "done", "the snapshot")
+        assert spark_log.exists()  # Spark's console goes there while the tail runs
+        random_workload(source_uri, rounds=300, seed=7)
+        _until(proc, _identical(source_uri, target_uri), "convergence")
+        _until(proc, lambda: _served(port).get("canCommit", False), "a clean verify pass")
+        assert _progress(port)["verification"]["mismatches"] == 0
+        with pymongo.MongoClient(target_uri) as client:
+            client.db.c.insert_one({"_id": "only-here"})
+        _until(proc, lambda: _served(port).get("verification", {}).get("mismatches") == 1, "the mismatch")
+        assert not _progress(port)["canCommit"]
+        assert 'verify: db.c _id "only-here" only on the target' in _sigterm(proc)
+        assert not list(tmp_path.glob("mcdc-spark-*.log"))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_kill_9_of_a_spark_tail_then_a_restart_converges(source_uri: str, target_uri: str, tmp_path: Path) -> None:
+    cp = tmp_path / "cp.json"
+    args = ("--snapshot", "never", "--max-batch-size", "20")
+    proc = _tail(source_uri, target_uri, cp, *args)
+    try:
+        _until(proc, cp.exists, "the first checkpoint", timeout=60)
+        first = json.loads(cp.read_text())["position"]
+        writer = threading.Thread(target=random_workload, args=(source_uri, 400, 11), kwargs={"ddl": False})
+        writer.start()
+        # killed once some micro-batches are acknowledged
+        _until(proc, lambda: (_checkpoint(cp) or {}).get("position") != first, "an acknowledged micro-batch")
+        proc.kill()
+        proc.wait()
+        writer.join()
+        proc = _tail(source_uri, target_uri, cp, *args)
+        _until(proc, _identical(source_uri, target_uri), "convergence after the restart")
+        _sigterm(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_tail_on_spark_rides_out_a_source_restart_and_a_target_outage(
+    servers: Any, source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    if servers.source is None or servers.target is None:
+        pytest.skip("external servers cannot be restarted by the tests")
+    cp = tmp_path / "cp.json"
+    proc = _tail(
+        source_uri, target_uri, cp, "--snapshot", "never", "--max-retries", "-1", "--retry-initial-delay", "0.2",
+        "--retry-max-delay", "1", "--connect-timeout", "1",
+    )  # fmt: skip
+    identical = _identical(source_uri, target_uri)
+    try:
+        _until(proc, cp.exists, "the first checkpoint", timeout=60)
+        random_workload(source_uri, 50, 1, ddl=False)
+        _until(proc, identical, "convergence")
+        servers.source.restart()  # the source goes away and comes back
+        random_workload(source_uri, 50, 2, ddl=False)
+        _until(proc, identical, "convergence after a source restart")
+        servers.target.stop()  # the target goes away for a while; the source keeps taking writes
+        random_workload(source_uri, 50, 3, ddl=False)
+        time.sleep(3)
+        servers.target.start()
+        _until(proc, identical, "convergence after a target outage")
+        assert "retrying in" in _sigterm(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
