@@ -39,6 +39,32 @@ MAX_WAIT_S = 10.0
 KEPT_MISMATCHES = 1000
 
 
+#: BSON types whose value has a fixed size: double, ObjectId, bool, date, null, int32, timestamp, int64,
+#: decimal128, minKey, maxKey
+_FIXED = {0x01: 8, 0x07: 12, 0x08: 1, 0x09: 8, 0x0A: 0, 0x10: 4, 0x11: 8, 0x12: 8, 0x13: 16, 0xFF: 0, 0x7F: 0}
+#: types led by an int32 length: what the value holds besides it (string: the length word; binary: it and
+#: the subtype byte; document and array: the length counts itself)
+_LENGTH_LED = {0x02: 4, 0x03: 0, 0x04: 0, 0x05: 5}
+
+
+def raw_key(raw: bytes | memoryview) -> bytes | None:
+    """:func:`key_of` of a raw document whose first field is ``_id`` (as servers store them), cut from its
+    bytes without decoding it; None for another layout or type (decode it then)."""
+    if bytes(raw[5:9]) != b"_id\x00":
+        return None
+    kind = raw[4]
+    if kind in _FIXED:
+        size = _FIXED[kind]
+    elif kind in _LENGTH_LED:
+        size = int.from_bytes(raw[9:13], "little", signed=True) + _LENGTH_LED[kind]
+    else:
+        return None
+    element = bytes(raw[4 : 9 + size])  # type byte, "_id\0", value
+    if size < 0 or len(element) != 5 + size:
+        return None
+    return (len(element) + 5).to_bytes(4, "little") + element + b"\x00"
+
+
 def key_of(value: Any) -> bytes:
     """An ``_id`` value as the verifier keys it: ``{"_id": value}`` as BSON (type-exact)."""
     return bson.encode({"_id": value}, codec_options=RAW_CODEC)

@@ -55,6 +55,10 @@ _IDLE_S = 0.2
 _RETRY_S = 2.0
 #: mismatch lines logged per pass (all are counted, and listed in /progress)
 _LOGGED = 10
+#: the replay counts as busy this long after a batch with events; while it is, the verifier sleeps _GIVE
+#: times as long as it worked
+_BUSY_S = 1.0
+_GIVE = 3.0
 #: clean passes in a row are logged at most this often
 _CLEAN_LINES_S = 60.0
 #: first mismatches shown in /progress
@@ -96,6 +100,7 @@ class EmbeddedVerifier:
         self._logged = 0
         self._quiet = Throttle(_CLEAN_LINES_S)
         self._stopping = False
+        self._busy_until = self._paced_at = 0.0
         self.phase = "scanning"
         self._publish()
 
@@ -111,6 +116,16 @@ class EmbeddedVerifier:
 
     def seen(self, events: Sequence[ChangeEvent]) -> None:
         self.rechecks.seen(events)
+        if events:
+            self._busy_until = time.monotonic() + _BUSY_S
+
+    async def _pace(self) -> None:
+        """Give way to a busy replay: while events flow, the verifier works at most a 1 / (1 + _GIVE)
+        share of the time (it shares the event loop, and the servers' CPUs)."""
+        now = time.monotonic()
+        if now < self._busy_until:
+            await asyncio.sleep(min(_GIVE * (now - self._paced_at), 1.0))
+        self._paced_at = time.monotonic()
 
     def recopied(self, namespaces: Iterable[Namespace]) -> None:
         for ns in namespaces:
@@ -242,7 +257,8 @@ class EmbeddedVerifier:
         if self._differ is not None:
             return await self._differ(parts, dst)
         return [
-            await diff_partition(self.s, self.source, self.target, p, dst, self._fields, sample=room) for p in parts
+            await diff_partition(self.s, self.source, self.target, p, dst, self._fields, sample=room, pace=self._pace)
+            for p in parts
         ]
 
     async def _extra_namespaces(self) -> None:
@@ -268,7 +284,10 @@ class EmbeddedVerifier:
         unread = [e for e in entries if e.ready(now)][:_ROUND]
         for entry in unread:
             entry.reading()
-        values = [await self._read(self.source, entry, entry.src) for entry in unread]
+        values = []
+        for entry in unread:
+            values.append(await self._read(self.source, entry, entry.src))
+            await self._pace()
         if unread:
             at, ended = await current_time(self.source), time.monotonic()
             for entry, value in zip(unread, values, strict=True):
@@ -276,6 +295,7 @@ class EmbeddedVerifier:
         due = [e for e in entries if e.due(self.clock)][:_ROUND]
         for entry in due:
             value = await self._read(self.target, entry, entry.dst)
+            await self._pace()
             verdict = entry.verdict(self._same(entry, value), time.monotonic())
             if verdict == RESOLVED:
                 self.rechecks.remove(entry)

@@ -26,7 +26,7 @@ from .errors import ConfigError
 from .events import CollectionSpec, Namespace
 from .fields import FieldRules
 from .filters import Selection, rename_spec
-from .recheck import key_of
+from .recheck import key_of, raw_key
 from .sinks.mongo_schema import same_index
 from .source import catalog
 from .source.connection import DICT_CODEC, Client, make_client, probe
@@ -101,7 +101,7 @@ class VerifyReport:
 
 def id_key(doc: RawBSONDocument) -> bytes:
     """The document's ``_id`` as BSON: equal keys mean byte-identical ``_id`` values, type included."""
-    return key_of(doc["_id"])
+    return raw_key(doc.raw) or key_of(doc["_id"])
 
 
 def id_json(key: bytes) -> str:
@@ -241,17 +241,23 @@ async def diff_partition(
     fields: FieldRules,
     *,
     sample: int | None = None,
+    pace: Callable[[], Awaitable[None]] | None = None,
 ) -> DocumentDiff:
     """Compare one source partition, edited by the field rules, with the same ``_id`` range of ``dst`` on
-    the target. ``sample``: differing ``_id``s kept per kind (default: --verify-sample)."""
+    the target. ``sample``: differing ``_id``s kept per kind (default: --verify-sample); ``pace``: awaited
+    after each batch (the embedded verifier gives way to a busy replay there)."""
     differ = DocumentDiffer(settings.verify_sample if sample is None else sample)
     editor = fields.for_namespace(part.ns)
     docs, size = settings.batch_docs, settings.batch_bytes
     async for batch in read_partition(source, part, batch_docs=docs, batch_bytes=size):  # as edited for the target
         differ.add_source(batch if editor is None else [cast(RawBSONDocument, editor.document(d)) for d in batch])
+        if pace is not None:
+            await pace()
     # the plan's $type + bound filters mean the same on any server, so they select the same range there
     async for batch in read_partition(target, replace(part, ns=dst), batch_docs=docs, batch_bytes=size):
         differ.add_target(batch)
+        if pace is not None:
+            await pace()
     return differ.finish()
 
 

@@ -157,3 +157,22 @@ def test_changes_since_a_pass_keep_keys_and_mark_ddl_and_overflow_whole(monkeypa
     capped = Changes()  # past the cap, the namespace with the most keys is compared whole
     capped.note([_event(Op.UPDATE, i) for i in range(3)] + [_event(Op.UPDATE, 1, ns=users)])
     assert capped.scope(NS) is None and capped.scope(users) == {key_of(1)}
+
+
+def test_a_raw_documents_key_is_cut_from_its_bytes_as_encoding_its_id_would_make_it() -> None:
+    import datetime
+
+    import bson
+    from bson import Binary, Code, Decimal128, MaxKey, MinKey, ObjectId, Regex
+    from bson.raw_bson import RawBSONDocument
+
+    from replicator.recheck import raw_key
+
+    values = [1, Int64(5), -0.0, "abc", "é", ObjectId(), True, None, datetime.datetime(2020, 1, 1)]
+    values += [Decimal128("1.5"), Timestamp(1, 2), MinKey(), MaxKey(), {"a": [1, {}]}, Binary(b"xy", 4), [1, 2]]
+    for value in values:
+        raw = bson.encode({"_id": value, "x": 1})
+        assert raw_key(raw) == key_of(RawBSONDocument(raw)["_id"]), value
+    for value in (Regex("a", "i"), Code("x")):  # rare _id types: decoded instead
+        assert raw_key(bson.encode({"_id": value})) is None
+    assert raw_key(bson.BSON.encode({"x": 1})) is None  # no _id first
