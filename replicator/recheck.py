@@ -9,7 +9,7 @@ goes onto the re-check list, and each entry goes through rounds until it has a v
    read on the target;
 3. if the replay applied an event of that document, or DDL of its namespace, since step 1, the round
    proves nothing and another begins. Otherwise the two reads are of the same source state: equal, the
-   entry is resolved; different, it is a persistent mismatch.
+   entry is resolved; different in CONFIRMING_ROUNDS quiet rounds in a row, it is a persistent mismatch.
 
 So a document that changes under writes is never reported, however often it changes, and a real
 difference is reported after one quiet round.
@@ -33,6 +33,8 @@ from .rawbson import DICT_CODEC, RAW_CODEC
 DOC, SCHEMA, COUNT = "document", "schema", "count"
 #: verdicts of a round
 RESOLVED, MISMATCH, AGAIN = "resolved", "mismatch", "again"
+#: quiet rounds in a row that must find a difference before it is a mismatch
+CONFIRMING_ROUNDS = 2
 #: the longest wait between two rounds of an entry whose document keeps changing
 MAX_WAIT_S = 10.0
 #: mismatches kept by name per pass (the count goes on past it)
@@ -111,6 +113,7 @@ class Entry:
     read_ended: float = 0.0
     touched: bool = False
     not_before: float = 0.0  # a round that proved nothing: the next waits (local monotonic time)
+    differed: int = 0  # quiet rounds in a row that found it different
 
     @property
     def ident(self) -> tuple[str, str, bytes | None]:
@@ -135,10 +138,16 @@ class Entry:
         (the replay applied a change of it meanwhile: a new round, after a wait that doubles with each
         round up to MAX_WAIT_S, so a document that keeps changing costs few reads)."""
         if self.touched:
-            self.read = False
+            self.read, self.differed = False, 0
             self.not_before = now + min(MAX_WAIT_S, 0.1 * 2 ** min(self.rounds, 10))
             return AGAIN
-        return RESOLVED if same else MISMATCH
+        if same:
+            return RESOLVED
+        self.differed += 1
+        if self.differed < CONFIRMING_ROUNDS:  # once more, from a fresh source read, before saying so
+            self.read = False
+            return AGAIN
+        return MISMATCH
 
     def ready(self, now: float) -> bool:
         """May a new round begin (the source be read)?"""

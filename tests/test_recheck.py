@@ -60,12 +60,15 @@ def test_a_round_resolves_when_equal_and_is_a_mismatch_only_when_nothing_touched
     clock.acked(Timestamp(20, 1))
     assert entry.due(clock)
     assert entry.verdict(same=True) == RESOLVED
+    assert entry.verdict(same=False) == AGAIN and not entry.read  # confirmed by a second quiet round
+    entry.reading()
+    entry.read_source(b"digest-a", Timestamp(20, 1), 10.0)
     assert entry.verdict(same=False) == MISMATCH
     entry.touched = True
     assert entry.verdict(same=False, now=50.0) == AGAIN and not entry.read  # a new round: the source again,
-    assert not entry.ready(50.1) and entry.ready(50.2)  # after a wait that doubles with the rounds
+    assert not entry.ready(50.3) and entry.ready(50.4)  # after a wait that doubles with the rounds (2 so far)
     entry.reading()
-    assert not entry.touched and entry.rounds == 1
+    assert not entry.touched and entry.rounds == 2 and entry.differed == 0
 
 
 def test_events_touch_the_documents_and_namespaces_they_change() -> None:
