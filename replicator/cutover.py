@@ -33,7 +33,7 @@ from .errors import ConfigError, CutoverRefused, SourceNotQuiet
 from .events import Position, ts_from_json, ts_to_json
 from .preflight import source_name
 from .progress import Reporter
-from .recheck import RecheckList, SweepState
+from .recheck import Entry, SweepState
 from .source.changestream import current_time
 from .source.connection import DICT_CODEC, Client, deployment_identity, make_client, probe
 from .sync import SyncJob
@@ -149,14 +149,11 @@ async def _verify(
         info = await probe(source, settings.source, "source")
         changes = await changes_between(settings, reporter, source, info, since, await current_time(source))
         if changes is not None:
-            rechecks = RecheckList(len(state.recheck))
-            rechecks.load(state.recheck)
-            changes.add_rechecks(rechecks)
+            changes.add_rechecks(Entry.from_json(item) for item in state.recheck)
             reporter.info(
                 f"verifying what changed since the verifier's last clean pass began ({format_ts(since)}): "
                 f"{plural(changes.documents, 'document')} by _id, {plural(len(changes.whole), 'namespace')} whole, "
-                "and every "
-                "namespace's kind, options and indexes"
+                "and every namespace's kind, options and indexes"
             )
             return await verify(settings, scope=changes.scope), "changes since the verifier's last clean pass"
         reporter.info("the verifier's last clean pass began before the oldest entry of the oplog")

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, cast
+from typing import Any
 
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
@@ -42,7 +42,16 @@ from .source.changestream import current_time
 from .source.connection import RAW_CODEC, Client
 from .source.partitions import Partition, plan_collection, with_catch_all
 from .tally import duration, plural
-from .verify import DOCUMENT_KINDS, DocumentDiff, RangeDiffer, diff_partition, digest, id_json, namespace_differences
+from .verify import (
+    DOCUMENT_KINDS,
+    DocumentDiff,
+    RangeDiffer,
+    diff_partition,
+    digest,
+    edited,
+    id_json,
+    namespace_differences,
+)
 
 log = logging.getLogger("mcdc.verify")
 
@@ -314,7 +323,7 @@ class EmbeddedVerifier:
             if doc is None:
                 return None
             editor = self._fields.for_namespace(entry.src) if client is self.source else None
-            return digest(doc if editor is None else cast(RawBSONDocument, editor.document(doc)))
+            return digest(edited([doc], editor)[0])
         if entry.kind == COUNT:
             return await self._count(client, ns)
         spec = await catalog.describe_one(client, ns)

@@ -24,7 +24,7 @@ from . import extjson
 from .config import Settings
 from .errors import ConfigError
 from .events import CollectionSpec, Namespace
-from .fields import FieldRules
+from .fields import FieldEditor, FieldRules
 from .filters import Selection, rename_spec
 from .recheck import key_of, raw_key
 from .sinks.mongo_schema import same_index
@@ -107,6 +107,11 @@ def id_key(doc: RawBSONDocument) -> bytes:
 def id_json(key: bytes) -> str:
     """An :func:`id_key` as canonical extended JSON (lossless, so Int32 and Int64 read differently)."""
     return extjson.dumps(bson.decode(key, codec_options=DICT_CODEC)["_id"])
+
+
+def edited(docs: list[RawBSONDocument], editor: FieldEditor | None) -> list[RawBSONDocument]:
+    """Source documents as the field rules make them on the target (``editor`` None: as they are)."""
+    return docs if editor is None else [cast(RawBSONDocument, editor.document(d)) for d in docs]
 
 
 def digest(doc: RawBSONDocument) -> bytes:
@@ -250,7 +255,7 @@ async def diff_partition(
     editor = fields.for_namespace(part.ns)
     docs, size = settings.batch_docs, settings.batch_bytes
     async for batch in read_partition(source, part, batch_docs=docs, batch_bytes=size):  # as edited for the target
-        differ.add_source(batch if editor is None else [cast(RawBSONDocument, editor.document(d)) for d in batch])
+        differ.add_source(edited(batch, editor))
         if pace is not None:
             await pace()
     # the plan's $type + bound filters mean the same on any server, so they select the same range there
@@ -345,9 +350,7 @@ class _Verifier:
             differ = DocumentDiffer(self.s.verify_sample)
             async with self.slots:
                 found = await self.source[src.db][src.coll or ""].find(query).to_list()
-                differ.add_source(
-                    found if editor is None else [cast(RawBSONDocument, editor.document(d)) for d in found]
-                )
+                differ.add_source(edited(found, editor))
                 differ.add_target(await self.target[dst.db][dst.coll or ""].find(query).to_list())
             total.merge(differ.finish())
         self.documents += total.source_docs
