@@ -32,9 +32,9 @@ from .events import ChangeEvent, CollectionSpec, Namespace
 from .fields import FieldRules
 from .filters import Selection, rename_spec
 from .metrics import Metrics
-from .migration import Verification
+from .migration import COMMIT_LAG_S, Verification
 from .pipeline import Throttle
-from .progress import Reporter
+from .progress import Reporter, lag_seconds
 from .recheck import COUNT, DOC, MISMATCH, RESOLVED, SCHEMA, Entry, RecheckList, ReplayClock, SweepState
 from .retry import is_retryable
 from .source import catalog
@@ -68,6 +68,9 @@ _LOGGED = 10
 #: times as long as it worked
 _BUSY_S = 1.0
 _GIVE = 3.0
+#: a replay further behind the source than this (the lag canCommit allows) is catching up: the verifier
+#: waits for it instead of sharing the servers with it (what it would compare is about to change anyway)
+_BEHIND_S = COMMIT_LAG_S
 #: clean passes in a row are logged at most this often
 _CLEAN_LINES_S = 60.0
 #: first mismatches shown in /progress
@@ -110,6 +113,7 @@ class EmbeddedVerifier:
         self._quiet = Throttle(_CLEAN_LINES_S)
         self._stopping = False
         self._busy_until = self._paced_at = 0.0
+        self._behind = False
         self.phase = "scanning"
         self._publish()
 
@@ -127,10 +131,16 @@ class EmbeddedVerifier:
         self.rechecks.seen(events)
         if events:
             self._busy_until = time.monotonic() + _BUSY_S
+            last = events[-1].position
+            lag = lag_seconds(last.cluster_time if last is not None else None)
+            self._behind = lag is not None and lag > _BEHIND_S
 
     async def _pace(self) -> None:
         """Give way to a busy replay: while events flow, the verifier works at most a 1 / (1 + _GIVE)
-        share of the time (it shares the event loop, and the servers' CPUs)."""
+        share of the time (it shares the event loop, and the servers' CPUs); while the replay is catching up
+        (more than _BEHIND_S behind the source), it waits until the replay has caught up or gone idle."""
+        while self._behind and time.monotonic() < self._busy_until and not self._stopping:
+            await asyncio.sleep(_IDLE_S)
         now = time.monotonic()
         if now < self._busy_until:
             await asyncio.sleep(min(_GIVE * (now - self._paced_at), 1.0))
@@ -168,6 +178,7 @@ class EmbeddedVerifier:
         """One unit of work: a re-check round, then the next range or namespace of the pass (while the
         re-check list has room), or the end of the pass once its re-checks are over; sleeps briefly when
         there was nothing to do."""
+        await self._pace()
         did = await self._recheck_round()
         if self.state.pass_started_at is None:
             wait = self._next_pass_in()
