@@ -117,6 +117,7 @@ class Settings:
     tx_metadata: bool = False  # [provide.transaction.metadata] BEGIN/END to <prefix>.transaction
     heartbeat_interval_s: float = 0.0  # [heartbeat.interval.ms] 0: off
     kafka_opts: tuple[str, ...] = ()  # [kafka.producer.*] KEY=VALUE producer settings
+    lake_opts: tuple[str, ...] = ()  # KEY=VALUE: Delta storage options / Iceberg catalog properties
     pre_images: str = "off"  # fullDocumentBeforeChange: off | whenAvailable | required ("before")
     field_exclude: tuple[str, ...] = ()  # [field.exclude.list] db.coll.path: dropped from documents and updates
     field_rename: tuple[str, ...] = ()  # [field.renames] db.coll.path=newname

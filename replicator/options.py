@@ -223,6 +223,8 @@ OPTIONS: tuple[Option, ...] = (
                "(0: off).", JOB, metavar="SECONDS", minimum=0),
         Option("kafka-opt", "kafka_opts", "A Kafka producer setting, e.g. compression.type=zstd (repeatable).",
                JOB, metavar="KEY=VALUE"),
+        Option("lake-opt", "lake_opts", "--target delta:/iceberg: a Delta storage option (AWS_REGION=...) or an "
+               "Iceberg catalog property (type=rest, uri=...) (repeatable).", JOB, metavar="KEY=VALUE"),
     ),
     # the engine
     *_panel(

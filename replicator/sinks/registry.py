@@ -1,7 +1,8 @@
 """Finding a sink for a target URI: built-in schemes first, then ``mcdc.sinks`` entry points.
 
 Built in: ``mongodb://`` / ``mongodb+srv://`` (replay into MongoDB), ``kafka://`` (Debezium-compatible
-records), ``stdout`` or ``-`` and ``jsonl:PATH`` (JSON lines), ``memory:`` (tests and dry runs).
+records), ``stdout`` or ``-`` and ``jsonl:PATH`` (JSON lines),
+``delta:PATH`` and ``iceberg:PATH`` (lakehouse tables), ``memory:`` (tests and dry runs).
 
 A plug-in package registers ``scheme = "package.module:SinkClass"`` under the ``mcdc.sinks`` entry-point
 group; the class is called with the target URI and the run's Settings (``cls(uri, settings)``).
@@ -43,6 +44,10 @@ def open_sink(settings: Settings) -> Sink:
         from .kafka import KafkaSink
 
         return KafkaSink(uri, settings)
+    if scheme in ("delta", "iceberg"):
+        from .lake.sink import LakeSink
+
+        return LakeSink(uri, settings)
     if scheme in ("stdout", "jsonl"):
         from .lines import LineSink
 

@@ -1,0 +1,116 @@
+"""What a table format must do for the lake sink (:mod:`.sink`), and what both formats share. Each method
+is one atomic commit, or a read; each is blocking (the sink runs them in threads).
+
+A commit that covers events records their position (``version``); ``None`` keeps the table's.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ...errors import ConfigError
+from .tables import SCHEMAS, TableRef
+
+#: a filter of rows: (column, the values it may hold)
+Where = tuple[str, list[str]]
+#: the app id of Delta's application transactions and the Iceberg snapshot property of the position
+APP_ID = "mcdc"
+
+
+class Backend(Protocol):
+    label: str
+
+    def check_writable(self) -> None: ...
+
+    def exists(self, ref: TableRef) -> bool: ...
+
+    def create(self, ref: TableRef) -> None:
+        """Create the table if it does not exist; refuse one whose columns are not mcdc's."""
+
+    def version(self, ref: TableRef) -> int | None: ...
+
+    def read(self, ref: TableRef, columns: list[str], where: Where | None = None) -> pa.Table:
+        """Rows of the table (only those whose column ``where[0]`` is one of ``where[1]`` when given)."""
+
+    def append(self, ref: TableRef, rows: pa.Table, version: int | None) -> None: ...
+
+    def merge_state(self, ref: TableRef, upserts: pa.Table, deletes: list[str], version: int | None) -> None:
+        """Set the rows of ``upserts`` (by ``_id``) and delete the rows of ``deletes``, in one commit."""
+
+    def replace(self, ref: TableRef, rows: pa.Table, version: int | None) -> None:
+        """The table's whole content becomes ``rows``."""
+
+    def rewrite(self, ref: TableRef, column: str, values: list[str], rows: pa.Table, reads_only: bool) -> None:
+        """Delete the rows whose ``column`` is in ``values`` (only ``op = 'r'`` rows when ``reads_only``) and add
+        ``rows``, in one commit."""
+
+    def compact(self, ref: TableRef) -> int:
+        """Rewrite small files into bigger ones; the number of files removed."""
+
+    def tables(self) -> list[TableRef]:
+        """Every mcdc table under this lake."""
+
+
+def check_schema(ref: TableRef, found: pa.Schema, where: str) -> None:
+    """Refuse a table whose columns are not this kind's (one written by something else)."""
+    wanted = SCHEMAS[ref.kind]
+    missing = [f.name for f in wanted if found.get_field_index(f.name) < 0]
+    wrong = [
+        f.name
+        for f in wanted
+        if found.get_field_index(f.name) >= 0 and not _same_type(found.field(f.name).type, f.type)
+    ]
+    if missing or wrong:
+        what = f"no column {', '.join(missing)}" if missing else f"other types for {', '.join(wrong)}"
+        raise ConfigError(
+            f"{where}: a table that mcdc did not write is there ({what}); choose another --target or move it away"
+        )
+
+
+def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
+    if pa.types.is_timestamp(a) and pa.types.is_timestamp(b):
+        return True
+    if pa.types.is_large_string(a) or pa.types.is_string_view(a):
+        return bool(pa.types.is_string(b))
+    if pa.types.is_large_binary(a) or pa.types.is_binary_view(a):
+        return bool(pa.types.is_binary(b))
+    if pa.types.is_struct(a) and pa.types.is_struct(b):
+        return [f.name for f in a] == [f.name for f in b]
+    return bool(a.equals(b))
+
+
+def duplicates(ref: TableRef, table: pa.Table) -> tuple[str, list[str], pa.Table]:
+    """Rows that a copy wrote twice (a snapshot partition copied again after a crash): the key column, the
+    keys with more than one row, and one row for each of those keys. State tables: by ``_id``; change
+    tables: ``r`` rows by ``key``."""
+    column = "_id" if ref.kind == "state" else "key"
+    if ref.kind == "changes":
+        table = table.filter(pc.equal(table["op"], "r"))
+    counts = table.group_by(column).aggregate([([], "count_all")])
+    keys = counts.filter(pc.greater(counts["count_all"], 1))[column].to_pylist()
+    if not keys:
+        return column, [], table.slice(0, 0)
+    dups = table.filter(pc.is_in(table[column], pa.array(keys, pa.string())))
+    seen: set[str] = set()
+    keep = []
+    for i, key in enumerate(dups[column].to_pylist()):
+        if key not in seen:
+            seen.add(key)
+            keep.append(i)
+    return column, keys, dups.take(keep)
+
+
+def conform(ref: TableRef, rows: pa.Table) -> pa.Table:
+    """``rows`` with the table's schema (columns in order, types cast)."""
+    return rows.select(SCHEMAS[ref.kind].names).cast(SCHEMAS[ref.kind])
+
+
+def deleted(ids: list[str]) -> pa.Table:
+    """State rows that stand for deleted documents: their ``_id`` and nulls."""
+    schema = SCHEMAS["state"]
+    columns = {f.name: pa.nulls(len(ids), f.type) for f in schema}
+    columns["_id"] = pa.array(ids, pa.string())
+    return pa.table(columns, schema=schema)

@@ -1,0 +1,168 @@
+"""Apache Iceberg tables through ``pyiceberg``: ``--target iceberg:PATH``.
+
+By default a SQLite catalog at ``PATH/catalog.db`` with its warehouse at ``PATH``; ``--lake-opt KEY=VALUE``
+gives any other pyiceberg catalog's properties (``type=rest``, ``uri=...``, ``warehouse=...``).
+
+The position a commit covers is the snapshot property ``mcdc.version``, set on every commit mcdc makes
+(carried on from the table's current one when the commit covers no event).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.expressions import And, BooleanExpression, EqualTo, In, Reference
+from pyiceberg.expressions.literals import literal
+from pyiceberg.table import Table
+
+from ...errors import ConfigError
+from .backend import Where, check_schema, conform
+from .tables import SCHEMAS, TableRef
+
+PROPERTY = "mcdc.version"
+
+
+def _in(column: str, values: list[str]) -> BooleanExpression:
+    return In(term=Reference(column), values={literal(v) for v in values})
+
+
+class IcebergBackend:
+    def __init__(self, root: str, options: Mapping[str, str]) -> None:
+        self.label = f"iceberg:{root}"
+        self.local = "://" not in root
+        self.root = Path(root).expanduser().absolute() if self.local else None
+        self.properties: dict[str, Any] = {}
+        if self.root is not None:
+            catalog = f"sqlite:///{self.root}/catalog.db"
+            self.properties = {"type": "sql", "uri": catalog, "warehouse": self.root.as_uri()}
+        else:
+            self.properties = {"warehouse": root}
+        self.properties.update(options)
+        self._catalog: Catalog | None = None
+
+    @property
+    def catalog(self) -> Catalog:
+        if self._catalog is None:
+            try:
+                self._catalog = load_catalog("mcdc", **self.properties)
+            except Exception as exc:  # any catalog's own error, said in one line
+                raise ConfigError(f"--target {self.label}: cannot open its catalog: {exc}") from None
+        return self._catalog
+
+    def check_writable(self) -> None:
+        if self.root is None:
+            return
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe = self.root / ".mcdc-probe"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise ConfigError(f"--target {self.label}: cannot write there: {exc.strerror or exc}") from None
+        _ = self.catalog
+
+    def _table(self, ref: TableRef) -> Table | None:
+        try:
+            table = self.catalog.load_table(ref.identifier())
+        except NoSuchTableError:
+            return None
+        check_schema(ref, table.schema().as_arrow(), f"{self.label} table {'.'.join(ref.identifier())}")
+        return table
+
+    def _must(self, ref: TableRef) -> Table:
+        table = self._table(ref)
+        if table is None:
+            self.create(ref)
+            table = self._table(ref)
+            assert table is not None
+        return table
+
+    def exists(self, ref: TableRef) -> bool:
+        return self._table(ref) is not None
+
+    def create(self, ref: TableRef) -> None:
+        if self._table(ref) is not None:
+            return
+        namespace, _ = ref.identifier()
+        self.catalog.create_namespace_if_not_exists(namespace)
+        self.catalog.create_table_if_not_exists(ref.identifier(), schema=SCHEMAS[ref.kind])
+
+    @staticmethod
+    def _version_of(table: Table) -> int | None:
+        snapshot = table.current_snapshot()
+        if snapshot is None:
+            return None
+        value = snapshot.summary.additional_properties.get(PROPERTY) if snapshot.summary is not None else None
+        return int(value) if value else None
+
+    def version(self, ref: TableRef) -> int | None:
+        table = self._table(ref)
+        return None if table is None else self._version_of(table)
+
+    def _properties(self, table: Table, version: int | None) -> dict[str, str]:
+        version = version if version is not None else self._version_of(table)
+        return {PROPERTY: str(version)} if version is not None else {}
+
+    def read(self, ref: TableRef, columns: list[str], where: Where | None = None) -> pa.Table:
+        table = self._table(ref)
+        if table is None or (where is not None and not where[1]):
+            return SCHEMAS[ref.kind].empty_table().select(columns)
+        if where is None:
+            return table.scan(selected_fields=tuple(columns)).to_arrow()
+        return table.scan(row_filter=_in(where[0], where[1]), selected_fields=tuple(columns)).to_arrow()
+
+    def append(self, ref: TableRef, rows: pa.Table, version: int | None) -> None:
+        table = self._must(ref)
+        table.append(conform(ref, rows), snapshot_properties=self._properties(table, version))
+
+    def merge_state(self, ref: TableRef, upserts: pa.Table, deletes: list[str], version: int | None) -> None:
+        table = self._must(ref)
+        props = self._properties(table, version)
+        keys = upserts["_id"].to_pylist() + deletes
+        with table.transaction() as tx:
+            if keys:
+                tx.delete(_in("_id", keys), snapshot_properties=props)
+            if upserts.num_rows:
+                tx.append(conform(ref, upserts), snapshot_properties=props)
+
+    def replace(self, ref: TableRef, rows: pa.Table, version: int | None) -> None:
+        table = self._must(ref)
+        table.overwrite(conform(ref, rows), snapshot_properties=self._properties(table, version))
+
+    def rewrite(self, ref: TableRef, column: str, values: list[str], rows: pa.Table, reads_only: bool) -> None:
+        table = self._must(ref)
+        where: BooleanExpression = _in(column, values)
+        if reads_only:
+            where = And(EqualTo(term=Reference("op"), value=literal("r")), where)
+        props = self._properties(table, None)
+        with table.transaction() as tx:
+            tx.delete(where, snapshot_properties=props)
+            tx.append(conform(ref, rows), snapshot_properties=props)
+
+    def compact(self, ref: TableRef) -> int:
+        """pyiceberg has no file rewrite of its own: the table's rows are written again as one overwrite."""
+        table = self._table(ref)
+        if table is None:
+            return 0
+        files = len(table.inspect.files())
+        if files <= 1:
+            return 0
+        table.overwrite(table.scan().to_arrow(), snapshot_properties=self._properties(table, None))
+        return files
+
+    def tables(self) -> list[TableRef]:
+        from ...events import Namespace
+
+        found: list[TableRef] = []
+        for (namespace,) in self.catalog.list_namespaces():
+            for _, name in self.catalog.list_tables(namespace):
+                if namespace.endswith("_changes"):
+                    found.append(TableRef("changes", Namespace(namespace.removesuffix("_changes"), name)))
+                else:
+                    found.append(TableRef("state", Namespace(namespace, name)))
+        return found

@@ -1,0 +1,282 @@
+"""Lakehouse tables as a target: ``--target delta:PATH`` and ``--target iceberg:PATH``.
+
+Each target collection has a state table and a change table (layout and columns: :mod:`.tables`).
+
+* A snapshot's documents are appended to both (op ``r``); a partition copied again after a crash appends
+  them twice, so :meth:`LakeSink.finish_snapshot` keeps one row per document (one commit per table).
+* A replay batch is cut at each DDL event. Between two, each collection's events make one commit per
+  table: the change rows appended, and the documents' end states merged into the state table (by ``_id``:
+  set, or deleted). Each commit records the cluster time of the last event it covers, and the events at or
+  before a table's recorded time are not written to it again: a batch applied twice (a retry, a kill, an
+  older checkpoint) adds nothing twice.
+* DDL: drop and dropDatabase empty the state tables (their change tables keep the history); rename moves
+  the rows (the new name's table is written before the old one is emptied, so a kill in between loses
+  nothing); create makes the tables; index and option changes are rows of the change table only.
+
+The sink keeps state (``holds_state``): DDL that may be older than what a table holds is settled as for a
+MongoDB target, by copying the namespace again (:mod:`replicator.ddl_window`). Nothing outside the
+selection's target namespaces is ever written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import pyarrow as pa
+
+from ...config import Settings
+from ...errors import ConfigError, SinkError
+from ...events import ChangeEvent, CollectionSpec, Namespace, Op
+from ...filters import Scope
+from ..base import Sink
+from .backend import Backend, duplicates
+from .fold import fold, needs_base
+from .tables import SCHEMAS, TableRef, change_table, state_table, version_of
+
+log = logging.getLogger("mcdc.sinks.lake")
+
+T = TypeVar("T")
+_DOCUMENT_OPS = frozenset({Op.READ, Op.INSERT, Op.UPDATE, Op.REPLACE, Op.DELETE})
+
+
+def open_backend(uri: str, options: Iterable[str]) -> Backend:
+    """The backend for ``delta:PATH`` or ``iceberg:PATH``; a one-line error without the lake extra."""
+    scheme, _, path = uri.partition(":")
+    scheme = scheme.lower()
+    if not path.strip():
+        raise ConfigError(f"--target {scheme}:PATH needs a path, e.g. {scheme}:/data/lake")
+    pairs = lake_options(options)
+    try:
+        if scheme == "delta":
+            from .delta import DeltaBackend
+
+            return DeltaBackend(path, pairs)
+        from .iceberg import IcebergBackend
+
+        return IcebergBackend(path, pairs)
+    except ImportError as exc:
+        raise ConfigError(
+            f"--target {scheme}: needs the lake extra ({exc.name} is not installed): pip install 'mcdc[lake]'"
+        ) from None
+
+
+def lake_options(options: Iterable[str]) -> dict[str, str]:
+    pairs = {}
+    for opt in options:
+        key, sep, value = opt.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--lake-opt {key.strip() or '?'}: expected KEY=VALUE (e.g. AWS_REGION=eu-west-1)")
+        pairs[key.strip()] = value
+    return pairs
+
+
+def _newer(event: ChangeEvent, version: int | None) -> bool:
+    """Is the event past what a table covers? (events without a cluster time always are)."""
+    return _newer_at(version_of(event), version)
+
+
+def _newer_at(at: int | None, version: int | None) -> bool:
+    return version is None or at is None or at > version
+
+
+def _last_version(events: Sequence[ChangeEvent]) -> int | None:
+    versions = [v for v in map(version_of, events) if v is not None]
+    return max(versions) if versions else None
+
+
+class LakeSink(Sink):
+    """Writes each collection's changes into a change table and its latest state into a state table."""
+
+    schemes = ("delta", "iceberg")
+    holds_state = True
+
+    def __init__(self, uri: str, settings: Settings) -> None:
+        self.backend = open_backend(uri, settings.lake_opts)
+        self.scope = Scope(settings.selection, settings.renamer)
+        self._locks: dict[TableRef, asyncio.Lock] = {}
+        self.commits = 0
+
+    async def _run(self, call: Callable[..., T], *args: Any) -> T:
+        try:
+            return await asyncio.to_thread(call, *args)
+        except ConfigError:
+            raise
+        except OSError as exc:
+            raise SinkError(f"{self.backend.label}: {exc.strerror or exc}") from exc
+
+    def _lock(self, ref: TableRef) -> asyncio.Lock:
+        return self._locks.setdefault(ref, asyncio.Lock())
+
+    async def start(self) -> None:
+        await self._run(self.backend.check_writable)
+
+    async def existing(self, namespaces: Sequence[Namespace]) -> list[Namespace]:
+        found = []
+        for ns in namespaces:
+            rows = await self._run(self.backend.read, TableRef("state", ns), ["_id"])
+            if rows.num_rows:
+                found.append(ns)
+        return found
+
+    async def prepare(self, specs: Sequence[CollectionSpec], *, drop_existing: bool) -> None:
+        for spec in specs:
+            if spec.is_view:
+                continue
+            for kind in ("state", "changes"):
+                await self._run(self.backend.create, TableRef(kind, spec.ns))
+            if drop_existing:
+                await self._replace(TableRef("state", spec.ns), SCHEMAS["state"].empty_table(), None)
+
+    async def finish_snapshot(self, specs: Sequence[CollectionSpec]) -> None:
+        """Rows a copy wrote twice (a partition copied again after a kill) are kept once."""
+        for spec in specs:
+            if not spec.is_view:
+                for kind in ("state", "changes"):
+                    await self._dedupe(TableRef(kind, spec.ns))
+
+    async def reconcile(self, spec: CollectionSpec) -> bool:
+        """Lake tables have no indexes or collection options to match."""
+        return True
+
+    @property
+    def deletes_time_ranges(self) -> bool:
+        return False
+
+    async def discard(self, ns: Namespace, where: Mapping[str, Any]) -> None:
+        """Only whole collections are copied again from scratch here (``deletes_time_ranges`` is False)."""
+        if where:
+            raise SinkError(f"{ns}: a lake table cannot delete a partition's range, only the whole collection")
+        await self._replace(TableRef("state", ns), SCHEMAS["state"].empty_table(), None)
+
+    async def _dedupe(self, ref: TableRef) -> None:
+        async with self._lock(ref):
+            column = "_id" if ref.kind == "state" else "key"
+            light = await self._run(self.backend.read, ref, [column] if ref.kind == "state" else [column, "op"])
+            _, keys, _ = duplicates(ref, light)
+            if not keys:
+                return
+            rows = await self._run(self.backend.read, ref, SCHEMAS[ref.kind].names, (column, keys))
+            _, keys, keep = duplicates(ref, rows)
+            await self._run(self.backend.rewrite, ref, column, keys, keep, ref.kind == "changes")
+            log.info("%s: %d documents a copy wrote twice are kept once", ref, len(keys))
+
+    async def write(self, batch: Sequence[ChangeEvent]) -> None:
+        if batch and all(e.op is Op.READ for e in batch):
+            await self._copied(batch)
+            return
+        run: list[ChangeEvent] = []
+        for event in batch:
+            if event.op.is_ddl:
+                await self._documents(run)
+                run = []
+                await self._ddl(event)
+            elif event.op in _DOCUMENT_OPS:
+                run.append(event)
+        await self._documents(run)
+
+    async def _copied(self, batch: Sequence[ChangeEvent]) -> None:
+        """Snapshot reads: appended to both tables of their collection."""
+        by_ns: dict[Namespace, list[ChangeEvent]] = {}
+        for event in batch:
+            by_ns.setdefault(event.ns, []).append(event)
+        for ns, events in by_ns.items():
+            await asyncio.gather(
+                self._append(TableRef("changes", ns), change_table(events), None),
+                self._append(TableRef("state", ns), state_table(fold(events, {}).upserts()), None),
+            )
+
+    async def _documents(self, events: Sequence[ChangeEvent]) -> None:
+        by_ns: dict[Namespace, list[ChangeEvent]] = {}
+        for event in events:
+            by_ns.setdefault(event.ns, []).append(event)
+        await asyncio.gather(*(self._namespace(ns, evs) for ns, evs in by_ns.items()))
+
+    async def _namespace(self, ns: Namespace, events: Sequence[ChangeEvent]) -> None:
+        await asyncio.gather(self._changes(TableRef("changes", ns), events), self._state(TableRef("state", ns), events))
+
+    async def _changes(self, ref: TableRef, events: Sequence[ChangeEvent]) -> None:
+        async with self._lock(ref):
+            covered = await self._run(self.backend.version, ref)
+            new = [e for e in events if _newer(e, covered) and e.position is not None]
+            if new:
+                await self._commit(self.backend.append, ref, change_table(new), _last_version(new))
+
+    async def _state(self, ref: TableRef, events: Sequence[ChangeEvent]) -> None:
+        async with self._lock(ref):
+            covered = await self._run(self.backend.version, ref)
+            new = [e for e in events if _newer(e, covered)]
+            if not new:
+                return
+            wanted = needs_base(new)
+            base: dict[str, bytes] = {}
+            if wanted:
+                rows = await self._run(self.backend.read, ref, ["_id", "bson"], ("_id", sorted(wanted)))
+                base = dict(zip(rows["_id"].to_pylist(), rows["bson"].to_pylist(), strict=True))
+            folded = fold(new, base)
+            await self._commit(
+                self.backend.merge_state, ref, state_table(folded.upserts()), folded.deletes(), _last_version(new)
+            )
+
+    async def _append(self, ref: TableRef, rows: pa.Table, version: int | None) -> None:
+        async with self._lock(ref):
+            await self._commit(self.backend.append, ref, rows, version)
+
+    async def _replace(self, ref: TableRef, rows: pa.Table, version: int | None) -> None:
+        async with self._lock(ref):
+            await self._commit(self.backend.replace, ref, rows, version)
+
+    async def _commit(self, call: Callable[..., None], *args: Any) -> None:
+        await self._run(call, *args)
+        self.commits += 1
+
+    def _outside(self, event: ChangeEvent) -> Namespace | None:
+        if event.op is Op.DROP_DATABASE:
+            return None
+        for ns in (event.ns, event.to):
+            if ns is not None and not self.scope(ns):
+                return ns
+        return None
+
+    async def _ddl(self, event: ChangeEvent) -> None:
+        outside = self._outside(event)
+        if outside is not None:
+            log.warning("not replaying %s: %s is outside the selection's target namespaces", event.op.value, outside)
+            return
+        at = version_of(event)
+        if event.op is Op.DROP_DATABASE:
+            names = [ref.ns.coll or "" for ref in await self._run(self.backend.tables)
+                     if ref.kind == "state" and ref.ns.db == event.ns.db]  # fmt: skip
+            source_db = (event.origin or event.ns).db
+            for ns in self.scope.database_drops(source_db, event.ns.db, sorted(set(names))):
+                await self._ddl_row(ns, event)
+                await self._empty(TableRef("state", ns), at)
+            return
+        await self._ddl_row(event.ns, event)
+        if event.op is Op.CREATE:
+            for kind in ("state", "changes"):
+                await self._run(self.backend.create, TableRef(kind, event.ns))
+        elif event.op is Op.DROP:
+            await self._empty(TableRef("state", event.ns), at)
+        elif event.op is Op.RENAME and event.to is not None:
+            source, target = TableRef("state", event.ns), TableRef("state", event.to)
+            await self._run(self.backend.create, TableRef("changes", event.to))
+            async with self._lock(target):
+                if _newer(event, await self._run(self.backend.version, target)):
+                    rows = await self._run(self.backend.read, source, SCHEMAS["state"].names)
+                    await self._commit(self.backend.replace, target, rows, at)
+            await self._empty(source, at)
+
+    async def _ddl_row(self, ns: Namespace, event: ChangeEvent) -> None:
+        if ns.coll is None or event.position is None:
+            return  # a database event has no table of its own; a resync's own drop is no source event
+        await self._changes(TableRef("changes", ns), [event])
+
+    async def _empty(self, ref: TableRef, at: int | None) -> None:
+        async with self._lock(ref):
+            if not await self._run(self.backend.exists, ref):
+                return
+            if _newer_at(at, await self._run(self.backend.version, ref)):
+                await self._commit(self.backend.replace, ref, SCHEMAS["state"].empty_table(), at)

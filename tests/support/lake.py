@@ -1,0 +1,67 @@
+"""Reading lake tables back with the libraries themselves (deltalake, pyiceberg), for the lake tests."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pymongo
+from bson.raw_bson import RawBSONDocument
+
+
+def read_table(kind: str, root: Path, table: str, db: str, coll: str) -> pa.Table | None:
+    """``table``: "state" or "changes"; None when the table does not exist."""
+    if kind == "delta":
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            return DeltaTable(str(root / table / db / coll)).to_pyarrow_table()
+        except TableNotFoundError:
+            return None
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.exceptions import NoSuchTableError
+
+    catalog = SqlCatalog("mcdc", uri=f"sqlite:///{root}/catalog.db", warehouse=root.as_uri())
+    try:
+        return catalog.load_table((db if table == "state" else f"{db}_changes", coll)).scan().to_arrow()
+    except NoSuchTableError:
+        return None
+
+
+def state_bytes(kind: str, root: Path, db: str, coll: str) -> list[bytes]:
+    """The state table's ``bson`` column, sorted."""
+    table = read_table(kind, root, "state", db, coll)
+    return sorted(table["bson"].to_pylist()) if table is not None else []
+
+
+def source_bytes(uri: str, db: str, coll: str) -> list[bytes]:
+    """The source collection's documents as raw BSON, sorted."""
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri, directConnection=True, document_class=RawBSONDocument)
+    try:
+        return sorted(bytes(d.raw) for d in client[db][coll].find())
+    finally:
+        client.close()
+
+
+def collections(uri: str, db: str) -> list[str]:
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri, directConnection=True)
+    try:
+        return sorted(
+            c["name"] for c in client[db].list_collections(filter={"type": "collection"})
+            if not c["name"].startswith("system.")
+        )  # fmt: skip
+    finally:
+        client.close()
+
+
+def duplicate_changes(table: pa.Table) -> list[tuple[Any, ...]]:
+    """``(key, cluster_time, seq, op)`` that occur more than once in a change table."""
+    rows = zip(
+        table["key"].to_pylist(), table["cluster_time"].to_pylist(), table["seq"].to_pylist(), table["op"].to_pylist(),
+        strict=True,
+    )  # fmt: skip
+    counts = Counter((k, None if ct is None else (ct["t"], ct["i"]), s, op) for k, ct, s, op in rows)
+    return [row for row, n in counts.items() if n > 1]

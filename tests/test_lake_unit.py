@@ -1,0 +1,77 @@
+"""The lake sink's pure parts: rows, folding events into a state table's changes, duplicates."""
+
+from __future__ import annotations
+
+import bson
+import pyarrow as pa
+from bson.int64 import Int64
+from bson.timestamp import Timestamp
+
+from replicator.events import ChangeEvent, Namespace, Op, Position, UpdateDescription
+from replicator.rawbson import DICT_CODEC
+from replicator.sinks.lake.backend import duplicates
+from replicator.sinks.lake.fold import apply_update, fold, needs_base
+from replicator.sinks.lake.tables import CHANGE_SCHEMA, TableRef, change_table, id_json, state_table, version_of
+
+NS = Namespace("d", "c")
+
+
+def _at(t: int, i: int = 1) -> Position:
+    return Position({"_data": f"{t:08x}{i:08x}"}, Timestamp(t, i))
+
+
+def _ev(op: Op, _id: object, t: int, i: int = 1, **kw: object) -> ChangeEvent:
+    return ChangeEvent(op=op, ns=NS, key={"_id": _id}, position=_at(t, i), **kw)  # type: ignore[arg-type]
+
+
+def _update(
+    set_: dict[str, object], removed: tuple[str, ...] = (), truncated: tuple[tuple[str, int], ...] = ()
+) -> UpdateDescription:
+    return UpdateDescription(updated_fields=set_, removed_fields=removed, truncated_arrays=truncated)  # type: ignore[arg-type]
+
+
+def test_apply_update_sets_paths_removes_fields_and_truncates_arrays_first() -> None:
+    raw = bson.encode({"_id": 1, "a": {"b": 1}, "arr": [1, 2, 3, 4], "gone": True, "n": Int64(5)})
+    out = bson.decode(
+        apply_update(raw, _update({"a.c": 2, "arr.1": 9, "new.deep": "x"}, ("gone",), (("arr", 2),))), DICT_CODEC
+    )
+    assert out == {"_id": 1, "a": {"b": 1, "c": 2}, "arr": [1, 9], "n": 5, "new": {"deep": "x"}}
+    assert isinstance(out["n"], Int64)  # types survive the round trip
+
+
+def test_fold_keeps_each_documents_last_state_in_order() -> None:
+    doc = bson.encode({"_id": 1, "v": 1})
+    events = [
+        _ev(Op.INSERT, 1, 10, document=bson.decode(doc)),
+        _ev(Op.UPDATE, 1, 11, update=_update({"v": 2})),  # a delta on the row the insert just set
+        _ev(Op.DELETE, 2, 12),
+        _ev(Op.UPDATE, 3, 13, update=_update({"w": 1})),  # needs the table's row
+        _ev(Op.UPDATE, 4, 14, update=_update({"w": 1})),  # no row anywhere: the document is gone
+    ]
+    assert needs_base(events) == {id_json(3), id_json(4)}
+    folded = fold(events, {id_json(3): bson.encode({"_id": 3})})
+    ups = {k: (bson.decode(b), v) for k, b, _, v in folded.upserts()}
+    assert ups == {
+        id_json(1): ({"_id": 1, "v": 2}, version_of(events[1])),
+        id_json(3): ({"_id": 3, "w": 1}, version_of(events[3])),
+    }
+    assert sorted(folded.deletes()) == sorted([id_json(2), id_json(4)])
+
+
+def test_change_rows_number_the_events_of_one_cluster_time() -> None:
+    events = [_ev(Op.INSERT, i, 20, 1, document={"_id": i}) for i in range(3)] + [_ev(Op.DELETE, 0, 21)]
+    table = change_table(events)
+    assert table.schema == CHANGE_SCHEMA
+    assert table["seq"].to_pylist() == [0, 1, 2, 0]
+    assert table["cluster_time"].to_pylist()[3] == {"t": 21, "i": 1}
+    assert version_of(events[3]) == (21 << 32) | 1
+
+
+def test_duplicates_keep_one_row_per_key_and_only_r_rows_of_a_change_table() -> None:
+    state = state_table([("1", b"a", "{}", None), ("1", b"a", "{}", None), ("2", b"b", "{}", None)])
+    column, keys, keep = duplicates(TableRef("state", NS), state)
+    assert (column, keys, keep["_id"].to_pylist()) == ("_id", ["1"], ["1"])
+    changes = pa.table({"key": ["k", "k", "k", "j"], "op": ["r", "r", "u", "u"]})
+    column, keys, keep = duplicates(TableRef("changes", NS), changes)
+    assert (column, keys, keep.num_rows) == ("key", ["k"], 1)
+    assert duplicates(TableRef("changes", NS), pa.table({"key": ["k", "k"], "op": ["u", "d"]}))[1] == []
