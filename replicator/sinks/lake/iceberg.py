@@ -9,7 +9,9 @@ The position a commit covers is the snapshot property ``mcdc.version``, set on e
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import warnings
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,14 @@ from .backend import Where, check_schema, conform
 from .tables import SCHEMAS, TableRef
 
 PROPERTY = "mcdc.version"
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """pyiceberg warns of a delete that matched nothing: for an upsert of new rows, that is the usual case."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Delete operation did not match any records")
+        yield
 
 
 def _in(column: str, values: list[str]) -> BooleanExpression:
@@ -124,7 +134,7 @@ class IcebergBackend:
         table = self._must(ref)
         props = self._properties(table, version)
         keys = upserts["_id"].to_pylist() + deletes
-        with table.transaction() as tx:
+        with table.transaction() as tx, _quiet():
             if keys:
                 tx.delete(_in("_id", keys), snapshot_properties=props)
             if upserts.num_rows:
@@ -140,7 +150,7 @@ class IcebergBackend:
         if reads_only:
             where = And(EqualTo(term=Reference("op"), value=literal("r")), where)
         props = self._properties(table, None)
-        with table.transaction() as tx:
+        with table.transaction() as tx, _quiet():
             tx.delete(where, snapshot_properties=props)
             tx.append(conform(ref, rows), snapshot_properties=props)
 

@@ -98,6 +98,8 @@ class LakeSink(Sink):
         self.scope = Scope(settings.selection, settings.renamer)
         self._locks: dict[TableRef, asyncio.Lock] = {}
         self.commits = 0
+        self._compact_every = settings.lake_compact_every
+        self._since_compaction: dict[TableRef, int] = {}
 
     async def _run(self, call: Callable[..., T], *args: Any) -> T:
         try:
@@ -228,9 +230,15 @@ class LakeSink(Sink):
         async with self._lock(ref):
             await self._commit(self.backend.replace, ref, rows, version)
 
-    async def _commit(self, call: Callable[..., None], *args: Any) -> None:
-        await self._run(call, *args)
+    async def _commit(self, call: Callable[..., None], ref: TableRef, *args: Any) -> None:
+        """One commit to ``ref`` (its lock held); every ``--lake-compact-every`` commits, a compaction."""
+        await self._run(call, ref, *args)
         self.commits += 1
+        since = self._since_compaction[ref] = self._since_compaction.get(ref, 0) + 1
+        if self._compact_every and since >= self._compact_every:
+            removed = await self._run(self.backend.compact, ref)
+            self._since_compaction[ref] = 0
+            log.info("%s: compacted (%d small files rewritten)", ref, removed)
 
     def _outside(self, event: ChangeEvent) -> Namespace | None:
         if event.op is Op.DROP_DATABASE:
