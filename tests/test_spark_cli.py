@@ -226,3 +226,38 @@ def test_tail_on_spark_rides_out_a_source_restart_and_a_target_outage(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_spark_tail_into_delta_killed_three_times_then_catch_up_leaves_no_duplicate_and_equal_state(
+    source_uri: str, tmp_path: Path
+) -> None:
+    from tests.support.lake import duplicate_changes, read_table
+    from tests.test_lake import _assert_state_equals_source
+
+    root, cp = tmp_path / "lake", tmp_path / "cp.json"
+    target = f"delta:{root}"
+    with pymongo.MongoClient(source_uri) as client:
+        client.work.a.insert_many([{"_id": i, "v": 0} for i in range(300)])
+    args = ("--partition-docs", "100", "--split", "always")
+    proc = _tail(source_uri, target, cp, *args)
+    try:
+        for seed in range(3):
+            _until(proc, cp.exists, "the first checkpoint", timeout=120)
+            random_workload(source_uri, 100, seed)  # CRUD, transactions, renames, drops, a capped collection
+            time.sleep(3.0)
+            proc.kill()  # mid-snapshot the first time (the driver, with its executors), mid-replay later
+            proc.wait()
+            proc = _tail(source_uri, target, cp, *args)
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    done = subprocess.run(_spark_cli("catch-up", "-s", source_uri, "-t", target, "-c", str(cp)),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    _assert_state_equals_source("delta", root, source_uri, ["work"])
+    changes = read_table("delta", root, "changes", "work", "a")
+    assert changes is not None and {"r", "c", "u", "d"} <= set(changes["op"].to_pylist())
+    assert duplicate_changes(changes) == []

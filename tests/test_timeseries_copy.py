@@ -283,15 +283,15 @@ async def test_a_spark_task_attempt_after_a_failed_one_deletes_its_range_first(
     settings = resolve({"source": "mongodb://127.0.0.1:1", "target": "mongodb://127.0.0.1:2",
                         "checkpoint": tmp_path / "cp.json"}, env={})  # fmt: skip
     task = tasks.CopyTask(settings, parts[1], None, "rs0", LIMITS, lambda ns: ns, None)
-    assert await tasks._copy(task, retried=True) == 200
+    assert await tasks._copy(task, retried=True) == (200, [])
     assert Counter(target.docs) == Counter(source) and target.deletes == [parts[1].query()]
 
     target.docs, target.deletes = list(others), []
-    assert await tasks._copy(task) == 200  # a first attempt
+    assert await tasks._copy(task) == (200, [])  # a first attempt
     assert Counter(target.docs) == Counter(source) and target.deletes == []
     begun = tasks.CopyTask(settings, parts[1], Resume(None), "rs0", LIMITS, lambda ns: ns, None)
     target.docs = others + [d for d in source if matches(parts[1].query(), d)][:60]
-    assert await tasks._copy(begun) == 200  # begun by an earlier run, as the driver's checkpoint says
+    assert await tasks._copy(begun) == (200, [])  # begun by an earlier run, as the driver's checkpoint says
     assert Counter(target.docs) == Counter(source) and target.deletes == [parts[1].query()]
 
 

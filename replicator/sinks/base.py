@@ -89,6 +89,20 @@ class Sink(ABC):
         collection is copied as one partition (deleted whole before it is copied again)."""
         return True
 
+    def stage(self) -> bool:
+        """Called on a Spark executor before it copies a snapshot partition: True when this sink then writes
+        its documents without committing them (data files only), for the driver to commit what
+        :meth:`staged` lists with :meth:`commit_staged` (write on the workers, commit once). False (the
+        default): its writes are committed as they are made."""
+        return False
+
+    def staged(self) -> list[Any]:
+        """What this sink wrote since :meth:`stage` and has not committed (picklable, sent to the driver)."""
+        return []
+
+    async def commit_staged(self, staged: Sequence[Any]) -> None:  # noqa: B027 - optional hook
+        """On the driver: commit what executors' :meth:`staged` returned for one partition."""
+
     async def reconcile(self, spec: CollectionSpec) -> bool:
         """Make the destination's collection match ``spec``'s options and indexes without copying its
         documents again; False when that takes a new copy (then mcdc copies it again)."""

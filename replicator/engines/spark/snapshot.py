@@ -2,8 +2,9 @@
 
 Each partition is its own Spark job of one task, submitted from a driver thread, with as many running
 at once as the cluster has cores (``defaultParallelism``). So the driver learns of each partition as
-its task returns, and marks it done in the checkpoint at once: a driver killed at any moment loses only
-the partitions still running, and the same command copies only those again. A task that fails is
+its task returns, and marks it done in the checkpoint at once (a sink that writes on the executors and
+commits on the driver, a Delta table's, has the partition's files committed first): a driver killed at
+any moment loses only the partitions still running, and the same command copies only those again. A task that fails is
 retried by Spark (``spark.task.maxFailures``; a local master gets 4 attempts): its writes are
 idempotent upserts, so a partly written attempt is simply written again. A time-series partition's are
 not (measurements never replace each other): the driver records it as begun before its task runs, and a
@@ -70,10 +71,12 @@ class SparkCopier:
                 after = await begin(part, resume, on_start)  # on the driver: the checkpoint is here
                 task = tasks.CopyTask(self.s, part, after, sink.source_name, limits, rename, fields)
                 try:
-                    docs = await asyncio.to_thread(self._run, task)
+                    docs, staged = await asyncio.to_thread(self._run, task)
                 except asyncio.CancelledError:  # a second signal: the run stops now, so do its tasks
                     self.spark.sparkContext.cancelJobGroup(JOB_GROUP)
                     raise
+                if staged:  # written by the executor, committed here before the partition counts as done
+                    await sink.commit_staged(staged)
                 result.documents += docs
                 reporter.snapshot_advance(str(part.ns), docs)
                 await on_done(part, docs)
@@ -86,9 +89,10 @@ class SparkCopier:
             raise failed.exceptions[0] from None
         return result.documents - before
 
-    def _run(self, task: tasks.CopyTask) -> int:
+    def _run(self, task: tasks.CopyTask) -> tuple[int, list[Any]]:
         sc = self.spark.sparkContext
         sc.setJobGroup(JOB_GROUP, f"mcdc snapshot {task.partition.ns}", interruptOnCancel=True)
         rdd = sc.parallelize([task], 1).map(tasks.copy)
         with failing_in_one_line("the snapshot"):
-            return int(rdd.collect()[0])
+            docs, staged = rdd.collect()[0]
+            return int(docs), list(staged)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ...config import Settings
 from ...events import Namespace
@@ -69,8 +70,9 @@ class CopyTask:
     fields: FieldRules | None
 
 
-def copy(task: CopyTask) -> int:
-    """Copy the task's partition through the run's sink; the number of documents written."""
+def copy(task: CopyTask) -> tuple[int, list[Any]]:
+    """Copy the task's partition through the run's sink: the number of documents written, and what the sink
+    wrote without committing (for the driver to commit; empty for a sink that commits its own writes)."""
     return asyncio.run(_copy(task, retried=_attempt() > 0))
 
 
@@ -82,7 +84,7 @@ def _attempt() -> int:
     return context.attemptNumber() if context is not None else 0
 
 
-async def _copy(task: CopyTask, *, retried: bool = False) -> int:
+async def _copy(task: CopyTask, *, retried: bool = False) -> tuple[int, list[Any]]:
     s = task.settings
     part = task.partition
     after = task.after
@@ -93,6 +95,7 @@ async def _copy(task: CopyTask, *, retried: bool = False) -> int:
     try:
         sink.source_name = task.source_name
         await sink.start()
+        sink.stage()
 
         async def done(part: Partition, docs: int) -> None:
             pass
@@ -102,7 +105,7 @@ async def _copy(task: CopyTask, *, retried: bool = False) -> int:
             resume={part.id: after} if after is not None else None, fields=task.fields,
         )  # fmt: skip
         await sink.flush()
-        return written
+        return written, sink.staged()
     finally:
         await sink.close()
         await client.close()

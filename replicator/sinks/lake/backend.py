@@ -6,7 +6,7 @@ A commit that covers events records their position (``version``); ``None`` keeps
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,6 +22,8 @@ APP_ID = "mcdc"
 
 class Backend(Protocol):
     label: str
+    #: can data files be written apart from their commit (:meth:`write_files`, :meth:`commit_files`)?
+    stages: bool
 
     def check_writable(self) -> None: ...
 
@@ -46,6 +48,15 @@ class Backend(Protocol):
     def rewrite(self, ref: TableRef, column: str, values: list[str], rows: pa.Table, reads_only: bool) -> None:
         """Delete the rows whose ``column`` is in ``values`` (only ``op = 'r'`` rows when ``reads_only``) and add
         ``rows``, in one commit."""
+
+    def write_files(self, ref: TableRef, rows: pa.Table) -> None:
+        """Write ``rows`` into data files of the table without committing them."""
+
+    def finish_files(self) -> list[tuple[TableRef, Any]]:
+        """Close what :meth:`write_files` wrote: each file's table and what :meth:`commit_files` needs."""
+
+    def commit_files(self, ref: TableRef, files: list[Any]) -> None:
+        """Commit data files that :meth:`write_files` wrote (in this process or another), in one commit."""
 
     def compact(self, ref: TableRef) -> int:
         """Rewrite small files into bigger ones; the number of files removed."""

@@ -6,6 +6,7 @@ committed atomically with the data, and :meth:`DeltaBackend.version` reads it ba
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Mapping
@@ -14,8 +15,10 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake.transaction import AddAction, RemoveAction
 
 from ...errors import ConfigError
 from .backend import APP_ID, Where, check_schema, conform, deleted
@@ -32,7 +35,9 @@ class DeltaBackend:
         self.root = str(Path(root).expanduser().absolute()) if self.local else root.rstrip("/")
         self.label = f"delta:{root}"
         self.options = dict(storage_options) or None
+        self.stages = self.local  # data files written apart from their commit: on a local (or mounted) path
         self._tables: dict[TableRef, DeltaTable] = {}
+        self._writing: dict[TableRef, tuple[str, pq.ParquetWriter, list[int]]] = {}
 
     def _uri(self, ref: TableRef) -> str:
         return f"{self.root}/{ref.path()}"
@@ -127,6 +132,35 @@ class DeltaBackend:
         if reads_only:
             where = f"op = 'r' AND {where}"
         write_deltalake(self._must(ref), conform(ref, rows), mode="overwrite", predicate=where)
+
+    def write_files(self, ref: TableRef, rows: pa.Table) -> None:
+        """Add ``rows`` to this process's open Parquet file in the table's directory, not in its log yet (a
+        file no commit names is never read, and VACUUM removes it)."""
+        if ref not in self._writing:
+            name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+            writer = pq.ParquetWriter(Path(self._uri(ref)) / name, SCHEMAS[ref.kind], compression="snappy")
+            self._writing[ref] = (name, writer, [0])
+        _, writer, count = self._writing[ref]
+        writer.write_table(conform(ref, rows))
+        count[0] += rows.num_rows
+
+    def finish_files(self) -> list[tuple[TableRef, Any]]:
+        """Close the files :meth:`write_files` wrote: for each, its table and what :meth:`commit_files` needs."""
+        done = []
+        for ref, (name, writer, count) in self._writing.items():
+            writer.close()
+            stat = (Path(self._uri(ref)) / name).stat()
+            done.append(
+                (ref, {"path": name, "size": stat.st_size, "rows": count[0], "mtime": int(stat.st_mtime * 1000)})
+            )
+        self._writing.clear()
+        return done
+
+    def commit_files(self, ref: TableRef, files: list[Any]) -> None:
+        actions: list[AddAction | RemoveAction] = [
+            AddAction(f["path"], f["size"], {}, f["mtime"], True, json.dumps({"numRecords": f["rows"]})) for f in files
+        ]
+        self._must(ref).create_write_transaction(actions, mode="append", schema=SCHEMAS[ref.kind])
 
     def compact(self, ref: TableRef) -> int:
         table = self._table(ref)

@@ -54,6 +54,16 @@ class IcebergBackend:
             self.properties = {"warehouse": root}
         self.properties.update(options)
         self._catalog: Catalog | None = None
+        self.stages = False  # a Spark task's rows are committed by the task itself
+
+    def write_files(self, ref: TableRef, rows: pa.Table) -> None:
+        raise NotImplementedError("Iceberg tables commit their own writes")
+
+    def finish_files(self) -> list[tuple[TableRef, Any]]:
+        return []
+
+    def commit_files(self, ref: TableRef, files: list[Any]) -> None:
+        raise NotImplementedError("Iceberg tables commit their own writes")
 
     @property
     def catalog(self) -> Catalog:
@@ -142,7 +152,8 @@ class IcebergBackend:
 
     def replace(self, ref: TableRef, rows: pa.Table, version: int | None) -> None:
         table = self._must(ref)
-        table.overwrite(conform(ref, rows), snapshot_properties=self._properties(table, version))
+        with _quiet():
+            table.overwrite(conform(ref, rows), snapshot_properties=self._properties(table, version))
 
     def rewrite(self, ref: TableRef, column: str, values: list[str], rows: pa.Table, reads_only: bool) -> None:
         table = self._must(ref)

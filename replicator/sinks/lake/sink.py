@@ -100,6 +100,8 @@ class LakeSink(Sink):
         self.commits = 0
         self._compact_every = settings.lake_compact_every
         self._since_compaction: dict[TableRef, int] = {}
+        self._staging = False
+        self._staged: list[tuple[TableRef, Any]] = []
 
     async def _run(self, call: Callable[..., T], *args: Any) -> T:
         try:
@@ -179,16 +181,43 @@ class LakeSink(Sink):
                 run.append(event)
         await self._documents(run)
 
+    def stage(self) -> bool:
+        self._staging = self.backend.stages
+        return self._staging
+
+    def staged(self) -> list[Any]:
+        return list(self._staged)
+
+    async def flush(self) -> None:
+        if self._staging:
+            self._staged += await self._run(self.backend.finish_files)
+
+    async def commit_staged(self, staged: Sequence[Any]) -> None:
+        """The data files a Spark task wrote for one partition: one commit per table."""
+        by_ref: dict[TableRef, list[Any]] = {}
+        for ref, written in staged:
+            by_ref.setdefault(ref, []).append(written)
+        for ref, files in by_ref.items():
+            async with self._lock(ref):
+                await self._commit(self.backend.commit_files, ref, files)
+
     async def _copied(self, batch: Sequence[ChangeEvent]) -> None:
-        """Snapshot reads: appended to both tables of their collection."""
+        """Snapshot reads: appended to both tables of their collection (on a Spark executor that stages, only
+        written as data files, for the driver to commit)."""
         by_ns: dict[Namespace, list[ChangeEvent]] = {}
         for event in batch:
             by_ns.setdefault(event.ns, []).append(event)
         for ns, events in by_ns.items():
-            await asyncio.gather(
-                self._append(TableRef("changes", ns), change_table(events), None),
-                self._append(TableRef("state", ns), state_table(fold(events, {}).upserts()), None),
-            )
+            rows = {
+                TableRef("changes", ns): change_table(events),
+                TableRef("state", ns): state_table(fold(events, {}).upserts()),
+            }
+            if self._staging:
+                for ref, table in rows.items():
+                    async with self._lock(ref):
+                        await self._run(self.backend.write_files, ref, table)
+            else:
+                await asyncio.gather(*(self._append(ref, table, None) for ref, table in rows.items()))
 
     async def _documents(self, events: Sequence[ChangeEvent]) -> None:
         by_ns: dict[Namespace, list[ChangeEvent]] = {}
