@@ -114,6 +114,7 @@ class EmbeddedVerifier:
         self._stopping = False
         self._busy_until = self._paced_at = 0.0
         self._behind = False
+        self._heard = False  # has the replay acknowledged anything yet (a batch, or an empty poll)?
         self.phase = "scanning"
         self._publish()
 
@@ -138,8 +139,10 @@ class EmbeddedVerifier:
     async def _pace(self) -> None:
         """Give way to a busy replay: while events flow, the verifier works at most a 1 / (1 + _GIVE)
         share of the time (it shares the event loop, and the servers' CPUs); while the replay is catching up
-        (more than _BEHIND_S behind the source), it waits until the replay has caught up or gone idle."""
-        while self._behind and time.monotonic() < self._busy_until and not self._stopping:
+        (more than _BEHIND_S behind the source), it waits until the replay has caught up or gone idle. It
+        begins once the replay has acknowledged its first batch or empty poll: a tail started on a backlog
+        first shows it is behind, and the verifier's first reads do not delay the replay's first batch."""
+        while (not self._heard or (self._behind and time.monotonic() < self._busy_until)) and not self._stopping:
             await asyncio.sleep(_IDLE_S)
         now = time.monotonic()
         if now < self._busy_until:
@@ -152,6 +155,7 @@ class EmbeddedVerifier:
 
     def acked(self, applied: Timestamp | None, *, idle_since: float | None = None) -> None:
         self.clock.acked(applied, idle_since=idle_since)
+        self._heard = True
 
     # --- the loop ---
 
