@@ -134,6 +134,16 @@ class Scope:
     def __call__(self, target: Namespace) -> bool:
         return self.source_of(target) is not None
 
+    def outside(self, event: ChangeEvent) -> Namespace | None:
+        """The target namespace a DDL event would touch that is not ours, if any (a dropDatabase touches only
+        what :meth:`database_drops` names)."""
+        if event.op is Op.DROP_DATABASE:
+            return None
+        for ns in (event.ns, event.to):
+            if ns is not None and not self(ns):
+                return ns
+        return None
+
     def database_drops(self, source_db: str, target_db: str, collections: Iterable[str]) -> list[Namespace]:
         """What a ``dropDatabase`` of ``source_db`` drops among the ``collections`` of ``target_db`` (the
         database it is renamed to): those a selected namespace of ``source_db`` maps to, and no other."""

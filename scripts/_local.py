@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -141,6 +142,16 @@ def code_version() -> str:
     if commit.returncode != 0:
         return "unknown (not a git checkout)"
     return commit.stdout.strip() + (" + uncommitted changes in replicator/" if dirty.stdout.strip() else "")
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def sigterm_as_interrupt() -> None:
+    """SIGTERM as Ctrl-C: the way out stops the running mcdc and the local servers (a plain SIGTERM left
+    them running)."""
+    signal.signal(signal.SIGTERM, _interrupted)
 
 
 class BenchError(Exception):

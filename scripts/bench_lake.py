@@ -27,7 +27,6 @@ import argparse
 import json
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -36,16 +35,7 @@ from typing import Any
 
 import bson
 import pymongo
-from bson.raw_bson import RawBSONDocument
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from replicator.events import Namespace
-from replicator.normalize import snapshot_read
-from replicator.rawbson import RAW_CODEC
-from replicator.sinks.lake.fold import fold
-from replicator.sinks.lake.tables import change_table, state_table
-from scripts._local import (
+from _local import (
     BenchError,
     add_server_options,
     bench_setup,
@@ -55,8 +45,16 @@ from scripts._local import (
     print_verdicts,
     run_bench,
     show,
+    sigterm_as_interrupt,
 )
-from scripts.bench_sync import COLL, DB, INCLUDE, load_and_warm
+from bench_sync import COLL, DB, INCLUDE, load_and_warm
+from bson.raw_bson import RawBSONDocument
+
+from replicator.events import Namespace
+from replicator.normalize import snapshot_read
+from replicator.rawbson import RAW_CODEC
+from replicator.sinks.lake.fold import fold
+from replicator.sinks.lake.tables import change_table, state_table
 
 SNAPSHOT_TARGET = 0.7
 EVENTS_TARGET = 5_000
@@ -206,10 +204,6 @@ def print_report(data: dict[str, Any]) -> None:
     print_verdicts(data["targets"], data["commands"])
 
 
-def _interrupted(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--docs", type=int, default=100_000, help="documents to copy (default 100000)")
@@ -219,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.docs < 1 or args.events < 1:
         parser.error("--docs and --events must be at least 1")
-    signal.signal(signal.SIGTERM, _interrupted)
+    sigterm_as_interrupt()
     return run_bench("bench_lake", lambda: bench(args), print_report, args.json)
 
 

@@ -69,7 +69,6 @@ import platform
 import random
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -92,6 +91,7 @@ from _local import (
     print_verdicts,
     run_bench,
     show,
+    sigterm_as_interrupt,
     tree_rss,
 )
 from bench_sync import COLL, DB, INCLUDE, _check_target, _reset_target, load_and_warm, mcdc_argv, run_mcdc
@@ -710,12 +710,6 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         return figures(sync, [cursors, verify, tail], embedded, backlog, replays, args, server, commands)
 
 
-def _interrupted(signum: int, frame: object) -> None:
-    """SIGTERM as Ctrl-C: the way out stops the running mcdc and the local servers (a plain SIGTERM left
-    them running)."""
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--docs", type=int, default=500_000, help="documents to compare (default 500000)")
@@ -725,7 +719,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.docs < 1 or args.events < 1:
         parser.error("--docs and --events must be at least 1")
-    signal.signal(signal.SIGTERM, _interrupted)
+    sigterm_as_interrupt()
     return run_bench("bench_verify", lambda: bench(args), print_report, args.json)
 
 

@@ -41,6 +41,17 @@ def test_bench_verify_small_run_prints_the_ratios_and_the_goals() -> None:
     assert data["tail_verify_peak_rss_mb"] > 0
 
 
+def test_bench_lake_small_run_prints_the_ratio_and_the_replay_rate() -> None:
+    result = run_script("bench_lake.py", "--docs", "2000", "--events", "300", "--json", timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    assert re.search(r"^  ratio sync / write_deltalake\s+\d+\.\d\d", out, re.MULTILINE), out
+    assert re.search(r"^(PASS|FAIL)  sync >= 0.7x write_deltalake$", out, re.MULTILINE), out
+    assert re.search(r"^(PASS|FAIL)  replay >= 5,000 events/s$", out, re.MULTILINE), out
+    data = json.loads(out[out.rindex("\n{\n") + 1 :])
+    assert data["mcdc_sync_docs_per_s"] > 0 and data["replay_events_per_s"] > 0
+
+
 def test_bench_kafka_small_run_measures_all_three_parts() -> None:
     result = run_script("bench_kafka.py", "--events", "300", "--repeat", "1", "--cpu-rounds", "1", "--json")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -126,21 +126,12 @@ class MongoSchema:
         for spec in specs:  # one failed: build them one by one so the others still exist
             await self.create_indexes(ns, [spec])
 
-    def _outside_scope(self, event: ChangeEvent) -> Namespace | None:
-        """The namespace this DDL would touch that the selection does not map to, if any."""
-        if self.scope is None or event.op is Op.DROP_DATABASE:
-            return None
-        for ns in (event.ns, event.to):
-            if ns is not None and not self.scope(ns):
-                return ns
-        return None
-
     async def apply(self, event: ChangeEvent) -> None:
         """Replay one DDL event idempotently (replaying it twice leaves the same state). DDL on a
         namespace outside the scope is refused with a warning: it is never ours to change."""
         ns, ddl = event.ns, event.ddl or {}
         db = self._client[ns.db]
-        outside = self._outside_scope(event)
+        outside = self.scope.outside(event) if self.scope is not None else None
         if outside is not None:
             log.warning("not replaying %s: %s is outside the selection's target namespaces", event.op.value, outside)
             return

@@ -65,6 +65,28 @@ class Backend(Protocol):
         """Every mcdc table under this lake."""
 
 
+class Format:
+    """What both formats' backends share: a table opened or made on first use."""
+
+    def _table(self, ref: TableRef) -> Any:
+        """The open table, or None when it does not exist."""
+        raise NotImplementedError
+
+    def create(self, ref: TableRef) -> None:
+        raise NotImplementedError
+
+    def _must(self, ref: TableRef) -> Any:
+        table = self._table(ref)
+        if table is None:
+            self.create(ref)
+            table = self._table(ref)
+            assert table is not None
+        return table
+
+    def exists(self, ref: TableRef) -> bool:
+        return self._table(ref) is not None
+
+
 def check_schema(ref: TableRef, found: pa.Schema, where: str) -> None:
     """Refuse a table whose columns are not this kind's (one written by something else)."""
     wanted = SCHEMAS[ref.kind]

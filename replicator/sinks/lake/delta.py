@@ -21,7 +21,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
 from ...errors import ConfigError
-from .backend import APP_ID, Where, check_schema, conform, deleted
+from .backend import APP_ID, Format, Where, check_schema, conform, deleted
 from .tables import SCHEMAS, TableRef
 
 
@@ -29,7 +29,7 @@ def _sql(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-class DeltaBackend:
+class DeltaBackend(Format):
     def __init__(self, root: str, storage_options: Mapping[str, str]) -> None:
         self.local = "://" not in root
         self.root = str(Path(root).expanduser().absolute()) if self.local else root.rstrip("/")
@@ -65,17 +65,6 @@ class DeltaBackend:
         check_schema(ref, pa.schema(table.schema().to_arrow()), f"{self.label}/{ref.path()}")
         self._tables[ref] = table
         return table
-
-    def _must(self, ref: TableRef) -> DeltaTable:
-        table = self._table(ref)
-        if table is None:
-            self.create(ref)
-            table = self._table(ref)
-            assert table is not None
-        return table
-
-    def exists(self, ref: TableRef) -> bool:
-        return self._table(ref) is not None
 
     def create(self, ref: TableRef) -> None:
         if self._table(ref) is not None:

@@ -23,7 +23,7 @@ from pyiceberg.expressions.literals import literal
 from pyiceberg.table import Table
 
 from ...errors import ConfigError
-from .backend import Where, check_schema, conform
+from .backend import Format, Where, check_schema, conform
 from .tables import SCHEMAS, TableRef
 
 PROPERTY = "mcdc.version"
@@ -41,7 +41,7 @@ def _in(column: str, values: list[str]) -> BooleanExpression:
     return In(term=Reference(column), values={literal(v) for v in values})
 
 
-class IcebergBackend:
+class IcebergBackend(Format):
     def __init__(self, root: str, options: Mapping[str, str]) -> None:
         self.label = f"iceberg:{root}"
         self.local = "://" not in root
@@ -93,17 +93,6 @@ class IcebergBackend:
             return None
         check_schema(ref, table.schema().as_arrow(), f"{self.label} table {'.'.join(ref.identifier())}")
         return table
-
-    def _must(self, ref: TableRef) -> Table:
-        table = self._table(ref)
-        if table is None:
-            self.create(ref)
-            table = self._table(ref)
-            assert table is not None
-        return table
-
-    def exists(self, ref: TableRef) -> bool:
-        return self._table(ref) is not None
 
     def create(self, ref: TableRef) -> None:
         if self._table(ref) is not None:

@@ -269,16 +269,8 @@ class LakeSink(Sink):
             self._since_compaction[ref] = 0
             log.info("%s: compacted (%d small files rewritten)", ref, removed)
 
-    def _outside(self, event: ChangeEvent) -> Namespace | None:
-        if event.op is Op.DROP_DATABASE:
-            return None
-        for ns in (event.ns, event.to):
-            if ns is not None and not self.scope(ns):
-                return ns
-        return None
-
     async def _ddl(self, event: ChangeEvent) -> None:
-        outside = self._outside(event)
+        outside = self.scope.outside(event)
         if outside is not None:
             log.warning("not replaying %s: %s is outside the selection's target namespaces", event.op.value, outside)
             return
