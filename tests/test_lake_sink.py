@@ -103,3 +103,21 @@ async def test_a_spark_task_writes_delta_files_that_only_the_drivers_commit_make
     changes = read_table("delta", root, "changes", "d", "a")
     assert changes is not None and changes.num_rows == 8
     assert not _sink("iceberg", tmp_path / "ice").stage()  # Iceberg's tasks commit their own
+
+
+@pytest.mark.parametrize("mode", ["updateLookup", "default"])
+async def test_an_update_without_its_document_is_applied_only_where_the_stream_sends_deltas(
+    mode: str, tmp_path: Path
+) -> None:
+    from replicator.events import UpdateDescription
+
+    root = tmp_path / "lake"
+    sink = _sink("delta", root, ("full_document", mode))
+    delta = UpdateDescription(updated_fields={"v": 7}, removed_fields=(), truncated_arrays=())  # type: ignore[arg-type]
+    async with sink:
+        await sink.write([_insert(A, 1, 10)])
+        await sink.write([ChangeEvent(op=Op.UPDATE, ns=A, key={"_id": 1}, update=delta, position=_at(11))])
+    table = read_table("delta", root, "state", "d", "a")
+    assert table is not None and [bson.decode(b) for b in table["bson"].to_pylist()] == [
+        {"_id": 1, "v": 7 if mode == "default" else 0}  # updateLookup: the document was gone at the lookup
+    ]

@@ -102,6 +102,9 @@ class LakeSink(Sink):
         self._since_compaction: dict[TableRef, int] = {}
         self._staging = False
         self._staged: list[tuple[TableRef, Any]] = []
+        # with updateLookup, an update without its document is one whose document was gone at the lookup: a
+        # later event (its delete, or a new insert) sets the row, so its delta is not applied
+        self._lookups = settings.full_document == "updateLookup"
 
     async def _run(self, call: Callable[..., T], *args: Any) -> T:
         try:
@@ -241,12 +244,15 @@ class LakeSink(Sink):
             new = [e for e in events if _newer(e, covered)]
             if not new:
                 return
-            wanted = needs_base(new)
+            applied = [e for e in new if not (self._lookups and e.op is Op.UPDATE and e.document is None)]
+            wanted = needs_base(applied)
             base: dict[str, bytes] = {}
             if wanted:
                 rows = await self._run(self.backend.read, ref, ["_id", "bson"], ("_id", sorted(wanted)))
                 base = dict(zip(rows["_id"].to_pylist(), rows["bson"].to_pylist(), strict=True))
-            folded = fold(new, base)
+            folded = fold(applied, base)
+            if not folded.rows:
+                return  # nothing to write (events applied again come back to nothing again)
             await self._commit(
                 self.backend.merge_state, ref, state_table(folded.upserts()), folded.deletes(), _last_version(new)
             )
