@@ -118,6 +118,7 @@ class Settings:
     heartbeat_interval_s: float = 0.0  # [heartbeat.interval.ms] 0: off
     kafka_opts: tuple[str, ...] = ()  # [kafka.producer.*] KEY=VALUE producer settings
     lake_opts: tuple[str, ...] = ()  # KEY=VALUE: Delta storage options / Iceberg catalog properties
+    lake_columns: str = "lossless"  # lossless | typed (top-level fields as typed columns of the state tables)
     lake_compact_every: int = 500  # commits to a lake table between compactions (0: never)
     pre_images: str = "off"  # fullDocumentBeforeChange: off | whenAvailable | required ("before")
     field_exclude: tuple[str, ...] = ()  # [field.exclude.list] db.coll.path: dropped from documents and updates

@@ -170,6 +170,7 @@ SAMPLE = {
     "kafka-opt": "compression.type=zstd,linger.ms=5",
     "lake-opt": "AWS_REGION=eu-west-1",
     "lake-compact-every": "50",
+    "lake-columns": "typed",
     "engine": "spark",
     "spark-master": "spark://spark.example:7077",
     "spark-conf": "spark.executor.memory=2g,spark.executor.cores=2",

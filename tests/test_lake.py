@@ -49,17 +49,20 @@ def _assert_state_equals_source(kind: str, root: Path, source: str, dbs: list[st
                     assert key == id_json(decode(raw, RAW_CODEC)["_id"])
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("kind", "columns"), [("delta", "lossless"), ("iceberg", "lossless"), ("delta", "typed")])
 def test_sync_of_the_mixed_corpus_leaves_each_state_table_byte_identical(
-    kind: str, source_uri: str, tmp_path: Path
+    kind: str, columns: str, source_uri: str, tmp_path: Path
 ) -> None:
     with pymongo.MongoClient(source_uri) as client:
         load_corpus(client, mixed_count=500)
     root = tmp_path / "lake"
     done = _mcdc("sync", "-s", source_uri, "-t", f"{kind}:{root}", "-c", str(tmp_path / "cp.json"),
-                 "--partition-docs", "200", "--split", "always")  # fmt: skip
+                 "--partition-docs", "200", "--split", "always", "--lake-columns", columns)  # fmt: skip
     assert done.returncode == 0, done.stderr
     _assert_state_equals_source(kind, root, source_uri, ["corpus", "corpus_other"])
+    if columns == "typed":  # every BSON type of the corpus in a column of its own, or as Extended JSON
+        types = read_table(kind, root, "state", "corpus", "types")
+        assert types is not None and len(types.column_names) > 6
     changes = read_table(kind, root, "changes", "corpus", "mixed_ids")
     assert changes is not None and changes.num_rows == 500 and set(changes["op"].to_pylist()) == {"r"}
     assert read_table(kind, root, "state", "corpus", "validated_view") is None  # a view holds no documents
@@ -68,7 +71,8 @@ def test_sync_of_the_mixed_corpus_leaves_each_state_table_byte_identical(
         client.corpus.mixed_ids.delete_many({"_id": {"$type": "int"}})
         client.corpus.capped.update_one({"_id": 3}, {"$set": {"seq": -3}})
         client.corpus_other.things.insert_one({"_id": "new", "v": "x"})
-    again = _mcdc("catch-up", "-s", source_uri, "-t", f"{kind}:{root}", "-c", str(tmp_path / "cp.json"))
+    again = _mcdc("catch-up", "-s", source_uri, "-t", f"{kind}:{root}", "-c", str(tmp_path / "cp.json"),
+                  "--lake-columns", columns)  # fmt: skip
     assert again.returncode == 0, again.stderr
     _assert_state_equals_source(kind, root, source_uri, ["corpus", "corpus_other"])
 

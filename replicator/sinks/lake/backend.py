@@ -34,6 +34,9 @@ class Backend(Protocol):
 
     def version(self, ref: TableRef) -> int | None: ...
 
+    def schema(self, ref: TableRef) -> pa.Schema | None:
+        """The table's columns (None when it does not exist)."""
+
     def read(self, ref: TableRef, columns: list[str], where: Where | None = None) -> pa.Table:
         """Rows of the table (only those whose column ``where[0]`` is one of ``where[1]`` when given)."""
 
@@ -42,8 +45,9 @@ class Backend(Protocol):
     def merge_state(self, ref: TableRef, upserts: pa.Table, deletes: list[str], version: int | None) -> None:
         """Set the rows of ``upserts`` (by ``_id``) and delete the rows of ``deletes``, in one commit."""
 
-    def replace(self, ref: TableRef, rows: pa.Table, version: int | None) -> None:
-        """The table's whole content becomes ``rows``."""
+    def replace(self, ref: TableRef, rows: pa.Table, version: int | None, *, new_schema: bool = False) -> None:
+        """The table's whole content becomes ``rows`` (``new_schema``: with their columns, typed columns that
+        changed type included)."""
 
     def rewrite(self, ref: TableRef, column: str, values: list[str], rows: pa.Table, reads_only: bool) -> None:
         """Delete the rows whose ``column`` is in ``values`` (only ``op = 'r'`` rows when ``reads_only``) and add
@@ -137,13 +141,19 @@ def duplicates(ref: TableRef, table: pa.Table) -> tuple[str, list[str], pa.Table
 
 
 def conform(ref: TableRef, rows: pa.Table) -> pa.Table:
-    """``rows`` with the table's schema (columns in order, types cast)."""
-    return rows.select(SCHEMAS[ref.kind].names).cast(SCHEMAS[ref.kind])
+    """``rows`` with the table's schema (its columns first, in order, types cast; typed columns after)."""
+    schema = SCHEMAS[ref.kind]
+    fixed = rows.select(schema.names).cast(schema)
+    for name in rows.column_names:
+        if name not in schema.names:
+            fixed = fixed.append_column(rows.schema.field(name), rows[name])
+    return fixed
 
 
-def deleted(ids: list[str]) -> pa.Table:
-    """State rows that stand for deleted documents: their ``_id`` and nulls."""
-    schema = SCHEMAS["state"]
+def deleted(ids: list[str], schema: pa.Schema | None = None) -> pa.Table:
+    """State rows that stand for deleted documents: their ``_id`` and nulls (in ``schema``'s columns, by
+    default the state table's own)."""
+    schema = schema or SCHEMAS["state"]
     columns = {f.name: pa.nulls(len(ids), f.type) for f in schema}
     columns["_id"] = pa.array(ids, pa.string())
     return pa.table(columns, schema=schema)

@@ -74,6 +74,10 @@ class DeltaBackend(Format):
         except (OSError, DeltaError) as exc:
             raise ConfigError(f"--target {self.label}: cannot create {ref.path()}: {exc}") from None
 
+    def schema(self, ref: TableRef) -> pa.Schema | None:
+        table = self._table(ref)
+        return None if table is None else pa.schema(table.schema().to_arrow())
+
     def version(self, ref: TableRef) -> int | None:
         table = self._table(ref)
         return None if table is None else table.transaction_version(APP_ID)
@@ -94,27 +98,41 @@ class DeltaBackend(Format):
         return CommitProperties(app_transactions=[Transaction(APP_ID, version)] if version is not None else None)
 
     def append(self, ref: TableRef, rows: pa.Table, version: int | None) -> None:
-        write_deltalake(self._must(ref), conform(ref, rows), mode="append", commit_properties=self._commit(version))
+        write_deltalake(
+            self._must(ref), conform(ref, rows), mode="append", schema_mode="merge",
+            commit_properties=self._commit(version),
+        )  # fmt: skip
 
     def merge_state(self, ref: TableRef, upserts: pa.Table, deletes: list[str], version: int | None) -> None:
+        ups = conform(ref, upserts)
         source = pa.concat_tables(
             [
-                conform(ref, upserts).append_column("_op", pa.array(["u"] * upserts.num_rows, pa.string())),
-                deleted(deletes).append_column("_op", pa.array(["d"] * len(deletes), pa.string())),
+                ups.append_column("_op", pa.array(["u"] * ups.num_rows, pa.string())),
+                deleted(deletes, ups.schema).append_column("_op", pa.array(["d"] * len(deletes), pa.string())),
             ]
         )
-        columns = {name: f"s.{name}" for name in SCHEMAS["state"].names}
+        columns = {name: f"s.{name}" for name in source.column_names if name != "_op"}
         (
             self._must(ref)
-            .merge(source, "t._id = s._id", source_alias="s", target_alias="t", commit_properties=self._commit(version))
+            .merge(
+                source,
+                "t._id = s._id",
+                source_alias="s",
+                target_alias="t",
+                merge_schema=True,
+                commit_properties=self._commit(version),
+            )
             .when_matched_delete("s._op = 'd'")
             .when_matched_update(columns, "s._op = 'u'")
             .when_not_matched_insert(columns, "s._op = 'u'")
             .execute()
         )
 
-    def replace(self, ref: TableRef, rows: pa.Table, version: int | None) -> None:
-        write_deltalake(self._must(ref), conform(ref, rows), mode="overwrite", commit_properties=self._commit(version))
+    def replace(self, ref: TableRef, rows: pa.Table, version: int | None, *, new_schema: bool = False) -> None:
+        write_deltalake(
+            self._must(ref), conform(ref, rows), mode="overwrite", schema_mode="overwrite" if new_schema else "merge",
+            commit_properties=self._commit(version),
+        )  # fmt: skip
 
     def rewrite(self, ref: TableRef, column: str, values: list[str], rows: pa.Table, reads_only: bool) -> None:
         where = f"{column} IN ({', '.join(_sql(v) for v in values)})"

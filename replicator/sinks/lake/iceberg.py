@@ -139,7 +139,11 @@ class IcebergBackend(Format):
             if upserts.num_rows:
                 tx.append(conform(ref, upserts), snapshot_properties=props)
 
-    def replace(self, ref: TableRef, rows: pa.Table, version: int | None) -> None:
+    def schema(self, ref: TableRef) -> pa.Schema | None:
+        table = self._table(ref)
+        return None if table is None else table.schema().as_arrow()
+
+    def replace(self, ref: TableRef, rows: pa.Table, version: int | None, *, new_schema: bool = False) -> None:
         table = self._must(ref)
         with _quiet():
             table.overwrite(conform(ref, rows), snapshot_properties=self._properties(table, version))

@@ -21,6 +21,7 @@ selection's target namespaces is ever written.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -32,6 +33,7 @@ from ...errors import ConfigError, SinkError
 from ...events import ChangeEvent, CollectionSpec, Namespace, Op
 from ...filters import Scope
 from ..base import Sink
+from . import typed
 from .backend import Backend, duplicates
 from .fold import fold, needs_base
 from .tables import SCHEMAS, TableRef, change_table, state_table, version_of
@@ -105,6 +107,10 @@ class LakeSink(Sink):
         # with updateLookup, an update without its document is one whose document was gone at the lookup: a
         # later event (its delete, or a new insert) sets the row, so its delta is not applied
         self._lookups = settings.full_document == "updateLookup"
+        self._typed = settings.lake_columns == "typed"
+        if self._typed and (uri.lower().startswith("iceberg:") or settings.engine == "spark"):
+            raise ConfigError("--lake-columns typed is for Delta tables written by --engine asyncio (for now)")
+        self._kinds: dict[TableRef, typed.Kinds] = {}
 
     async def _run(self, call: Callable[..., T], *args: Any) -> T:
         try:
@@ -211,10 +217,11 @@ class LakeSink(Sink):
         for event in batch:
             by_ns.setdefault(event.ns, []).append(event)
         for ns, events in by_ns.items():
-            rows = {
-                TableRef("changes", ns): change_table(events),
-                TableRef("state", ns): state_table(fold(events, {}).upserts()),
-            }
+            state = TableRef("state", ns)
+            rows = {TableRef("changes", ns): change_table(events), state: state_table(fold(events, {}).upserts())}
+            if self._typed:
+                async with self._lock(state):
+                    rows[state] = await self._state_rows(state, rows[state])
             if self._staging:
                 for ref, table in rows.items():
                     async with self._lock(ref):
@@ -253,9 +260,26 @@ class LakeSink(Sink):
             folded = fold(applied, base)
             if not folded.rows:
                 return  # nothing to write (events applied again come back to nothing again)
-            await self._commit(
-                self.backend.merge_state, ref, state_table(folded.upserts()), folded.deletes(), _last_version(new)
-            )
+            rows = await self._state_rows(ref, state_table(folded.upserts()))
+            await self._commit(self.backend.merge_state, ref, rows, folded.deletes(), _last_version(new))
+
+    async def _state_rows(self, ref: TableRef, rows: pa.Table) -> pa.Table:
+        """State rows as the table takes them: with typed columns under --lake-columns typed (a column that
+        became mixed is first written again as Extended JSON for every row). Called with ``ref``'s lock held."""
+        if not self._typed:
+            return rows
+        if ref not in self._kinds:
+            schema = await self._run(self.backend.schema, ref)
+            self._kinds[ref] = typed.kinds_of(schema) if schema is not None else {}
+        documents = [typed.decode_top(raw) for raw in rows["bson"].to_pylist()]
+        kinds, became_json = typed.learn(self._kinds[ref], documents)
+        if became_json:
+            current = await self._run(self.backend.read, ref, SCHEMAS["state"].names)
+            version = await self._run(self.backend.version, ref)
+            await self._commit(self.backend.replace, ref, typed.with_columns(current, kinds), version, new_schema=True)
+            log.info("%s: column %s holds mixed types: now Extended JSON", ref, ", ".join(sorted(became_json)))
+        self._kinds[ref] = kinds
+        return typed.with_columns(rows, kinds, documents)
 
     async def _append(self, ref: TableRef, rows: pa.Table, version: int | None) -> None:
         async with self._lock(ref):
@@ -265,9 +289,9 @@ class LakeSink(Sink):
         async with self._lock(ref):
             await self._commit(self.backend.replace, ref, rows, version)
 
-    async def _commit(self, call: Callable[..., None], ref: TableRef, *args: Any) -> None:
+    async def _commit(self, call: Callable[..., None], ref: TableRef, *args: Any, **kwargs: Any) -> None:
         """One commit to ``ref`` (its lock held); every ``--lake-compact-every`` commits, a compaction."""
-        await self._run(call, ref, *args)
+        await self._run(functools.partial(call, **kwargs), ref, *args)
         self.commits += 1
         since = self._since_compaction[ref] = self._since_compaction.get(ref, 0) + 1
         if self._compact_every and since >= self._compact_every:
@@ -301,7 +325,8 @@ class LakeSink(Sink):
             async with self._lock(target):
                 if _newer(event, await self._run(self.backend.version, target)):
                     rows = await self._run(self.backend.read, source, SCHEMAS["state"].names)
-                    await self._commit(self.backend.replace, target, rows, at)
+                    rows = await self._state_rows(target, rows)
+                    await self._commit(self.backend.replace, target, rows, at, new_schema=self._typed)
             await self._empty(source, at)
 
     async def _ddl_row(self, ns: Namespace, event: ChangeEvent) -> None:
