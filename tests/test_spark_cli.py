@@ -238,18 +238,28 @@ def test_a_spark_tail_into_delta_killed_three_times_then_catch_up_leaves_no_dupl
     target = f"delta:{root}"
     with pymongo.MongoClient(source_uri) as client:
         client.work.a.insert_many([{"_id": i, "v": 0} for i in range(300)])
-    args = ("--partition-docs", "100", "--split", "always")
+    args = ("--partition-docs", "100", "--split", "always", "--max-batch-size", "20")
+
+    def saved() -> dict[str, Any]:
+        return _checkpoint(cp) or {"snapshot": {"done": []}, "position": {}}
+
     proc = _tail(source_uri, target, cp, *args)
     try:
-        for seed in range(3):
-            _until(proc, cp.exists, "the first checkpoint", timeout=120)
-            random_workload(source_uri, 100, seed)  # CRUD, transactions, renames, drops, a capped collection
-            time.sleep(3.0)
-            proc.kill()  # mid-snapshot the first time (the driver, with its executors), mid-replay later
-            proc.wait()
-            proc = _tail(source_uri, target, cp, *args)
+        # killed mid-snapshot (a partition committed, others not), then twice mid-replay
+        _until(proc, lambda: len(saved()["snapshot"].get("done") or []) >= 1, "a partition copied", timeout=180)
+        random_workload(source_uri, 100, 0)  # CRUD, transactions, renames, drops, a capped collection
         proc.kill()
         proc.wait()
+        for seed in (1, 2):
+            proc = _tail(source_uri, target, cp, *args)
+            _until(proc, lambda: saved()["snapshot"].get("status") == "done", "the snapshot's end", timeout=180)
+            first = saved()["position"]
+            writer = threading.Thread(target=random_workload, args=(source_uri, 100, seed))
+            writer.start()
+            _until(proc, lambda at=first: saved()["position"] != at, "an acknowledged micro-batch", timeout=180)
+            proc.kill()
+            proc.wait()
+            writer.join()
     finally:
         if proc.poll() is None:
             proc.kill()
