@@ -30,6 +30,7 @@ from .progress import Reporter, lag_seconds
 from .replay_stage import ReplayStage
 from .replay_stage import Transform as Transform  # re-exported: the engines' stage type
 from .sinks.base import Sink
+from .source.batching import joined
 from .source.changestream import Batch
 from .source.connection import Client
 from .source.partitions import Partition, Resume
@@ -203,17 +204,29 @@ async def _copy_one(
     return written
 
 
-async def read_ahead(source: AsyncIterator[T], maxsize: int) -> AsyncIterator[T]:
+async def read_ahead(
+    source: AsyncIterator[T], maxsize: int, join: Callable[[T, T], T | None] | None = None
+) -> AsyncIterator[T]:
     """Iterate ``source`` from a separate task through a queue of ``maxsize`` items: reading overlaps the
     consumer's writes, and runs ahead of them by at most ``maxsize`` items (backpressure). The source's
-    error is raised here; leaving the loop early cancels the reading task."""
+    error is raised here; leaving the loop early cancels the reading task. ``join(a, b)``: items already
+    waiting in the queue are joined to the one taken while it returns them as one (None: not these)."""
     queue: asyncio.Queue[object] = asyncio.Queue(maxsize=max(maxsize, 1))
     producer = asyncio.create_task(pump(source, queue))
+    held: object | None = None  # taken from the queue, not joinable to the item before it
     try:
         while True:
-            item = await get_or_raise(queue, producer)
+            item = held if held is not None else await get_or_raise(queue, producer)
+            held = None
             if item is DONE:
                 break
+            while join is not None and not queue.empty():
+                after = queue.get_nowait()
+                both = join(cast(T, item), cast(T, after)) if after is not DONE else None
+                if both is None:
+                    held = after
+                    break
+                item = both
             yield cast(T, item)
         await producer
     finally:
@@ -238,6 +251,7 @@ async def replay(
     queue_batches: int,
     stop: asyncio.Event | None = None,
     result: ReplayResult | None = None,
+    join_up_to: int = 0,
 ) -> ReplayResult:
     """Apply change batches in order until the stream passed ``until``, or ``stop`` is set (None and
     None: until cancelled). Counts go into ``result`` as batches are acknowledged, so a caller that
@@ -246,10 +260,15 @@ async def replay(
     Each batch goes through ``stage`` (checks, DDL window, transform, sink); ``on_ack(batch, applied
     events)`` runs once the batch may be acknowledged. While namespaces wait to be copied again (the
     stage's DDL window), batches are applied but not acknowledged; the copy runs once the stream is
-    caught up (or passed the window, or ends), and the last batch is acknowledged then."""
+    caught up (or passed the window, or ends), and the last batch is acknowledged then. Batches that wait
+    in the read-ahead queue are written as one, up to ``join_up_to`` events (0: never)."""
     result = result if result is not None else ReplayResult()
     owed: tuple[Batch, list[ChangeEvent]] | None = None  # applied, not acknowledged yet
-    async for batch in read_ahead(reader.batches(until=until), queue_batches):
+
+    def join(first: Batch, then: Batch) -> Batch | None:
+        return joined(first, then, join_up_to)
+
+    async for batch in read_ahead(reader.batches(until=until), queue_batches, join if join_up_to else None):
         written = await stage.write(batch.events)
         events = written.events
         ackable = written.ackable or (batch.caught_up and await stage.settle())

@@ -133,3 +133,26 @@ async def test_snapshot_failure_surfaces_as_the_error_itself(monkeypatch: pytest
             reporter=LogReporter(),
         )  # type: ignore[arg-type]  # fmt: skip
     assert len(done) < len(parts)  # the failed partition was never marked done
+
+
+async def test_batches_waiting_behind_a_slow_sink_are_written_as_one_up_to_the_limit() -> None:
+    class Slow(MemorySink):
+        async def write(self, batch: Sequence[ChangeEvent]) -> None:
+            await asyncio.sleep(0.05)  # the stream fills the read-ahead queue meanwhile
+            sizes.append(len(batch))
+            await super().write(batch)
+
+    sink = Slow()
+    sizes: list[int] = []
+    acked: list[Position] = []
+
+    async def ack(batch: Batch, events: object) -> None:
+        acked.append(batch.position)
+
+    result = await replay(
+        FakeStream([[0], [1, 2], [3], [4, 5, 6], [7], [8]]), _stage(sink), until=None,
+        on_ack=ack, reporter=LogReporter(), queue_batches=8, join_up_to=4,
+    )  # fmt: skip
+    assert [e.document_key["_id"] for e in sink.events] == list(range(9))  # in order, each once
+    assert len(sizes) < 6 and max(sizes) <= 4, sizes  # joined, never past the limit
+    assert acked[-1].cluster_time == Timestamp(1000, 8) and result.events == 9

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import bson
@@ -39,6 +39,16 @@ class Batch:
     idle_since: float | None = None
     # merged shard streams: each shard's position after this batch (the checkpoint's per-shard entries)
     shard_positions: Mapping[str, Position] | None = None
+
+
+def joined(first: Batch, then: Batch, most: int) -> Batch | None:
+    """Two consecutive batches as one, when their events together are at most ``most`` (each holds whole
+    transactions, so their concatenation does too); the position and state are the later one's. None when
+    they are too many. Pure: the replay joins batches that wait in its read-ahead queue while the sink is
+    slower than the stream, so a sink pays its per-write cost (a commit, a round trip) once for them."""
+    if len(first.events) + len(then.events) > most:
+        return None
+    return replace(then, events=[*first.events, *then.events])
 
 
 class Fragments:
