@@ -1,15 +1,18 @@
 """Soak mcdc under the chaos harness: seeded fault plans, one after another, for as long as asked.
 
-    python scripts/soak.py --minutes 30 --seed 1000                 # both engines, MongoDB and Kafka
+    python scripts/soak.py --minutes 30 --seed 1000                 # both engines, every target
     python scripts/soak.py --minutes 30 --engine spark --sink mongo
+    python scripts/soak.py --minutes 30 --sink lake                  # Delta Lake and Iceberg tables
     python scripts/soak.py --once --seed 1042 --mode tail --engine asyncio --sink mongo   # one plan again
 
 Plan ``n`` of a soak uses seed ``--seed + n``; its engine, target and mode are drawn from that seed among
-those asked for. Each plan writes a random mix of CRUD, transactions and DDL while faults strike (kill -9,
-SIGTERM, pauses and restarts of the servers or the broker, restored older checkpoints), then checks that
-the target is identical to the source, and that catch-up from several saved checkpoint versions, each
-restored in turn, converges too (tests/chaos/harness.py). The first failure stops the soak with its seed,
-its plan and the command that runs it again; the exit code is then 1.
+those asked for (targets: MongoDB, Kafka, Delta Lake and Iceberg tables; ``--sink all``, the default, or
+``both`` draws any of them, ``lake`` either lake). Each plan writes a random mix of CRUD, transactions and
+DDL while faults strike (kill -9, SIGTERM, pauses and restarts of the servers or the broker, restored
+older checkpoints), then checks that the target is identical to the source (a lake: its state tables hold
+the source's documents byte for byte, its change tables no event twice), and that catch-up from several
+saved checkpoint versions, each restored in turn, converges too (tests/chaos/harness.py). The first
+failure stops the soak with its seed, its plan and the command that runs it again; the exit code is then 1.
 """
 
 from __future__ import annotations
@@ -25,11 +28,24 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from tests.chaos.harness import ENGINES, MODES, SINKS, ChaosFailure, Plan, Tally, local_servers, run_plan  # noqa: E402
+from tests.chaos.harness import (  # noqa: E402
+    ENGINES,
+    LAKE_SINKS,
+    MODES,
+    SINK_ENGINES,
+    SINKS,
+    ChaosFailure,
+    Plan,
+    Tally,
+    local_servers,
+    run_plan,
+)
 from tests.chaos.workload import DDL_KINDS  # noqa: E402
 
 
 def _choices(value: str, every: tuple[str, ...]) -> tuple[str, ...]:
+    if value == "lake":
+        return LAKE_SINKS
     return every if value == "both" or value == "all" else (value,)
 
 
@@ -38,7 +54,9 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0, help="how long to keep starting plans")
     parser.add_argument("--seed", type=int, default=int(time.time()) % 100_000, help="seed of the first plan")
     parser.add_argument("--engine", choices=[*ENGINES, "both"], default="both")
-    parser.add_argument("--sink", choices=[*SINKS, "both"], default="both")
+    parser.add_argument(
+        "--sink", choices=[*SINKS, "lake", "all", "both"], default="all", help="the target (both: the same as all)"
+    )
     parser.add_argument("--mode", choices=[*MODES, "both"], default="both")
     parser.add_argument("--length", type=int, default=8, help="write steps per plan")
     parser.add_argument("--replays", type=int, default=4, help="saved checkpoint versions replayed per plan")
@@ -47,6 +65,9 @@ def main() -> int:
     args = parser.parse_args()
 
     engines, sinks, modes = _choices(args.engine, ENGINES), _choices(args.sink, SINKS), _choices(args.mode, MODES)
+    sinks = tuple(sink for sink in sinks if set(engines) & set(SINK_ENGINES[sink]))
+    if not sinks:
+        parser.error(f"--sink {args.sink} does not run on --engine {args.engine}")
     base = args.workdir or Path(tempfile.mkdtemp(prefix="mcdc-soak-"))
     total = Tally(plans=0)
     deadline = time.monotonic() + args.minutes * 60
@@ -57,10 +78,10 @@ def main() -> int:
         while n == 0 or (not args.once and time.monotonic() < deadline):
             seed = args.seed + n
             pick = random.Random(seed)
-            plan = Plan.draw(
-                seed, mode=pick.choice(modes), engine=pick.choice(engines), sink=pick.choice(sinks),
-                length=args.length, replays=args.replays,
-            )  # fmt: skip
+            mode, engine, sink = pick.choice(modes), pick.choice(engines), pick.choice(sinks)
+            if engine not in SINK_ENGINES[sink]:  # a sink that runs on fewer engines: one of its own
+                engine = pick.choice([e for e in engines if e in SINK_ENGINES[sink]])
+            plan = Plan.draw(seed, mode=mode, engine=engine, sink=sink, length=args.length, replays=args.replays)
             began = time.monotonic()
             try:
                 tally = run_plan(plan, servers, base / f"plan-{seed}")

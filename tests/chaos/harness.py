@@ -5,12 +5,18 @@
     left out).
 
 A :class:`Plan` is drawn from a seed: the command that runs (a ``tail`` throughout, or ``catch-up``
-rounds), the engine (asyncio or Spark), the target (MongoDB, or Kafka whose topics a consumer rebuilds),
-and a list of steps: writes (tests/chaos/workload.py), kill -9 of mcdc, SIGTERM, a lag (mcdc held with
-SIGSTOP while writes go on, so it reads events long after they happened), SIGSTOP/SIGCONT or a
-restart of the source or the target, a broker restart, and restoring an older copy of the checkpoint
+rounds), the engine (asyncio or Spark), the target (MongoDB, Kafka whose topics a consumer rebuilds, or
+Delta Lake / Iceberg tables under the plan's work directory), and a list of steps: writes
+(tests/chaos/workload.py), kill -9 of mcdc, SIGTERM, a lag (mcdc held with SIGSTOP while writes go on, so
+it reads events long after they happened), SIGSTOP/SIGCONT or a restart of the source or the target (not
+a lake, which has no server), a broker restart, and restoring an older copy of the checkpoint
 (what a lost save amounts to). Every plan begins with a sync (or the tail's own snapshot) under
 concurrent writes.
+
+For a lake target, "identical" means: each selected source collection's state table holds its documents
+as raw BSON, byte for byte; no state table of a collection the source does not have (dropped, renamed
+away) holds a row; and no change table holds an event twice (same key, cluster time, seq and op), which
+is what mcdc's exactly-once commits promise through kills and older checkpoints.
 
 :func:`run_plan` runs it on real servers, keeps every version of the checkpoint file it sees, and at the
 end checks the target, then restores several of those versions in turn and checks again after a
@@ -43,7 +49,14 @@ from tests.support.spark import quick_jvm_conf
 
 MODES = ("tail", "catch-up")
 ENGINES = ("asyncio", "spark")
-SINKS = ("mongo", "kafka")
+#: lakehouse targets: tables under the plan's work directory, no server of their own
+LAKE_SINKS = ("delta", "iceberg")
+SINKS = ("mongo", "kafka", *LAKE_SINKS)
+#: the sinks that keep state and apply DDL (drop, rename, dropDatabase), so the workload churns DDL for
+#: them; an event sink's consumer rebuilds collections from the data topics alone
+STATEFUL_SINKS = ("mongo", *LAKE_SINKS)
+#: the engines each sink's plans run on (Iceberg on Spark is not run by the harness yet: not proven to pass)
+SINK_ENGINES = {"mongo": ENGINES, "kafka": ENGINES, "delta": ENGINES, "iceberg": ("asyncio",)}
 #: the average pause between two writes: checkpoints get saved between them (a tail saves about once
 #: a second), so restored versions fall between DDL events
 PACE_S = 0.06
@@ -82,7 +95,10 @@ class Plan:
         rng = random.Random(seed)
         mode = mode or rng.choice(MODES)
         faults = ["kill", "restore", "pause source", "restart source", "stop", "lag"]
-        faults += ["restart broker"] if sink == "kafka" else ["pause target", "restart target"]
+        if sink == "kafka":
+            faults += ["restart broker"]
+        elif sink == "mongo":
+            faults += ["pause target", "restart target"]
         steps = []
         for _ in range(length):
             steps.append(f"write {rng.randrange(5, 40)}")
@@ -189,7 +205,14 @@ class Runner:
         self.prefix = f"chaos{plan.seed}"
 
     # -- mcdc processes ----------------------------------------------------------------------------
+    @property
+    def lake(self) -> Path:
+        """A lake plan's tables (delta: or iceberg:PATH)."""
+        return self.workdir / "lake"
+
     def _target(self) -> str:
+        if self.plan.sink in LAKE_SINKS:
+            return f"{self.plan.sink}:{self.lake}"
         if self.plan.sink == "kafka":
             assert self.servers.broker is not None
             return f"kafka://{self.servers.broker.bootstrap}"
@@ -263,7 +286,9 @@ class Runner:
     def run(self) -> Tally:
         prepare(self.servers.source.uri)
         drop_user_databases(self.servers.target.uri)  # what an earlier plan left
-        workload = ChaosWorkload(self.servers.source.uri, random.Random(self.plan.seed), ddl=self.plan.sink == "mongo")
+        workload = ChaosWorkload(
+            self.servers.source.uri, random.Random(self.plan.seed), ddl=self.plan.sink in STATEFUL_SINKS
+        )
         try:
             with CheckpointCopies(self.cp) as copies:
                 self.copies = copies
@@ -354,6 +379,8 @@ class Runner:
             self._sigterm(must_exit_0=True)
             self._count_events()
             self._check_verifier()
+            if self.plan.sink in LAKE_SINKS:  # at rest now: the change tables too
+                self._check()
         else:
             self._run("catch-up")
             self._check()
@@ -398,11 +425,16 @@ class Runner:
 
     def _check(self) -> None:
         try:
-            self._compare()
+            self._compare(changes=True)
         except AssertionError as exc:
             self.fail(f"target differs from the source: {exc}")
 
-    def _compare(self) -> None:
+    def _compare(self, *, changes: bool = False) -> None:
+        """The target against the source; ``changes``: a lake's change tables too (at rest only, they are
+        read whole)."""
+        if self.plan.sink in LAKE_SINKS:
+            _compare_lake(self.plan.sink, self.lake, self.servers.source.uri, changes=changes)
+            return
         if self.plan.sink == "mongo":
             assert_identical(self.servers.source.uri, self.servers.target.uri, only=selected)
             return
@@ -441,6 +473,59 @@ def _quirk(line: str) -> bool:
         return False
     source, target = (json.loads(text) for text in match.groups())
     return {k: v for k, v in source.items() if k not in _QUIRK_OPTIONS} == target
+
+
+def _compare_lake(kind: str, root: Path, source: str, *, changes: bool) -> None:
+    """Each selected source collection's documents are its state table's ``bson`` column, byte for byte; a
+    state table of any other collection is empty; with ``changes``, no change table holds an event twice."""
+    from tests.support.lake import collections, duplicate_changes, read_table, source_bytes, state_bytes, tables
+
+    live = set()
+    for db in ("chaos", "chaos2"):
+        for coll in collections(source, db):  # views are no tables
+            if selected(f"{db}.{coll}"):
+                live.add((db, coll))
+                expected, got = source_bytes(source, db, coll), state_bytes(kind, root, db, coll)
+                if got != expected:
+                    raise AssertionError(f"{db}.{coll}: {_lake_difference(expected, got)}")
+    for db, coll in tables(kind, root, "state"):
+        if (db, coll) not in live and (rows := state_bytes(kind, root, db, coll)):
+            raise AssertionError(
+                f"{db}.{coll}: not a selected collection on the source, but its state table holds {len(rows)} "
+                f"rows (_ids {_ids(rows)[:10]})"
+            )
+    if changes:
+        for db, coll in tables(kind, root, "changes"):
+            table = read_table(kind, root, "changes", db, coll)
+            if table is not None and (dups := duplicate_changes(table)):
+                raise AssertionError(
+                    f"{db}.{coll}: {len(dups)} events twice in the change table of {table.num_rows} rows, e.g. "
+                    f"(key, cluster_time, seq, op) = {dups[:5]}"
+                )
+
+
+def _ids(raws: list[bytes]) -> list[Any]:
+    import bson
+
+    return [bson.decode(raw).get("_id") for raw in raws]
+
+
+def _lake_difference(expected: list[bytes], got: list[bytes]) -> str:
+    """What a state table has that the source has not, by ``_id``."""
+    import bson
+
+    want = {repr(bson.decode(raw).get("_id")): raw for raw in expected}
+    have: dict[str, list[bytes]] = {}
+    for raw in got:
+        have.setdefault(repr(bson.decode(raw).get("_id")), []).append(raw)
+    missing = sorted(set(want) - set(have))
+    extra = sorted(set(have) - set(want))
+    twice = sorted(k for k, rows in have.items() if len(rows) > 1)
+    differ = sorted(k for k in set(want) & set(have) if have[k] != [want[k]] and k not in twice)
+    return (
+        f"{len(got)} rows in the state table, {len(expected)} documents on the source; "
+        f"missing _ids {missing[:10]}, extra {extra[:10]}, twice {twice[:10]}, other bytes {differ[:10]}"
+    )
 
 
 def run_plan(plan: Plan, servers: Servers, workdir: Path) -> Tally:

@@ -19,6 +19,10 @@ pytestmark = pytest.mark.integration
 CHURN = {"rotate", "recreate", "drop_database", "coll_mod", "index", "drop_index", "rename_in", "view"}
 
 
+#: the lake plan's seed: kill -9, restored checkpoints and source restarts among its faults
+LAKE_SEED = 1
+
+
 def _servers(pair: ServerPair, broker: KafkaBroker | None = None) -> Servers:
     if pair.source is None or pair.target is None:
         pytest.skip("the harness restarts its servers: external ones cannot be")
@@ -58,3 +62,14 @@ def test_a_churning_tail_on_spark_converges_and_four_saved_checkpoints_replay(
 ) -> None:
     tally = run_plan(Plan.draw(7, mode="tail", engine="spark", length=5, replays=4), _servers(servers), tmp_path)
     assert {"rotate", "drop_database"} <= _churned(tally), tally.kinds
+
+
+def test_a_churning_tail_into_delta_tables_converges_and_three_saved_checkpoints_replay(
+    servers: ServerPair, source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    """A lake keeps state and follows DDL: its state tables must hold the source's documents byte for byte,
+    tables of dropped or renamed collections none, and no change table an event twice, through kill -9,
+    restored checkpoints and the replays of three saved ones into the same tables."""
+    tally = run_plan(Plan.draw(LAKE_SEED, mode="tail", sink="delta", length=5, replays=3), _servers(servers), tmp_path)
+    assert {"rotate", "drop_database"} <= _churned(tally), tally.kinds
+    assert tally.faults >= 3

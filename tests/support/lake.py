@@ -65,3 +65,21 @@ def duplicate_changes(table: pa.Table) -> list[tuple[Any, ...]]:
     )  # fmt: skip
     counts = Counter((k, None if ct is None else (ct["t"], ct["i"]), s, op) for k, ct, s, op in rows)
     return [row for row, n in counts.items() if n > 1]
+
+
+def tables(kind: str, root: Path, table: str) -> list[tuple[str, str]]:
+    """Every ``(db, coll)`` that has a ``table`` ("state" or "changes") table under ``root``, sorted."""
+    if kind == "delta":
+        return sorted((log.parent.parent.name, log.parent.name) for log in (root / table).glob("*/*/_delta_log"))
+    if not (root / "catalog.db").exists():
+        return []
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    catalog = SqlCatalog("mcdc", uri=f"sqlite:///{root}/catalog.db", warehouse=root.as_uri())
+    found = []
+    for namespace, *_ in catalog.list_namespaces():
+        changes = namespace.endswith("_changes")
+        if changes == (table == "changes"):
+            db = namespace.removesuffix("_changes") if changes else namespace
+            found += [(db, ident[-1]) for ident in catalog.list_tables(namespace)]
+    return sorted(found)
