@@ -104,9 +104,6 @@ class LakeSink(Sink):
         self._since_compaction: dict[TableRef, int] = {}
         self._staging = False
         self._staged: list[tuple[TableRef, Any]] = []
-        # with updateLookup, an update without its document is one whose document was gone at the lookup: a
-        # later event (its delete, or a new insert) sets the row, so its delta is not applied
-        self._lookups = settings.full_document == "updateLookup"
         self._typed = settings.lake_columns == "typed"
         if self._typed and (uri.lower().startswith("iceberg:") or settings.engine == "spark"):
             raise ConfigError("--lake-columns typed is for Delta tables written by --engine asyncio (for now)")
@@ -251,13 +248,12 @@ class LakeSink(Sink):
             new = [e for e in events if _newer(e, covered)]
             if not new:
                 return
-            applied = [e for e in new if not (self._lookups and e.op is Op.UPDATE and e.document is None)]
-            wanted = needs_base(applied)
+            wanted = needs_base(new)
             base: dict[str, bytes] = {}
             if wanted:
                 rows = await self._run(self.backend.read, ref, ["_id", "bson"], ("_id", sorted(wanted)))
                 base = dict(zip(rows["_id"].to_pylist(), rows["bson"].to_pylist(), strict=True))
-            folded = fold(applied, base)
+            folded = fold(new, base)
             if not folded.rows:
                 return  # nothing to write (events applied again come back to nothing again)
             rows = await self._state_rows(ref, state_table(folded.upserts()))
