@@ -155,3 +155,14 @@ async def test_typed_columns_follow_the_fields_types_and_turn_mixed_fields_into_
     assert [bson.decode(b)["_id"] for b in last["bson"]] == [1, 2, 3]  # the lossless columns stay
     with pytest.raises(Exception, match="typed is for Delta"):
         _sink("iceberg", tmp_path / "ice", ("lake_columns", "typed"))
+
+
+async def test_a_view_gets_no_tables(tmp_path: Path) -> None:
+    root = tmp_path / "lake"
+    view = Namespace("d", "v")
+    async with _sink("delta", root) as sink:
+        create = ChangeEvent(op=Op.CREATE, ns=view, ddl={"viewOn": "a", "pipeline": []}, position=_at(30))
+        await sink.write([create, ChangeEvent(op=Op.DROP, ns=view, position=_at(31))])
+    assert (
+        read_table("delta", root, "state", "d", "v") is None and read_table("delta", root, "changes", "d", "v") is None
+    )

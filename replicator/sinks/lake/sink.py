@@ -309,11 +309,13 @@ class LakeSink(Sink):
                 await self._ddl_row(ns, event)
                 await self._empty(TableRef("state", ns), at)
             return
-        await self._ddl_row(event.ns, event)
         if event.op is Op.CREATE:
+            if (event.ddl or {}).get("viewOn") is not None:
+                return  # a view holds no documents: no tables
             for kind in ("state", "changes"):
                 await self._run(self.backend.create, TableRef(kind, event.ns))
-        elif event.op is Op.DROP:
+        await self._ddl_row(event.ns, event)
+        if event.op is Op.DROP:
             await self._empty(TableRef("state", event.ns), at)
         elif event.op is Op.RENAME and event.to is not None:
             source, target = TableRef("state", event.ns), TableRef("state", event.to)
@@ -326,9 +328,12 @@ class LakeSink(Sink):
             await self._empty(source, at)
 
     async def _ddl_row(self, ns: Namespace, event: ChangeEvent) -> None:
-        if ns.coll is None or event.position is None:
-            return  # a database event has no table of its own; a resync's own drop is no source event
-        await self._changes(TableRef("changes", ns), [event])
+        """The DDL event as a row of the collection's change table, where the collection has tables (a view
+        has none; a resync's own drop is no source event)."""
+        ref = TableRef("changes", ns)
+        if ns.coll is None or event.position is None or not await self._run(self.backend.exists, ref):
+            return
+        await self._changes(ref, [event])
 
     async def _empty(self, ref: TableRef, at: int | None) -> None:
         async with self._lock(ref):
