@@ -75,3 +75,17 @@ def test_duplicates_keep_one_row_per_key_and_only_r_rows_of_a_change_table() -> 
     column, keys, keep = duplicates(TableRef("changes", NS), changes)
     assert (column, keys, keep.num_rows) == ("key", ["k"], 1)
     assert duplicates(TableRef("changes", NS), pa.table({"key": ["k", "k"], "op": ["u", "d"]}))[1] == []
+
+
+def test_a_snapshot_batchs_rows_are_the_ones_the_general_row_functions_make() -> None:
+    from bson import ObjectId
+
+    from replicator.normalize import snapshot_read
+    from replicator.sinks.lake.fold import fold
+    from replicator.sinks.lake.tables import snapshot_tables
+
+    docs = [{"_id": 1, "a": [1.5, {"b": "c"}]}, {"_id": ObjectId(), "s": 'q"uote'}, {"_id": {"k": 2}, "n": None}]
+    events = [snapshot_read(NS, bson.decode(bson.encode(d))) for d in docs]
+    state, changes = snapshot_tables(NS, events)
+    assert state.equals(state_table(fold(events, {}).upserts()))
+    assert changes.equals(change_table(events))

@@ -154,6 +154,6 @@ def deleted(ids: list[str], schema: pa.Schema | None = None) -> pa.Table:
     """State rows that stand for deleted documents: their ``_id`` and nulls (in ``schema``'s columns, by
     default the state table's own)."""
     schema = schema or SCHEMAS["state"]
-    columns = {f.name: pa.nulls(len(ids), f.type) for f in schema}
+    columns = {f.name: pa.array([None] * len(ids), f.type) for f in schema}
     columns["_id"] = pa.array(ids, pa.string())
     return pa.table(columns, schema=schema)

@@ -11,7 +11,7 @@ import os
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,6 +23,11 @@ from deltalake.transaction import AddAction, RemoveAction
 from ...errors import ConfigError
 from .backend import APP_ID, Format, Where, check_schema, conform, deleted
 from .tables import SCHEMAS, TableRef
+
+
+def _merge_if_typed(ref: TableRef, rows: pa.Table) -> Literal["merge"] | None:
+    """Let a write add columns only when it brings typed ones (checking the schema costs every write)."""
+    return "merge" if rows.num_columns > len(SCHEMAS[ref.kind]) else None
 
 
 def _sql(value: str) -> str:
@@ -99,7 +104,7 @@ class DeltaBackend(Format):
 
     def append(self, ref: TableRef, rows: pa.Table, version: int | None) -> None:
         write_deltalake(
-            self._must(ref), conform(ref, rows), mode="append", schema_mode="merge",
+            self._must(ref), conform(ref, rows), mode="append", schema_mode=_merge_if_typed(ref, rows),
             commit_properties=self._commit(version),
         )  # fmt: skip
 

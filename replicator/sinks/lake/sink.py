@@ -36,7 +36,7 @@ from ..base import Sink
 from . import typed
 from .backend import Backend, duplicates
 from .fold import fold, needs_base
-from .tables import SCHEMAS, TableRef, change_table, state_table, version_of
+from .tables import SCHEMAS, TableRef, change_table, snapshot_tables, state_table, version_of
 
 log = logging.getLogger("mcdc.sinks.lake")
 
@@ -215,7 +215,8 @@ class LakeSink(Sink):
             by_ns.setdefault(event.ns, []).append(event)
         for ns, events in by_ns.items():
             state = TableRef("state", ns)
-            rows = {TableRef("changes", ns): change_table(events), state: state_table(fold(events, {}).upserts())}
+            state_rows, change_rows = snapshot_tables(ns, events)
+            rows = {TableRef("changes", ns): change_rows, state: state_rows}
             if self._typed:
                 async with self._lock(state):
                     rows[state] = await self._state_rows(state, rows[state])

@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from ...events import ChangeEvent, Namespace
 from ...extjson import dumps_str
-from ...spark.rows import COLUMNS, event_row
+from ...spark.rows import COLUMNS, bson_bytes, event_row
 
 Kind = Literal["state", "changes"]
 
@@ -124,3 +124,26 @@ def change_table(events: Iterable[ChangeEvent]) -> pa.Table:
         rows.append((*event_row(event), seq))
     columns = list(zip(*rows, strict=True)) if rows else [() for _ in CHANGE_SCHEMA.names]
     return pa.table(dict(zip(CHANGE_SCHEMA.names, map(list, columns), strict=True)), schema=CHANGE_SCHEMA)
+
+
+def snapshot_tables(ns: Namespace, events: Sequence[ChangeEvent]) -> tuple[pa.Table, pa.Table]:
+    """A snapshot batch's state rows and change rows (op ``r``) at once: each document's bytes and JSON are
+    made once for both (the same values :func:`state_table` and :func:`change_table` give)."""
+    ids, keys, documents, raws = [], [], [], []
+    for event in events:
+        doc = event.document
+        assert doc is not None
+        key = id_json(doc["_id"])
+        ids.append(key)
+        keys.append('{"_id":' + key + "}")
+        documents.append(dumps_str(doc))
+        raws.append(bson_bytes(doc))
+    n = len(ids)
+    state = pa.table(
+        {"_id": ids, "document": documents, "bson": raws, "cluster_time": pa.array([None] * n, CLUSTER_TIME)},
+        schema=STATE_SCHEMA,
+    )
+    columns: dict[str, Any] = {f.name: pa.array([None] * n, f.type) for f in CHANGE_SCHEMA}
+    columns.update(op=["r"] * n, db=[ns.db] * n, coll=[ns.coll] * n, key=keys, document=documents, bson=raws)
+    columns["seq"] = [0] * n
+    return state, pa.table(columns, schema=CHANGE_SCHEMA)
