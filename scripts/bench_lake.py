@@ -7,18 +7,23 @@
    of any copy from it.
 2. ``write_deltalake``: the documents read from the source (untimed), made into the very rows mcdc writes
    (its state table's and its change table's, by mcdc's own row functions, untimed), then written to a
-   fresh state table and change table by two ``write_deltalake`` calls: timed. docs/s.
+   fresh state table and change table by two ``write_deltalake`` calls: timed. docs/s. Also a plain copy's
+   rate: the read of step 1, making the rows and the write, one after another (what a hand-written
+   pymongo-to-Delta copy does), timed by parts.
 3. ``mcdc sync --target delta:DIR --include 'bench\\.docs'``: docs/s by its own summary (``elapsed_s``,
    from connecting to the last commit; process start excluded) and by wall time.
 4. Replay: ``--events`` updates (``$inc`` of ``v`` on random documents, 1,000 per bulk_write) made on the
-   source after the sync, then ``mcdc catch-up`` from the sync's checkpoint into the same tables. events/s by
-   its summary (``replay_s``). The state table's sum of ``v`` must then equal the source's, and its row
-   count the documents'.
+   source after the sync; a bare pymongo change stream (updateLookup, raw BSON) reads them from the sync's
+   position (the source's own rate, the bound of any replay); then ``mcdc catch-up`` from the sync's
+   checkpoint into the same tables. events/s by its summary (``replay_s``). The state table's sum of ``v``
+   must then equal the source's, and its row count the documents'.
 
-Prints the ratio mcdc sync / write_deltalake (goal >= 0.7) and the replay's events/s (goal >= 5,000), with
-PASS/FAIL; exits 0 whatever they say. Exits 1 when a step fails (a command exits non-zero, a table does not
-match the source). Without --source it starts a local SecantusDB server (a Python server, several times
-slower than mongod): its read rate, printed in step 1, bounds mcdc's copy, not delta-rs' in-memory write.
+Prints the ratio mcdc sync / write_deltalake (goal >= 0.7), against the plain copy and the source's scan too,
+and the replay's events/s (goal >= 5,000) and its ratio to the bare stream, with PASS/FAIL; exits 0
+whatever they say. Exits 1 when a step fails (a command exits non-zero, a table does not match the
+source). Without --source it starts a local SecantusDB server (a Python server, several times slower than
+mongod): its read rates, printed in steps 1 and 4, bound mcdc's copy and replay, not delta-rs' in-memory
+write.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from _local import (
 )
 from bench_sync import COLL, DB, INCLUDE, load_and_warm
 from bson.raw_bson import RawBSONDocument
+from bson.timestamp import Timestamp
 
 from replicator.events import Namespace
 from replicator.normalize import snapshot_read
@@ -72,16 +78,34 @@ def source_scan(uri: str) -> tuple[list[RawBSONDocument], float]:
     return docs, time.perf_counter() - started
 
 
-def deltalake_write(docs: list[RawBSONDocument], root: Path) -> float:
-    """The rows mcdc would write for these documents, written by write_deltalake; the write's time."""
+def deltalake_write(docs: list[RawBSONDocument], root: Path) -> tuple[float, float]:
+    """The rows mcdc would write for these documents (by its general row functions), written by
+    write_deltalake: the time making the rows took, and the write's."""
     from deltalake import write_deltalake
 
+    started = time.perf_counter()
     ns = Namespace(DB, COLL)
     events = [snapshot_read(ns, d) for d in docs]
     state, changes = state_table(fold(events, {}).upserts()), change_table(events)
-    started = time.perf_counter()
+    made = time.perf_counter()
     write_deltalake(str(root / "state"), state, mode="error")
     write_deltalake(str(root / "changes"), changes, mode="error")
+    return made - started, time.perf_counter() - made
+
+
+def stream_read(uri: str, after: dict[str, int], events: int) -> float:
+    """The time a bare pymongo change stream (updateLookup, raw BSON) takes to read ``events`` events from
+    the cluster time ``after``: the source's own rate, which bounds any replay from it."""
+    started = time.perf_counter()
+    with pymongo.MongoClient(uri, document_class=RawBSONDocument) as client:
+        at = Timestamp(after["t"], after["i"])
+        with client.watch(start_at_operation_time=at, full_document="updateLookup", batch_size=1000) as stream:
+            seen = 0
+            while seen < events:
+                if stream.try_next() is not None:
+                    seen += 1
+                elif time.perf_counter() - started > 600:
+                    raise BenchError(f"the bare change stream read {seen:,} events in 600 s, not {events:,}")
     return time.perf_counter() - started
 
 
@@ -137,9 +161,13 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
         heading("Step 2: write_deltalake of the same rows, prepared in memory")
         plain = workdir / "plain"
-        write_s = deltalake_write(docs, plain)
+        build_s, write_s = deltalake_write(docs, plain)
         del docs
         print(f"{write_s:.2f} s, {_per_s(args.docs, write_s):,.0f} docs/s (state and change table)")
+        plain_s = scan_s + build_s + write_s
+        print(
+            f"a plain copy (the read, the rows, the write, one after another): {_per_s(args.docs, plain_s):,.0f} docs/s"
+        )
 
         heading("Step 3: mcdc sync into Delta tables")
         lake, cp = workdir / "lake", workdir / "cp.json"
@@ -157,6 +185,9 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         heading(f"Step 4: {args.events:,} updates on the source, then mcdc catch-up into the same tables")
         made_s = make_events(source, args.docs, args.events)
         print(f"made in {made_s:.1f} s")
+        stream_s = stream_read(source, synced["position"], args.events)
+        stream_rate = _per_s(args.events, stream_s)
+        print(f"a bare pymongo change stream reads them in {stream_s:.2f} s, {stream_rate:,.0f} events/s")
         shutil.copyfile(cp, workdir / "cp-after-sync.json")
         argv = mcdc("catch-up", "-s", source, "-t", f"delta:{lake}", "-c", str(cp), "--include", INCLUDE,
                     "--no-progress", "--json", *args.mcdc_arg)  # fmt: skip
@@ -182,7 +213,11 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             "mcdc_sync_docs_per_s": round(_per_s(args.docs, sync_s)),
             "ratio_sync_vs_write_deltalake": round(ratio, 3),
             "ratio_sync_vs_source_scan": round(scan_s / sync_s, 3),
+            "plain_copy_docs_per_s": round(_per_s(args.docs, plain_s)),
+            "ratio_sync_vs_plain_copy": round(plain_s / sync_s, 3),
+            "bare_stream_events_per_s": round(_per_s(args.events, stream_s)),
             "replay_events_per_s": round(events_per_s),
+            "ratio_replay_vs_bare_stream": round(events_per_s / _per_s(args.events, stream_s), 3),
             "targets": {
                 f"sync >= {SNAPSHOT_TARGET}x write_deltalake": ratio >= SNAPSHOT_TARGET,
                 f"replay >= {EVENTS_TARGET:,} events/s": events_per_s >= EVENTS_TARGET,
@@ -200,7 +235,11 @@ def print_report(data: dict[str, Any]) -> None:
     print(f"mcdc sync -> delta            {data['mcdc_sync_docs_per_s']:>10,} docs/s")
     print(f"  ratio sync / write_deltalake    {data['ratio_sync_vs_write_deltalake']:>6.2f}")
     print(f"  ratio sync / source scan        {data['ratio_sync_vs_source_scan']:>6.2f}")
+    print(f"plain copy (read, rows, write) {data['plain_copy_docs_per_s']:>9,} docs/s")
+    print(f"  ratio sync / plain copy         {data['ratio_sync_vs_plain_copy']:>6.2f}")
+    print(f"bare change stream (pymongo)  {data['bare_stream_events_per_s']:>10,} events/s")
     print(f"mcdc catch-up -> delta        {data['replay_events_per_s']:>10,} events/s")
+    print(f"  ratio catch-up / bare stream    {data['ratio_replay_vs_bare_stream']:>6.2f}")
     print_verdicts(data["targets"], data["commands"])
 
 
