@@ -166,3 +166,25 @@ async def test_a_view_gets_no_tables(tmp_path: Path) -> None:
     assert (
         read_table("delta", root, "state", "d", "v") is None and read_table("delta", root, "changes", "d", "v") is None
     )
+
+
+async def test_a_lost_commit_race_is_retried_and_a_schema_mismatch_stops_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deltalake.exceptions import CommitFailedError, SchemaMismatchError
+
+    from replicator.errors import SinkError, SinkUnavailable
+
+    sink = _sink("delta", tmp_path / "lake")
+    async with sink:
+        for raised, expected in ((CommitFailedError("version 3 already exists"), SinkUnavailable),
+                                 (SchemaMismatchError("cannot cast\nat column x"), SinkError)):  # fmt: skip
+
+            def fail(*args: object, error: Exception = raised) -> None:
+                raise error
+
+            monkeypatch.setattr(sink.backend, "append", fail)
+            with pytest.raises(expected) as caught:
+                await sink.write([_insert(A, 1, 40)])
+            assert type(caught.value) is expected and "\n" not in str(caught.value)
+            assert str(caught.value).startswith(f"delta:{tmp_path / 'lake'}: ")

@@ -27,6 +27,10 @@ class Backend(Protocol):
 
     def check_writable(self) -> None: ...
 
+    def retryable(self, exc: Exception) -> bool | None:
+        """Is this failure of the table library worth another try (True), or final (False)? None: not the
+        library's (a bug: it is raised as it is)."""
+
     def exists(self, ref: TableRef) -> bool: ...
 
     def create(self, ref: TableRef) -> None:

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake.exceptions import DeltaError, DeltaProtocolError, SchemaMismatchError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
 from ...errors import ConfigError
@@ -46,6 +46,11 @@ class DeltaBackend(Format):
 
     def _uri(self, ref: TableRef) -> str:
         return f"{self.root}/{ref.path()}"
+
+    def retryable(self, exc: Exception) -> bool | None:
+        if isinstance(exc, SchemaMismatchError | DeltaProtocolError):
+            return False
+        return True if isinstance(exc, DeltaError) else None  # a lost commit race, the object store
 
     def check_writable(self) -> None:
         if not self.local:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog, load_catalog
-from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.expressions import And, BooleanExpression, EqualTo, In, Reference
 from pyiceberg.expressions.literals import literal
 from pyiceberg.table import Table
@@ -73,6 +73,11 @@ class IcebergBackend(Format):
             except Exception as exc:  # any catalog's own error, said in one line
                 raise ConfigError(f"--target {self.label}: cannot open its catalog: {exc}") from None
         return self._catalog
+
+    def retryable(self, exc: Exception) -> bool | None:
+        if isinstance(exc, CommitFailedException):
+            return True  # another writer committed first
+        return False if type(exc).__module__.startswith("pyiceberg") else None
 
     def check_writable(self) -> None:
         if self.root is None:

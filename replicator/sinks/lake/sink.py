@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 
 from ...config import Settings
-from ...errors import ConfigError, SinkError
+from ...errors import ConfigError, SinkError, SinkUnavailable
 from ...events import ChangeEvent, CollectionSpec, Namespace, Op
 from ...filters import Scope
 from ..base import Sink
@@ -110,12 +110,19 @@ class LakeSink(Sink):
         self._kinds: dict[TableRef, typed.Kinds] = {}
 
     async def _run(self, call: Callable[..., T], *args: Any) -> T:
+        """A backend call in a thread; the table library's failures as one line: retried when another try may
+        succeed (a commit that lost a race, storage that did not answer), else they stop the run."""
         try:
             return await asyncio.to_thread(call, *args)
-        except ConfigError:
+        except (ConfigError, SinkError):
             raise
-        except OSError as exc:
-            raise SinkError(f"{self.backend.label}: {exc.strerror or exc}") from exc
+        except Exception as exc:
+            retry = True if isinstance(exc, OSError) else self.backend.retryable(exc)
+            if retry is None:
+                raise
+            lines = (str(exc) or type(exc).__name__).strip().splitlines()
+            message = f"{self.backend.label}: {lines[0][:300] if lines else type(exc).__name__}"
+            raise (SinkUnavailable(message) if retry else SinkError(message)) from exc
 
     def _lock(self, ref: TableRef) -> asyncio.Lock:
         return self._locks.setdefault(ref, asyncio.Lock())
