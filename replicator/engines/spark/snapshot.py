@@ -4,11 +4,12 @@ Each partition is its own Spark job of one task, submitted from a driver thread,
 at once as the cluster has cores (``defaultParallelism``). So the driver learns of each partition as
 its task returns, and marks it done in the checkpoint at once (a sink that writes on the executors and
 commits on the driver, a Delta table's, has the partition's files committed first): a driver killed at
-any moment loses only the partitions still running, and the same command copies only those again. A task that fails is
-retried by Spark (``spark.task.maxFailures``; a local master gets 4 attempts): its writes are
-idempotent upserts, so a partly written attempt is simply written again. A time-series partition's are
-not (measurements never replace each other): the driver records it as begun before its task runs, and a
-task that copies it again (a later run, or Spark's next attempt) first deletes its range from the target.
+any moment loses only the partitions still running, and the same command copies only those again. A
+task that fails is retried by Spark (``spark.task.maxFailures``; a local master gets 4 attempts): its
+writes are idempotent upserts, so a partly written attempt is simply written again. A time-series
+partition's are not (measurements never replace each other): the driver records it as begun before its
+task runs, and a task that copies it again (a later run, or Spark's next attempt) first deletes its range
+from the target.
 """
 
 from __future__ import annotations
