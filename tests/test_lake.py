@@ -49,7 +49,9 @@ def _assert_state_equals_source(kind: str, root: Path, source: str, dbs: list[st
                     assert key == id_json(decode(raw, RAW_CODEC)["_id"])
 
 
-@pytest.mark.parametrize(("kind", "columns"), [("delta", "lossless"), ("iceberg", "lossless"), ("delta", "typed")])
+@pytest.mark.parametrize(
+    ("kind", "columns"), [("delta", "lossless"), ("iceberg", "lossless"), ("delta", "typed"), ("iceberg", "typed")]
+)
 def test_sync_of_the_mixed_corpus_leaves_each_state_table_byte_identical(
     kind: str, columns: str, source_uri: str, tmp_path: Path
 ) -> None:

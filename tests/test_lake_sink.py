@@ -121,7 +121,10 @@ async def test_an_update_without_its_document_applies_its_delta_to_the_row(mode:
     ]
 
 
-async def test_typed_columns_follow_the_fields_types_and_turn_mixed_fields_into_extended_json(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+async def test_typed_columns_follow_the_fields_types_and_turn_mixed_fields_into_extended_json(
+    kind: str, tmp_path: Path
+) -> None:
     import datetime
 
     from bson.int64 import Int64
@@ -136,25 +139,25 @@ async def test_typed_columns_follow_the_fields_types_and_turn_mixed_fields_into_
         )  # type: ignore[operator]
 
     def columns() -> dict[str, list[object]]:
-        table = read_table("delta", root, "state", "d", "a")
+        table = read_table(kind, root, "state", "d", "a")
         assert table is not None
         rows = sorted(table.to_pylist(), key=lambda r: r["_id"])
         return {name: [r[name] for r in rows] for name in table.column_names}
 
-    async with _sink("delta", root, ("lake_columns", "typed")) as sink:
+    async with _sink(kind, root, ("lake_columns", "typed")) as sink:
         await sink.write([doc(_id=1, n=1, s="x", d=when, sub={"a": 1}, **{"a b": True, "bson": "clash"})])
         first = columns()
         assert first["n"] == [1] and first["s"] == ["x"] and first["a_b"] == [True] and first["bson_"] == ["clash"]
         assert first["d"][0] == when and first["sub"] == ['{"a": {"$numberInt": "1"}}']
         await sink.write([doc(_id=2, n="two")])  # n is now of two types: Extended JSON for every row
         assert columns()["n"] == ['{"$numberInt": "1"}', '"two"']
-    async with _sink("delta", root, ("lake_columns", "typed")) as again:  # a later run knows n is JSON
+    async with _sink(kind, root, ("lake_columns", "typed")) as again:  # a later run knows n is JSON
         await again.write([doc(_id=3, n=3, z=Int64(5))])
     last = columns()
     assert last["n"][2] == '{"$numberInt": "3"}' and last["z"] == [None, None, 5]
     assert [bson.decode(b)["_id"] for b in last["bson"]] == [1, 2, 3]  # the lossless columns stay
-    with pytest.raises(Exception, match="typed is for Delta"):
-        _sink("iceberg", tmp_path / "ice", ("lake_columns", "typed"))
+    with pytest.raises(Exception, match="typed is for --engine asyncio"):
+        _sink(kind, tmp_path / "other", ("lake_columns", "typed"), ("engine", "spark"))
 
 
 async def test_a_view_gets_no_tables(tmp_path: Path) -> None:

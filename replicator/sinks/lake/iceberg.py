@@ -20,7 +20,7 @@ from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.expressions import And, BooleanExpression, EqualTo, In, Reference
 from pyiceberg.expressions.literals import literal
-from pyiceberg.table import Table
+from pyiceberg.table import Table, Transaction
 
 from ...errors import ConfigError
 from .backend import Format, Where, check_schema, conform
@@ -35,6 +35,26 @@ def _quiet() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Delete operation did not match any records")
         yield
+
+
+def _doc(field: pa.Field) -> bytes:
+    return bytes((field.metadata or {}).get(b"doc", b""))
+
+
+def _evolve(tx: Transaction, table: Table, schema: pa.Schema, *, retype: bool) -> None:
+    """Typed columns ``schema`` brings that the table lacks are added, in the same commit as the data;
+    ``retype``: columns whose BSON type changed (``doc``) are made again with their new type (their old
+    values are written again by the same commit)."""
+    have = {f.name: f for f in table.schema().as_arrow()}
+    added = [f for f in schema if f.name not in have]
+    changed = [f for f in schema if retype and f.name in have and _doc(f) and _doc(f) != _doc(have[f.name])]
+    if changed:
+        with tx.update_schema() as update:
+            for f in changed:
+                update.delete_column(f.name)
+    if added or changed:
+        with tx.update_schema() as update:
+            update.union_by_name(pa.schema(changed + added))
 
 
 def _in(column: str, values: list[str]) -> BooleanExpression:
@@ -132,17 +152,22 @@ class IcebergBackend(Format):
 
     def append(self, ref: TableRef, rows: pa.Table, version: int | None) -> None:
         table = self._must(ref)
-        table.append(conform(ref, rows), snapshot_properties=self._properties(table, version))
+        rows = conform(ref, rows)
+        with table.transaction() as tx:
+            _evolve(tx, table, rows.schema, retype=False)
+            tx.append(rows, snapshot_properties=self._properties(table, version))
 
     def merge_state(self, ref: TableRef, upserts: pa.Table, deletes: list[str], version: int | None) -> None:
         table = self._must(ref)
         props = self._properties(table, version)
         keys = upserts["_id"].to_pylist() + deletes
+        upserts = conform(ref, upserts)
         with table.transaction() as tx, _quiet():
+            _evolve(tx, table, upserts.schema, retype=False)
             if keys:
                 tx.delete(_in("_id", keys), snapshot_properties=props)
             if upserts.num_rows:
-                tx.append(conform(ref, upserts), snapshot_properties=props)
+                tx.append(upserts, snapshot_properties=props)
 
     def schema(self, ref: TableRef) -> pa.Schema | None:
         table = self._table(ref)
@@ -150,8 +175,10 @@ class IcebergBackend(Format):
 
     def replace(self, ref: TableRef, rows: pa.Table, version: int | None, *, new_schema: bool = False) -> None:
         table = self._must(ref)
-        with _quiet():
-            table.overwrite(conform(ref, rows), snapshot_properties=self._properties(table, version))
+        rows = conform(ref, rows)
+        with table.transaction() as tx, _quiet():
+            _evolve(tx, table, rows.schema, retype=new_schema)
+            tx.overwrite(rows, snapshot_properties=self._properties(table, version))
 
     def rewrite(self, ref: TableRef, column: str, values: list[str], rows: pa.Table, reads_only: bool) -> None:
         table = self._must(ref)

@@ -105,8 +105,8 @@ class LakeSink(Sink):
         self._staging = False
         self._staged: list[tuple[TableRef, Any]] = []
         self._typed = settings.lake_columns == "typed"
-        if self._typed and (uri.lower().startswith("iceberg:") or settings.engine == "spark"):
-            raise ConfigError("--lake-columns typed is for Delta tables written by --engine asyncio (for now)")
+        if self._typed and settings.engine == "spark":
+            raise ConfigError("--lake-columns typed is for --engine asyncio (for now)")
         self._kinds: dict[TableRef, typed.Kinds] = {}
 
     async def _run(self, call: Callable[..., T], *args: Any) -> T:
