@@ -225,8 +225,8 @@ OPTIONS: tuple[Option, ...] = (
                JOB, metavar="KEY=VALUE"),
         Option("lake-opt", "lake_opts", "--target delta:/iceberg: a Delta storage option (AWS_REGION=...) or an "
                "Iceberg catalog property (type=rest, uri=...) (repeatable).", JOB, metavar="KEY=VALUE"),
-        _choice("lake-columns", "lake_columns", ("lossless", "typed"), "--target delta:/iceberg: state tables: typed also "
-                "gives each top-level field a typed column (mixed types: Extended JSON).", JOB),
+        _choice("lake-columns", "lake_columns", ("lossless", "typed"), "--target delta:/iceberg: typed also gives "
+                "each top-level field a typed column in the state tables (mixed types: Extended JSON).", JOB),
         Option("lake-compact-every", "lake_compact_every", "--target delta:/iceberg: compact a table's small "
                "files after every N commits to it (0: never).", JOB, metavar="N", minimum=0),
     ),
