@@ -148,16 +148,37 @@ async def test_typed_columns_follow_the_fields_types_and_turn_mixed_fields_into_
         await sink.write([doc(_id=1, n=1, s="x", d=when, sub={"a": 1}, **{"a b": True, "bson": "clash"})])
         first = columns()
         assert first["n"] == [1] and first["s"] == ["x"] and first["a_b"] == [True] and first["bson_"] == ["clash"]
-        assert first["d"][0] == when and first["sub"] == ['{"a": {"$numberInt": "1"}}']
+        assert first["d"][0] == when and first["sub"] == ['{"a":{"$numberInt":"1"}}']
         await sink.write([doc(_id=2, n="two")])  # n is now of two types: Extended JSON for every row
-        assert columns()["n"] == ['{"$numberInt": "1"}', '"two"']
+        assert columns()["n"] == ['{"$numberInt":"1"}', '"two"']
     async with _sink(kind, root, ("lake_columns", "typed")) as again:  # a later run knows n is JSON
         await again.write([doc(_id=3, n=3, z=Int64(5))])
     last = columns()
-    assert last["n"][2] == '{"$numberInt": "3"}' and last["z"] == [None, None, 5]
+    assert last["n"][2] == '{"$numberInt":"3"}' and last["z"] == [None, None, 5]
     assert [bson.decode(b)["_id"] for b in last["bson"]] == [1, 2, 3]  # the lossless columns stay
-    with pytest.raises(Exception, match="typed is for --engine asyncio"):
-        _sink(kind, tmp_path / "other", ("lake_columns", "typed"), ("engine", "spark"))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_on_spark_the_driver_writes_the_typed_columns_once_the_tasks_copied_the_documents(
+    kind: str, tmp_path: Path
+) -> None:
+    root = tmp_path / "lake"
+    spec = CollectionSpec(A, "collection", {})
+    typed = (("lake_columns", "typed"), ("engine", "spark"))
+    async with _sink(kind, root, *typed) as driver:
+        await driver.prepare([spec], drop_existing=False)
+        staged = []
+        for part, values in enumerate(([1, 2], ["three"])):  # two tasks, each sees one type of n
+            async with _sink(kind, root, *typed) as task:
+                task.stage()
+                await task.write([snapshot_read(A, {"_id": f"{part}-{i}", "n": v}) for i, v in enumerate(values)])
+            staged += task.staged()
+        await driver.commit_staged(staged)
+        await driver.finish_snapshot([spec])
+    table = read_table(kind, root, "state", "d", "a")
+    assert table is not None
+    rows = sorted(table.to_pylist(), key=lambda r: r["_id"])
+    assert [r["n"] for r in rows] == ['{"$numberInt":"1"}', '{"$numberInt":"2"}', '"three"']  # mixed: JSON
 
 
 async def test_a_view_gets_no_tables(tmp_path: Path) -> None:

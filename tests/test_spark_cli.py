@@ -238,7 +238,7 @@ def test_a_spark_tail_into_delta_killed_three_times_then_catch_up_leaves_no_dupl
     target = f"delta:{root}"
     with pymongo.MongoClient(source_uri) as client:
         client.work.a.insert_many([{"_id": i, "v": 0} for i in range(300)])
-    args = ("--partition-docs", "100", "--split", "always", "--max-batch-size", "20")
+    args = ("--partition-docs", "100", "--split", "always", "--max-batch-size", "20", "--lake-columns", "typed")
 
     def saved() -> dict[str, Any]:
         return _checkpoint(cp) or {"snapshot": {"done": []}, "position": {}}
@@ -264,10 +264,12 @@ def test_a_spark_tail_into_delta_killed_three_times_then_catch_up_leaves_no_dupl
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    done = subprocess.run(_spark_cli("catch-up", "-s", source_uri, "-t", target, "-c", str(cp)),
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    argv = _spark_cli("catch-up", "-s", source_uri, "-t", target, "-c", str(cp), "--lake-columns", "typed")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     _assert_state_equals_source("delta", root, source_uri, ["work"])
     changes = read_table("delta", root, "changes", "work", "a")
     assert changes is not None and {"r", "c", "u", "d"} <= set(changes["op"].to_pylist())
     assert duplicate_changes(changes) == []
+    state = read_table("delta", root, "state", "work", "a")  # typed columns, written by the driver
+    assert state is not None and "v" in state.column_names

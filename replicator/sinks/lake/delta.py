@@ -177,7 +177,8 @@ class DeltaBackend(Format):
         actions: list[AddAction | RemoveAction] = [
             AddAction(f["path"], f["size"], {}, f["mtime"], True, json.dumps({"numRecords": f["rows"]})) for f in files
         ]
-        self._must(ref).create_write_transaction(actions, mode="append", schema=SCHEMAS[ref.kind])
+        table = self._must(ref)  # committed with the table's own columns (typed ones too: null in these files)
+        table.create_write_transaction(actions, mode="append", schema=pa.schema(table.schema().to_arrow()))
 
     def compact(self, ref: TableRef) -> int:
         table = self._table(ref)

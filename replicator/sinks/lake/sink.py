@@ -105,9 +105,10 @@ class LakeSink(Sink):
         self._staging = False
         self._staged: list[tuple[TableRef, Any]] = []
         self._typed = settings.lake_columns == "typed"
-        if self._typed and settings.engine == "spark":
-            raise ConfigError("--lake-columns typed is for --engine asyncio (for now)")
+        self._spark = settings.engine == "spark"
         self._kinds: dict[TableRef, typed.Kinds] = {}
+        self._on_executor = False  # a Spark task: it writes the lossless columns only
+        self._untyped: set[TableRef] = set()  # state tables given rows without their typed columns
 
     async def _run(self, call: Callable[..., T], *args: Any) -> T:
         """A backend call in a thread; the table library's failures as one line: retried when another try may
@@ -148,11 +149,29 @@ class LakeSink(Sink):
                 await self._replace(TableRef("state", spec.ns), SCHEMAS["state"].empty_table(), None)
 
     async def finish_snapshot(self, specs: Sequence[CollectionSpec]) -> None:
-        """Rows a copy wrote twice (a partition copied again after a kill) are kept once."""
+        """Rows a copy wrote twice (a partition copied again after a kill) are kept once; under --lake-columns
+        typed, state tables that Spark tasks filled get their typed columns."""
         for spec in specs:
             if not spec.is_view:
                 for kind in ("state", "changes"):
                     await self._dedupe(TableRef(kind, spec.ns))
+                if self._typed and (self._spark or TableRef("state", spec.ns) in self._untyped):
+                    await self._type_whole(TableRef("state", spec.ns))
+
+    async def _type_whole(self, ref: TableRef) -> None:
+        """Every row's typed columns made again from its ``bson``, in one commit (Spark tasks wrote none)."""
+        async with self._lock(ref):
+            if not await self._run(self.backend.exists, ref):
+                return
+            rows = await self._run(self.backend.read, ref, SCHEMAS["state"].names)
+            self._kinds.pop(ref, None)
+            known = await self._run(self.backend.schema, ref)
+            kinds, _ = typed.learn(typed.kinds_of(known) if known is not None else {},
+                                   (typed.decode_top(raw) for raw in rows["bson"].to_pylist()))  # fmt: skip
+            version = await self._run(self.backend.version, ref)
+            await self._commit(self.backend.replace, ref, typed.with_columns(rows, kinds), version, new_schema=True)
+            self._kinds[ref] = kinds
+            self._untyped.discard(ref)
 
     async def reconcile(self, spec: CollectionSpec) -> bool:
         """Lake tables have no indexes or collection options to match."""
@@ -195,6 +214,9 @@ class LakeSink(Sink):
         await self._documents(run)
 
     def stage(self) -> bool:
+        """On a Spark executor: Delta data files are written for the driver to commit; typed columns are
+        left to the driver (tasks would each see other types), which writes them once the snapshot is done."""
+        self._on_executor = True
         self._staging = self.backend.stages
         return self._staging
 
@@ -213,6 +235,8 @@ class LakeSink(Sink):
         for ref, files in by_ref.items():
             async with self._lock(ref):
                 await self._commit(self.backend.commit_files, ref, files)
+            if self._typed and ref.kind == "state":
+                self._untyped.add(ref)
 
     async def _copied(self, batch: Sequence[ChangeEvent]) -> None:
         """Snapshot reads: appended to both tables of their collection (on a Spark executor that stages, only
@@ -224,7 +248,7 @@ class LakeSink(Sink):
             state = TableRef("state", ns)
             state_rows, change_rows = snapshot_tables(ns, events)
             rows = {TableRef("changes", ns): change_rows, state: state_rows}
-            if self._typed:
+            if self._typed and not self._on_executor:
                 async with self._lock(state):
                     rows[state] = await self._state_rows(state, rows[state])
             if self._staging:

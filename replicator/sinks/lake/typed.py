@@ -25,7 +25,7 @@ from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 from bson.objectid import ObjectId
 
-from ...extjson import dumps
+from ...extjson import dumps_str
 from ...rawbson import RAW_CODEC
 from .tables import STATE_SCHEMA
 
@@ -86,7 +86,7 @@ def cell(kind: str, value: Any) -> Any:
     if value is None:
         return None
     if kind == JSON:
-        return dumps(value)
+        return dumps_str(value)
     if kind == "date":
         if isinstance(value, DatetimeMS):
             return int(value) * 1000
