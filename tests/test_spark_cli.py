@@ -273,3 +273,21 @@ def test_a_spark_tail_into_delta_killed_three_times_then_catch_up_leaves_no_dupl
     assert duplicate_changes(changes) == []
     state = read_table("delta", root, "state", "work", "a")  # typed columns, written by the driver
     assert state is not None and "v" in state.column_names
+
+
+def test_a_spark_sync_into_iceberg_commits_the_tasks_files_on_the_driver(source_uri: str, tmp_path: Path) -> None:
+    from tests.support.lake import read_table
+    from tests.test_lake import _assert_state_equals_source
+
+    root = tmp_path / "lake"
+    with pymongo.MongoClient(source_uri) as client:
+        client.work.a.insert_many([{"_id": i, "v": i % 7} for i in range(400)])
+        client.work.b.insert_many([{"_id": f"k{i}", "s": "x" * i} for i in range(50)])
+    argv = _spark_cli("sync", "-s", source_uri, "-t", f"iceberg:{root}", "-c", str(tmp_path / "cp.json"),
+                      "--partition-docs", "100", "--split", "always")  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    _assert_state_equals_source("iceberg", root, source_uri, ["work"])
+    changes = read_table("iceberg", root, "changes", "work", "a")
+    assert changes is not None and changes.num_rows == 400
+    assert list((root / "work" / "a" / "data").glob("mcdc-*.parquet"))  # the tasks' own files, committed

@@ -10,12 +10,14 @@ The position a commit covers is the snapshot property ``mcdc.version``, set on e
 from __future__ import annotations
 
 import contextlib
+import uuid
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 from pyiceberg.expressions import And, BooleanExpression, EqualTo, In, Reference
@@ -74,16 +76,30 @@ class IcebergBackend(Format):
             self.properties = {"warehouse": root}
         self.properties.update(options)
         self._catalog: Catalog | None = None
-        self.stages = False  # a Spark task's rows are committed by the task itself
+        self.stages = self.root is not None  # data files written apart from their commit: a local warehouse
+        self._writing: dict[TableRef, tuple[str, pq.ParquetWriter]] = {}
 
     def write_files(self, ref: TableRef, rows: pa.Table) -> None:
-        raise NotImplementedError("Iceberg tables commit their own writes")
+        """Add ``rows`` to this process's open Parquet file under the table's data directory, not in the table
+        yet (a file no snapshot names is never read)."""
+        if ref not in self._writing:
+            location = self._must(ref).location().removeprefix("file://")
+            path = f"{location}/data/mcdc-{uuid.uuid4()}.parquet"
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._writing[ref] = (path, pq.ParquetWriter(path, SCHEMAS[ref.kind]))
+        self._writing[ref][1].write_table(conform(ref, rows))
 
     def finish_files(self) -> list[tuple[TableRef, Any]]:
-        return []
+        done: list[tuple[TableRef, Any]] = []
+        for ref, (path, writer) in self._writing.items():
+            writer.close()
+            done.append((ref, {"path": path}))
+        self._writing.clear()
+        return done
 
     def commit_files(self, ref: TableRef, files: list[Any]) -> None:
-        raise NotImplementedError("Iceberg tables commit their own writes")
+        table = self._must(ref)
+        table.add_files([f["path"] for f in files], snapshot_properties=self._properties(table, None))
 
     @property
     def catalog(self) -> Catalog:
