@@ -21,6 +21,7 @@ from deltalake.exceptions import DeltaError, DeltaProtocolError, SchemaMismatchE
 from deltalake.transaction import AddAction, RemoveAction
 
 from ...errors import ConfigError
+from ...uri import redact
 from .backend import APP_ID, Format, Where, check_schema, conform, deleted
 from .tables import SCHEMAS, TableRef
 
@@ -38,7 +39,7 @@ class DeltaBackend(Format):
     def __init__(self, root: str, storage_options: Mapping[str, str]) -> None:
         self.local = "://" not in root
         self.root = str(Path(root).expanduser().absolute()) if self.local else root.rstrip("/")
-        self.label = f"delta:{root}"
+        self.label = redact(f"delta:{root}")  # said in errors: never a credential
         self.options = dict(storage_options) or None
         self.stages = self.local  # data files written apart from their commit: on a local (or mounted) path
         self._tables: dict[TableRef, DeltaTable] = {}

@@ -25,6 +25,7 @@ from pyiceberg.expressions.literals import literal
 from pyiceberg.table import Table, Transaction
 
 from ...errors import ConfigError
+from ...uri import redact
 from .backend import Format, Where, check_schema, conform
 from .tables import SCHEMAS, TableRef
 
@@ -65,7 +66,7 @@ def _in(column: str, values: list[str]) -> BooleanExpression:
 
 class IcebergBackend(Format):
     def __init__(self, root: str, options: Mapping[str, str]) -> None:
-        self.label = f"iceberg:{root}"
+        self.label = redact(f"iceberg:{root}")  # said in errors: never a credential
         self.local = "://" not in root
         self.root = Path(root).expanduser().absolute() if self.local else None
         self.properties: dict[str, Any] = {}
@@ -107,7 +108,7 @@ class IcebergBackend(Format):
             try:
                 self._catalog = load_catalog("mcdc", **self.properties)
             except Exception as exc:  # any catalog's own error, said in one line
-                raise ConfigError(f"--target {self.label}: cannot open its catalog: {exc}") from None
+                raise ConfigError(f"--target {self.label}: cannot open its catalog: {redact(str(exc))}") from None
         return self._catalog
 
     def retryable(self, exc: Exception) -> bool | None:

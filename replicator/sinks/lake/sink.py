@@ -32,6 +32,7 @@ from ...config import Settings
 from ...errors import ConfigError, SinkError, SinkUnavailable
 from ...events import ChangeEvent, CollectionSpec, Namespace, Op
 from ...filters import Scope
+from ...uri import redact
 from ..base import Sink
 from . import typed
 from .backend import Backend, duplicates
@@ -122,7 +123,7 @@ class LakeSink(Sink):
             if retry is None:
                 raise
             lines = (str(exc) or type(exc).__name__).strip().splitlines()
-            message = f"{self.backend.label}: {lines[0][:300] if lines else type(exc).__name__}"
+            message = f"{self.backend.label}: {redact(lines[0][:300]) if lines else type(exc).__name__}"
             raise (SinkUnavailable(message) if retry else SinkError(message)) from exc
 
     def _lock(self, ref: TableRef) -> asyncio.Lock:
