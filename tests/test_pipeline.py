@@ -156,3 +156,30 @@ async def test_batches_waiting_behind_a_slow_sink_are_written_as_one_up_to_the_l
     assert [e.document_key["_id"] for e in sink.events] == list(range(9))  # in order, each once
     assert len(sizes) < 6 and max(sizes) <= 4, sizes  # joined, never past the limit
     assert acked[-1].cluster_time == Timestamp(1000, 8) and result.events == 9
+
+
+@pytest.mark.parametrize("seed", range(5))
+async def test_read_ahead_with_joins_loses_nothing_and_keeps_the_order(seed: int) -> None:
+    import random
+
+    from replicator.pipeline import read_ahead
+
+    rng = random.Random(seed)
+    items = [[i] for i in range(200)]
+
+    async def source() -> AsyncIterator[list[int]]:
+        for item in items:
+            if rng.random() < 0.3:
+                await asyncio.sleep(rng.random() / 1000)
+            yield item
+
+    def join(a: list[int], b: list[int]) -> list[int] | None:
+        return a + b if len(a) + len(b) <= 7 else None
+
+    got: list[list[int]] = []
+    async for item in read_ahead(source(), rng.randint(1, 10), join):
+        got.append(item)
+        if rng.random() < 0.5:
+            await asyncio.sleep(rng.random() / 500)
+    assert [i for item in got for i in item] == list(range(200))
+    assert max(len(item) for item in got) <= 7 and len(got) < 200  # joined, within the limit
