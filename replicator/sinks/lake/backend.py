@@ -123,11 +123,16 @@ def _same_type(a: pa.DataType, b: pa.DataType) -> bool:
     return bool(a.equals(b))
 
 
+def key_column(ref: TableRef) -> str:
+    """The column a table's rows are told apart by when a copy wrote some twice."""
+    return "_id" if ref.kind == "state" else "key"
+
+
 def duplicates(ref: TableRef, table: pa.Table) -> tuple[str, list[str], pa.Table]:
     """Rows that a copy wrote twice (a snapshot partition copied again after a crash): the key column, the
     keys with more than one row, and one row for each of those keys. State tables: by ``_id``; change
     tables: ``r`` rows by ``key``."""
-    column = "_id" if ref.kind == "state" else "key"
+    column = key_column(ref)
     if ref.kind == "changes":
         table = table.filter(pc.equal(table["op"], "r"))
     counts = table.group_by(column).aggregate([([], "count_all")])

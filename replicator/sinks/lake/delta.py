@@ -21,6 +21,7 @@ from deltalake.exceptions import DeltaError, DeltaProtocolError, SchemaMismatchE
 from deltalake.transaction import AddAction, RemoveAction
 
 from ...errors import ConfigError
+from ...events import Namespace
 from ...uri import redact
 from .backend import APP_ID, Format, Where, check_schema, conform, deleted
 from .tables import SCHEMAS, TableRef
@@ -189,8 +190,6 @@ class DeltaBackend(Format):
         return int(metrics.get("numFilesRemoved", 0))
 
     def tables(self) -> list[TableRef]:
-        from ...events import Namespace
-
         found: list[TableRef] = []
         if not self.local:
             return found

@@ -25,6 +25,7 @@ from pyiceberg.expressions.literals import literal
 from pyiceberg.table import Table, Transaction
 
 from ...errors import ConfigError
+from ...events import Namespace
 from ...uri import redact
 from .backend import Format, Where, check_schema, conform
 from .tables import SCHEMAS, TableRef
@@ -219,8 +220,6 @@ class IcebergBackend(Format):
         return files
 
     def tables(self) -> list[TableRef]:
-        from ...events import Namespace
-
         found: list[TableRef] = []
         for (namespace,) in self.catalog.list_namespaces():
             for _, name in self.catalog.list_tables(namespace):

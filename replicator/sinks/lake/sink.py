@@ -35,7 +35,7 @@ from ...filters import Scope
 from ...uri import redact
 from ..base import Sink
 from . import typed
-from .backend import Backend, duplicates
+from .backend import Backend, duplicates, key_column
 from .fold import fold, needs_base
 from .tables import SCHEMAS, TableRef, change_table, snapshot_tables, state_table, version_of
 
@@ -122,8 +122,8 @@ class LakeSink(Sink):
             retry = True if isinstance(exc, OSError) else self.backend.retryable(exc)
             if retry is None:
                 raise
-            lines = (str(exc) or type(exc).__name__).strip().splitlines()
-            message = f"{self.backend.label}: {redact(lines[0][:300]) if lines else type(exc).__name__}"
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            message = f"{self.backend.label}: {redact(first[:300])}"
             raise (SinkUnavailable(message) if retry else SinkError(message)) from exc
 
     def _lock(self, ref: TableRef) -> asyncio.Lock:
@@ -165,14 +165,18 @@ class LakeSink(Sink):
             if not await self._run(self.backend.exists, ref):
                 return
             rows = await self._run(self.backend.read, ref, SCHEMAS["state"].names)
-            self._kinds.pop(ref, None)
             known = await self._run(self.backend.schema, ref)
             kinds, _ = typed.learn(typed.kinds_of(known) if known is not None else {},
                                    (typed.decode_top(raw) for raw in rows["bson"].to_pylist()))  # fmt: skip
-            version = await self._run(self.backend.version, ref)
-            await self._commit(self.backend.replace, ref, typed.with_columns(rows, kinds), version, new_schema=True)
-            self._kinds[ref] = kinds
+            await self._retype(ref, rows, kinds)
             self._untyped.discard(ref)
+
+    async def _retype(self, ref: TableRef, rows: pa.Table, kinds: typed.Kinds) -> None:
+        """The table's ``rows`` (all of them) written again with the typed columns of ``kinds``, their types
+        changed where they differ, at the position the table covers. Called with ``ref``'s lock held."""
+        version = await self._run(self.backend.version, ref)
+        await self._commit(self.backend.replace, ref, typed.with_columns(rows, kinds), version, new_schema=True)
+        self._kinds[ref] = kinds
 
     async def reconcile(self, spec: CollectionSpec) -> bool:
         """Lake tables have no indexes or collection options to match."""
@@ -190,7 +194,7 @@ class LakeSink(Sink):
 
     async def _dedupe(self, ref: TableRef) -> None:
         async with self._lock(ref):
-            column = "_id" if ref.kind == "state" else "key"
+            column = key_column(ref)
             light = await self._run(self.backend.read, ref, [column] if ref.kind == "state" else [column, "op"])
             _, keys, _ = duplicates(ref, light)
             if not keys:
@@ -303,9 +307,7 @@ class LakeSink(Sink):
         documents = [typed.decode_top(raw) for raw in rows["bson"].to_pylist()]
         kinds, became_json = typed.learn(self._kinds[ref], documents)
         if became_json:
-            current = await self._run(self.backend.read, ref, SCHEMAS["state"].names)
-            version = await self._run(self.backend.version, ref)
-            await self._commit(self.backend.replace, ref, typed.with_columns(current, kinds), version, new_schema=True)
+            await self._retype(ref, await self._run(self.backend.read, ref, SCHEMAS["state"].names), kinds)
             log.info("%s: column %s holds mixed types: now Extended JSON", ref, ", ".join(sorted(became_json)))
         self._kinds[ref] = kinds
         return typed.with_columns(rows, kinds, documents)
