@@ -26,13 +26,13 @@ from typer.core import TyperCommand
 from . import __version__, devserver
 from .config import Settings, field_kind, resolve
 from .errors import EXIT_UNAVAILABLE, ConfigError, McdcError, OutputClosed, VerifyMismatch
+from .job import SyncJob
 from .logs import setup_logging
 from .options import BY_FIELD, ENV_CONFIG, PANELS, Option, for_command
 from .progress import make_reporter
 from .sinks.registry import scheme_of
 from .source.connection import server_message
 from .summary import Summary
-from .sync import SyncJob
 from .uri import redact
 
 if TYPE_CHECKING:

@@ -31,12 +31,12 @@ from .config import Settings
 from .cutover_check import changes_between, proven_since
 from .errors import ConfigError, CutoverRefused, SourceNotQuiet
 from .events import Position, ts_from_json, ts_to_json
+from .job import SyncJob
 from .preflight import source_name
 from .progress import Reporter
 from .recheck import Entry, SweepState
 from .source.changestream import current_time
 from .source.connection import DICT_CODEC, Client, deployment_identity, make_client, probe
-from .sync import SyncJob
 from .tally import format_ts, listing, plural
 from .uri import is_mongo_uri, redact
 from .verify import VerifyReport, verify

@@ -13,7 +13,7 @@ import dataclasses
 import difflib
 from collections.abc import Mapping
 
-#: The commands that run a replication job (replicator.sync.SyncJob; cutover's catch-up is one).
+#: The commands that run a replication job (replicator.job.SyncJob; cutover's catch-up is one).
 JOB = ("sync", "catch-up", "tail", "cutover")
 #: Commands that read the source's selected namespaces.
 SELECTING = (*JOB, "verify")

@@ -17,10 +17,10 @@ from bson.timestamp import Timestamp
 
 from .config import Settings
 from .ddl_window import Resync
+from .engines.asyncio.pipeline import CopyLimits, copy_partitions
 from .events import ChangeEvent, Namespace, Op
 from .fields import FieldRules
 from .filters import rename_spec
-from .pipeline import CopyLimits, copy_partitions
 from .progress import Reporter
 from .sinks.base import Sink
 from .source import catalog

@@ -28,12 +28,12 @@ from pymongo.read_concern import ReadConcern
 
 from .checkpoint import Checkpoint
 from .config import Settings
+from .engines.asyncio.pipeline import Throttle
 from .events import ChangeEvent, CollectionSpec, Namespace
 from .fields import FieldRules
 from .filters import Selection, rename_spec
 from .metrics import Metrics
 from .migration import COMMIT_LAG_S, Verification
-from .pipeline import Throttle
 from .progress import Reporter, lag_seconds
 from .recheck import COUNT, DOC, MISMATCH, RESOLVED, SCHEMA, Entry, RecheckList, ReplayClock, SweepState
 from .retry import is_retryable

@@ -135,7 +135,7 @@ class SyncClient(FakeClient):
 def test_the_spark_data_sources_reader_splits_on_demand_too() -> None:
     pytest.importorskip("pyspark")
     from replicator.config import resolve
-    from replicator.spark.changes import RawChangeStream
+    from replicator.spark_datasource.changes import RawChangeStream
 
     last_part = {"_id": token(4), "splitEvent": {"fragment": 2, "of": 2}, "fullDocument": {"_id": 3, "big": 1}}
     first = SyncStream([change(1), change(2)], error=10334)

@@ -16,8 +16,8 @@ import pymongo
 import pytest
 
 from replicator.config import resolve
+from replicator.job import SyncJob
 from replicator.progress import LogReporter
-from replicator.sync import SyncJob
 from tests.support.compare import assert_identical
 
 pytestmark = pytest.mark.integration

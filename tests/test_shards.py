@@ -93,7 +93,7 @@ async def test_a_shard_added_while_tailing_is_followed(
     not one); the shard list grows while tail runs, and the new shard's writes arrive."""
     import asyncio
 
-    import replicator.sync as sync_module
+    import replicator.job.phases as sync_module
     from replicator.config import resolve
     from replicator.progress import LogReporter
     from replicator.source.shards import Shard
@@ -138,7 +138,7 @@ async def test_a_shard_added_while_tailing_is_followed(
 def _as_mongos(monkeypatch: pytest.MonkeyPatch, listed: list[Any]) -> None:
     """The source plays a mongos listing ``listed`` (a shard's host is its URI here: the test servers are
     independent replica sets, reached directly)."""
-    import replicator.sync as sync_module
+    import replicator.job.phases as sync_module
     from replicator.source import topology as topology_module
     from replicator.source.connection import ServerInfo
 
@@ -163,9 +163,9 @@ async def test_a_shard_removed_while_mcdc_was_down_is_read_to_its_end(
     import asyncio
 
     from replicator.config import resolve
+    from replicator.job import SyncJob
     from replicator.progress import LogReporter
     from replicator.source.shards import Shard
-    from replicator.sync import SyncJob
 
     listed = [Shard("shardA", source_uri, source_uri), Shard("shardB", second_shard, second_shard)]
     _as_mongos(monkeypatch, listed)
@@ -207,9 +207,9 @@ async def test_a_shard_added_during_the_snapshot_is_followed_from_before_it(
     from collections.abc import Iterable
 
     from replicator.config import resolve
+    from replicator.job import SyncJob
     from replicator.progress import LogReporter
     from replicator.source.shards import Shard
-    from replicator.sync import SyncJob
     from replicator.tally import CollectionProgress
 
     listed = [Shard("shardA", source_uri, source_uri)]

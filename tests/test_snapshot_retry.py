@@ -206,8 +206,8 @@ def _job(
     """An in-process SyncJob and, for it, a ``sink_class`` (a MongoSink with failures injected)."""
     from replicator.config import resolve
     from replicator.filters import Scope
+    from replicator.job import SyncJob
     from replicator.progress import LogReporter
-    from replicator.sync import SyncJob
 
     settings = resolve({"source": source, "target": target, "checkpoint": cp, "retry_initial_s": 0.01, **flags}, env={})
     sink = sink_class(settings.target, timeout_s=2, scope=Scope(settings.selection, settings.renamer))
@@ -223,7 +223,7 @@ async def test_a_snapshot_failed_while_preparing_still_drops_what_it_had_not_pre
     prepared, and both drop the other namespace's old data before copying into it."""
     from pymongo.errors import AutoReconnect
 
-    import replicator.sync
+    import replicator.job.phases
     from replicator.errors import ServerUnavailable
     from replicator.sinks.mongo import MongoSink
 
@@ -249,7 +249,7 @@ async def test_a_snapshot_failed_while_preparing_still_drops_what_it_had_not_pre
         cp = tmp_path / f"cp{max_retries}.json"
         FailsMidPrepare.failures = 0
         job, sink = _job(source_uri, target_uri, cp, FailsMidPrepare, drop_target=True, max_retries=max_retries)
-        monkeypatch.setattr(replicator.sync, "open_sink", lambda settings, sink=sink: sink)
+        monkeypatch.setattr(replicator.job.phases, "open_sink", lambda settings, sink=sink: sink)
         if max_retries:
             summary = (await job.run()).to_json()  # retried within the run
             assert summary["retries"] == 1 and summary["snapshot"] == "completed"
@@ -257,7 +257,7 @@ async def test_a_snapshot_failed_while_preparing_still_drops_what_it_had_not_pre
             with pytest.raises(ServerUnavailable, match="gave up after 0 retries"):
                 await job.run()
             job, sink = _job(source_uri, target_uri, cp, MongoSink, drop_target=False)  # the next run
-            monkeypatch.setattr(replicator.sync, "open_sink", lambda settings, sink=sink: sink)
+            monkeypatch.setattr(replicator.job.phases, "open_sink", lambda settings, sink=sink: sink)
             assert (await job.run()).to_json()["snapshot"] == "resumed"
         assert FailsMidPrepare.failures == 1
         assert_identical(source_uri, target_uri)
@@ -270,7 +270,7 @@ async def test_a_stop_during_the_backoff_ends_the_run_at_once(
     checkpoint still holds the snapshot in progress for the next run."""
     from pymongo.errors import AutoReconnect
 
-    import replicator.sync
+    import replicator.job.phases
     from replicator.sinks.mongo import MongoSink
 
     with pymongo.MongoClient(source_uri) as client:
@@ -284,7 +284,7 @@ async def test_a_stop_during_the_backoff_ends_the_run_at_once(
 
     cp = tmp_path / "cp.json"
     job, sink = _job(source_uri, target_uri, cp, Down, stop=stop, retry_initial_s=60, retry_max_s=60)
-    monkeypatch.setattr(replicator.sync, "open_sink", lambda settings: sink)
+    monkeypatch.setattr(replicator.job.phases, "open_sink", lambda settings: sink)
     started = time.monotonic()
     summary = (await job.run()).to_json()
     assert time.monotonic() - started < 20 and summary["retries"] == 1
@@ -340,7 +340,7 @@ async def test_a_time_series_partition_copied_again_holds_each_measurement_once(
     repeat (it reports it as a plain collection: the planner reads the options)."""
     from pymongo.errors import AutoReconnect
 
-    import replicator.sync
+    import replicator.job.phases
     from replicator.errors import ServerUnavailable
     from replicator.sinks.mongo import MongoSink
 
@@ -375,7 +375,7 @@ async def test_a_time_series_partition_copied_again_holds_each_measurement_once(
     cp = tmp_path / "cp.json"
     flags = {"split": "always", "partition_docs": 200, "batch_docs": 50, "workers": 2, "include": [r"ts\..*"]}
     job, sink = _job(source_uri, target_uri, cp, LosesOneAck, max_retries=max_retries, **flags)
-    monkeypatch.setattr(replicator.sync, "open_sink", lambda settings: sink)
+    monkeypatch.setattr(replicator.job.phases, "open_sink", lambda settings: sink)
     if max_retries:
         summary = (await job.run()).to_json()
         assert summary["retries"] == 1 and summary["snapshot"] == "completed"
@@ -383,7 +383,7 @@ async def test_a_time_series_partition_copied_again_holds_each_measurement_once(
         with pytest.raises(ServerUnavailable, match="gave up after 0 retries"):
             await job.run()
         job, sink = _job(source_uri, target_uri, cp, Recording, **flags)  # the next run
-        monkeypatch.setattr(replicator.sync, "open_sink", lambda settings: sink)
+        monkeypatch.setattr(replicator.job.phases, "open_sink", lambda settings: sink)
         assert (await job.run()).to_json()["snapshot"] == "resumed"
     assert LosesOneAck.writes >= 4
     plan = json.loads(cp.read_text())["snapshot"]["plan"]

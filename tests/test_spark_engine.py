@@ -19,8 +19,8 @@ import pytest
 
 from replicator.config import resolve
 from replicator.engines.spark.snapshot import JOB_GROUP
+from replicator.job import SyncJob
 from replicator.progress import LogReporter
-from replicator.sync import SyncJob
 from tests.support.compare import assert_identical
 from tests.support.corpus import load_bulk, load_corpus
 from tests.support.workload import two_shard_workload

@@ -13,7 +13,7 @@ from replicator.engines.spark.failures import reason
 from replicator.engines.spark.replay import StreamOutage, batch_positions, merged_order, start_positions, stream_error
 from replicator.events import ChangeEvent, Namespace, Op, Position
 from replicator.retry import is_retryable
-from replicator.spark import offsets
+from replicator.spark_datasource import offsets
 
 NS = Namespace("db", "c")
 
@@ -114,7 +114,7 @@ def test_every_shard_stops_at_the_earliest_end_of_a_shard_cut_by_the_limit() -> 
 
 def test_an_idle_shard_moves_to_its_post_batch_token_and_is_acknowledged() -> None:
     from replicator.engines.spark.replay import _idle_positions
-    from replicator.spark.stream import idle_end
+    from replicator.spark_datasource.stream import idle_end
 
     start = offsets.ShardOffset('{"_data":"8200000005000000012B"}', 5, 1)
     token = {"_data": "8200000009000000012B0429"}

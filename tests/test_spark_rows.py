@@ -23,10 +23,10 @@ from replicator.events import ChangeEvent, Namespace, Op
 from replicator.extjson import dumps_str
 from replicator.normalize import normalize_change
 from replicator.source.connection import RAW_CODEC
-from replicator.spark import offsets
-from replicator.spark.offsets import ShardOffset
-from replicator.spark.options import START_POSITIONS, OptionError, one_line, settings_for
-from replicator.spark.rows import COLUMNS, NAMES, bson_bytes, event_from_row, event_row, snapshot_row
+from replicator.spark_datasource import offsets
+from replicator.spark_datasource.offsets import ShardOffset
+from replicator.spark_datasource.options import START_POSITIONS, OptionError, one_line, settings_for
+from replicator.spark_datasource.rows import COLUMNS, NAMES, bson_bytes, event_from_row, event_row, snapshot_row
 from tests.support.corpus import bson_corpus_documents
 
 LSID = {"id": Binary(b"\x9a" * 16, 4)}
@@ -233,7 +233,9 @@ def test_an_option_mistake_prints_as_mcdc_s_line_and_hides_the_traceback_only_in
 
 
 def test_importing_without_pyspark_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in [m for m in sys.modules if m == "replicator.spark" or m.startswith("replicator.spark.")]:
+    for name in [m for m in sys.modules if m.startswith(("replicator.spark.", "replicator.spark_datasource"))] + [
+        "replicator.spark"
+    ]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "pyspark", None)
     with pytest.raises(ImportError, match=r"pip install 'mcdc\[spark\]'"):

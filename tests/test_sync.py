@@ -13,8 +13,8 @@ import pymongo
 import pytest
 
 from replicator.config import resolve
+from replicator.job import SyncJob
 from replicator.progress import LogReporter
-from replicator.sync import SyncJob
 from replicator.tally import CollectionProgress
 from tests.support.compare import assert_identical
 from tests.support.corpus import load_bulk, load_corpus
@@ -156,7 +156,7 @@ async def test_standalone_source_needs_snapshot_only(
 ) -> None:
     """A standalone has no change stream (the test server always acts as a replica set, so its hello
     answer is rewritten to a standalone's)."""
-    import replicator.sync as sync_module
+    import replicator.job.phases as sync_module
     from replicator.errors import TopologyError
     from replicator.source.connection import ServerInfo
 

@@ -23,10 +23,10 @@ from bson.raw_bson import RawBSONDocument
 from pymongo.errors import AutoReconnect, OperationFailure
 
 from replicator.config import resolve
+from replicator.engines.asyncio.pipeline import CopyLimits, copy_partitions
 from replicator.errors import SinkError
 from replicator.events import Namespace
 from replicator.filters import Scope, Selection
-from replicator.pipeline import CopyLimits, copy_partitions
 from replicator.progress import LogReporter
 from replicator.sinks.mongo import MongoSink
 from replicator.source.connection import ServerInfo
@@ -121,7 +121,7 @@ def fake_sink(
 
 def fake_source(monkeypatch: pytest.MonkeyPatch, docs: list[bytes]) -> None:
     """read_partition over ``docs``, selecting each partition's documents by its query, as the server would."""
-    import replicator.pipeline as pipeline
+    import replicator.engines.asyncio.pipeline as pipeline
 
     async def read(
         client: object, part: Partition, *, batch_docs: int, batch_bytes: int, after: Resume | None = None

@@ -1,10 +1,10 @@
-"""The loops that run mcdc's pipeline. Both run the same stages (source, normalize, transform, sink,
-checkpoint); only the loop differs.
+"""The loops that run mcdc's pipeline, driven by the job (:mod:`replicator.job`, the order of phases). Both
+run the same stages (source, normalize, transform, sink, checkpoint); only the loop differs.
+:mod:`.base` says what an engine does and opens the one ``--engine`` names.
 
-* asyncio, the embedded default: the top-level modules :mod:`replicator.sync` (the job's order of
-  phases), :mod:`replicator.pipeline` (the snapshot's workers and the replay's queue) and
-  :mod:`replicator.streaming` (the replay's acknowledgements), in one process.
-* spark (:mod:`replicator.engines.spark`): the same job, with snapshot partitions and verify ranges as
-  Spark tasks and the replay as a Structured Streaming query over the ``mcdc`` data source
-  (:mod:`replicator.spark`). The driver keeps the order of phases, the checkpoint and the progress.
+* asyncio (:mod:`.asyncio`), the embedded default: the snapshot's workers and the replay's queue
+  (:mod:`.asyncio.pipeline`) and the replay's acknowledgements (:mod:`.asyncio.streaming`), in one process.
+* spark (:mod:`.spark`): snapshot partitions and verify ranges as Spark tasks and the replay as a
+  Structured Streaming query over the ``mcdc`` data source (:mod:`replicator.spark_datasource`). The
+  driver keeps the order of phases, the checkpoint and the progress.
 """

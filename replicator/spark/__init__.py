@@ -1,29 +1,9 @@
-"""MongoDB as a Spark data source named ``mcdc`` (Spark's Python Data Source API, PySpark 4.2+).
-
-    from replicator.spark import register
-    register(spark)
-    spark.read.format("mcdc").option("source", URI).load()           # a snapshot, as rows of op "r"
-    spark.readStream.format("mcdc").option("source", URI).load()     # the change streams
-    df.write.format("mcdc").option("target", URI).mode("append").save()
-
-The rows' schema is :data:`.rows.SCHEMA`; :func:`.rows.event_from_row` turns a row back into a ChangeEvent.
-"""
+"""The name users import the ``mcdc`` Spark data source by (``from replicator.spark import register``); the
+package itself is :mod:`replicator.spark_datasource`."""
 
 from __future__ import annotations
 
-from typing import Any
+from ..spark_datasource import SCHEMA, MongoChanges, event_from_row, register
+from ..spark_datasource import rows as rows
 
-try:
-    import pyspark  # noqa: F401
-except ImportError:
-    raise ImportError("replicator.spark needs PySpark: pip install 'mcdc[spark]'") from None
-
-from .datasource import MongoChanges
-from .rows import SCHEMA, event_from_row
-
-__all__ = ["SCHEMA", "MongoChanges", "event_from_row", "register"]
-
-
-def register(spark: Any) -> None:
-    """Make ``format("mcdc")`` available in ``spark``'s session."""
-    spark.dataSource.register(MongoChanges)
+__all__ = ["SCHEMA", "MongoChanges", "event_from_row", "register", "rows"]

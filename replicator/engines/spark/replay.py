@@ -33,10 +33,10 @@ from ...metrics import Metrics
 from ...progress import Reporter, lag_seconds
 from ...replay_stage import ReplayStage
 from ...retry import Retrier, is_retryable
-from ...spark import offsets
-from ...spark.offsets import REPLICA_SET, ShardOffset
-from ...streaming import measure
+from ...spark_datasource import offsets
+from ...spark_datasource.offsets import REPLICA_SET, ShardOffset
 from ...uri import redact
+from ..asyncio.streaming import measure
 from .failures import HISTORY_LOST, reason
 
 #: Options of the data source the replay sets itself (the run's settings give the rest).
@@ -109,8 +109,8 @@ class SparkReplay:
         return self.events
 
     async def _query(self, cp: Checkpoint, stage: ReplayStage, *, follow: bool) -> None:
-        from ...spark import register
-        from ...spark.rows import event_from_row
+        from ...spark_datasource import register
+        from ...spark_datasource.rows import event_from_row
 
         register(self.spark)
         loop = asyncio.get_running_loop()

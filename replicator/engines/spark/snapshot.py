@@ -21,11 +21,11 @@ from typing import Any
 from ...config import Settings
 from ...events import Namespace
 from ...fields import FieldRules
-from ...pipeline import CopyLimits, CopyResult, begin
 from ...progress import Reporter
 from ...sinks.base import Sink
 from ...source.connection import Client
 from ...source.partitions import Partition, Resume
+from ..asyncio.pipeline import CopyLimits, CopyResult, begin
 from . import tasks
 from .failures import failing_in_one_line
 
@@ -34,7 +34,8 @@ JOB_GROUP = "mcdc-snapshot"
 
 
 class SparkCopier:
-    """A drop-in for :func:`replicator.pipeline.copy_partitions` that runs each partition as a Spark task."""
+    """A drop-in for :func:`replicator.engines.asyncio.pipeline.copy_partitions` that runs each partition as a
+    Spark task."""
 
     def __init__(self, settings: Settings, spark: Any) -> None:
         self.s = settings

@@ -12,12 +12,12 @@ from typing import Any
 from ...config import Settings
 from ...events import Namespace
 from ...fields import FieldRules
-from ...pipeline import CopyLimits, copy_partitions
 from ...sinks.registry import open_sink
 from ...source.connection import make_client
 from ...source.partitions import Partition, Resume
 from ...tally import CollectionProgress
 from ...verify import DocumentDiff, diff_partition
+from ..asyncio.pipeline import CopyLimits, copy_partitions
 
 
 class QuietReporter:

@@ -18,7 +18,7 @@ import bson
 from ...events import ChangeEvent, Op, UpdateDescription
 from ...extjson import dumps_str
 from ...rawbson import DICT_CODEC, RAW_CODEC
-from ...spark.rows import bson_bytes
+from ...spark_datasource.rows import bson_bytes
 from .tables import id_json, version_of
 
 #: the ops that set a whole document

@@ -6,7 +6,7 @@ Each selected collection ``db.coll`` (named as on the target, after --rename) ha
   merge key), ``document`` (canonical Extended JSON), ``bson`` (the raw BSON, byte-exact) and
   ``cluster_time`` (the last change applied; null for a document as a snapshot copied it);
 * a **change table**, one row per event, in the ``mcdc`` data source's row schema
-  (:data:`replicator.spark.rows.COLUMNS`) plus ``seq``, the event's order within its cluster time.
+  (:data:`replicator.spark_datasource.rows.COLUMNS`) plus ``seq``, the event's order within its cluster time.
 
 Delta keeps them at ``PATH/state/<db>/<coll>`` and ``PATH/changes/<db>/<coll>``; Iceberg as tables
 ``(<db>, <coll>)`` and ``(<db>_changes, <coll>)``.
@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from ...events import ChangeEvent, Namespace
 from ...extjson import dumps_str
-from ...spark.rows import COLUMNS, bson_bytes, event_row
+from ...spark_datasource.rows import COLUMNS, bson_bytes, event_row
 
 Kind = Literal["state", "changes"]
 

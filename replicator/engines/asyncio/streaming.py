@@ -17,17 +17,17 @@ from collections.abc import Sequence
 
 from bson.timestamp import Timestamp
 
-from .checkpoint import Checkpoint, CheckpointStore
-from .config import Settings
-from .events import ChangeEvent
-from .metrics import Metrics
+from ...checkpoint import Checkpoint, CheckpointStore
+from ...config import Settings
+from ...events import ChangeEvent
+from ...metrics import Metrics
+from ...progress import Reporter
+from ...replay_stage import ReplayStage
+from ...retry import Retrier, is_retryable
+from ...source.changestream import Batch, ChangeStreamReader, current_time, oplog_window
+from ...source.shards import MergedReader
+from ...tally import duration
 from .pipeline import ReplayResult, Throttle, replay
-from .progress import Reporter
-from .replay_stage import ReplayStage
-from .retry import Retrier, is_retryable
-from .source.changestream import Batch, ChangeStreamReader, current_time, oplog_window
-from .source.shards import MergedReader
-from .tally import duration
 
 log = logging.getLogger("mcdc.stream")
 

@@ -22,20 +22,20 @@ from typing import Any, Protocol, TypeVar, cast
 
 from bson.timestamp import Timestamp
 
-from .aio import DONE, get_or_raise, pump, stop_pumps
-from .events import ChangeEvent, Namespace
-from .fields import FieldEditor, FieldRules
-from .normalize import snapshot_read
-from .progress import Reporter, lag_seconds
-from .replay_stage import ReplayStage
-from .replay_stage import Transform as Transform  # re-exported: the engines' stage type
-from .sinks.base import Sink
-from .source.batching import joined
-from .source.changestream import Batch
-from .source.connection import Client
-from .source.partitions import Partition, Resume
-from .source.snapshot import read_partition
-from .watermark import Watermark
+from ...aio import DONE, get_or_raise, pump, stop_pumps
+from ...events import ChangeEvent, Namespace
+from ...fields import FieldEditor, FieldRules
+from ...normalize import snapshot_read
+from ...progress import Reporter, lag_seconds
+from ...replay_stage import ReplayStage
+from ...replay_stage import Transform as Transform  # re-exported: the engines' stage type
+from ...sinks.base import Sink
+from ...source.batching import joined
+from ...source.changestream import Batch
+from ...source.connection import Client
+from ...source.partitions import Partition, Resume
+from ...source.snapshot import read_partition
+from ...watermark import Watermark
 
 T = TypeVar("T")
 

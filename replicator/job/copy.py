@@ -1,0 +1,179 @@
+"""The snapshot's copy, checkpointed: each partition is marked begun before it writes, its resume point
+saved (paced) as its batches are acknowledged, and marked done once the sink acknowledged all of it. The
+engine's copier does the copying; this module keeps the checkpoint and the progress."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Sequence
+
+from pymongo.errors import PyMongoError
+
+from ..checkpoint import Checkpoint, CheckpointStore
+from ..config import Settings
+from ..engines.asyncio.pipeline import CopyLimits, CopyResult
+from ..engines.base import Engine
+from ..events import Namespace
+from ..extjson import from_jsonable, to_jsonable
+from ..fields import FieldRules
+from ..filters import rename_spec
+from ..metrics import Metrics
+from ..progress import Reporter
+from ..retry import Retrier
+from ..sinks.base import Sink
+from ..source import catalog
+from ..source.connection import Client
+from ..source.partitions import ALL, Partition, Resume
+from ..summary import Summary
+from ..tally import CollectionProgress
+from ..watermark import SavePace
+
+
+class SnapshotCopy:
+    """Copies a checkpoint's planned partitions that are not done yet."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: CheckpointStore,
+        reporter: Reporter,
+        engine: Engine,
+        *,
+        retrier: Retrier,
+        summary: Summary,
+        fields: FieldRules,
+        stop: asyncio.Event | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.s = settings
+        self.store = store
+        self.reporter = reporter
+        self.engine = engine
+        self.retrier = retrier
+        self.summary = summary
+        self.fields = fields
+        self.stop = stop
+        self.metrics = metrics
+
+    def _stopped(self) -> bool:
+        return self.stop is not None and self.stop.is_set()
+
+    async def __call__(self, client: Client, sink: Sink, cp: Checkpoint, *, fresh: bool, started: bool) -> Checkpoint:
+        """Copy what ``cp``'s plan has not done; ``fresh``: this run prepared the targets (a resumed run
+        prepares what the killed one had not); ``started``: this run planned the snapshot."""
+        s = self.s
+        if cp.snapshot.status != "in_progress":
+            return cp
+        if not fresh:  # a resumed run: create what the killed run had not created yet
+            specs = [rename_spec(x, s.renamer) for x in await catalog.describe(client, s.selection)]
+            unprepared = [t for t in specs if str(t.ns) not in cp.snapshot.prepared]
+            await sink.prepare(unprepared, drop_existing=cp.snapshot.drop_target or s.drop_target)
+            cp.snapshot.prepared.update(str(t.ns) for t in unprepared)
+            self.store.save(cp)
+        plan = [Partition.from_json(p) for p in cp.snapshot.plan]
+        todo = [p for p in plan if p.id not in cp.snapshot.done]
+        resume = {pid: Resume(from_jsonable(value)) for pid, value in cp.snapshot.resume.items()}
+        collections, uncounted = progress_plan(plan, cp.snapshot.done)
+        self.reporter.snapshot_begin(collections)  # partitions done before show as done, not as copied now
+        if self.metrics is not None:
+            before = sum(c.done for c in collections)  # copied by earlier runs
+            self.metrics.snapshot_estimate(sum(c.total or 0 for c in collections), copied_before=before)
+        counting = asyncio.create_task(self._count(client, uncounted))
+        left = Counter(p.ns for p in todo)
+
+        namespaces = {p.ns for p in plan}
+        pace = SavePace()
+
+        def save() -> None:
+            started = time.monotonic()
+            self.store.save(cp)
+            pace.saved(time.monotonic() - started)
+
+        async def progress(part: Partition, after: Resume) -> None:
+            self.retrier.progress()
+            cp.snapshot.resume[part.id] = to_jsonable(after.last_id)
+            if pace.due():
+                save()
+
+        async def start(part: Partition) -> None:
+            cp.snapshot.resume[part.id] = None  # begun: a retry deletes its range from the target first
+            save()  # now, before it writes anything
+
+        async def done(part: Partition, docs: int) -> None:
+            self.retrier.progress()
+            cp.snapshot.resume.pop(part.id, None)
+            cp.snapshot.done.add(part.id)
+            save()
+            left[part.ns] -= 1
+            if not left[part.ns]:
+                self.reporter.snapshot_collection_done(str(part.ns))
+            if self.metrics is not None:
+                remaining = {p.ns for p in plan if p.id not in cp.snapshot.done}
+                self.metrics.snapshot(len(namespaces), len(remaining))
+                self.metrics.snapshot_docs(docs)
+
+        if self.metrics is not None:
+            self.metrics.set_state("snapshot")
+
+        copied = CopyResult()
+        started_at = time.monotonic()
+        try:
+            await self.engine.copier(
+                client, sink, todo, limits=self._limits(), rename=s.renamer, on_done=done,
+                reporter=self.reporter, stop=self.stop, resume=resume, on_progress=progress, result=copied,
+                fields=self.fields, on_start=start,
+            )  # fmt: skip
+        except Exception:
+            if pace.owed:  # a resume point the pace held back: the retry goes on from it
+                save()
+            raise
+        finally:
+            counting.cancel()
+            self.summary.documents += copied.documents  # a failed attempt's too: they were written
+            self.summary.snapshot_s += time.monotonic() - started_at
+        self.reporter.snapshot_end(complete=not self._stopped())
+        if self._stopped():
+            return cp  # stopped: the partitions not done are copied by the next run
+        self.summary.collections = len({p.ns for p in plan})
+        cp.snapshot.status = "copied"
+        self.store.save(cp)
+        self.summary.snapshot = "completed" if started else "resumed"
+        return cp
+
+    async def _count(self, client: Client, uncounted: Sequence[Namespace]) -> None:
+        """Progress totals, alongside the copy: a collection kept whole was not counted when planned
+        (a count can be a full scan), so count it here without holding up the copy."""
+        for ns in uncounted:
+            try:
+                count = await client[ns.db][ns.coll or ""].estimated_document_count()
+            except PyMongoError:
+                return  # only progress: the copy itself retries the source's failures
+            self.reporter.snapshot_totals({str(ns): count})
+            if self.metrics is not None:
+                self.metrics.snapshot_estimate(count)
+
+    def _limits(self) -> CopyLimits:
+        s = self.s
+        return CopyLimits(s.workers, s.batch_docs, s.batch_bytes, s.queue_batches)
+
+
+def progress_plan(plan: Sequence[Partition], done: set[str]) -> tuple[list[CollectionProgress], list[Namespace]]:
+    """What the reporter is told as a copy begins, per collection: its estimated documents (None for one
+    kept whole, which is not counted when planned), those of its partitions already done, and whether
+    all are. Also the collections to count."""
+    collections: dict[Namespace, CollectionProgress] = {}
+    uncounted: list[Namespace] = []
+    for p in plan:
+        c = collections.setdefault(p.ns, CollectionProgress(str(p.ns), total=0, finished=True))
+        if p.bracket == ALL and not p.estimated_docs:
+            c.total = None
+            uncounted.append(p.ns)
+        elif c.total is not None:
+            c.total += p.estimated_docs
+        if p.id in done:
+            c.done += p.estimated_docs
+        else:
+            c.finished = False
+    return list(collections.values()), sorted(uncounted, key=str)

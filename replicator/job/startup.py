@@ -1,0 +1,107 @@
+"""The checks a run makes before it writes anything, and its wait for servers that do not answer yet."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from ..checkpoint import Checkpoint, CheckpointStore
+from ..config import Settings
+from ..errors import ConfigError, ServerUnavailable
+from ..fields import FieldRules
+from ..filters import check_collisions
+from ..preflight import source_name, target_identity
+from ..progress import Reporter
+from ..recorded import Recorded, refused_change
+from ..retry import Retrier, is_retryable
+from ..sinks.base import Sink
+from ..source import catalog
+from ..source.connection import Client, ServerInfo, deployment_identity
+from ..summary import Summary
+from ..tally import duration
+from ..uri import redact
+
+T = TypeVar("T")
+
+
+def check_recorded(settings: Settings, cp: Checkpoint | None, path: str) -> None:
+    """Refuse, before anything is written, to go on from a checkpoint whose target copies were made
+    under other renames or field rules (unless this run takes a new snapshot)."""
+    if cp is None or cp.recorded is None or settings.snapshot == "always":
+        return
+    problem = refused_change(Recorded.from_json(cp.recorded), Recorded.of(settings), path)
+    if problem is not None:
+        raise ConfigError(problem)
+
+
+async def check_selection(
+    client: Client, settings: Settings, fields: FieldRules, reporter: Reporter, *, command: str, first_run: bool
+) -> None:
+    """A first run whose --include matches nothing on the source is a mistake: refused before anything
+    is written. Otherwise a selection that matches nothing is worth a warning (sync and tail): the
+    source may be empty yet, or its namespaces dropped since the last run. Two selected namespaces that
+    --rename maps onto one target namespace, and a field rule that names an _id, are refused on every
+    run."""
+    namespaces = await catalog.list_namespaces(client)
+    check_collisions([ns for ns in namespaces if settings.selection(ns)], settings.renamer)
+    fields.check([ns for ns in namespaces if settings.selection(ns)])
+    problem = catalog.unmatched(settings.selection, namespaces)
+    if problem is not None and settings.include and first_run:
+        raise ConfigError(problem)
+    if problem is not None and command != "catch-up":
+        reporter.warn(problem)
+
+
+def claim(
+    store: CheckpointStore, settings: Settings, info: ServerInfo, sink: Sink, cp: Checkpoint | None, *, started: bool
+) -> bool:
+    """Refuse a checkpoint written for another source or target; False when the target's identity
+    needs the sink started first."""
+    target = target_identity(sink, settings)
+    if target is None and not started:
+        return False
+    store.claim(
+        cp,
+        source=deployment_identity(info, settings.source),
+        target=target or redact(settings.target),  # a MongoDB sink that did not expose its server
+        source_name=source_name(info, settings.source),
+    )
+    return True
+
+
+async def reach(
+    attempt: Callable[[], Awaitable[T]],
+    what: str,
+    *,
+    settings: Settings,
+    command: str,
+    retrier: Retrier,
+    reporter: Reporter,
+    summary: Summary,
+) -> tuple[T] | None:
+    """``attempt()``'s result, once a server answers it. An outage at start (a Kafka broker not up yet,
+    or any unreachable server when :meth:`Settings.waits_at_start`: tail, or --max-retries given) is
+    said once, then waited for under --max-retries as an outage later in the run would be. None when
+    stopped meanwhile."""
+    retries, waiting_since = retrier.retries, 0.0
+    try:
+        while True:
+            try:
+                result = await attempt()
+            except Exception as exc:
+                unreachable = isinstance(exc, ServerUnavailable) and settings.waits_at_start(command)
+                if not (unreachable or is_retryable(exc)):
+                    raise
+                if not waiting_since:
+                    waiting_since = time.monotonic()
+                    reporter.warn(f"{exc}; waiting for the {what}, retrying {retrier.budget()}")
+                if await retrier.wait(exc, "source" if what == "source" else "sink", quiet=True):
+                    return None
+                continue
+            if waiting_since:
+                reporter.info(f"the {what} answered after {duration(time.monotonic() - waiting_since)}")
+            retrier.progress()
+            return (result,)
+    finally:
+        summary.retries += retrier.retries - retries

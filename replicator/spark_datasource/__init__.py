@@ -1,0 +1,29 @@
+"""MongoDB as a Spark data source named ``mcdc`` (Spark's Python Data Source API, PySpark 4.2+).
+
+    from replicator.spark import register    # or replicator.spark_datasource: the same
+    register(spark)
+    spark.read.format("mcdc").option("source", URI).load()           # a snapshot, as rows of op "r"
+    spark.readStream.format("mcdc").option("source", URI).load()     # the change streams
+    df.write.format("mcdc").option("target", URI).mode("append").save()
+
+The rows' schema is :data:`.rows.SCHEMA`; :func:`.rows.event_from_row` turns a row back into a ChangeEvent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    import pyspark  # noqa: F401
+except ImportError:
+    raise ImportError("the mcdc Spark data source needs PySpark: pip install 'mcdc[spark]'") from None
+
+from .datasource import MongoChanges
+from .rows import SCHEMA, event_from_row
+
+__all__ = ["SCHEMA", "MongoChanges", "event_from_row", "register"]
+
+
+def register(spark: Any) -> None:
+    """Make ``format("mcdc")`` available in ``spark``'s session."""
+    spark.dataSource.register(MongoChanges)
