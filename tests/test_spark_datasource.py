@@ -131,6 +131,43 @@ def test_stream_available_now_reads_each_change_once_in_order_with_token_offsets
     assert [(r["op"], json.loads(r["key"])["_id"]) for r in third] == [("c", {"$numberInt": "4"})]
 
 
+def test_the_driver_reads_each_micro_batch_once_and_its_tasks_do_not_read_it_again(
+    clients: Clients, source_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The events latestOffset read go with the micro-batch's partition: its task makes the rows from them
+    without opening the stream. A partition another driver process planned (nothing kept) reads it."""
+    import dataclasses
+    import pickle
+
+    from replicator.spark_datasource.changes import RawChangeStream
+    from replicator.spark_datasource.stream import ChangeStreamReader
+
+    options = {"source": source_uri, "include": "shop\\..*"}
+    clients.source.shop.orders.insert_one({"_id": 0})  # before the stream
+    reader = ChangeStreamReader(options)
+    start = reader.initialOffset()
+    shop_changes(clients.source)
+    opened: list[Any] = []
+    real_open = RawChangeStream.open
+
+    def counting_open(self: RawChangeStream, position: Any) -> None:
+        opened.append(position)
+        real_open(self, position)
+
+    monkeypatch.setattr(RawChangeStream, "open", counting_open)
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    assert len(opened) == 1
+    (planned,) = reader.partitions(start, end)
+    assert planned.events is not None and len(planned.events) == 6  # other.skipped too: the offset moves over it
+    rows = list(reader.read(pickle.loads(pickle.dumps(planned))))  # as an executor gets it
+    assert len(opened) == 1  # not read again
+    assert [r[NAMES.index("op")] for r in rows] == ["c", "u", "d", "c", "c"]
+    again = list(reader.read(dataclasses.replace(planned, events=None)))  # a task reading the stream itself
+    assert len(opened) == 2 and again == rows
+    (replanned,) = ChangeStreamReader(options).partitions(start, end)  # a restarted query's driver
+    assert replanned.events is None and replanned.end == planned.end
+
+
 def test_max_batch_size_bounds_each_micro_batch(mcdc: Any, clients: Clients, source_uri: str, tmp_path: Path) -> None:
     sizes: list[int] = []
     checkpoint = str(tmp_path / "cp")

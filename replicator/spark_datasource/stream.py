@@ -2,14 +2,19 @@
 
 Offsets are per-shard resume tokens (offsets.py). On the driver, ``latestOffset`` reads each shard's
 stream after the start (raw events, nothing decoded) up to the read limit and the end of what the server
-has now, and never ends inside a multi-document transaction or a split event. On the executors, one task
-per shard that moved reads its stream again from the start and yields exactly the events up to the end
-token, in stream order. Events outside the selection make no row, but offsets move over every event.
+has now, and never ends inside a multi-document transaction or a split event. The events it read are
+kept (up to :data:`PLANNED_BYTES` in all) and sent with the micro-batch's partitions, so the stream is read
+once: on the executors, one task per shard that moved turns them into rows. A partition planned by
+another driver process (a restarted query re-plans a micro-batch from Spark's checkpoint), or whose
+events were over that size, reads its stream again from the start and yields exactly the events up to
+the end token, in stream order. Events outside the selection make no row, but offsets move over every
+event.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Iterator, Mapping
@@ -40,6 +45,8 @@ log = logging.getLogger("mcdc.spark")
 
 #: How long a task waits for events its range holds before it says the stream lost them.
 READ_PATIENCE_S = 120.0
+#: The most bytes of events the driver keeps from planning a micro-batch, to send them with its partitions.
+PLANNED_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,7 @@ class ShardRange(InputPartition):
     uri: str
     start: dict[str, Any]
     end: dict[str, Any]
+    events: tuple[Mapping[str, Any], ...] | None = None  # read when the driver planned the range: not again
 
 
 class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -61,6 +69,8 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._shards: dict[str, str] | None = None
         self._until: Timestamp | None = None  # Trigger.AvailableNow: the source's time when the query began
         self._initial: dict[str, Any] | None = None
+        # what latestOffset read, per shard: (its start, its end) -> the raw events in between
+        self._planned: dict[str, tuple[str, str, list[Mapping[str, Any]]]] = {}
 
     @property
     def settings(self) -> Settings:
@@ -140,9 +150,11 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             first = offsets.start_of(begin, name)
             stream.open(first.position())
             try:
-                end, cut = advance(stream, first, limit=rows, until=until)
+                read: list[Mapping[str, Any]] = []
+                end, cut = advance(stream, first, limit=rows, until=until, read=read)
                 if end == first and not cut:
                     end = idle_end(first, stream.resume_token, until)
+                self._planned[name] = (_key(first), _key(end), read)
                 return end, cut
             finally:
                 stream.close()
@@ -151,11 +163,19 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """One task per shard that has events in the micro-batch (an idle shard's move has none)."""
         begin, finish = offsets.from_json(start), offsets.from_json(end)
         shards = self.shards()
-        return [
-            ShardRange(name, shards[name], offsets.start_of(begin, name).to_json(), finish[name].to_json())
-            for name in sorted(finish)
-            if name in shards and finish[name] != offsets.start_of(begin, name) and not finish[name].idle
-        ]
+        planned, self._planned = self._planned, {}
+        kept = 0
+        ranges = []
+        for name in sorted(finish):
+            first = offsets.start_of(begin, name)
+            if name not in shards or finish[name] == first or finish[name].idle:
+                continue
+            events = None
+            if name in planned and planned[name][:2] == (_key(first), _key(finish[name])):
+                kept += sum(len(bson_bytes(raw)) for raw in planned[name][2])
+                events = tuple(planned[name][2]) if kept <= PLANNED_BYTES else None
+            ranges.append(ShardRange(name, shards[name], first.to_json(), finish[name].to_json(), events))
+        return ranges
 
     def commit(self, end: dict[str, Any]) -> None:
         log.debug("mcdc stream: Spark committed %s", end)  # stateless: the offsets are Spark's checkpoint
@@ -165,6 +185,12 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[Row]:
         assert isinstance(partition, ShardRange)
         s = self.settings
+        if partition.events is not None:  # read by the driver as it planned the micro-batch
+            for raw in partition.events:
+                row = row_of(raw, partition.shard, s)
+                if row is not None:
+                    yield row
+            return
         with sync_client(partition.uri, s.connect_timeout_s, s.io_timeout_s) as client:
             stream = RawChangeStream(client, s)
             stream.open(ShardOffset.from_json(partition.start).position())
@@ -175,11 +201,17 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 def advance(
-    stream: RawChangeStream, start: ShardOffset, *, limit: int | None, until: Timestamp | None
+    stream: RawChangeStream,
+    start: ShardOffset,
+    *,
+    limit: int | None,
+    until: Timestamp | None,
+    read: list[Mapping[str, Any]] | None = None,
 ) -> tuple[ShardOffset, bool]:
     """How far an opened stream goes now: up to ``limit`` events (more only to finish a transaction),
     none later than ``until``, and no further than what the server has right now. The start when nothing
-    new came. Also whether events were left after the end (cut by the limit or ``until``)."""
+    new came. Also whether events were left after the end (cut by the limit or ``until``). The events up
+    to the end are appended to ``read``."""
     end = start
     last_txn: tuple[bytes, int] | None = None
     count = 0
@@ -196,6 +228,8 @@ def advance(
                 return end, True
         count += 1
         end, last_txn = ShardOffset.of(raw["_id"], ts), txn
+        if read is not None:
+            read.append(raw)
 
 
 def idle_end(start: ShardOffset, token: Any, until: Timestamp | None) -> ShardOffset:
@@ -212,7 +246,6 @@ def idle_end(start: ShardOffset, token: Any, until: Timestamp | None) -> ShardOf
 def read_range(stream: RawChangeStream, shard: str, end: ShardOffset, s: Settings) -> Iterator[Row]:
     """The rows of an opened stream's events up to and including ``end``'s token."""
     stop = end.cluster_time
-    rs = shard or None
     deadline = time.monotonic() + READ_PATIENCE_S
     while True:
         raw = stream.poll()
@@ -230,14 +263,26 @@ def read_range(stream: RawChangeStream, shard: str, end: ShardOffset, s: Setting
                 f"the change stream{_of(shard)} passed the micro-batch's end ({end.token} at {format_ts(stop)}) "
                 f"without meeting it (it is at {format_ts(ts)}): the stream changed since the offset was planned"
             )
-        if skipped(raw):
-            log_skipped(raw)
-        else:
-            event = normalize_change(raw, rs)
-            if event is not None and keep_event(event, s.selection):
-                yield event_row(event, bson_bytes(raw))
+        row = row_of(raw, shard, s)
+        if row is not None:
+            yield row
         if token == end.token:
             return
+
+
+def row_of(raw: Mapping[str, Any], shard: str, s: Settings) -> Row | None:
+    """The row of one raw change event, or None when it makes none (outside the selection, skipped)."""
+    if skipped(raw):
+        log_skipped(raw)
+        return None
+    event = normalize_change(raw, shard or None)
+    if event is None or not keep_event(event, s.selection):
+        return None
+    return event_row(event, bson_bytes(raw))
+
+
+def _key(offset: ShardOffset) -> str:
+    return json.dumps(offset.to_json(), sort_keys=True)
 
 
 def _of(shard: str) -> str:
