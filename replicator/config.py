@@ -126,6 +126,7 @@ class Settings:
     engine: str = "asyncio"  # or "spark": snapshot partitions as Spark tasks, the replay as a streaming query
     spark_master: str = "local[*]"  # ignored under spark-submit, whose session is used
     spark_conf: tuple[str, ...] = ()  # KEY=VALUE Spark settings
+    replay_partitions: int = 0  # --engine spark: tasks per replayed batch (0: the cluster's cores)
     verbose: bool = False  # mcdc's debug lines
     debug_driver: bool = False  # pymongo's debug lines (commands, server selection)
     selection: Selection = field(default_factory=Selection, compare=False)

@@ -234,12 +234,14 @@ OPTIONS: tuple[Option, ...] = (
     *_panel(
         SPARK,
         _choice("engine", "engine", ("asyncio", "spark"), "The loop that runs the pipeline: asyncio (embedded, "
-                "one process) or spark (PySpark tasks and Structured Streaming; pip install 'mcdc[spark]').",
+                "one process) or spark (snapshot and replay as PySpark tasks; pip install 'mcdc[spark]').",
                 SELECTING),
         Option("spark-master", "spark_master", "--engine spark: the Spark master (local[*], spark://HOST:PORT, "
                "yarn, k8s://...); under spark-submit, its session is used.", SELECTING, metavar="MASTER"),
         Option("spark-conf", "spark_conf", "--engine spark: a Spark setting, e.g. spark.executor.memory=2g "
                "(repeatable).", SELECTING, metavar="KEY=VALUE"),
+        Option("replay-partitions", "replay_partitions", "--engine spark: the Spark tasks each replayed batch is "
+               "applied by, split by document (0: the cluster's cores).", JOB, metavar="N", minimum=0),
     ),
     # cutover
     *_panel(

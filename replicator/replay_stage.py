@@ -28,6 +28,9 @@ Transform = Callable[[ChangeEvent], ChangeEvent | None]
 Resyncer = Callable[[Resync], Awaitable[tuple[set[Namespace], Timestamp]]]
 #: Runs after the sink acknowledged a batch, with the events as read (before the transform).
 AfterWrite = Callable[[Sequence[ChangeEvent]], Awaitable[None]]
+#: Writes transformed events and returns once they are acknowledged: the sink's write, or the engine's
+#: (Spark's spreads a batch over tasks that write from the executors).
+Apply = Callable[[Sequence[ChangeEvent]], Awaitable[None]]
 
 
 class Observer(Protocol):
@@ -56,7 +59,8 @@ class ReplayStage:
     ``window`` and ``resync`` are given for a sink that holds state (a database): DDL inside the window
     is settled by copying again. ``after_write`` is the other sinks' hook (copy a collection renamed into
     the selection). ``client``: the source, where looked-up documents are checked (None: not checked,
-    for tests that feed events of their own)."""
+    for tests that feed events of their own). ``apply``: how the transformed events are written (the
+    sink's ``write`` unless the engine writes them its own way)."""
 
     def __init__(
         self,
@@ -68,8 +72,10 @@ class ReplayStage:
         resync: Resyncer | None = None,
         after_write: AfterWrite | None = None,
         observer: Observer | None = None,
+        apply: Apply | None = None,
     ) -> None:
         self.sink = sink
+        self._apply = apply or sink.write
         self.observer = observer
         self.transform = transform
         self.window = window
@@ -95,7 +101,7 @@ class ReplayStage:
             now, rest = self.window.split(rest) if self.window is not None else (rest, None)
             kept = [e for e in map(self.transform, now) if e is not None]
             if kept:
-                await self.sink.write(kept)
+                await self._apply(kept)
                 written.events.extend(kept)
             if rest is not None:
                 await self.settle()

@@ -173,6 +173,7 @@ SAMPLE = {
     "lake-columns": "typed",
     "engine": "spark",
     "spark-master": "spark://spark.example:7077",
+    "replay-partitions": "6",
     "spark-conf": "spark.executor.memory=2g,spark.executor.cores=2",
     "metrics-port": "9464",
     "metrics-host": "0.0.0.0",

@@ -112,3 +112,25 @@ def test_sync_and_verify_run_on_the_clusters_executors(
                      "--partition-docs", "300")  # fmt: skip
     assert verified.returncode == 0, verified.stdout.decode()[-2000:] + verified.stderr.decode()[-4000:]
     assert len(cluster.worker.executor_dirs()) > len(executor_dirs)  # verify's own application, its own executor
+
+    # The replay's writes run on the cluster's executors too: a catch-up of changes, unique keys swapped
+    # between documents and a transaction among them, is applied by tasks and leaves the target identical.
+    with connect(source_uri) as client:
+        client.replay.u.insert_many([{"_id": i, "k": i} for i in range(40)])
+        client.replay.u.create_index("k", unique=True)
+        for i in range(0, 40, 2):
+            client.replay.u.update_one({"_id": i}, {"$set": {"k": -1 - i}})
+            client.replay.u.update_one({"_id": i + 1}, {"$set": {"k": i}})
+            client.replay.u.update_one({"_id": i}, {"$set": {"k": i + 1}})
+        with client.start_session() as session, session.start_transaction():
+            client.replay.u.update_many({}, {"$set": {"t": 1}}, session=session)
+            client.corpus.txn.insert_one({"_id": 1}, session=session)
+    before = set(cluster.worker.executor_dirs())
+    caught_up = _mcdc("catch-up", cluster, "--source", source_uri, "--target", target_uri, "--checkpoint",
+                      str(tmp_path / "cp.json"), "--no-progress", "--json")  # fmt: skip
+    assert caught_up.returncode == 0, caught_up.stderr.decode()[-4000:]
+    assert json.loads(caught_up.stdout)["events"] >= 40 + 60 + 41
+    assert_identical(source_uri, target_uri)
+    replay_dirs = set(cluster.worker.executor_dirs()) - before
+    assert replay_dirs, "the catch-up ran no executor"
+    assert "Running task" in "".join((d / "stderr").read_text(errors="replace") for d in replay_dirs)

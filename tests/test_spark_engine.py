@@ -1,4 +1,4 @@
-"""--engine spark end to end: snapshot partitions as Spark tasks, the replay as a streaming query, and
+"""--engine spark end to end: snapshot partitions as Spark tasks, the replay's writes as Spark tasks, and
 verify's ranges as tasks, against the real test servers and the session's local SparkSession.
 
 (What only an ``mcdc ... --engine spark`` process shows, with a Spark of its own, is in test_spark_cli.py:
@@ -219,6 +219,56 @@ async def test_catch_up_on_spark_reaches_now(spark: Any, source_uri: str, target
     assert saved["position"]["cluster_time"]["t"] >= written.time - 1  # the rename, the last event, is in
     again = await run_job(source_uri, target_uri, cp, command="catch-up")
     assert again["events"] == 0  # nothing read twice
+
+
+def _tasks_of(spark: Any, group: str, before: set[int]) -> list[int]:
+    """The number of tasks of each job of ``group`` started since ``before``."""
+    tracker = spark.sparkContext.statusTracker()
+    counts = []
+    for job in sorted(set(tracker.getJobIdsForGroup(group)) - before):
+        info = tracker.getJobInfo(job)
+        counts.append(sum(tracker.getStageInfo(s).numTasks for s in (info.stageIds if info else ())))
+    return counts
+
+
+async def test_a_catch_up_on_spark_applies_on_the_executors_unique_swaps_transactions_and_ddl(
+    spark: Any, source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    """The replay's writes run as Spark tasks, several per batch (split by document), and still converge:
+    values of a unique index swapped between documents that land in different tasks, transactions over
+    several documents and collections, DDL between them."""
+    from replicator.engines.spark.apply import JOB_GROUP as REPLAY_GROUP
+
+    cp = tmp_path / "cp.json"
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.u.insert_many([{"_id": i, "k": i, "v": 0} for i in range(200)])
+        client.db.u.create_index("k", unique=True)
+        client.db.t.insert_many([{"_id": i, "n": 0} for i in range(50)])
+    await run_job(source_uri, target_uri, cp, partition_docs=100, split="always")
+    before = set(spark.sparkContext.statusTracker().getJobIdsForGroup(REPLAY_GROUP))
+    with pymongo.MongoClient(source_uri) as client:
+        for i in range(0, 100, 2):  # k of i and i + 1 swapped, through a free value: each write is an event
+            client.db.u.update_one({"_id": i}, {"$set": {"k": -1 - i}})
+            client.db.u.update_one({"_id": i + 1}, {"$set": {"k": i}})
+            client.db.u.update_one({"_id": i}, {"$set": {"k": i + 1}})
+        for n in range(10):
+            with client.start_session() as session, session.start_transaction():
+                client.db.t.update_many({"_id": {"$lt": 25}}, {"$inc": {"n": 1}}, session=session)
+                client.db.u.update_one({"_id": 150 + n}, {"$set": {"v": n}}, session=session)
+                client.db.x.insert_one({"_id": n}, session=session)
+            if n == 5:
+                client.db.t.create_index("n")
+                client.db.y.insert_one({"_id": 1})
+                client.db.y.rename("z")
+        client.db.u.delete_many({"_id": {"$gte": 190}})
+        client.db.u.insert_many([{"_id": 1000 + i, "k": 190 + i} for i in range(10)])  # the freed keys
+    summary = await run_job(source_uri, target_uri, cp, command="catch-up", replay_partitions=3)
+    assert summary["events"] >= 150 + 10 * 27
+    assert_identical(source_uri, target_uri)
+    tasks = _tasks_of(spark, REPLAY_GROUP, before)
+    assert tasks and max(tasks) > 1, tasks  # batches went to several tasks at once
+    again = await run_job(source_uri, target_uri, cp, command="catch-up")
+    assert again["events"] == 0
 
 
 async def test_sync_on_spark_to_kafka_writes_from_the_executors_and_rebuilds_exactly(

@@ -11,7 +11,8 @@ from ..checkpoint import Checkpoint, CheckpointStore
 from ..config import Settings
 from ..metrics import Metrics
 from ..progress import Reporter
-from ..replay_stage import ReplayStage
+from ..replay_stage import Apply, ReplayStage
+from ..sinks.base import Sink
 from ..source.topology import Reader, StreamTopology
 from ..summary import Summary
 from ..verify import RangeDiffer
@@ -31,6 +32,9 @@ class Engine(Protocol):
     ) -> None:  # fmt: skip
         """Replay from ``cp`` through ``stage`` up to the source's time (``follow``: until stopped),
         acknowledging in ``cp``; adds the events applied and retries taken to ``summary``."""
+
+    def apply_with(self, sink: Sink) -> Apply:
+        """How the replay writes a transformed batch into ``sink`` and waits for its acknowledgement."""
 
     def differ(self, settings: Settings) -> tuple[RangeDiffer | None, int]:
         """How the embedded verifier compares ranges (None: in this process), and how many at once."""

@@ -399,10 +399,11 @@ class SyncJob:
     def _stage(self, sink: Sink, transform: Transform, *, snapshot_window: bool) -> ReplayStage:
         """The stages of a replayed batch for this sink (shared by both engines)."""
         resync = self._resyncer(sink)
+        apply = self.engine.apply_with(sink)
         if sink.holds_state:
             if self._window is None:
                 self._window = DdlWindow(self.s.selection)
-            return ReplayStage(sink, transform, client=self._client, window=self._window, resync=resync)
+            return ReplayStage(sink, transform, client=self._client, window=self._window, resync=resync, apply=apply)
 
         async def recopy_renamed(events: Sequence[ChangeEvent]) -> None:
             for event in events:
@@ -412,7 +413,7 @@ class SyncJob:
                 if copy or renamed_into_selection(event, self.s.selection):
                     await resync.copy(event.to)
 
-        return ReplayStage(sink, transform, client=self._client, after_write=recopy_renamed)
+        return ReplayStage(sink, transform, client=self._client, after_write=recopy_renamed, apply=apply)
 
     def _resyncer(self, sink: Sink) -> Resyncer:
         return Resyncer(self._client, sink, self.s, self.reporter, fields=self._fields, copied=self._recopied)

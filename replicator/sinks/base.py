@@ -43,6 +43,11 @@ class Sink(ABC):
     #: The source's replica set name (empty for a mongos or a standalone), set before ``start()``; events
     #: read from a change stream also carry their own in ``ChangeEvent.rs``.
     source_name: str = ""
+    #: How Spark tasks may share a replayed batch, each writing its part at once from its executor:
+    #: ``"document"`` (each document's events in one task; the sink applies any subset of a batch in order
+    #: and a transaction whole), ``"namespace"`` (each collection's events in one task), or None (the
+    #: driver writes every batch: a local file or stdout).
+    spreads: str | None = None
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Connect; raise ConnectionFailed with a one-line reason when the destination is unreachable."""

@@ -82,6 +82,7 @@ class KafkaSink(Sink):
     """Writes each event batch as keyed records; acknowledged means acknowledged by all in-sync replicas."""
 
     schemes = ("kafka",)
+    spreads = "document"  # a key's records keep their order: its events are in one task
 
     def __init__(self, uri: str, settings: Settings) -> None:
         self.uri = uri

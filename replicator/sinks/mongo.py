@@ -107,6 +107,7 @@ class MongoSink(Sink):
 
     schemes = ("mongodb", "mongodb+srv")
     holds_state = True
+    spreads = "document"
 
     def __init__(
         self, uri: str, *, timeout_s: float = 10.0, scope: Scope | None = None, io_timeout_s: float | None = None

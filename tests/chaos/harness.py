@@ -225,7 +225,8 @@ class Runner:
         if self.plan.sink == "kafka":
             argv += ["--topic-prefix", self.prefix]
         if self.plan.engine == "spark":
-            argv += ["--engine", "spark", "--spark-master", "local[2]", *quick_jvm_conf()]
+            # three replay tasks on two cores: a batch's shares are written at once, in any order
+            argv += ["--engine", "spark", "--spark-master", "local[2]", "--replay-partitions", "3", *quick_jvm_conf()]
         if command == "tail" and self.plan.sink == "mongo":  # the embedded verifier sweeps all along
             argv += ["--verify", "--verify-interval", "0" if self.plan.engine == "asyncio" else "1"]
         return argv

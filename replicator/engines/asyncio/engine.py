@@ -9,7 +9,8 @@ from ...checkpoint import Checkpoint, CheckpointStore
 from ...config import Settings
 from ...metrics import Metrics
 from ...progress import Reporter
-from ...replay_stage import ReplayStage
+from ...replay_stage import Apply, ReplayStage
+from ...sinks.base import Sink
 from ...source.shards import MergedReader
 from ...source.topology import Reader, StreamTopology
 from ...summary import Summary
@@ -63,6 +64,9 @@ class AsyncioEngine:
             if merged is None or watcher is None or (self.stop is not None and self.stop.is_set()):
                 return
             await topology.apply(merged, cp, watcher.result())  # then go on with the new set
+
+    def apply_with(self, sink: Sink) -> Apply:
+        return sink.write
 
     def differ(self, settings: Settings) -> tuple[RangeDiffer | None, int]:
         return None, 1

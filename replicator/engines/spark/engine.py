@@ -1,24 +1,27 @@
 """The Spark engine as the job drives it: snapshot partitions as Spark tasks (:mod:`.snapshot`), the
-replay as a Structured Streaming query (:mod:`.replay`), the embedded verifier's ranges as tasks
-(:mod:`.verify`). The session is started here, or spark-submit's is used (and then left running)."""
+replay's writes as Spark tasks (:mod:`.apply`), the embedded verifier's ranges as tasks (:mod:`.verify`).
+The session is started here, or spark-submit's is used (and then left running)."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from ...checkpoint import Checkpoint, CheckpointStore
+from ...checkpoint import CheckpointStore
 from ...config import Settings
 from ...metrics import Metrics
 from ...progress import Reporter
-from ...replay_stage import ReplayStage
-from ...source.topology import Reader, StreamTopology
-from ...summary import Summary
+from ...replay_stage import Apply
+from ...sinks.base import Sink
 from ...verify import RangeDiffer
+from ..asyncio.engine import AsyncioEngine
 from ..asyncio.pipeline import Copier, copy_partitions
 
 
-class SparkEngine:
+class SparkEngine(AsyncioEngine):
+    """The replay reads the stream once, on the driver, as the asyncio engine does (same reader, retries
+    and acknowledgements); only its writes run as Spark tasks."""
+
     def __init__(
         self,
         settings: Settings,
@@ -28,11 +31,7 @@ class SparkEngine:
         stop: asyncio.Event | None = None,
         metrics: Metrics | None = None,
     ) -> None:
-        self.s = settings
-        self.store = store
-        self.reporter = reporter
-        self.stop = stop
-        self.metrics = metrics
+        super().__init__(settings, store, reporter, stop=stop, metrics=metrics)
         self.copier: Copier = copy_partitions  # until start(): then the Spark copier
         self.spark: Any = None  # the SparkSession
         self._before: Any = None  # the session that ran before this job (spark-submit's): not stopped
@@ -47,18 +46,11 @@ class SparkEngine:
         self.spark = await asyncio.to_thread(session, self.s)
         self.copier = SparkCopier(self.s, self.spark)
 
-    async def replay(
-        self, reader: Reader, topology: StreamTopology, cp: Checkpoint, stage: ReplayStage, summary: Summary,
-        *, follow: bool,
-    ) -> None:  # fmt: skip
-        """A streaming query over the shards' streams (the shards it follows are fixed)."""
-        from .replay import SparkReplay
+    def apply_with(self, sink: Sink) -> Apply:
+        """Each batch spread over Spark tasks that write from the executors (see :mod:`.apply`)."""
+        from .apply import SparkApply
 
-        spark_replay = SparkReplay(self.s, self.spark, self.store, self.reporter, stop=self.stop, metrics=self.metrics)
-        try:
-            summary.events += await spark_replay.run(cp, stage, follow=follow)
-        finally:
-            summary.retries += spark_replay.retries
+        return SparkApply(self.s, self.spark, sink)
 
     def differ(self, settings: Settings) -> tuple[RangeDiffer | None, int]:
         """The ranges hashed as Spark tasks, a few at once."""

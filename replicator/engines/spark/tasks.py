@@ -1,21 +1,26 @@
-"""What runs in a Spark task: one snapshot partition copied, or one verify range hashed, each through the
-asyncio engine's own code for one unit (one event loop per task). Tasks open their own connections:
-nothing but settings and a partition crosses from the driver."""
+"""What runs in a Spark task: one snapshot partition copied, one share of a replayed batch applied, or one
+verify range hashed, each through the asyncio engine's own code for one unit (one event loop per task).
+Tasks open their own connections: nothing but settings and their unit of work crosses from the driver."""
 
 from __future__ import annotations
 
 import asyncio
+import pickle
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ...config import Settings
-from ...events import Namespace
+from ...errors import McdcError, ServerUnavailable, SinkUnavailable
+from ...events import ChangeEvent, Namespace
 from ...fields import FieldRules
+from ...filters import Scope, make_transform
 from ...sinks.registry import open_sink
 from ...source.connection import make_client
+from ...source.lookup import source_lookup
 from ...source.partitions import Partition, Resume
 from ...tally import CollectionProgress
+from ...uri import redact
 from ...verify import DocumentDiff, diff_partition
 from ..asyncio.pipeline import CopyLimits, copy_partitions
 
@@ -136,3 +141,60 @@ async def _diff(task: DiffTask) -> DocumentDiff:
     finally:
         await source.close()
         await target.close()
+
+
+@dataclass(frozen=True)
+class ApplyTask:
+    """One task's share of a replayed batch (see :mod:`.spread`), already transformed on the driver."""
+
+    settings: Settings
+    source_name: str
+    events: list[ChangeEvent]
+
+
+def apply(task: ApplyTask) -> BaseException | None:
+    """Write the task's events through a sink of its own; None once the target acknowledged them all.
+
+    The sink's failure is returned, not raised, so that the driver's replay treats it as it treats its own
+    sink's (a target that does not answer is retried from the checkpoint, a refused write ends the run),
+    instead of Spark retrying the task into the same outage; a failure that does not pickle comes back as
+    its line."""
+    try:
+        asyncio.run(_apply(task))
+    except Exception as exc:
+        return exc if _pickles(exc) else McdcError(redact(f"{type(exc).__name__}: {exc}"))
+    return None
+
+
+async def _apply(task: ApplyTask) -> None:
+    s = task.settings
+    sink = open_sink(s)
+    client = None
+    try:
+        sink.source_name = task.source_name
+        try:
+            await sink.start()
+        except ServerUnavailable as exc:  # the target went away after the run had started: retried
+            raise SinkUnavailable(str(exc)) from None
+        if sink.holds_state:  # a unique-key conflict is settled from the source, as on the driver
+            client = make_client(s.source, timeout_s=s.connect_timeout_s, io_timeout_s=s.io_timeout_s)
+            fields = FieldRules(s.field_exclude, s.field_rename)
+            sink.attach_source(
+                source_lookup(
+                    client, Scope(s.selection, s.renamer), make_transform(s.selection, s.renamer, fields=fields)
+                )
+            )
+        await sink.write(task.events)
+        await sink.flush()
+    finally:
+        await sink.close()
+        if client is not None:
+            await client.close()
+
+
+def _pickles(exc: BaseException) -> bool:
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return False
+    return True

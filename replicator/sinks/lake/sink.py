@@ -95,6 +95,7 @@ class LakeSink(Sink):
 
     schemes = ("delta", "iceberg")
     holds_state = True
+    spreads = "namespace"  # a table's commits carry the position they cover: one writer per table
 
     def __init__(self, uri: str, settings: Settings) -> None:
         self.backend = open_backend(uri, settings.lake_opts)
