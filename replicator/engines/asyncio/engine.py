@@ -52,8 +52,9 @@ class AsyncioEngine:
             if merged is not None:
                 watcher = asyncio.create_task(topology.watch(merged, local_stop, self.stop))
             applier = StreamApplier(
-                reader, self.store, cp, settings=self.s, reporter=self.reporter, stop=stop, metrics=self.metrics
-            )
+                reader, self.store, cp, settings=self.s, reporter=self.reporter, stop=stop, metrics=self.metrics,
+                join_up_to=self.batch_events(),
+            )  # fmt: skip
             try:
                 result = await applier.run(stage, to_now=not follow)
             finally:
@@ -64,6 +65,10 @@ class AsyncioEngine:
             if merged is None or watcher is None or (self.stop is not None and self.stop.is_set()):
                 return
             await topology.apply(merged, cp, watcher.result())  # then go on with the new set
+
+    def batch_events(self) -> int:
+        """The most events the replay writes at once (the read-ahead queue's batches joined)."""
+        return self.s.replay_batch
 
     def apply_with(self, sink: Sink) -> Apply:
         return sink.write

@@ -49,7 +49,10 @@ class StreamApplier:
         reporter: Reporter,
         stop: asyncio.Event | None = None,
         metrics: Metrics | None = None,
+        join_up_to: int | None = None,
     ) -> None:
+        """``join_up_to``: batches waiting in the read-ahead queue are written as one, up to this many events
+        (default ``--max-batch-size``)."""
         self.reader = reader
         self.store = store
         self.cp = checkpoint
@@ -58,7 +61,7 @@ class StreamApplier:
         self.metrics = metrics
         self._retrier = Retrier.of(settings, reporter, stop=stop, metrics=metrics)
         self.queue_batches = max(settings.max_queue_events // settings.replay_batch, 1)
-        self.join_up_to = settings.replay_batch
+        self.join_up_to = join_up_to or settings.replay_batch
         self._save = Throttle(1.0)
         self._window_check = Throttle(300.0)
         self._window_check()  # the first check runs when the stream opens

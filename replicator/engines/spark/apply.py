@@ -24,11 +24,11 @@ JOB_GROUP = "mcdc-replay"
 class SparkApply:
     """Writes a transformed batch into ``sink``'s target from Spark tasks (see the module)."""
 
-    def __init__(self, settings: Settings, spark: Any, sink: Sink) -> None:
+    def __init__(self, settings: Settings, spark: Any, sink: Sink, *, partitions: int) -> None:
         self.s = settings
         self.spark = spark
         self.sink = sink  # the driver's: DDL, and every batch of a sink that does not spread
-        self.partitions = settings.replay_partitions or max(1, int(spark.sparkContext.defaultParallelism))
+        self.partitions = partitions
 
     async def __call__(self, events: Sequence[ChangeEvent]) -> None:
         if self.sink.spreads is None:

@@ -46,11 +46,19 @@ class SparkEngine(AsyncioEngine):
         self.spark = await asyncio.to_thread(session, self.s)
         self.copier = SparkCopier(self.s, self.spark)
 
+    def batch_events(self) -> int:
+        """About ``--max-batch-size`` events per task: a Spark job per batch costs its scheduling."""
+        return self.s.replay_batch * self.partitions()
+
+    def partitions(self) -> int:
+        """The tasks a replayed batch is spread over (--replay-partitions, else the cluster's cores)."""
+        return self.s.replay_partitions or max(1, int(self.spark.sparkContext.defaultParallelism))
+
     def apply_with(self, sink: Sink) -> Apply:
         """Each batch spread over Spark tasks that write from the executors (see :mod:`.apply`)."""
         from .apply import SparkApply
 
-        return SparkApply(self.s, self.spark, sink)
+        return SparkApply(self.s, self.spark, sink, partitions=self.partitions())
 
     def differ(self, settings: Settings) -> tuple[RangeDiffer | None, int]:
         """The ranges hashed as Spark tasks, a few at once."""
