@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 import orjson
 import typer
 from pymongo.errors import ConnectionFailure, PyMongoError
-from typer.core import TyperCommand
 
 from . import __version__, devserver
-from .config import Settings, field_kind, resolve
+from .cli_flags import CONFIG, EXIT_CODES_HELP, PanelCommand, epilog, parameter, shown
+from .config import Settings, resolve
 from .errors import EXIT_UNAVAILABLE, ConfigError, McdcError, OutputClosed, VerifyMismatch
 from .job import SyncJob
 from .logs import setup_logging
-from .options import BY_FIELD, ENV_CONFIG, PANELS, Option, for_command
+from .options import for_command
 from .progress import make_reporter
 from .sinks.registry import scheme_of
 from .source.connection import server_message
@@ -70,108 +70,24 @@ def _main(
 
 # --------------------------------------------------------------------------- flags from the option table
 
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Settings)}
-_METAVARS = {int: "INTEGER", float: "NUMBER", str: "TEXT", Path: "PATH", tuple: "TEXT"}
-_CONFIG = inspect.Parameter(
-    "config",
-    inspect.Parameter.KEYWORD_ONLY,
-    default=None,
-    annotation=Annotated[
-        Path | None,
-        typer.Option(
-            "--config",
-            metavar="PATH",
-            help=f"TOML file of settings, keys named like the flags ({ENV_CONFIG} names one too). "
-            "Flags win over MCDC_* variables, which win over the file.",
-        ),
-    ],
-)
-
-
-def _parameter(option: Option, command: str) -> inspect.Parameter:
-    """One typer option of ``mcdc COMMAND``. Values stay text: config.resolve parses flags, MCDC_*
-    variables and the config file alike, so a bad value reads the same whichever way it came."""
-    kind = field_kind(option.field)
-    names = [option.flag, *option.aliases, *([option.short] if option.short else [])]
-    default = _DEFAULTS[option.field]
-    if kind is bool and default is True:
-        names[0] += f"/--no-{option.name}"
-    annotation: Any = bool if kind is bool else list[str] if kind is tuple else str
-    info = typer.Option(
-        *names,
-        help=option.help_on(command) + _shown(default),
-        metavar=None if kind is bool else option.metavar or _METAVARS[kind],
-        show_default=False,
-    )
-    keyword = inspect.Parameter.KEYWORD_ONLY
-    return inspect.Parameter(option.field, keyword, default=None, annotation=Annotated[annotation | None, info])
-
-
-def _shown(default: Any) -> str:
-    """`` [default: 4]`` for a help text; nothing for flags, lists and options without a default."""
-    if default is None or default is dataclasses.MISSING or isinstance(default, bool) or default in ((), ""):
-        return ""
-    return f" [default: {default:g}]" if isinstance(default, float) else f" [default: {default}]"
-
 
 def _command(
     name: str, example: str, heading: str = "Example"
 ) -> Callable[[Callable[[Settings], None]], Callable[[Settings], None]]:
     """Register ``body`` as ``mcdc NAME``, with the flags of the options NAME takes: the flags given
     (and MCDC_*, and --config) resolve into Settings, logging is set up, then ``body(settings)`` runs."""
-    epilog = _epilog(example, heading) + EXIT_CODES_HELP
+    help_epilog = epilog(example, heading) + EXIT_CODES_HELP
 
     def register(body: Callable[[Settings], None]) -> Callable[[Settings], None]:
         def command(config: Path | None = None, **flags: Any) -> None:
             body(_settings(name, flags, config))
 
-        params = [_parameter(option, name) for option in for_command(name)]
-        command.__signature__ = inspect.Signature([*params, _CONFIG])  # type: ignore[attr-defined]
-        app.command(name, help=body.__doc__, epilog=epilog, cls=_PanelCommand)(command)
+        params = [parameter(option, name) for option in for_command(name)]
+        command.__signature__ = inspect.Signature([*params, CONFIG])  # type: ignore[attr-defined]
+        app.command(name, help=body.__doc__, epilog=help_epilog, cls=PanelCommand)(command)
         return body
 
     return register
-
-
-#: Every exit code of the commands that take options, for their --help (the README's table says the same).
-EXIT_CODES = (
-    (0, "done (verify: identical)"),
-    (1, "verify found differences"),
-    (2, "a mistake to fix: a bad option or URI, a refused login, a bad checkpoint"),
-    (3, "another mcdc holds the checkpoint's lock"),
-    (4, "the checkpoint's position left the source's oplog (see --on-history-lost)"),
-    (5, "cutover refused: the source took writes while it checked"),
-    (EXIT_UNAVAILABLE, "an outage: a server unreachable (past --max-retries); run again later"),
-    (130, "interrupted (Ctrl-C)"),
-)
-EXIT_CODES_HELP = "\n\nExit codes:\n\n\b\n" + "\n".join(f"  {code:<4} {text}" for code, text in EXIT_CODES)
-
-
-class _PanelCommand(TyperCommand):
-    """A command whose --help lists its options in panels (options.PANELS), most used first."""
-
-    def format_options(self, ctx: Any, formatter: Any) -> None:
-        panels: dict[str, list[tuple[str, str]]] = {}
-        for param in self.get_params(ctx):
-            record = param.get_help_record(ctx)
-            if record is not None:
-                option = BY_FIELD.get(param.name or "")
-                panels.setdefault(option.panel if option is not None else GENERAL, []).append(record)
-        for panel in (*PANELS, GENERAL):
-            if panel in panels:
-                with formatter.section(panel):
-                    formatter.write_dl(panels[panel])
-
-
-GENERAL = "General"
-
-
-def _epilog(example: str, heading: str = "Example") -> str:
-    """A command's example for its help: each command line indented, a line continuing one that ends in
-    a backslash indented more."""
-    lines = [line.strip() for line in example.splitlines()]
-    shown = [("      " if n and lines[n - 1].endswith("\\") else "  ") + line for n, line in enumerate(lines)]
-    return f"{heading}:\n\n\b\n" + "\n".join(shown)  # "\b": click leaves the example's lines as they are
 
 
 def _settings(command: str, flags: dict[str, Any], config: Path | None) -> Settings:
@@ -494,7 +410,7 @@ def version() -> None:
 
 @app.command(
     "dev-server",
-    epilog=_epilog(
+    epilog=epilog(
         """mcdc dev-server --port 27017 --dir src-data &
         mcdc dev-server --port 27018 --dir dst-data &
         mcdc sync --source "mongodb://127.0.0.1:27017/?replicaSet=secantus" \\
@@ -510,7 +426,7 @@ def dev_server(
             min=1,
             max=65535,
             metavar="PORT",
-            help="Port on 127.0.0.1 to serve." + _shown(devserver.DEFAULT_PORT),
+            help="Port on 127.0.0.1 to serve." + shown(devserver.DEFAULT_PORT),
             show_default=False,
         ),
     ] = devserver.DEFAULT_PORT,
@@ -519,7 +435,7 @@ def dev_server(
         typer.Option(
             "--dir",
             metavar="DIR",
-            help="Data directory; created if missing, kept when the server stops." + _shown(devserver.DEFAULT_DIR),
+            help="Data directory; created if missing, kept when the server stops." + shown(devserver.DEFAULT_DIR),
             show_default=False,
         ),
     ] = devserver.DEFAULT_DIR,
