@@ -7,14 +7,12 @@ option table (options.py), so a flag, its MCDC_* variable and its config-file ke
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import gc
 import inspect
 import logging
-import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
@@ -25,18 +23,19 @@ from pymongo.errors import ConnectionFailure, PyMongoError
 from . import __version__, devserver
 from .cli_flags import CONFIG, EXIT_CODES_HELP, PanelCommand, epilog, parameter, shown
 from .config import Settings, resolve
-from .errors import EXIT_UNAVAILABLE, ConfigError, McdcError, OutputClosed, VerifyMismatch
+from .errors import EXIT_UNAVAILABLE, McdcError, OutputClosed, VerifyMismatch
 from .job import SyncJob
 from .logs import setup_logging
 from .options import for_command
 from .progress import make_reporter
+from .run_control import check_control, commit_hook, served_metrics, stop_on_signals
 from .sinks.registry import scheme_of
 from .source.connection import server_message
 from .summary import Summary
 from .uri import redact
 
 if TYPE_CHECKING:
-    from .metrics import Metrics
+    pass
 
 T = TypeVar("T")
 log = logging.getLogger("mcdc")
@@ -152,15 +151,15 @@ def _replicate(command: str, settings: Settings) -> None:
     """sync, catch-up and tail: one SyncJob, with metrics served when --metrics-port says so."""
 
     async def go() -> tuple[Summary, Any]:
-        stop = _stop_on_signals() if command == "tail" else None
+        stop = stop_on_signals() if command == "tail" else None
         control = command == "tail" and settings.control
         if control:
-            _check_control(settings)
-        async with _metrics(settings) as metrics:
+            check_control(settings)
+        async with served_metrics(settings) as metrics:
             reporter = make_reporter(settings.progress and not settings.json_output)
             asked: list[bool] = []  # POST /commit was accepted (with blockWrites or not)
             if control and metrics is not None and stop is not None:
-                metrics.commit = _commit_hook(metrics, stop, asked)
+                metrics.commit = commit_hook(metrics, stop, asked)
             try:
                 summary = await SyncJob(settings, reporter, command=command, stop=stop, metrics=metrics).run()
                 if not asked:
@@ -182,85 +181,6 @@ def _replicate(command: str, settings: Settings) -> None:
     _print_summary(summary, settings)
     if committed is not None:
         _print_cutover(committed, settings)
-
-
-def _check_control(settings: Settings) -> None:
-    if settings.metrics_port is None:
-        raise ConfigError("--control answers POST /commit on the metrics port: give --metrics-port too")
-    if settings.metrics_host not in ("127.0.0.1", "::1", "localhost"):
-        raise ConfigError(
-            f"--control answers POST /commit on loopback only: --metrics-host {settings.metrics_host} is not"
-        )
-
-
-def _commit_hook(metrics: Any, stop: asyncio.Event, asked: list[bool]) -> Any:
-    """POST /commit: when canCommit holds, stop the tail (it saves its checkpoint) and cut over after."""
-    from .migration import can_commit
-
-    def commit(block_writes: bool) -> str | None:
-        if asked:
-            return "a cutover is under way already"
-        facts = metrics.facts()
-        if not can_commit(facts):
-            return "canCommit is false: see GET /progress (the snapshot, the lag, or the verifier is not there yet)"
-        asked.append(block_writes)
-        metrics.set_state("committing")
-        stop.set()
-        return None
-
-    return commit
-
-
-def _stop_on_signals() -> asyncio.Event:
-    """SIGINT/SIGTERM set the returned event: the run flushes, saves the checkpoint and returns. A second
-    signal cancels the run at once (the checkpoint is still consistent)."""
-    stop = asyncio.Event()
-    task = asyncio.current_task()
-
-    def on_signal() -> None:
-        if stop.is_set() and task is not None:
-            task.cancel()
-        stop.set()
-
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
-    loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
-    return stop
-
-
-def _dump_tasks() -> None:
-    """SIGUSR1: what each of the run's tasks is waiting on, on stderr (a run that seems stuck)."""
-    import io
-
-    out = io.StringIO()
-    for task in asyncio.all_tasks():
-        task.print_stack(limit=12, file=out)
-    sys.stderr.write(f"mcdc: {len(asyncio.all_tasks())} tasks\n{out.getvalue()}")
-    sys.stderr.flush()
-
-
-@contextlib.asynccontextmanager
-async def _metrics(settings: Settings) -> AsyncIterator[Metrics | None]:
-    """The run's metrics, served on --metrics-port while it lasts; None without the flag."""
-    if settings.metrics_port is None:
-        yield None
-        return
-    from .metrics import Metrics, serve
-
-    metrics = Metrics()
-    metrics.set_info(version=__version__, source=redact(settings.source), target=redact(settings.target))
-    try:
-        server = await serve(metrics, settings.metrics_port, settings.metrics_host)
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: {exc.strerror}"
-        ) from None
-    try:
-        yield metrics
-    finally:
-        server.close()
-        await server.wait_closed()
 
 
 def _print_summary(summary: Summary, settings: Settings) -> None:
