@@ -50,7 +50,7 @@ from ..source.connection import Client, ServerInfo, make_client, probe
 from ..source.lookup import source_lookup
 from ..source.partitions import plan_specs
 from ..source.shards import MergedReader
-from ..source.topology import Reader, StreamTopology
+from ..source.topology import Reader, StreamTopology, capture, open_at
 from ..summary import Summary
 from ..tally import format_ts, listing, plural
 from ..uri import is_mongo_uri, redact
@@ -272,7 +272,7 @@ class SyncJob:
         if start is Start.CHECK_HISTORY:
             assert cp is not None
             try:  # the saved position must still be in the oplog, or the data is copied again
-                await _open(reader, cp)
+                await open_at(reader, cp)
                 await reader.close()
                 start = Start.REPLAY
             except HistoryLost as exc:
@@ -280,14 +280,14 @@ class SyncJob:
                 start = Start.FRESH
         if start is Start.REPLAY:
             if cp is None:
-                position, shard_positions = await _capture(reader)
+                position, shard_positions = await capture(reader)
                 cp = self._new_checkpoint(identity, position=position, shards=shard_positions)
                 self.store.save(cp)
                 self.reporter.info("no snapshot (--snapshot never): replicating from now")
             return cp
         position, shard_positions = Position(), {}
         if not s.snapshot_only:
-            position, shard_positions = await _capture(reader)
+            position, shard_positions = await capture(reader)
         specs = await catalog.describe(client, s.selection)
         targets = [rename_spec(x, s.renamer) for x in specs]
         drop = drops_target(saved, drop_target=s.drop_target, force=force)
@@ -417,21 +417,3 @@ class SyncJob:
 
     def _resyncer(self, sink: Sink) -> Resyncer:
         return Resyncer(self._client, sink, self.s, self.reporter, fields=self._fields, copied=self._recopied)
-
-
-async def _capture(reader: Reader) -> tuple[Position, dict[str, Position]]:
-    """The stream position(s) now; with shards, the checkpoint's time is the earliest shard's."""
-    if isinstance(reader, MergedReader):
-        shards = await reader.positions_now()
-        times = [p.cluster_time for p in shards.values() if p.cluster_time is not None]
-        return Position(cluster_time=min(times) if times else None), shards
-    position = await reader.position_now()
-    await reader.close()
-    return position, {}
-
-
-async def _open(reader: Reader, cp: Checkpoint) -> None:
-    if isinstance(reader, MergedReader):
-        await reader.open(cp.shards, cp.position)
-    else:
-        await reader.open(cp.position)

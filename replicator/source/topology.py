@@ -146,3 +146,22 @@ class StreamTopology:
             assert change.seen is not None
             self.reporter.info(f"shard removed: {name}; reading what it took up to {change.seen}, then closing it")
             reader.retire(name, change.seen)
+
+
+async def capture(reader: Reader) -> tuple[Position, dict[str, Position]]:
+    """The stream position(s) now; with shards, the checkpoint's time is the earliest shard's."""
+    if isinstance(reader, MergedReader):
+        shards = await reader.positions_now()
+        times = [p.cluster_time for p in shards.values() if p.cluster_time is not None]
+        return Position(cluster_time=min(times) if times else None), shards
+    position = await reader.position_now()
+    await reader.close()
+    return position, {}
+
+
+async def open_at(reader: Reader, cp: Checkpoint) -> None:
+    """Open ``reader`` at the checkpoint's position (each shard's, for a cluster)."""
+    if isinstance(reader, MergedReader):
+        await reader.open(cp.shards, cp.position)
+    else:
+        await reader.open(cp.position)
