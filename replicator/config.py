@@ -123,7 +123,7 @@ class Settings:
     pre_images: str = "off"  # fullDocumentBeforeChange: off | whenAvailable | required ("before")
     field_exclude: tuple[str, ...] = ()  # [field.exclude.list] db.coll.path: dropped from documents and updates
     field_rename: tuple[str, ...] = ()  # [field.renames] db.coll.path=newname
-    engine: str = "asyncio"  # or "spark": snapshot partitions as Spark tasks, the replay as a streaming query
+    engine: str = "asyncio"  # or "spark": snapshot partitions and the replay's writes as Spark tasks
     spark_master: str = "local[*]"  # ignored under spark-submit, whose session is used
     spark_conf: tuple[str, ...] = ()  # KEY=VALUE Spark settings
     replay_partitions: int = 0  # --engine spark: tasks per replayed batch (0: the cluster's cores)
