@@ -7,34 +7,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ...checkpoint import CheckpointStore
 from ...config import Settings
-from ...metrics import Metrics
-from ...progress import Reporter
 from ...replay_stage import Apply
 from ...sinks.base import Sink
 from ...verify import RangeDiffer
 from ..asyncio.engine import AsyncioEngine
-from ..asyncio.pipeline import Copier, copy_partitions
 
 
 class SparkEngine(AsyncioEngine):
     """The replay reads the stream once, on the driver, as the asyncio engine does (same reader, retries
     and acknowledgements); only its writes run as Spark tasks."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        store: CheckpointStore,
-        reporter: Reporter,
-        *,
-        stop: asyncio.Event | None = None,
-        metrics: Metrics | None = None,
-    ) -> None:
-        super().__init__(settings, store, reporter, stop=stop, metrics=metrics)
-        self.copier: Copier = copy_partitions  # until start(): then the Spark copier
-        self.spark: Any = None  # the SparkSession
-        self._before: Any = None  # the session that ran before this job (spark-submit's): not stopped
+    spark: Any = None  # the SparkSession, once started
+    _before: Any = None  # the session that ran before this job (spark-submit's): not stopped
 
     async def start(self) -> None:
         from .session import existing, session
@@ -44,7 +29,7 @@ class SparkEngine(AsyncioEngine):
         if self._before is None:
             self.reporter.info(f"starting Spark ({self.s.spark_master})")
         self.spark = await asyncio.to_thread(session, self.s)
-        self.copier = SparkCopier(self.s, self.spark)
+        self.copier = SparkCopier(self.s, self.spark)  # the asyncio engine's until now
 
     def batch_events(self) -> int:
         """About ``--max-batch-size`` events per task: a Spark job per batch costs its scheduling."""
