@@ -76,9 +76,23 @@ def top_level(data: bytes) -> dict[str, Any] | None:
     return _raw_to_dict(data, 4, len(data) - 1, SPAN_CODEC, {}, False)
 
 
+_new_document = object.__new__
+
+
+def wrap(data: bytes) -> RawDocument:
+    """A RawDocument of bytes the C decoder has already bounded (a Span's): RawBSONDocument's constructor
+    checks its codec options and the document's size again, which cost three times the object itself,
+    for every document of every event. The same fields are set as the constructor sets them."""
+    doc: Any = _new_document(RawDocument)
+    doc._RawBSONDocument__raw = data
+    doc._RawBSONDocument__inflated_doc = None
+    doc._RawBSONDocument__codec_options = RAW_CODEC
+    return doc  # type: ignore[no-any-return]
+
+
 def document(span: Span | None) -> RawDocument | None:
     """A Span as a RawDocument (None stays None: a null field)."""
-    return None if span is None else RawDocument(span.raw, RAW_CODEC)
+    return None if span is None else wrap(span.raw)
 
 
 def decoded(span: Span) -> dict[str, Any]:
