@@ -43,23 +43,16 @@ from ..update_ops import update_document, update_steps
 from . import connect_schema
 from .plain import plain_event, transaction_id
 from .source_block import SourceBlocks, source_ts
-from .templates import (
-    MARKERS,
-    MISSING,
-    NULL,
-    Parts,
-    Templates,
-    cut,
-    debezium_template,
-    debezium_value,
-    json_string,
-    number,
-)
+from .templates import MARKERS, NULL, Parts, cut, debezium_template, debezium_value, json_string, number
 from .topics import TopicNamer
 
 _DATA_OPS = frozenset({Op.READ, Op.INSERT, Op.UPDATE, Op.REPLACE, Op.DELETE})
 #: Debezium's op letter for each data op (a replace is an update whose after is the whole document).
 _OP_LETTER = {Op.READ: "r", Op.INSERT: "c", Op.UPDATE: "u", Op.REPLACE: "u", Op.DELETE: "d"}
+
+
+#: Per namespace, replica set and op: the topic, and the key's and Debezium value's templates (None: dicts)
+_Route = tuple[str, "Parts | None", "Parts | None"]
 
 
 class Message(NamedTuple):
@@ -115,7 +108,7 @@ class Encoder:
         self._value_schemas: dict[Namespace, dict[str, Any]] = {}
         self._sources = SourceBlocks(topics.prefix)
         self._direct = direct
-        self._templates = Templates()
+        self._routes: dict[tuple[Namespace, str, Op], _Route] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Encoder:
@@ -179,30 +172,53 @@ class Encoder:
 
     def _event(self, event: ChangeEvent, now_ms: int, tx_block: dict[str, Any] | None) -> tuple[Message, ...]:
         """The records of one event (a tuple, not a generator: this runs once per event)."""
-        if event.op in _DATA_OPS:
-            topic = self.topics.data(event.ns)
+        op = event.op
+        if op in _DATA_OPS:
+            route = self._routes.get((event.ns, event.rs or self.source_name, op))
+            if route is None:
+                route = self._route(event, now_ms)
+            topic, key_parts, value_parts = route
             # the document is converted once; its _id gives the key without decoding the documentKey
             after = to_json_value(event.document, relaxed=self._relaxed) if event.document is not None else None
-            key = self._key(event, after)
-            record = Message(topic, key, self._value(event, now_ms, tx_block, after))
-            if event.op is Op.DELETE and self.options.tombstones:
+            key = self._key(event, after, key_parts)
+            if value_parts is not None:
+                value = self._debezium_bytes(value_parts, event, now_ms, tx_block, after)
+            else:
+                value = self._value(event, now_ms, tx_block, after)
+            record = Message(topic, key, value)
+            if op is Op.DELETE and self.options.tombstones:
                 return record, Message(topic, key, None)
             return (record,)
-        if event.op.is_ddl:
+        if op.is_ddl:
             return (self._ddl(event, now_ms),)
         return ()  # INVALIDATE: the stream's end, nothing for consumers
 
-    def _key(self, event: ChangeEvent, after: Any) -> bytes:
+    def _route(self, event: ChangeEvent, now_ms: int) -> _Route:
+        """What is the same for the records of events like ``event`` (namespace, replica set, op): the topic,
+        and the key's and (Debezium) value's templates when records are written from them."""
+        key_parts = value_parts = None
+        if self._direct:
+            key_parts = cut(self._key_data(event.ns, MARKERS[0]), 1)
+            if self.options.style == "debezium":
+                schema = self._value_schema(event.ns) if self.options.schemas else None
+                value_parts = debezium_template(self._debezium(event, now_ms, None), schema)
+        routes = self._routes
+        if len(routes) >= 10_000:  # a run over very many namespaces: start over rather than grow
+            routes.clear()
+        route = routes[(event.ns, event.rs or self.source_name, event.op)] = (
+            self.topics.data(event.ns),
+            key_parts,
+            value_parts,
+        )
+        return route
+
+    def _key(self, event: ChangeEvent, after: Any, parts: Parts | None) -> bytes:
         if after is not None and "_id" in after:
             doc_id = after["_id"]
         else:
             doc_id = to_json_value(event.document_key["_id"], relaxed=self._relaxed)
-        if self._direct:
-            parts: Parts | None = self._templates.get(event.ns, MISSING)
-            if parts is MISSING:
-                parts = self._templates.keep(event.ns, cut(self._key_data(event.ns, MARKERS[0]), 1))
-            if parts is not None:
-                return parts[0] + json_string(orjson.dumps(doc_id)) + parts[1]
+        if parts is not None:
+            return parts[0] + json_string(orjson.dumps(doc_id)) + parts[1]
         return orjson.dumps(self._key_data(event.ns, orjson.dumps(doc_id).decode()))
 
     def _key_data(self, ns: Namespace, doc_id: str) -> dict[str, Any]:
@@ -210,18 +226,9 @@ class Encoder:
         return connect_schema.wrap(self._key_schema(ns), key) if self.options.schemas else key
 
     def _value(self, event: ChangeEvent, now_ms: int, tx_block: dict[str, Any] | None, after: Any) -> bytes:
-        style = self.options.style
-        if style == "plain":
+        if self.options.style == "plain":
             return orjson.dumps(self.plain(event))
-        after_json = orjson.dumps(after) if after is not None else None
-        if style == "debezium" and self._direct:
-            key = (event.ns, event.rs or self.source_name, event.op)
-            parts: Parts | None = self._templates.get(key, MISSING)
-            if parts is MISSING:
-                parts = self._templates.keep(key, self._debezium_template(event, now_ms))
-            if parts is not None:
-                return self._debezium_bytes(parts, event, now_ms, tx_block, after_json)
-        after_text = after_json.decode() if after_json is not None else None
+        after_text = orjson.dumps(after).decode() if after is not None else None
         return orjson.dumps(self._envelope(event, now_ms, tx_block, after_text))
 
     def _envelope(
@@ -256,13 +263,8 @@ class Encoder:
             "truncatedArrays": [{"field": f, "size": size} for f, size in u.truncated_arrays] or None,
         }
 
-    def _debezium_template(self, event: ChangeEvent, now_ms: int) -> tuple[bytes, ...] | None:
-        """The Debezium value of events like ``event`` (namespace, replica set, op), cut where they differ."""
-        schema = self._value_schema(event.ns) if self.options.schemas else None
-        return debezium_template(self._debezium(event, now_ms, None), schema)
-
     def _debezium_bytes(
-        self, parts: Parts, event: ChangeEvent, now_ms: int, tx_block: dict[str, Any] | None, after: bytes | None
+        self, parts: Parts, event: ChangeEvent, now_ms: int, tx_block: dict[str, Any] | None, after: Any
     ) -> bytes:
         """What ``orjson.dumps`` of :meth:`_envelope` gives, its varying values written into ``parts``."""
         pos = event.position
@@ -271,7 +273,7 @@ class Encoder:
         return debezium_value(
             parts,
             NULL if before is None else json_string(orjson.dumps(to_json_value(before, relaxed=relaxed))),
-            NULL if after is None else json_string(after),
+            NULL if after is None else json_string(orjson.dumps(after)),
             orjson.dumps(self._update_description(update)) if event.op is Op.UPDATE and update is not None else NULL,
             number(source_ts(event, ct, now_ms)),
             b"0" if ct is None else number(ct.inc),

@@ -96,16 +96,3 @@ def debezium_value(
         parts[0], before, parts[1], after, parts[2], update, parts[3], source_ts, parts[4], order, parts[5], lsid,
         parts[6], txn_number, parts[7], wall_time, parts[8], ts_ms, parts[9], transaction, parts[10],
     ))  # fmt: skip
-
-
-MISSING: Any = object()  # a template not made yet (None is one that cannot be made)
-
-
-class Templates(dict[Any, "Parts | None"]):
-    """Templates by key (a few per namespace) for one encoder; look one up with ``get(key, MISSING)``."""
-
-    def keep(self, key: Any, parts: Parts | None) -> Parts | None:
-        if len(self) >= 10_000:  # a run over very many namespaces: start over rather than grow
-            self.clear()
-        self[key] = parts
-        return parts
