@@ -107,12 +107,13 @@ def from_top_level(top: dict[str, Any], rs: str | None = None) -> ChangeEvent | 
     if lsid is not None and number is not None:
         txn = Transaction(RawDocument(lsid.raw, rawbson.RAW_CODEC), int(number))
     wall, uuid = get("wallTime"), get("collectionUUID")
+    key, document, wrap = get("documentKey"), get("fullDocument"), rawbson.wrap  # (wrapped inline: every event)
     # positional, in ChangeEvent's field order: a keyword call of 13 fields costs more, once per event
     return ChangeEvent(
         op,
         ns,
-        doc(get("documentKey")),
-        doc(get("fullDocument")),
+        None if key is None else wrap(key.raw),
+        None if document is None else wrap(document.raw),
         update,
         ddl,
         to,

@@ -64,8 +64,11 @@ SPAN_CODEC: CodecOptions[Any] = CodecOptions(
     datetime_conversion=DatetimeConversion.DATETIME_MS,
     uuid_representation=UuidRepresentation.UNSPECIFIED,
 )
-# the decoder of a document's elements into a given dict, which RawBSONDocument itself uses (C, or Python)
-_raw_to_dict: Callable[..., dict[str, Any]] | None = getattr(bson, "_raw_to_dict", None)
+# the decoder of a document's elements into a given dict, which RawBSONDocument itself uses: the C function
+# itself where pymongo has it (bson._raw_to_dict is a Python wrapper of it: a frame per event), else Python
+_raw_to_dict: Callable[..., dict[str, Any]] | None = getattr(
+    getattr(bson, "_cbson", None), "_raw_to_dict", getattr(bson, "_raw_to_dict", None)
+)
 
 
 def top_level(data: bytes) -> dict[str, Any] | None:
