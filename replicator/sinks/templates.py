@@ -6,12 +6,20 @@ schema) are the same for every event of a namespace and op. Building that dict p
 source block, and having orjson write it all again (the ``after`` document's JSON text escaped a second
 time as a string) cost more than converting the document itself.
 
-A :class:`Template` is made from the dict the encoder's own code builds for one event, with a marker put
-in each place that varies; orjson writes it once, and it is cut at the markers. Per event, only the
+A template is made from the dict the encoder's own code builds for one event, with a marker put in each
+place that varies; orjson writes it once, and it is cut at the markers (:func:`cut`). Per event, only the
 varying values are written (by orjson, or as the exact bytes orjson writes for them) and joined with the
 constant parts. Because the constant parts are orjson's own output of the encoder's own dict, and the
 varying ones are orjson's output of the same values, the record is byte for byte what writing the whole
 dict gives; ``tests/test_envelope_bytes.py`` holds the two paths to that over a randomized corpus.
+
+Event sinks still receive ChangeEvents, not raw change documents encoded in one fused pass: between the
+stream and the sink, the batch is cut at transactions and positions, and the filter stage drops, renames
+and edits events (field rules), all on ChangeEvents; the fused pass would have to do all that again or
+give it up. The event is made cheap to build instead (its documents are the source's bytes, wrapped without
+a second check: ``rawbson.wrap``); in a profile of bench_kafka's part 2, about half of the event path is
+pymongo's C decoders (the change document's top level, the document to extended JSON) and orjson, which a
+fused pass would spend as well.
 """
 
 from __future__ import annotations
