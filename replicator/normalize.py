@@ -84,7 +84,7 @@ def _op(op_type: str, fields: Container[str]) -> Op | None:
 def from_top_level(top: dict[str, Any], rs: str | None = None) -> ChangeEvent | None:
     """:func:`normalize_change` of a change document's top-level fields as :func:`rawbson.top_level` gives
     them (sub-documents as Spans)."""
-    op = _op(top["operationType"], top)
+    op = OPERATION_TYPES.get(top["operationType"]) or _op(top["operationType"], top)
     if op is None:
         return None
     get = top.get
@@ -106,21 +106,24 @@ def from_top_level(top: dict[str, Any], rs: str | None = None) -> ChangeEvent | 
     lsid, number = get("lsid"), get("txnNumber")
     if lsid is not None and number is not None:
         txn = Transaction(RawDocument(lsid.raw, rawbson.RAW_CODEC), int(number))
-    wall = get("wallTime")
+    wall, uuid = get("wallTime"), get("collectionUUID")
+    key, document, wrap = get("documentKey"), get("fullDocument"), rawbson.wrap  # (wrapped inline: every event)
+    # positional, in ChangeEvent's field order: a keyword call of 13 fields costs more, once per event
     return ChangeEvent(
-        op=op,
-        ns=ns,
-        key=doc(get("documentKey")),
-        document=doc(get("fullDocument")),
-        update=update,
-        ddl=ddl,
-        to=to,
-        position=Position(resume_token=doc(top["_id"]), cluster_time=get("clusterTime")),
-        wall_time_ms=int(wall) if wall is not None else None,
-        txn=txn,
-        before=doc(get("fullDocumentBeforeChange")),
-        rs=rs,
-        uuid=_uuid(get("collectionUUID")),
+        op,
+        ns,
+        None if key is None else wrap(key.raw),
+        None if document is None else wrap(document.raw),
+        update,
+        ddl,
+        to,
+        Position(doc(top["_id"]), get("clusterTime")),
+        int(wall) if wall is not None else None,
+        txn,
+        doc(get("fullDocumentBeforeChange")),
+        rs,
+        None,  # origin
+        None if uuid is None else _uuid(uuid),
     )
 
 

@@ -64,8 +64,11 @@ SPAN_CODEC: CodecOptions[Any] = CodecOptions(
     datetime_conversion=DatetimeConversion.DATETIME_MS,
     uuid_representation=UuidRepresentation.UNSPECIFIED,
 )
-# the decoder of a document's elements into a given dict, which RawBSONDocument itself uses (C, or Python)
-_raw_to_dict: Callable[..., dict[str, Any]] | None = getattr(bson, "_raw_to_dict", None)
+# the decoder of a document's elements into a given dict, which RawBSONDocument itself uses: the C function
+# itself where pymongo has it (bson._raw_to_dict is a Python wrapper of it: a frame per event), else Python
+_raw_to_dict: Callable[..., dict[str, Any]] | None = getattr(
+    getattr(bson, "_cbson", None), "_raw_to_dict", getattr(bson, "_raw_to_dict", None)
+)
 
 
 def top_level(data: bytes) -> dict[str, Any] | None:
@@ -76,9 +79,23 @@ def top_level(data: bytes) -> dict[str, Any] | None:
     return _raw_to_dict(data, 4, len(data) - 1, SPAN_CODEC, {}, False)
 
 
+_new_document = object.__new__
+
+
+def wrap(data: bytes) -> RawDocument:
+    """A RawDocument of bytes the C decoder has already bounded (a Span's): RawBSONDocument's constructor
+    checks its codec options and the document's size again, which cost three times the object itself,
+    for every document of every event. The same fields are set as the constructor sets them."""
+    doc: Any = _new_document(RawDocument)
+    doc._RawBSONDocument__raw = data
+    doc._RawBSONDocument__inflated_doc = None
+    doc._RawBSONDocument__codec_options = RAW_CODEC
+    return doc  # type: ignore[no-any-return]
+
+
 def document(span: Span | None) -> RawDocument | None:
     """A Span as a RawDocument (None stays None: a null field)."""
-    return None if span is None else RawDocument(span.raw, RAW_CODEC)
+    return None if span is None else wrap(span.raw)
 
 
 def decoded(span: Span) -> dict[str, Any]:

@@ -2,6 +2,10 @@
 
     python scripts/bench_kafka.py [--events 50000] [--repeat 3] [--batch 1000] [--cpu-rounds 5] [--json]
     python scripts/bench_kafka.py --source mongodb://... --bootstrap HOST:PORT
+    python scripts/bench_kafka.py --skip-delivery --skip-drain    # part 2 alone (no server, no broker)
+
+Each part can be left out with its ``--skip-delivery`` / ``--skip-cpu`` / ``--skip-drain``; the others then
+run as in a full run, so their figures stay comparable.
 
 The change events: ``--events`` operations on ``bench_kafka.events`` planned with a fixed seed, in rounds of
 inserts followed by as many updates and deletes of live documents: 50 % inserts, 35 % ``$set`` updates (of

@@ -36,17 +36,23 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from .. import __version__
 from ..config import Settings
-from ..events import ChangeEvent, Namespace, Op, Transaction
+from ..events import ChangeEvent, Namespace, Op, Transaction, UpdateDescription
 from ..extjson import to_json_value
 from ..update_ops import update_document, update_steps
 from . import connect_schema
+from .plain import plain_event, transaction_id
+from .source_block import SourceBlocks, source_ts
+from .templates import MARKERS, NULL, Parts, cut, debezium_template, debezium_value, json_string, number
 from .topics import TopicNamer
 
 _DATA_OPS = frozenset({Op.READ, Op.INSERT, Op.UPDATE, Op.REPLACE, Op.DELETE})
 #: Debezium's op letter for each data op (a replace is an update whose after is the whole document).
 _OP_LETTER = {Op.READ: "r", Op.INSERT: "c", Op.UPDATE: "u", Op.REPLACE: "u", Op.DELETE: "d"}
+
+
+#: Per namespace, replica set and op: the topic, and the key's and Debezium value's templates (None: dicts)
+_Route = tuple[str, "Parts | None", "Parts | None"]
 
 
 class Message(NamedTuple):
@@ -87,7 +93,10 @@ class Encoder:
         source_name: str = "",
         heartbeat_s: float = 0.0,
         clock: Callable[[], float] = time.time,
+        direct: bool = True,
     ) -> None:
+        """``direct``: write keys and Debezium values from byte templates (see ``templates.py``); False builds
+        every record as a dict for orjson, the reference the templates are tested against."""
         self.options = options
         self.topics = topics
         self.source_name = source_name
@@ -97,7 +106,9 @@ class Encoder:
         self._relaxed = options.relaxed
         self._key_schemas: dict[Namespace, dict[str, Any]] = {}
         self._value_schemas: dict[Namespace, dict[str, Any]] = {}
-        self._sources: dict[tuple[Namespace, str, bool, bool], dict[str, Any]] = {}
+        self._sources = SourceBlocks(topics.prefix)
+        self._direct = direct
+        self._routes: dict[tuple[Namespace, str, Op], _Route] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Encoder:
@@ -161,52 +172,81 @@ class Encoder:
 
     def _event(self, event: ChangeEvent, now_ms: int, tx_block: dict[str, Any] | None) -> tuple[Message, ...]:
         """The records of one event (a tuple, not a generator: this runs once per event)."""
-        if event.op in _DATA_OPS:
-            topic = self.topics.data(event.ns)
+        op = event.op
+        if op in _DATA_OPS:
+            route = self._routes.get((event.ns, event.rs or self.source_name, op))
+            if route is None:
+                route = self._route(event, now_ms)
+            topic, key_parts, value_parts = route
             # the document is converted once; its _id gives the key without decoding the documentKey
             after = to_json_value(event.document, relaxed=self._relaxed) if event.document is not None else None
-            key = self._key(event, after)
-            record = Message(topic, key, self._value(event, now_ms, tx_block, after))
-            if event.op is Op.DELETE and self.options.tombstones:
+            key = self._key(event, after, key_parts)
+            if value_parts is not None:
+                value = self._debezium_bytes(value_parts, event, now_ms, tx_block, after)
+            else:
+                value = self._value(event, now_ms, tx_block, after)
+            record = Message(topic, key, value)
+            if op is Op.DELETE and self.options.tombstones:
                 return record, Message(topic, key, None)
             return (record,)
-        if event.op.is_ddl:
+        if op.is_ddl:
             return (self._ddl(event, now_ms),)
         return ()  # INVALIDATE: the stream's end, nothing for consumers
 
-    def _key(self, event: ChangeEvent, after: Any) -> bytes:
+    def _route(self, event: ChangeEvent, now_ms: int) -> _Route:
+        """What is the same for the records of events like ``event`` (namespace, replica set, op): the topic,
+        and the key's and (Debezium) value's templates when records are written from them."""
+        key_parts = value_parts = None
+        if self._direct:
+            key_parts = cut(self._key_data(event.ns, MARKERS[0]), 1)
+            if self.options.style == "debezium":
+                schema = self._value_schema(event.ns) if self.options.schemas else None
+                value_parts = debezium_template(self._debezium(event, now_ms, None), schema)
+        routes = self._routes
+        if len(routes) >= 10_000:  # a run over very many namespaces: start over rather than grow
+            routes.clear()
+        route = routes[(event.ns, event.rs or self.source_name, event.op)] = (
+            self.topics.data(event.ns),
+            key_parts,
+            value_parts,
+        )
+        return route
+
+    def _key(self, event: ChangeEvent, after: Any, parts: Parts | None) -> bytes:
         if after is not None and "_id" in after:
             doc_id = after["_id"]
         else:
             doc_id = to_json_value(event.document_key["_id"], relaxed=self._relaxed)
-        key: dict[str, Any] = {"id": orjson.dumps(doc_id).decode()}
-        if self.options.schemas:
-            key = connect_schema.wrap(self._key_schema(event.ns), key)
-        return orjson.dumps(key)
+        if parts is not None:
+            return parts[0] + json_string(orjson.dumps(doc_id)) + parts[1]
+        return orjson.dumps(self._key_data(event.ns, orjson.dumps(doc_id).decode()))
+
+    def _key_data(self, ns: Namespace, doc_id: str) -> dict[str, Any]:
+        key: dict[str, Any] = {"id": doc_id}
+        return connect_schema.wrap(self._key_schema(ns), key) if self.options.schemas else key
 
     def _value(self, event: ChangeEvent, now_ms: int, tx_block: dict[str, Any] | None, after: Any) -> bytes:
-        style = self.options.style
-        if style == "plain":
+        if self.options.style == "plain":
             return orjson.dumps(self.plain(event))
         after_text = orjson.dumps(after).decode() if after is not None else None
-        if style == "debezium-legacy":
-            payload = self._legacy(event, now_ms, after_text)
+        return orjson.dumps(self._envelope(event, now_ms, tx_block, after_text))
+
+    def _envelope(
+        self, event: ChangeEvent, now_ms: int, tx_block: dict[str, Any] | None, after: str | None
+    ) -> dict[str, Any]:
+        if self.options.style == "debezium-legacy":
+            payload = self._legacy(event, now_ms, after)
         else:
-            payload = self._debezium(event, now_ms, after_text)
+            payload = self._debezium(event, now_ms, after)
         payload["transaction"] = tx_block
         if self.options.schemas:
-            return orjson.dumps(connect_schema.wrap(self._value_schema(event.ns), payload))
-        return orjson.dumps(payload)
+            return connect_schema.wrap(self._value_schema(event.ns), payload)
+        return payload
 
     def _debezium(self, event: ChangeEvent, now_ms: int, after: str | None) -> dict[str, Any]:
         update = None
         if event.op is Op.UPDATE and event.update is not None:
-            u = event.update
-            update = {
-                "removedFields": list(u.removed_fields) or None,
-                "updatedFields": self._json(u.updated_fields),
-                "truncatedArrays": [{"field": f, "size": size} for f, size in u.truncated_arrays] or None,
-            }
+            update = self._update_description(event.update)
         return {
             "before": self._json(event.before) if event.before is not None else None,
             "after": after,
@@ -215,6 +255,36 @@ class Encoder:
             "op": _OP_LETTER[event.op],
             "ts_ms": now_ms,
         }
+
+    def _update_description(self, u: UpdateDescription) -> dict[str, Any]:
+        return {
+            "removedFields": list(u.removed_fields) or None,
+            "updatedFields": self._json(u.updated_fields),
+            "truncatedArrays": [{"field": f, "size": size} for f, size in u.truncated_arrays] or None,
+        }
+
+    def _debezium_bytes(
+        self, parts: Parts, event: ChangeEvent, now_ms: int, tx_block: dict[str, Any] | None, after: Any
+    ) -> bytes:
+        """What ``orjson.dumps`` of :meth:`_envelope` gives, its varying values written into ``parts``."""
+        pos = event.position
+        ct = pos.cluster_time if pos is not None else None
+        txn, update, before, relaxed = event.txn, event.update, event.before, self._relaxed
+        ts, wall = source_ts(event, ct, now_ms), event.wall_time_ms
+        # integers written inline where they are ints (they always are from normalize): a call less for each
+        return debezium_value(
+            parts,
+            NULL if before is None else json_string(orjson.dumps(to_json_value(before, relaxed=relaxed))),
+            NULL if after is None else json_string(orjson.dumps(after)),
+            orjson.dumps(self._update_description(update)) if event.op is Op.UPDATE and update is not None else NULL,
+            b"%d" % ts if type(ts) is int else number(ts),
+            b"0" if ct is None else b"%d" % ct.inc,
+            NULL if txn is None else json_string(orjson.dumps(to_json_value(txn.lsid, relaxed=relaxed))),
+            NULL if txn is None else number(txn.txn_number),
+            b"%d" % wall if type(wall) is int else number(wall),
+            b"%d" % now_ms,
+            NULL if tx_block is None else orjson.dumps(tx_block),
+        )
 
     def _legacy(self, event: ChangeEvent, now_ms: int, after: str | None) -> dict[str, Any]:
         patch = filt = None
@@ -234,51 +304,8 @@ class Encoder:
         }
 
     def _source(self, event: ChangeEvent, now_ms: int, *, legacy: bool) -> dict[str, Any]:
-        pos = event.position
-        ct = pos.cluster_time if pos is not None else None
-        snapshot = event.op is Op.READ
-        rs = event.rs or self.source_name
-        # what is the same for every event of a namespace is built once, then copied (order kept)
-        base = self._sources.get((event.ns, rs, snapshot, legacy))
-        if base is None:
-            base = self._source_base(event.ns, rs, snapshot, legacy)
-        source = base.copy()
-        # when the change happened; a snapshot read happens now
-        source["ts_ms"] = event.wall_time_ms if event.wall_time_ms is not None else (ct.time * 1000 if ct else now_ms)
-        if ct is not None:
-            source["ord"] = ct.inc
-        txn = event.txn
-        if legacy:
-            if txn is not None:
-                source["stxnid"] = transaction_id(txn)
-        else:
-            if txn is not None:
-                source["lsid"] = self._json(txn.lsid)
-                source["txnNumber"] = txn.txn_number
-            source["wallTime"] = event.wall_time_ms
-        return source
-
-    def _source_base(self, ns: Namespace, rs: str, snapshot: bool, legacy: bool) -> dict[str, Any]:
-        if len(self._sources) >= 10_000:
-            self._sources.clear()
-        base: dict[str, Any] = {
-            "version": __version__,
-            "connector": "mongodb",
-            "name": self.topics.prefix,
-            "ts_ms": None,
-            "snapshot": snapshot if legacy else ("true" if snapshot else "false"),
-            "db": ns.db,
-            "sequence": None,
-            "rs": rs,
-            "collection": ns.coll,
-            "ord": 0,
-        }
-        if legacy:
-            base.update(h=None, tord=None, stxnid=None)
-        else:
-            base.update(lsid=None, txnNumber=None, wallTime=None)
-        self._sources[(ns, rs, snapshot, legacy)] = base
-        return base
+        lsid = self._json(event.txn.lsid) if event.txn is not None and not legacy else None
+        return self._sources.block(event, event.rs or self.source_name, now_ms, legacy=legacy, lsid=lsid)
 
     def _ddl(self, event: ChangeEvent, now_ms: int) -> Message:
         if self.options.style == "plain":
@@ -300,35 +327,7 @@ class Encoder:
 
     def plain(self, event: ChangeEvent) -> dict[str, Any]:
         """mcdc's own event as JSON data; documents as extended JSON objects."""
-        pos = event.position
-        relaxed = self._relaxed
-        out: dict[str, Any] = {"op": event.op.value, "ns": str(event.ns)}
-        if event.to is not None:
-            out["to"] = str(event.to)
-        if event.key is not None:
-            out["key"] = to_json_value(event.key, relaxed=relaxed)
-        if event.document is not None:
-            out["document"] = to_json_value(event.document, relaxed=relaxed)
-        if event.before is not None:
-            out["before"] = to_json_value(event.before, relaxed=relaxed)
-        if event.update is not None:
-            u = event.update
-            out["update"] = {
-                "updatedFields": to_json_value(u.updated_fields, relaxed=relaxed),
-                "removedFields": list(u.removed_fields),
-                "truncatedArrays": [{"field": f, "newSize": size} for f, size in u.truncated_arrays],
-            }
-        if event.ddl is not None:
-            out["ddl"] = to_json_value(event.ddl, relaxed=relaxed)
-        if pos is not None and pos.cluster_time is not None:
-            out["clusterTime"] = {"t": pos.cluster_time.time, "i": pos.cluster_time.inc}
-        if event.wall_time_ms is not None:
-            out["wallTime"] = event.wall_time_ms
-        if event.txn is not None:
-            out["txn"] = {"id": transaction_id(event.txn), "txnNumber": event.txn.txn_number}
-        if event.rs or self.source_name:
-            out["rs"] = event.rs or self.source_name
-        return out
+        return plain_event(event, relaxed=self._relaxed, source_name=self.source_name)
 
     def due_heartbeat(self) -> Message | None:
         """A heartbeat record once ``heartbeat_s`` passed since the last one; None when off or not yet."""
@@ -373,17 +372,6 @@ class Encoder:
     def _schema_name(self, ns: Namespace) -> str:
         db, coll = self.topics.name_parts(ns)
         return f"{self.topics.prefix}.{db}.{coll}"
-
-
-def transaction_id(txn: Transaction) -> str:
-    """``<session id>:<txnNumber>``: what identifies a transaction in a change stream."""
-    lsid = txn.lsid.get("id")
-    as_uuid = getattr(lsid, "as_uuid", None)
-    try:
-        session = str(as_uuid()) if as_uuid is not None else bytes(lsid or b"").hex()
-    except ValueError:  # a binary that is not a UUID
-        session = bytes(lsid or b"").hex()
-    return f"{session}:{txn.txn_number}"
 
 
 def update_operators(event: ChangeEvent) -> dict[str, Any] | list[dict[str, Any]]:

@@ -1,0 +1,74 @@
+"""The ``source`` block of Debezium's envelopes: where and when a change happened.
+
+What is the same for every event of a namespace, replica set and kind (snapshot read or change) is built
+once and copied per event (keys in Debezium's order), then the event's own values are set.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bson.timestamp import Timestamp
+
+from .. import __version__
+from ..events import ChangeEvent, Namespace, Op
+from .plain import transaction_id
+
+
+class SourceBlocks:
+    """Source blocks for one topic prefix (the connector's ``name``)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._bases: dict[tuple[Namespace, str, bool, bool], dict[str, Any]] = {}
+
+    def block(self, event: ChangeEvent, rs: str, now_ms: int, *, legacy: bool, lsid: str | None) -> dict[str, Any]:
+        """The block of ``event`` read from replica set ``rs``; ``legacy``: Debezium 1.x's fields; ``lsid``:
+        the transaction's session id as an extended JSON string (Debezium 2.x)."""
+        pos = event.position
+        ct = pos.cluster_time if pos is not None else None
+        snapshot = event.op is Op.READ
+        base = self._bases.get((event.ns, rs, snapshot, legacy))
+        if base is None:
+            base = self._base(event.ns, rs, snapshot, legacy)
+        source = base.copy()
+        source["ts_ms"] = source_ts(event, ct, now_ms)
+        if ct is not None:
+            source["ord"] = ct.inc
+        txn = event.txn
+        if legacy:
+            if txn is not None:
+                source["stxnid"] = transaction_id(txn)
+        else:
+            if txn is not None:
+                source["lsid"] = lsid
+                source["txnNumber"] = txn.txn_number
+            source["wallTime"] = event.wall_time_ms
+        return source
+
+    def _base(self, ns: Namespace, rs: str, snapshot: bool, legacy: bool) -> dict[str, Any]:
+        if len(self._bases) >= 10_000:
+            self._bases.clear()
+        base: dict[str, Any] = {
+            "version": __version__,
+            "connector": "mongodb",
+            "name": self._name,
+            "ts_ms": None,
+            "snapshot": snapshot if legacy else ("true" if snapshot else "false"),
+            "db": ns.db,
+            "sequence": None,
+            "rs": rs,
+            "collection": ns.coll,
+            "ord": 0,
+        }
+        if legacy:
+            base.update(h=None, tord=None, stxnid=None)
+        else:
+            base.update(lsid=None, txnNumber=None, wallTime=None)
+        self._bases[(ns, rs, snapshot, legacy)] = base
+        return base
+
+
+def source_ts(event: ChangeEvent, ct: Timestamp | None, now_ms: int) -> int:
+    """The block's ts_ms: when the change happened; a snapshot read happens now."""
+    return event.wall_time_ms if event.wall_time_ms is not None else (ct.time * 1000 if ct else now_ms)
