@@ -373,3 +373,25 @@ async def test_a_collection_renamed_into_the_selection_after_the_snapshot_is_cop
     await run_job(source_uri, target_uri, cp, command="catch-up", **flags)
     state = assert_identical(source_uri, target_uri)
     assert len(state["shop.live"]["docs"]) == 30
+
+
+def test_a_snapshot_task_settles_a_unique_key_conflict_from_the_source(source_uri: str, target_uri: str) -> None:
+    """A partition copied again (a resumed snapshot) into a target whose unique index already holds the
+    key under another document (copied earlier, changed on the source since): the task reads both from
+    the source, as the asyncio engine's copy does, instead of failing the snapshot. Found by soak seed 8101.
+    (The task's code, run in this process: no Spark needed.)"""
+    from replicator.engines.asyncio.pipeline import CopyLimits
+    from replicator.engines.spark import tasks
+    from replicator.events import Namespace
+    from replicator.source.partitions import Partition
+
+    with pymongo.MongoClient(source_uri) as source, pymongo.MongoClient(target_uri) as target:
+        source.db.u.insert_many([{"_id": 1, "k": 4}, {"_id": 2, "k": 5}])
+        target.db.u.create_index("k", unique=True)
+        target.db.u.insert_one({"_id": 2, "k": 4})  # the source's _id 2 held k 4 when it was copied
+        settings = resolve({"source": source_uri, "target": target_uri}, env={})
+        part = Partition(Namespace("db", "u"), 0, "number", lower=1, upper=2)  # only _id 1
+        limits = CopyLimits(workers=1, batch_docs=10, batch_bytes=1 << 20, queue_batches=1)
+        docs, staged = tasks.copy(tasks.CopyTask(settings, part, None, "", limits, lambda ns: ns, None))
+        assert docs == 1 and staged == []
+        assert sorted(target.db.u.find(), key=lambda d: d["_id"]) == [{"_id": 1, "k": 4}, {"_id": 2, "k": 5}]
