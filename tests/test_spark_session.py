@@ -46,6 +46,15 @@ def test_spark_conf_overrides_the_defaults() -> None:
     assert conf["spark.sql.shuffle.partitions"] == "3" and conf["spark.ui.showConsoleProgress"] == "false"
 
 
+def test_a_local_master_starts_its_jvm_with_quick_options_unless_told_otherwise() -> None:
+    local = {"source": "mongodb://a", "target": "mongodb://b", "spark_master": "local[2]"}
+    assert session.spark_conf(resolve(local, env={}))["spark.driver.extraJavaOptions"] == session.QUICK_JVM
+    own = resolve({**local, "spark_conf": ("spark.driver.extraJavaOptions=-Xmx2g",)}, env={})
+    assert session.spark_conf(own)["spark.driver.extraJavaOptions"] == "-Xmx2g"
+    cluster = resolve({**local, "spark_master": "spark://h:7077"}, env={})
+    assert "spark.driver.extraJavaOptions" not in session.spark_conf(cluster)
+
+
 def test_no_pyspark_is_a_hint_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pyspark" else real(name, *a))

@@ -11,10 +11,9 @@ import os
 import sys
 from typing import Any
 
-#: JVM options for short runs: the C1 compiler only and the serial collector start a JVM seconds sooner
-#: on a busy machine (measured: the cluster test 55 -> 43 s; a local[2] session's start and first job 6.1 ->
-#: 4.8 s on an idle one), and the work that matters runs in Python anyway.
-QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+# QUICK_JVM: JVM options for short runs, mcdc's own default for a local master's driver (measured here too:
+# the cluster test 55 -> 43 s with them on its master, worker and executors)
+from replicator.engines.spark.session import QUICK_JVM
 
 SPARK_CONF = {
     "spark.ui.enabled": "false",
