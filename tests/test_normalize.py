@@ -326,3 +326,20 @@ def test_a_raw_documents_leading_id_is_read_without_decoding_the_rest() -> None:
     assert dict(event["_id"]) == token and dict(event["fullDocument"]) == {"_id": 1}
     for doc in ({"_id": bson.ObjectId(), "a": 1}, {"a": 1, "_id": {"x": 1}}, {"_idx": {"y": 2}, "_id": 3}):
         assert RawDocument(bson.encode(doc), RAW_CODEC)["_id"] == bson.decode(bson.encode(doc), RAW_CODEC)["_id"]
+
+
+def test_a_wrapped_document_is_the_raw_document_its_constructor_makes() -> None:
+    """rawbson.wrap sets RawBSONDocument's private fields itself (the constructor's checks cost more than
+    the object): a pymongo that names them otherwise must fail here, not in the output."""
+    import pickle
+
+    import bson
+
+    from replicator.rawbson import RAW_CODEC, RawDocument, wrap
+
+    data = bson.encode({"_id": 1, "a": {"b": [1, "x"]}, "s": "é"})
+    made, wrapped = RawDocument(data, RAW_CODEC), wrap(data)
+    assert type(wrapped) is RawDocument and wrapped == made and wrapped.raw == data
+    assert dict(wrapped) == dict(made) and repr(wrapped) == repr(made)
+    assert wrapped["a"] == made["a"] and list(wrapped) == ["_id", "a", "s"]
+    assert pickle.loads(pickle.dumps(wrapped)) == made and bson.encode(wrapped) == data
