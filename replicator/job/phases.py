@@ -34,7 +34,7 @@ from ..engines.base import open_engine
 from ..errors import ConfigError, HistoryLost, TopologyError
 from ..events import ChangeEvent, Op, Position
 from ..fields import FieldRules
-from ..filters import Scope, make_transform, rename_spec, renamed_into_selection
+from ..filters import make_transform, rename_spec, renamed_into_selection
 from ..metrics import Metrics
 from ..preflight import refuse_same_server, source_name
 from ..progress import Reporter
@@ -128,9 +128,7 @@ class SyncJob:
                     )
                     # an event sink's identity needs no I/O: claim before start() opens (or trims) its file
                     claimed = claim(self.store, self.s, info, sink, cp, started=False)
-                    scope = Scope(self.s.selection, self.s.renamer)
-                    transform = make_transform(self.s.selection, self.s.renamer, fields=self._fields)
-                    sink.attach_source(source_lookup(client, scope, transform))
+                    sink.attach_source(source_lookup(client, self.s))
                     if await self._reach(sink.start, "target") is None:  # stopped while the target was unreachable
                         self.summary.elapsed_s = round(time.monotonic() - started, 3)
                         return self.summary

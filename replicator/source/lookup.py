@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..events import ChangeEvent, Namespace
-from ..filters import Scope
+from ..config import Settings
+from ..events import Namespace
+from ..fields import FieldRules
+from ..filters import Scope, make_transform
 from ..normalize import snapshot_read
 from ..sinks.base import SourceLookup
 from .connection import Client
 
 
-def source_lookup(client: Client, scope: Scope, transform: Callable[[ChangeEvent], ChangeEvent | None]) -> SourceLookup:
+def source_lookup(client: Client, settings: Settings) -> SourceLookup:
     """A :data:`~replicator.sinks.base.SourceLookup` on ``client``: the target namespace is mapped back
-    to its source through ``scope``, and each document read goes through ``transform`` (the same
-    filter/rename stage as the stream's events)."""
+    to its source through the run's selection and renames, and each document read goes through the same
+    filter/rename stage as the stream's events (field rules included). The driver's sink and each Spark
+    task's get one."""
+    scope = Scope(settings.selection, settings.renamer)
+    fields = FieldRules(settings.field_exclude, settings.field_rename)
+    transform = make_transform(settings.selection, settings.renamer, fields=fields)
 
     async def lookup(target: Namespace, ids: Sequence[Any]) -> list[Mapping[str, Any]]:
         origin = scope.source_of(target)

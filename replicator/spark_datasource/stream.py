@@ -61,7 +61,8 @@ class ShardRange(InputPartition):
 
 
 class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """The ``mcdc`` source's stream reader. Holds only option strings (it is pickled to the executors)."""
+    """The ``mcdc`` source's stream reader. It is pickled to the executors with its option strings only:
+    the events the driver read while planning go with each micro-batch's partitions, not with it."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self.options = dict(options)
@@ -71,6 +72,9 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._initial: dict[str, Any] | None = None
         # what latestOffset read, per shard: (its start, its end) -> the raw events in between
         self._planned: dict[str, tuple[str, str, list[Mapping[str, Any]]]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_planned": {}}
 
     @property
     def settings(self) -> Settings:

@@ -136,22 +136,19 @@ class StreamApplier:
             )
 
     def _measure(self, events: Sequence[ChangeEvent]) -> None:
-        assert self.metrics is not None
-        measure(self.metrics, events, self.cp)
-
-
-def measure(metrics: Metrics, events: Sequence[ChangeEvent], cp: Checkpoint) -> None:
-    """The metrics of one acknowledged batch (``events`` empty: the server had nothing more)."""
-    metrics.set_state("streaming")
-    if not events:  # the server had nothing more: caught up
-        metrics.heartbeat()
-        metrics.set_lag(0.0)
-        return
-    counts = Counter((e.op.value, str(e.ns)) for e in events)
-    for (op, ns), n in counts.items():
-        metrics.events(op, ns, n)
-    metrics.batch_applied()
-    last = cp.position.cluster_time
-    if last is not None:
-        metrics.set_last_event_time(float(last.time))
-        metrics.set_lag(max(0.0, time.time() - last.time))
+        """The metrics of one acknowledged batch (``events`` empty: the server had nothing more)."""
+        metrics = self.metrics
+        assert metrics is not None
+        metrics.set_state("streaming")
+        if not events:  # the server had nothing more: caught up
+            metrics.heartbeat()
+            metrics.set_lag(0.0)
+            return
+        counts = Counter((e.op.value, str(e.ns)) for e in events)
+        for (op, ns), n in counts.items():
+            metrics.events(op, ns, n)
+        metrics.batch_applied()
+        last = self.cp.position.cluster_time
+        if last is not None:
+            metrics.set_last_event_time(float(last.time))
+            metrics.set_lag(max(0.0, time.time() - last.time))

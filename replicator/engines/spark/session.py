@@ -32,8 +32,8 @@ DEFAULTS = {
 }
 #: JVM options of a local master's driver (unless --spark-conf sets spark.driver.extraJavaOptions): the C1
 #: compiler only and the serial collector start the JVM sooner on a busy machine (a local[2] session and its
-#: first job: 6.1 -> 4.8 s measured idle), and the JVM of a local run moves no document: the copy runs in
-#: Python workers, the replay's rows are collected to the driver once.
+#: first job: 6.1 -> 4.8 s measured idle), and the JVM of a local run does no work on documents: the copy and the
+#: replay's writes run in Python workers.
 QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 #: A local master retries a failed task this many times (Spark's local mode does not retry otherwise).
 LOCAL_TASK_ATTEMPTS = 4

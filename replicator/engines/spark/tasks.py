@@ -14,10 +14,8 @@ from ...config import Settings
 from ...errors import McdcError, ServerUnavailable, SinkUnavailable
 from ...events import ChangeEvent, Namespace
 from ...fields import FieldRules
-from ...filters import Scope, make_transform
-from ...sinks.base import Sink
 from ...sinks.registry import open_sink
-from ...source.connection import Client, make_client
+from ...source.connection import make_client
 from ...source.lookup import source_lookup
 from ...source.partitions import Partition, Resume
 from ...tally import CollectionProgress
@@ -101,7 +99,7 @@ async def _copy(task: CopyTask, *, retried: bool = False) -> tuple[int, list[Any
     try:
         sink.source_name = task.source_name
         await sink.start()
-        attach_source(sink, client, s)
+        sink.attach_source(source_lookup(client, s))
         sink.stage()
 
         async def done(part: Partition, docs: int) -> None:
@@ -180,19 +178,13 @@ async def _apply(task: ApplyTask) -> None:
             raise SinkUnavailable(str(exc)) from None
         if sink.holds_state:
             client = make_client(s.source, timeout_s=s.connect_timeout_s, io_timeout_s=s.io_timeout_s)
-            attach_source(sink, client, s)
+            sink.attach_source(source_lookup(client, s))
         await sink.write(task.events)
         await sink.flush()
     finally:
         await sink.close()
         if client is not None:
             await client.close()
-
-
-def attach_source(sink: Sink, client: Client, s: Settings) -> None:
-    """Where a task's sink reads documents to settle a unique-key conflict, as the driver's sink does."""
-    transform = make_transform(s.selection, s.renamer, fields=FieldRules(s.field_exclude, s.field_rename))
-    sink.attach_source(source_lookup(client, Scope(s.selection, s.renamer), transform))
 
 
 def _pickles(exc: BaseException) -> bool:
