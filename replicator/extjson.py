@@ -24,6 +24,7 @@ from bson.timestamp import Timestamp
 
 from .deprecated_bson import CANDIDATE, convert, holds_deprecated
 from .extjson_types import _C, _R, _c_value, _Converter, _decode_bson, _orjson_dumps, _r_value
+from .rawbson import RawDocument
 
 CANONICAL = JSONOptions(json_mode=JSONMode.CANONICAL, datetime_conversion=DatetimeConversion.DATETIME_AUTO)
 RELAXED = JSONOptions(json_mode=JSONMode.RELAXED, datetime_conversion=DatetimeConversion.DATETIME_AUTO)
@@ -112,7 +113,7 @@ def to_json_value(value: Any, *, relaxed: bool = False) -> Any:
     written as ``"NaN"`` (as json_util does): those do not come back bit for bit. A Python int that does not
     fit in 64 bits (not a BSON value) is returned as is in relaxed mode, and orjson refuses it.
     """
-    if isinstance(value, RawBSONDocument):  # the common case first: a document, as raw bytes
+    if type(value) is RawDocument or isinstance(value, RawBSONDocument):  # the common case first: raw bytes
         return _raw_value(value.raw, _RELAXED_DECODE if relaxed else _CANONICAL_DECODE)
     return _r_value(value) if relaxed else _c_value(value)
 

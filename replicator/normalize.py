@@ -90,10 +90,10 @@ def from_top_level(top: dict[str, Any], rs: str | None = None) -> ChangeEvent | 
     get = top.get
     doc = rawbson.document
     ns_span = get("ns")
-    ns = _namespace_of(ns_span.raw) if ns_span is not None else Namespace("")
+    ns = _namespace_of(ns_span.start) if ns_span is not None else Namespace("")
     update = None
     if op is Op.UPDATE and (desc := get("updateDescription")) is not None:
-        update = _update(rawbson.top_level(desc.raw) or {})
+        update = _update(rawbson.top_level(desc.start) or {})
     ddl = doc(get("operationDescription"))
     to = None
     if op is Op.RENAME:
@@ -105,15 +105,15 @@ def from_top_level(top: dict[str, Any], rs: str | None = None) -> ChangeEvent | 
     txn = None
     lsid, number = get("lsid"), get("txnNumber")
     if lsid is not None and number is not None:
-        txn = Transaction(RawDocument(lsid.raw, rawbson.RAW_CODEC), int(number))
+        txn = Transaction(RawDocument(lsid.start, rawbson.RAW_CODEC), int(number))
     wall, uuid = get("wallTime"), get("collectionUUID")
     key, document, wrap = get("documentKey"), get("fullDocument"), rawbson.wrap  # (wrapped inline: every event)
     # positional, in ChangeEvent's field order: a keyword call of 13 fields costs more, once per event
     return ChangeEvent(
         op,
         ns,
-        None if key is None else wrap(key.raw),
-        None if document is None else wrap(document.raw),
+        None if key is None else wrap(key.start),
+        None if document is None else wrap(document.start),
         update,
         ddl,
         to,

@@ -138,7 +138,7 @@ class BatchAssembler:
         if top is None:
             return self._event_of_mapping(raw)
         split = top.get("splitEvent")
-        if split is not None and (self._fragments or split.raw != _ONE_OF_ONE):
+        if split is not None and (self._fragments or split.start != _ONE_OF_ONE):
             return self._event_of_mapping(raw)
         if OVERSIZE_FLAG in top:
             return self._event_of_mapping(raw)
