@@ -45,6 +45,10 @@ One run measures three things:
       plain only, to keep the part short.
 
    Target: normalize + encode <= 10 µs/event, debezium, small documents (the large ones are informational).
+   For the small documents it also times, the same way, the steps inside that are pymongo's and orjson's C
+   code, which any Python path runs (a fused normalize + encode too): ``rawbson.top_level`` of the change
+   documents, their documents (fullDocument, updatedFields) decoded into extended JSON values, the search for
+   deprecated BSON types in them, and orjson writing them; each per event, and their sum.
 3. Draining a backlog from the source. ``bench_kafka`` is dropped and its collection created; ``mcdc sync
    --target stdout`` of the empty collection makes a checkpoint; then the same operations run on the source
    (insert_many / bulk_write of UpdateOne and DeleteOne), making ``--events`` change events. Then, per repeat
@@ -130,8 +134,12 @@ from pymongo import DeleteOne, UpdateOne
 from replicator.checkpoint import CheckpointStore
 from replicator.cli import GC_THRESHOLDS
 from replicator.config import Settings, resolve
+from replicator.deprecated_bson import CANDIDATE
 from replicator.events import ChangeEvent, Namespace
+from replicator.extjson import _CANONICAL_DECODE
+from replicator.extjson_types import _decode_bson
 from replicator.normalize import normalize_change
+from replicator.rawbson import top_level
 from replicator.sinks.envelope import Encoder, EnvelopeOptions, Message
 from replicator.sinks.kafka import KafkaSink
 from replicator.sinks.kafka_options import producer_config
@@ -355,7 +363,7 @@ def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
 
 
 def _best_of(
-    rounds: int, raws: Sequence[bytes], batch: int, timed: Callable[[Any], Any], prepare: Callable[[Any], Any] | None
+    rounds: int, raws: Sequence[Any], batch: int, timed: Callable[[Any], Any], prepare: Callable[[Any], Any] | None
 ) -> float:
     """The shortest of ``rounds`` passes over ``raws`` in batches, each pass the sum of ``timed(prepare(chunk))``
     (prepare is not timed). Batch by batch, as the pipeline goes: only one batch's events are alive at a time."""
@@ -409,6 +417,53 @@ def cpu_costs(raws: Sequence[bytes], batch: int, rounds: int, envelopes: Sequenc
         }
         print(f"  {name}: encode {encode_s / n * 1e6:.2f} µs/event, both in one pass {both_s / n * 1e6:.2f} µs/event")
     return {"events": n, "rounds": rounds, "normalize": _cost(normalize_s, n), "envelopes": costs}
+
+
+def _documents(raws: Sequence[bytes]) -> list[bytes]:
+    """The documents an encoder converts to extended JSON: each fullDocument, and an update's updatedFields."""
+    docs = []
+    for raw in raws:
+        top = top_level(raw) or {}
+        if (doc := top.get("fullDocument")) is not None:
+            docs.append(doc.start)
+        if (desc := top.get("updateDescription")) is not None:
+            docs.append((top_level(desc.start) or {})["updatedFields"].start)
+    return docs
+
+
+def step_costs(raws: Sequence[bytes], batch: int, rounds: int) -> dict[str, float]:
+    """µs per event of the steps inside normalize + encode that are pymongo's and orjson's C code, which any
+    Python path (a fused one too) runs: the change document's top level; its documents decoded into extended
+    JSON values (pymongo's decoder, its type converters included); the search for deprecated BSON types
+    (Symbol, Undefined, DBPointer) in those documents; orjson writing them. Best of ``rounds``, by batch."""
+    n = len(raws)
+    docs = _documents(raws)
+    per_event = len(raws) / len(docs)  # documents and events are batched alike: each step's cost per event
+    values = [_decode_bson(d, _CANONICAL_DECODE) for d in docs]
+
+    def each(f: Callable[[Any], Any]) -> Callable[[Sequence[Any]], None]:
+        def run(chunk: Sequence[Any]) -> None:
+            for x in chunk:
+                f(x)
+
+        return run
+
+    def decode(doc: bytes) -> Any:
+        return _decode_bson(doc, _CANONICAL_DECODE)
+
+    doc_batch = max(1, round(batch / per_event))
+    costs = {
+        "top_level": _best_of(rounds, raws, batch, each(top_level), None) / n,
+        "decode_documents": _best_of(rounds, docs, doc_batch, each(decode), None) / n,
+        "deprecated_search": _best_of(rounds, docs, doc_batch, each(CANDIDATE.search), None) / n,
+        "orjson": _best_of(rounds, values, doc_batch, each(orjson.dumps), None) / n,
+    }
+    result = {name: round(seconds * 1e6, 2) for name, seconds in costs.items()}
+    result["sum"] = round(sum(costs.values()) * 1e6, 2)
+    print(
+        "  C steps any Python path runs: " + ", ".join(f"{name} {us:.2f}" for name, us in result.items()) + " µs/event"
+    )
+    return result
 
 
 # -- part 1: delivery into Kafka -----------------------------------------------------------------------------
@@ -920,6 +975,11 @@ def print_report(data: dict[str, Any]) -> None:
         print(f"2. CPU per event, no I/O, in process: best of {c['small']['rounds']} rounds")
         large_n = c["large"]["events"]
         _print_cpu(f"small documents: {c['small']['events']:,} events (--events)", c["small"])
+        steps = c["small"]["steps"]
+        print(
+            "   of which C steps any Python path runs (µs/event): "
+            + ", ".join(f"{name.replace('_', ' ')} {us:.2f}" for name, us in steps.items())
+        )
         _print_cpu(
             f"large documents: {large_n:,} events (--events / 10, at least {LARGE_MIN_EVENTS:,}, at most --events)",
             c["large"],
@@ -998,6 +1058,7 @@ def bench(args: argparse.Namespace, command: str) -> dict[str, Any]:
             )
             print(f"  small documents (~{events['avg_doc_bytes']:,} BSON bytes):")
             small = cpu_costs(raws, args.batch, args.cpu_rounds, tuple(ENVELOPES))
+            small["steps"] = step_costs(raws, args.batch, args.cpu_rounds)
             large_ops = plan_ops(large_n, make=make_large_doc)
             large_raws = change_documents(large_ops)
             large_events = describe(large_ops, large_raws)

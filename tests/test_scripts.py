@@ -65,6 +65,12 @@ def test_bench_kafka_small_run_measures_all_three_parts() -> None:
     assert re.search(r"^(PASS|FAIL)  delivery: .*, median of 1 repeat\(s\): \d+\.\d\d", out, re.MULTILINE), out
     data = json.loads(out[out.rindex("\n{\n") + 1 :])
     assert {run["kind"] for run in data["delivery"]["runs"]} == {"mcdc write", "mcdc send", "raw aiokafka"}
+    steps = data["cpu"]["small"]["steps"]  # the C steps inside normalize + encode, per event, and their sum
+    assert set(steps) == {"top_level", "decode_documents", "deprecated_search", "orjson", "sum"}
+    assert all(us > 0 for us in steps.values()) and steps["sum"] == pytest.approx(
+        sum(us for name, us in steps.items() if name != "sum"), abs=0.05
+    )
+    assert re.search(r"^   of which C steps any Python path runs \(µs/event\): top level \d+\.\d\d", out, re.MULTILINE)
     large = data["cpu"]["large"]
     assert large["events"] == 300 and large["documents"]["avg_doc_bytes"] > 15_000
     assert set(large["envelopes"]) == {"debezium", "plain"}
