@@ -439,7 +439,6 @@ def step_costs(raws: Sequence[bytes], batch: int, rounds: int) -> dict[str, floa
     n = len(raws)
     docs = _documents(raws)
     per_event = len(raws) / len(docs)  # documents and events are batched alike: each step's cost per event
-    values = [_decode_bson(d, _CANONICAL_DECODE) for d in docs]
 
     def each(f: Callable[[Any], Any]) -> Callable[[Sequence[Any]], None]:
         def run(chunk: Sequence[Any]) -> None:
@@ -451,6 +450,7 @@ def step_costs(raws: Sequence[bytes], batch: int, rounds: int) -> dict[str, floa
     def decode(doc: bytes) -> Any:
         return _decode_bson(doc, _CANONICAL_DECODE)
 
+    values = [decode(d) for d in docs]
     doc_batch = max(1, round(batch / per_event))
     costs = {
         "top_level": _best_of(rounds, raws, batch, each(top_level), None) / n,
