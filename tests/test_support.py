@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -146,6 +148,37 @@ def test_drop_user_databases_keeps_system_databases(source_uri: str) -> None:
         assert "scratch" in servers.drop_user_databases(source_uri)
         names = client.list_database_names()
     assert set(names) <= servers.SYSTEM_DATABASES
+
+
+def test_a_collection_dropped_while_collections_are_listed_stays_dropped(source_uri: str) -> None:
+    """mongod lists collections from one snapshot, so a drop that races a listCollections stays a drop.
+    SecantusDB minted a UUID for a listed name that was gone by then, which created the collection again,
+    empty and with no change event; the test servers run with that mended (tests/support/secantus_server.py)."""
+    stop = threading.Event()
+
+    def list_all_along() -> None:
+        with servers.connect(source_uri) as lister:
+            while not stop.is_set():
+                list(lister.ghosts.list_collections())
+
+    thread = threading.Thread(target=list_all_along)
+    thread.start()
+    dropped: list[str] = []
+    with servers.connect(source_uri) as client:
+        try:
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline:
+                name = f"x_{len(dropped)}"
+                client.ghosts[name].insert_one({"_id": 1})
+                client.ghosts.drop_collection(name)
+                dropped.append(name)
+        finally:
+            stop.set()
+            thread.join()
+        back = sorted(set(dropped) & set(client.ghosts.list_collection_names()))
+        client.drop_database("ghosts")
+    assert len(dropped) > 20
+    assert not back, f"{len(back)} of {len(dropped)} dropped collections came back: {back[:5]}"
 
 
 def test_local_server_restart_keeps_data(tmp_path: Path) -> None:

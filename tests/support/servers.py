@@ -24,6 +24,7 @@ from tests.support.process import ManagedProcess
 SOURCE_URI_ENV = "MCDC_TEST_SOURCE_URI"
 TARGET_URI_ENV = "MCDC_TEST_TARGET_URI"
 SYSTEM_DATABASES = frozenset({"admin", "local", "config"})
+_MENDED_SERVER = Path(__file__).with_name("secantus_server.py")
 
 
 def free_port() -> int:
@@ -85,8 +86,10 @@ class LocalServer(ManagedProcess):
         return self.storage_dir.parent
 
     def argv(self) -> list[str]:
-        """``secantusd-py`` serving ``storage_dir`` on ``host:port``."""
-        return server_argv(_find_executable(), self.host, self.port, self.storage_dir)
+        """``secantusd-py`` serving ``storage_dir`` on ``host:port``, started through secantus_server.py:
+        SecantusDB with its listCollections no longer bringing back a collection dropped meanwhile."""
+        _find_executable()  # installed, or say how to install it
+        return [sys.executable, str(_MENDED_SERVER), *server_argv("", self.host, self.port, self.storage_dir)[1:]]
 
     def prepare(self) -> None:
         """Create the storage directory."""
