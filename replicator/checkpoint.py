@@ -79,7 +79,7 @@ class Checkpoint:
     #: set by ``mcdc cutover`` once the target was proven identical at a quiet source: the cutover point
     #: (``cluster_time``), when, the evidence and the reverse checkpoint written; None before
     cutover: dict[str, Any] | None = None
-    #: the embedded verifier's place (recheck.SweepState's JSON): a restarted ``tail --verify`` goes on
+    #: the embedded verifier's place (sweep_state.SweepState's JSON): a restarted ``tail --verify`` goes on
     #: with its pass; None when no run verified
     verifier: dict[str, Any] | None = None
 

@@ -34,9 +34,10 @@ from .events import Position, ts_from_json, ts_to_json
 from .job import SyncJob
 from .preflight import source_name
 from .progress import Reporter
-from .recheck import Entry, SweepState
+from .recheck import Entry
 from .source.changestream import current_time
 from .source.connection import DICT_CODEC, Client, deployment_identity, make_client, probe
+from .sweep_state import SweepState
 from .tally import format_ts, listing, plural
 from .uri import is_mongo_uri, redact
 from .verify import VerifyReport, verify

@@ -21,10 +21,11 @@ from .config import Settings
 from .errors import HistoryLost
 from .events import ChangeEvent, Namespace, Position
 from .progress import Reporter
-from .recheck import DOC, Entry, SweepState, key_of
+from .recheck import DOC, Entry, key_of
 from .source.connection import Client, ServerInfo
 from .source.shards import MergedReader
 from .source.topology import StreamTopology
+from .sweep_state import SweepState
 
 #: document keys kept per cutover at most (about 50 bytes each); past it, namespaces are compared whole
 KEY_CAP = 1_000_000

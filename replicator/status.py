@@ -14,10 +14,10 @@ from .config import Settings
 from .errors import ConfigError
 from .events import ts_to_json
 from .migration import COMMITTED, STOPPED, Facts, progress_document
-from .recheck import verification_of
 from .source.changestream import current_time
 from .source.connection import make_client, probe
 from .source.partitions import Partition
+from .sweep_state import verification_of
 
 
 def _iso(epoch_s: float | None) -> str | None:

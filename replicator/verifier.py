@@ -35,12 +35,13 @@ from .filters import Selection, rename_spec
 from .metrics import Metrics
 from .migration import COMMIT_LAG_S, Verification
 from .progress import Reporter, lag_seconds
-from .recheck import COUNT, DOC, MISMATCH, RESOLVED, SCHEMA, Entry, RecheckList, ReplayClock, SweepState
+from .recheck import COUNT, DOC, MISMATCH, RESOLVED, SCHEMA, Entry, RecheckList, ReplayClock
 from .retry import is_retryable
 from .source import catalog
 from .source.changestream import current_time
 from .source.connection import RAW_CODEC, Client
 from .source.partitions import Partition, plan_collection, with_catch_all
+from .sweep_state import SweepState
 from .tally import duration, plural
 from .verify import (
     DOCUMENT_KINDS,

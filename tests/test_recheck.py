@@ -18,13 +18,11 @@ from replicator.recheck import (
     RESOLVED,
     SCHEMA,
     Entry,
-    Mismatches,
     RecheckList,
     ReplayClock,
-    SweepState,
     key_of,
-    verification_of,
 )
+from replicator.sweep_state import Mismatches, SweepState, verification_of
 
 NS = Namespace("shop", "orders")
 DST = Namespace("archive", "orders")
