@@ -8,9 +8,8 @@ The plan (which writes) is :mod:`.mongo_plan`'s; this module sends it.
 Unique secondary indexes: the fast path reorders writes across documents (see ``coalesce``), and a
 looked-up full document or a re-applied event after a crash can hold a key that the target still gives
 to another document. On such a conflict the namespace's batch is applied again in source order, and a
-write that still collides is settled as the source has it: both documents (and any further holder) are
-read again from the source and written in one transaction (their later events in the batch are older
-than that read, so they are skipped).
+write that still collides is settled as the source has it (:mod:`.mongo_unique`); the settled documents'
+later events in the batch are older than that settlement, so they are skipped.
 """
 
 from __future__ import annotations
@@ -48,6 +47,7 @@ from .mongo_plan import (
     stale_delta,
 )
 from .mongo_schema import MongoSchema
+from .mongo_unique import settle
 
 log = logging.getLogger("mcdc.sink.mongo")
 
@@ -57,8 +57,6 @@ _NO_TRANSACTIONS_MESSAGE = "transaction numbers are only allowed on a replica se
 #: OperationNotSupportedInTransaction: this transaction's writes cannot run in one (e.g. creating a
 #: collection inside a transaction before MongoDB 4.4), others can
 _NOT_IN_TRANSACTION = 263
-#: rounds of re-reading documents from the source to settle one unique-key conflict
-_RESOLVE_ROUNDS = 100
 #: MongoDB 7.0's wire version: time-series collections take deletes by any filter
 _DELETES_BY_TIME = 21
 
@@ -220,7 +218,7 @@ class MongoSink(Sink):
 
     async def _apply_in_order(self, ns: Namespace, events: Sequence[ChangeEvent]) -> None:
         """Every write in source order; a write that collides on a unique key is settled from the source
-        (:meth:`_resolve`), and the settled documents' remaining writes in the batch are skipped."""
+        (mongo_unique.settle), and the settled documents' remaining writes in the batch are skipped."""
         todo = plan(events)
         settled: set[bytes] = set()
         while todo:
@@ -228,7 +226,9 @@ class MongoSink(Sink):
                 await self._ordered(ns, todo)
                 return
             except _Conflict as conflict:
-                settled |= await self._resolve(ns, conflict.event, conflict.dup)
+                settled |= await settle(
+                    self._client, ns, conflict.event, conflict.dup, self._lookup, transactions=self._transactions
+                )
                 todo = [p for p in conflict.rest if id_bytes(p[0].document_key) not in settled]
 
     async def _unordered(self, ns: Namespace, group: list[Planned]) -> None:
@@ -289,67 +289,6 @@ class MongoSink(Sink):
                     raise _refused(ns, event, error) from None
                 log.warning("skipped a delta update on %s the target cannot apply: %s", ns, error.get("errmsg"))
                 start = failed + 1
-
-    async def _resolve(self, ns: Namespace, event: ChangeEvent, dup: DuplicateKey) -> set[bytes]:
-        """Settle a unique-key conflict as the source has it now: read the event's document and every
-        target document holding a key it needs from the source, and write them in one transaction
-        (deletes, then inserts). Returns the settled documents' ``_id``s."""
-        if self._lookup is None:
-            raise SinkError(f"replaying into {ns}: {dup.describe()} and no source to settle it from")
-        ids: dict[bytes, Any] = {id_bytes(event.document_key): event.document_key["_id"]}
-        current = dup
-        idle = 0  # rounds in a row that found no new holder (the source changing under the reads)
-        for attempt in range(_RESOLVE_ROUNDS):
-            holder = await self._holder(ns, current, list(ids.values()))
-            if holder is not None:
-                ids[id_bytes(holder)], idle = holder["_id"], 0
-            elif (idle := idle + 1) > 3:
-                break
-            docs = await self._lookup(ns, list(ids.values()))
-            try:
-                await self._replace_documents(ns, list(ids.values()), docs)
-                log.info("%s: settled %s from the source (%d documents, %d rounds)", ns, current.describe(),
-                         len(ids), attempt + 1)  # fmt: skip
-                return set(ids)
-            except BulkWriteError as exc:
-                errors = exc.details.get("writeErrors", [])
-                found = duplicate_key(errors[0]) if errors else None
-                if found is None:
-                    raise
-                current = found
-        raise SinkError(
-            f"replaying into {ns}: {current.describe()}, and reading the documents involved again from the "
-            "source did not settle it (is the source changing them right now?)"
-        )
-
-    async def _holder(self, ns: Namespace, dup: DuplicateKey, exclude: list[Any]) -> Mapping[str, Any] | None:
-        """The target document that holds ``dup``'s key, found the way its index compares keys (its
-        collation, its partial filter)."""
-        coll = self._client[ns.db][ns.coll or ""]
-        spec: Mapping[str, Any] = {}
-        async for index in await coll.list_indexes():
-            if index.get("name") == dup.index:
-                spec = index
-        query: dict[str, Any] = {**dup.key_value, "_id": {"$nin": exclude}}
-        if spec.get("partialFilterExpression"):
-            query = {"$and": [query, spec["partialFilterExpression"]]}
-        collation = spec.get("collation")
-        return await coll.find_one(query, {"_id": 1}, collation=collation)
-
-    async def _replace_documents(self, ns: Namespace, ids: list[Any], docs: list[Mapping[str, Any]]) -> None:
-        """Delete these ``_id``s and insert the given documents, atomically where the target can."""
-        coll = self._client[ns.db][ns.coll or ""]
-
-        async def swap(session: AsyncClientSession | None) -> None:
-            await coll.delete_many({"_id": {"$in": ids}}, session=session)
-            if docs:
-                await coll.insert_many(docs, ordered=True, bypass_document_validation=True, session=session)  # type: ignore[arg-type]
-
-        if not self._transactions:
-            await swap(None)
-            return
-        async with self._client.start_session() as session:
-            await session.with_transaction(swap)
 
     async def _apply_transaction(self, events: Sequence[ChangeEvent]) -> None:
         """One target transaction for one source transaction. Where the target cannot keep it one unit
