@@ -105,6 +105,38 @@ async def test_a_spark_task_writes_files_that_only_the_drivers_commit_makes_visi
     assert changes is not None and changes.num_rows == 8
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("engine", ["asyncio", "spark"])
+@pytest.mark.parametrize("columns", ["lossless", "typed"])
+async def test_a_copy_resumed_onto_rows_already_there_writes_none_twice(
+    kind: str, engine: str, columns: str, tmp_path: Path
+) -> None:
+    """A restored checkpoint of an unfinished snapshot, on a lake whose snapshot was finished since: the
+    resumed run copies the collection again. Killed before its finish_snapshot, then followed by a
+    checkpoint whose snapshot is done (no finish_snapshot ever again), it must have added no row twice."""
+    root = tmp_path / "lake"
+    spec = CollectionSpec(A, "collection", {})
+    docs = [snapshot_read(A, {"_id": i, "v": 0, "name": f"n{i}"}) for i in range(6)]
+    option = ("lake_columns", columns)
+    async with _sink(kind, root, option) as first:
+        await first.prepare([spec], drop_existing=True)
+        await first.write(docs)
+        await first.finish_snapshot([spec])
+        await first.write([_insert(A, 6, 10)])
+    async with _sink(kind, root, option) as resumed:  # prepares nothing: the checkpoint says A was prepared
+        if engine == "asyncio":
+            await resumed.write(docs[:4])
+        else:
+            async with _sink(kind, root, option, ("engine", "spark")) as task:  # as on an executor
+                task.stage()
+                await task.write(docs[:4])
+            await resumed.commit_staged(task.staged())
+    assert _ids(kind, root, A) == list(range(7))
+    changes = read_table(kind, root, "changes", "d", "a")
+    assert changes is not None and duplicate_changes(changes) == []
+    assert sum(row["op"] == "r" for row in changes.to_pylist()) == 6
+
+
 @pytest.mark.parametrize("mode", ["updateLookup", "default"])
 async def test_an_update_without_its_document_applies_its_delta_to_the_row(mode: str, tmp_path: Path) -> None:
     from replicator.events import UpdateDescription

@@ -6,10 +6,12 @@ A commit that covers events records their position (``version``); ``None`` keeps
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from ...errors import ConfigError
 from .tables import SCHEMAS, TableRef
@@ -66,6 +68,12 @@ class Backend(Protocol):
     def commit_files(self, ref: TableRef, files: list[Any]) -> None:
         """Commit data files that :meth:`write_files` wrote (in this process or another), in one commit."""
 
+    def read_files(self, ref: TableRef, files: list[Any]) -> pa.Table:
+        """The rows of data files that :meth:`write_files` wrote, not committed."""
+
+    def remove_files(self, ref: TableRef, files: list[Any]) -> None:
+        """Delete data files that :meth:`write_files` wrote and no commit names."""
+
     def compact(self, ref: TableRef) -> int:
         """Rewrite small files into bigger ones; the number of files removed."""
 
@@ -93,6 +101,17 @@ class Format:
 
     def exists(self, ref: TableRef) -> bool:
         return self._table(ref) is not None
+
+    def _file_path(self, ref: TableRef, file: Any) -> Path:
+        """Where a data file that ``write_files`` wrote is (staging writes local files only)."""
+        raise NotImplementedError
+
+    def read_files(self, ref: TableRef, files: list[Any]) -> pa.Table:
+        return pa.concat_tables([pq.read_table(self._file_path(ref, f)) for f in files])
+
+    def remove_files(self, ref: TableRef, files: list[Any]) -> None:
+        for file in files:
+            self._file_path(ref, file).unlink(missing_ok=True)
 
 
 def check_schema(ref: TableRef, found: pa.Schema, where: str) -> None:

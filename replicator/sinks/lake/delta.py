@@ -150,7 +150,13 @@ class DeltaBackend(Format):
         where = f"{column} IN ({', '.join(_sql(v) for v in values)})"
         if reads_only:
             where = f"op = 'r' AND {where}"
-        write_deltalake(self._must(ref), conform(ref, rows), mode="overwrite", predicate=where)
+        write_deltalake(
+            self._must(ref),
+            conform(ref, rows),
+            mode="overwrite",
+            predicate=where,
+            schema_mode=_merge_if_typed(ref, rows),
+        )
 
     def write_files(self, ref: TableRef, rows: pa.Table) -> None:
         """Add ``rows`` to this process's open Parquet file in the table's directory, not in its log yet (a
@@ -174,6 +180,9 @@ class DeltaBackend(Format):
             )
         self._writing.clear()
         return done
+
+    def _file_path(self, ref: TableRef, file: Any) -> Path:
+        return Path(self._uri(ref), str(file["path"]))
 
     def commit_files(self, ref: TableRef, files: list[Any]) -> None:
         actions: list[AddAction | RemoveAction] = [

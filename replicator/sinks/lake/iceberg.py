@@ -99,6 +99,9 @@ class IcebergBackend(Format):
         self._writing.clear()
         return done
 
+    def _file_path(self, ref: TableRef, file: Any) -> Path:
+        return Path(file["path"])
+
     def commit_files(self, ref: TableRef, files: list[Any]) -> None:
         table = self._must(ref)
         table.add_files([f["path"] for f in files], snapshot_properties=self._properties(table, None))
@@ -204,9 +207,11 @@ class IcebergBackend(Format):
         if reads_only:
             where = And(EqualTo(term=Reference("op"), value=literal("r")), where)
         props = self._properties(table, None)
+        rows = conform(ref, rows)
         with table.transaction() as tx, _quiet():
+            _evolve(tx, table, rows.schema, retype=False)
             tx.delete(where, snapshot_properties=props)
-            tx.append(conform(ref, rows), snapshot_properties=props)
+            tx.append(rows, snapshot_properties=props)
 
     def compact(self, ref: TableRef) -> int:
         """pyiceberg has no file rewrite of its own: the table's rows are written again as one overwrite."""

@@ -2,8 +2,10 @@
 
 Each target collection has a state table and a change table (layout and columns: :mod:`.tables`).
 
-* A snapshot's documents are appended to both (op ``r``); a partition copied again after a crash appends
-  them twice, so :meth:`LakeSink.finish_snapshot` keeps one row per document (one commit per table).
+* A snapshot's documents are appended to both (op ``r``) when this run made or emptied the tables; a
+  partition copied again (a retry) appends them twice, so :meth:`LakeSink.finish_snapshot` keeps one row
+  per document (one commit per table). A resumed copy may meet rows that another run wrote, perhaps one
+  that no finish_snapshot follows (an older checkpoint restored): its rows replace those of their keys.
 * A replay batch is cut at each DDL event. Between two, each collection's events make one commit per
   table: the change rows appended, and the documents' end states merged into the state table (by ``_id``:
   set, or deleted). Each commit records the cluster time of the last event it covers, and the events at or
@@ -111,6 +113,9 @@ class LakeSink(Sink):
         self._kinds: dict[TableRef, typed.Kinds] = {}
         self._on_executor = False  # a Spark task: it writes the lossless columns only
         self._untyped: set[TableRef] = set()  # state tables given rows without their typed columns
+        #: namespaces whose tables this process made or emptied for a copy: its rows are appended there (a
+        #: row written twice is dropped by finish_snapshot); elsewhere they replace rows of the same keys
+        self._emptied: set[Namespace] = set()
 
     async def _run(self, call: Callable[..., T], *args: Any) -> T:
         """A backend call in a thread; the table library's failures as one line: retried when another try may
@@ -145,10 +150,13 @@ class LakeSink(Sink):
         for spec in specs:
             if spec.is_view:
                 continue
+            new = not await self._run(self.backend.exists, TableRef("state", spec.ns))
             for kind in ("state", "changes"):
                 await self._run(self.backend.create, TableRef(kind, spec.ns))
             if drop_existing:
                 await self._replace(TableRef("state", spec.ns), SCHEMAS["state"].empty_table(), None)
+            if new or drop_existing:
+                self._emptied.add(spec.ns)
 
     async def finish_snapshot(self, specs: Sequence[CollectionSpec]) -> None:
         """Rows a copy wrote twice (a partition copied again after a kill) are kept once; under --lake-columns
@@ -239,10 +247,18 @@ class LakeSink(Sink):
         for ref, written in staged:
             by_ref.setdefault(ref, []).append(written)
         for ref, files in by_ref.items():
-            async with self._lock(ref):
-                await self._commit(self.backend.commit_files, ref, files)
-            if self._typed and ref.kind == "state":
-                self._untyped.add(ref)
+            if ref.ns in self._emptied:
+                async with self._lock(ref):
+                    await self._commit(self.backend.commit_files, ref, files)
+                if self._typed and ref.kind == "state":
+                    self._untyped.add(ref)
+            else:  # a resumed copy: the files' rows replace those of the same keys, the files are not kept
+                rows = await self._run(self.backend.read_files, ref, files)
+                if self._typed and ref.kind == "state":
+                    async with self._lock(ref):
+                        rows = await self._state_rows(ref, rows)
+                await self._rewrite(ref, rows)
+                await self._run(self.backend.remove_files, ref, files)
 
     async def _copied(self, batch: Sequence[ChangeEvent]) -> None:
         """Snapshot reads: appended to both tables of their collection (on a Spark executor that stages, only
@@ -261,8 +277,18 @@ class LakeSink(Sink):
                 for ref, table in rows.items():
                     async with self._lock(ref):
                         await self._run(self.backend.write_files, ref, table)
-            else:
+            elif ns in self._emptied or self._on_executor:
                 await asyncio.gather(*(self._append(ref, table, None) for ref, table in rows.items()))
+            else:  # a resumed copy: the table may hold these rows already
+                await asyncio.gather(*(self._rewrite(ref, table) for ref, table in rows.items()))
+
+    async def _rewrite(self, ref: TableRef, rows: pa.Table) -> None:
+        """Snapshot ``rows`` into a table that may hold them (a resumed copy): they replace the rows of their
+        keys (a change table's snapshot rows), in one commit, so no finish_snapshot is needed to drop twins."""
+        column = key_column(ref)
+        keys = [str(key) for key in rows[column].to_pylist()]
+        async with self._lock(ref):
+            await self._commit(self.backend.rewrite, ref, column, keys, rows, ref.kind == "changes")
 
     async def _documents(self, events: Sequence[ChangeEvent]) -> None:
         by_ns: dict[Namespace, list[ChangeEvent]] = {}
