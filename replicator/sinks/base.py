@@ -94,11 +94,18 @@ class Sink(ABC):
         collection is copied as one partition (deleted whole before it is copied again)."""
         return True
 
-    def stage(self) -> bool:
-        """Called on a Spark executor before it copies a snapshot partition: True when this sink then writes
-        its documents without committing them (data files only), for the driver to commit what
-        :meth:`staged` lists with :meth:`commit_staged` (write on the workers, commit once). False (the
-        default): its writes are committed as they are made."""
+    def copies_append(self, ns: Namespace) -> bool:
+        """May a snapshot copy into destination ``ns`` just add its documents, none of them being there yet
+        (this run made or emptied it)? The driver tells its Spark tasks (:meth:`stage`); a sink whose
+        copies replace documents by key need not tell."""
+        return True
+
+    def stage(self, *, appends: bool = True) -> bool:
+        """Called on a Spark executor before it copies a snapshot partition (``appends``: what the driver's
+        :meth:`copies_append` said of its destination): True when this sink then writes its documents
+        without committing them (data files only), for the driver to commit what :meth:`staged` lists with
+        :meth:`commit_staged` (write on the workers, commit once). False (the default): its writes are
+        committed as they are made."""
         return False
 
     def staged(self) -> list[Any]:

@@ -71,7 +71,8 @@ class SparkCopier:
                 if stop is not None and stop.is_set():
                     return  # the next run copies it
                 after = await begin(part, resume, on_start)  # on the driver: the checkpoint is here
-                task = tasks.CopyTask(self.s, part, after, sink.source_name, limits, rename, fields)
+                appends = sink.copies_append(rename(part.ns))
+                task = tasks.CopyTask(self.s, part, after, sink.source_name, limits, rename, fields, appends)
                 try:
                     docs, staged = await asyncio.to_thread(self._run, task)
                 except asyncio.CancelledError:  # a second signal: the run stops now, so do its tasks

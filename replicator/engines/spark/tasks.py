@@ -72,6 +72,7 @@ class CopyTask:
     limits: CopyLimits
     rename: Callable[[Namespace], Namespace]
     fields: FieldRules | None
+    appends: bool = True  # the destination was made or emptied by this run (Sink.copies_append)
 
 
 def copy(task: CopyTask) -> tuple[int, list[Any]]:
@@ -100,7 +101,7 @@ async def _copy(task: CopyTask, *, retried: bool = False) -> tuple[int, list[Any
         sink.source_name = task.source_name
         await sink.start()
         sink.attach_source(source_lookup(client, s))
-        sink.stage()
+        sink.stage(appends=task.appends)
 
         async def done(part: Partition, docs: int) -> None:
             pass

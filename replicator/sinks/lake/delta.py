@@ -150,13 +150,12 @@ class DeltaBackend(Format):
         where = f"{column} IN ({', '.join(_sql(v) for v in values)})"
         if reads_only:
             where = f"op = 'r' AND {where}"
-        write_deltalake(
-            self._must(ref),
-            conform(ref, rows),
-            mode="overwrite",
-            predicate=where,
-            schema_mode=_merge_if_typed(ref, rows),
-        )
+        table = self._must(ref)
+        data = conform(ref, rows)
+        for field in pa.schema(table.schema().to_arrow()):  # a replacing write takes every column: typed ones
+            if data.schema.get_field_index(field.name) < 0:  # a Spark task leaves to the driver are null
+                data = data.append_column(field, pa.nulls(data.num_rows, field.type))
+        write_deltalake(table, data, mode="overwrite", predicate=where, schema_mode=_merge_if_typed(ref, rows))
 
     def write_files(self, ref: TableRef, rows: pa.Table) -> None:
         """Add ``rows`` to this process's open Parquet file in the table's directory, not in its log yet (a

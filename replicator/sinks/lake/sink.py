@@ -112,6 +112,7 @@ class LakeSink(Sink):
         self._spark = settings.engine == "spark"
         self._kinds: dict[TableRef, typed.Kinds] = {}
         self._on_executor = False  # a Spark task: it writes the lossless columns only
+        self._executor_appends = False  # a Spark task's copy may append (its driver made or emptied the table)
         self._untyped: set[TableRef] = set()  # state tables given rows without their typed columns
         #: namespaces whose tables this process made or emptied for a copy: its rows are appended there (a
         #: row written twice is dropped by finish_snapshot); elsewhere they replace rows of the same keys
@@ -227,11 +228,16 @@ class LakeSink(Sink):
                 run.append(event)
         await self._documents(run)
 
-    def stage(self) -> bool:
-        """On a Spark executor: Delta data files are written for the driver to commit; typed columns are
-        left to the driver (tasks would each see other types), which writes them once the snapshot is done."""
+    def copies_append(self, ns: Namespace) -> bool:
+        return ns in self._emptied
+
+    def stage(self, *, appends: bool = True) -> bool:
+        """On a Spark executor: data files are written for the driver to commit (a local lake), or else rows
+        committed here, by key where the driver did not make or empty the table (``appends`` False); typed
+        columns are left to the driver (tasks would each see other types), once the snapshot is done."""
         self._on_executor = True
         self._staging = self.backend.stages
+        self._executor_appends = appends
         return self._staging
 
     def staged(self) -> list[Any]:
@@ -277,7 +283,7 @@ class LakeSink(Sink):
                 for ref, table in rows.items():
                     async with self._lock(ref):
                         await self._run(self.backend.write_files, ref, table)
-            elif ns in self._emptied or self._on_executor:
+            elif ns in self._emptied or self._executor_appends:
                 await asyncio.gather(*(self._append(ref, table, None) for ref, table in rows.items()))
             else:  # a resumed copy: the table may hold these rows already
                 await asyncio.gather(*(self._rewrite(ref, table) for ref, table in rows.items()))
