@@ -152,8 +152,9 @@ class DeltaBackend(Format):
             where = f"op = 'r' AND {where}"
         table = self._must(ref)
         data = conform(ref, rows)
-        for field in pa.schema(table.schema().to_arrow()):  # a replacing write takes every column: typed ones
-            if data.schema.get_field_index(field.name) < 0:  # a Spark task leaves to the driver are null
+        # a replacing write takes every column: typed ones a Spark task leaves to the driver go as nulls
+        for field in pa.schema(table.schema().to_arrow()):
+            if data.schema.get_field_index(field.name) < 0:
                 data = data.append_column(field, pa.nulls(data.num_rows, field.type))
         write_deltalake(table, data, mode="overwrite", predicate=where, schema_mode=_merge_if_typed(ref, rows))
 
