@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -37,45 +37,15 @@ from ...filters import Scope
 from ...uri import redact
 from ..base import Sink
 from . import typed
-from .backend import Backend, duplicates, key_column
+from .backend import duplicates, key_column
 from .fold import fold, needs_base
+from .formats import open_backend
 from .tables import SCHEMAS, TableRef, change_table, snapshot_tables, state_table, version_of
 
 log = logging.getLogger("mcdc.sinks.lake")
 
 T = TypeVar("T")
 _DOCUMENT_OPS = frozenset({Op.READ, Op.INSERT, Op.UPDATE, Op.REPLACE, Op.DELETE})
-
-
-def open_backend(uri: str, options: Iterable[str]) -> Backend:
-    """The backend for ``delta:PATH`` or ``iceberg:PATH``; a one-line error without the lake extra."""
-    scheme, _, path = uri.partition(":")
-    scheme = scheme.lower()
-    if not path.strip():
-        raise ConfigError(f"--target {scheme}:PATH needs a path, e.g. {scheme}:/data/lake")
-    pairs = lake_options(options)
-    try:
-        if scheme == "delta":
-            from .delta import DeltaBackend
-
-            return DeltaBackend(path, pairs)
-        from .iceberg import IcebergBackend
-
-        return IcebergBackend(path, pairs)
-    except ImportError as exc:
-        raise ConfigError(
-            f"--target {scheme}: needs the lake extra ({exc.name} is not installed): pip install 'mcdc[lake]'"
-        ) from None
-
-
-def lake_options(options: Iterable[str]) -> dict[str, str]:
-    pairs = {}
-    for opt in options:
-        key, sep, value = opt.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--lake-opt {key.strip() or '?'}: expected KEY=VALUE (e.g. AWS_REGION=eu-west-1)")
-        pairs[key.strip()] = value
-    return pairs
 
 
 def _newer(event: ChangeEvent, version: int | None) -> bool:
