@@ -26,8 +26,6 @@ from typing import Any
 from secantus.cli import main
 from secantus.storage import Storage
 
-_stored_uuid = Storage.collection_uuid
-
 
 def collection_uuid(self: Any, db: str, coll: str) -> uuid.UUID:
     """``Storage.collection_uuid`` that never creates the collection it is asked about."""
@@ -38,7 +36,7 @@ def collection_uuid(self: Any, db: str, coll: str) -> uuid.UUID:
         self._refresh_read_snapshot()
         if self._coll_options(db, coll) is None:
             return uuid.uuid4()
-        minted: uuid.UUID = _stored_uuid(self, db, coll)
+        minted: uuid.UUID = self._collection_uuid(db, coll)
         return minted
 
 
@@ -52,6 +50,12 @@ def _uuid_in(options: dict[str, Any] | None) -> uuid.UUID | None:
     return None
 
 
+#: what the mend reads: a SecantusDB release without them runs as it is (and says so in its log)
+_NEEDED = ("collection_uuid", "_collection_uuid", "_coll_options", "_refresh_read_snapshot")
+
 if __name__ == "__main__":
-    Storage.collection_uuid = collection_uuid
+    if all(hasattr(Storage, name) for name in _NEEDED):
+        Storage.collection_uuid = collection_uuid
+    else:
+        print("secantus_server.py: this SecantusDB is not the one mended here; running it as it is", file=sys.stderr)
     sys.exit(main())
