@@ -52,7 +52,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -436,6 +436,34 @@ class Tail:
         return int(statistics.median(window)) if window else 0
 
 
+@dataclass
+class Looks:
+    """What looks at the target saw of a replay (perf_counter seconds): its first document, the marker (the
+    last event), and its finish: the marker's look when the state matched then, else the first look after
+    it that matched."""
+
+    first_write: float | None = None
+    marker_seen: float | None = None
+    finished: float | None = None
+    looks: int = 0
+
+    def look(
+        self, now: float, *, any_document: Callable[[], bool], marker: Callable[[], bool], matches: Callable[[], bool]
+    ) -> None:
+        """One look at ``now``. A replay may land whole between the look for any document and the look for
+        the marker: that look is then its first write as well."""
+        if self.first_write is None and any_document():
+            self.first_write = now
+        if self.marker_seen is None and marker():
+            self.marker_seen = now
+            if self.first_write is None:
+                self.first_write = now
+        if self.marker_seen is not None:
+            self.looks += 1
+            if matches():
+                self.finished = self.marker_seen if self.looks == 1 else now
+
+
 def mcdc_replay(
     source: str, target: str, backlog: Backlog, workdir: Path, extra: Sequence[str], timeout: float
 ) -> Replay:
@@ -451,10 +479,9 @@ def mcdc_replay(
     want = (backlog.docs, backlog.v_sum)
     with connect(target) as dst, Tail(argv, workdir, "tail-backlog") as tail:
         coll = dst[DB][EVENTS]
-        first_write = marker_seen = finished = None
-        looks = 0
+        seen = Looks()
         report_at = tail.started + 5.0
-        while finished is None:
+        while seen.finished is None:
             time.sleep(POLL_S)
             tail.check_alive()
             now = time.perf_counter()
@@ -463,17 +490,16 @@ def mcdc_replay(
             if now > report_at:
                 print(f"  {now - tail.started:5.1f} s: {coll.estimated_document_count():,} documents on the target")
                 report_at = now + 5.0
-            if first_write is None and coll.find_one({}, {"_id": 1}) is not None:
-                first_write = now
-            if marker_seen is None and coll.find_one({"_id": MARKER_ID}, {"_id": 1}) is not None:
-                marker_seen = now
-            if marker_seen is not None:
-                looks += 1
-                if _fingerprint(coll) == want:
-                    finished = marker_seen if looks == 1 else now
+            seen.look(
+                now,
+                any_document=lambda: coll.find_one({}, {"_id": 1}) is not None,
+                marker=lambda: coll.find_one({"_id": MARKER_ID}, {"_id": 1}) is not None,
+                matches=lambda: _fingerprint(coll) == want,
+            )
         code, stop_s = tail.stop()
         peak = tail.peak_rss()
-    assert first_write is not None
+    first_write, finished = seen.first_write, seen.finished
+    assert first_write is not None and finished is not None
     wall = finished - tail.started
     return Replay(
         "mcdc",

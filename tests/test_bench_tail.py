@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -28,3 +30,27 @@ def test_bench_tail_small_run_prints_a_ratio_and_p99() -> None:
     assert re.search(r"^lag p99\s+\d+\.\d ms$", result.stdout, re.MULTILINE), result.stdout
     assert re.search(r"^(PASS|FAIL)  lag p99 < 1 s$", result.stdout, re.MULTILINE), result.stdout
     assert "mcdc tail --source" in result.stdout
+
+
+def _bench_tail(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "scripts"))  # where the script finds its _local helpers
+    return importlib.import_module("bench_tail")
+
+
+def test_a_backlog_landing_between_two_looks_still_has_a_first_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI once saw the whole backlog land between the look for any document and the look for the marker:
+    the run finished with no first write, and the script failed."""
+    looks = _bench_tail(monkeypatch).Looks()
+    looks.look(1.0, any_document=lambda: False, marker=lambda: False, matches=lambda: False)
+    looks.look(2.0, any_document=lambda: False, marker=lambda: True, matches=lambda: True)
+    assert (looks.first_write, looks.marker_seen, looks.finished) == (2.0, 2.0, 2.0)
+
+
+def test_the_finish_is_the_first_look_after_the_marker_that_matches(monkeypatch: pytest.MonkeyPatch) -> None:
+    looks = _bench_tail(monkeypatch).Looks()
+    looks.look(1.0, any_document=lambda: True, marker=lambda: False, matches=lambda: False)
+    looks.look(2.0, any_document=lambda: True, marker=lambda: True, matches=lambda: False)
+    unfinished = looks.finished
+    assert unfinished is None
+    looks.look(3.0, any_document=lambda: True, marker=lambda: True, matches=lambda: True)
+    assert (looks.first_write, looks.marker_seen, looks.finished) == (1.0, 2.0, 3.0)
