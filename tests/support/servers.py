@@ -89,7 +89,7 @@ class LocalServer(ManagedProcess):
         """``secantusd-py`` serving ``storage_dir`` on ``host:port``, started through secantus_server.py:
         SecantusDB with its listCollections no longer bringing back a collection dropped meanwhile."""
         _find_executable()  # installed, or say how to install it
-        return [sys.executable, str(_MENDED_SERVER), *server_argv("", self.host, self.port, self.storage_dir)[1:]]
+        return [sys.executable, *server_argv(str(_MENDED_SERVER), self.host, self.port, self.storage_dir)]
 
     def prepare(self) -> None:
         """Create the storage directory."""

@@ -35,8 +35,8 @@ class Backend(Protocol):
 
     def exists(self, ref: TableRef) -> bool: ...
 
-    def create(self, ref: TableRef) -> None:
-        """Create the table if it does not exist; refuse one whose columns are not mcdc's."""
+    def create(self, ref: TableRef) -> bool:
+        """Create the table if it does not exist (True: it did not); refuse one whose columns are not mcdc's."""
 
     def version(self, ref: TableRef) -> int | None: ...
 
@@ -88,7 +88,7 @@ class Format:
         """The open table, or None when it does not exist."""
         raise NotImplementedError
 
-    def create(self, ref: TableRef) -> None:
+    def create(self, ref: TableRef) -> bool:
         raise NotImplementedError
 
     def _must(self, ref: TableRef) -> Any:

@@ -78,13 +78,14 @@ class DeltaBackend(Format):
         self._tables[ref] = table
         return table
 
-    def create(self, ref: TableRef) -> None:
+    def create(self, ref: TableRef) -> bool:
         if self._table(ref) is not None:
-            return
+            return False
         try:
             DeltaTable.create(self._uri(ref), schema=SCHEMAS[ref.kind], mode="ignore", storage_options=self.options)
         except (OSError, DeltaError) as exc:
             raise ConfigError(f"--target {self.label}: cannot create {ref.path()}: {exc}") from None
+        return True
 
     def schema(self, ref: TableRef) -> pa.Schema | None:
         table = self._table(ref)

@@ -140,12 +140,13 @@ class IcebergBackend(Format):
         check_schema(ref, table.schema().as_arrow(), f"{self.label} table {'.'.join(ref.identifier())}")
         return table
 
-    def create(self, ref: TableRef) -> None:
+    def create(self, ref: TableRef) -> bool:
         if self._table(ref) is not None:
-            return
+            return False
         namespace, _ = ref.identifier()
         self.catalog.create_namespace_if_not_exists(namespace)
         self.catalog.create_table_if_not_exists(ref.identifier(), schema=SCHEMAS[ref.kind])
+        return True
 
     @staticmethod
     def _version_of(table: Table) -> int | None:

@@ -121,9 +121,8 @@ class LakeSink(Sink):
         for spec in specs:
             if spec.is_view:
                 continue
-            new = not await self._run(self.backend.exists, TableRef("state", spec.ns))
-            for kind in ("state", "changes"):
-                await self._run(self.backend.create, TableRef(kind, spec.ns))
+            new = await self._run(self.backend.create, TableRef("state", spec.ns))
+            await self._run(self.backend.create, TableRef("changes", spec.ns))
             if drop_existing:
                 await self._replace(TableRef("state", spec.ns), SCHEMAS["state"].empty_table(), None)
             if new or drop_existing:
