@@ -160,28 +160,37 @@ def _optional_str(value: Any) -> str | None:
 
 
 def advance(old: Position | None, new: Position) -> Position:
-    """The newer position; a post-batch token carries no time, so the last known time stays."""
+    """The newer position; a post-batch token carries no time, so the last known time (with the index of
+    the event at it) stays."""
     if old is None:
         return new
-    return Position(
-        resume_token=new.resume_token or old.resume_token, cluster_time=new.cluster_time or old.cluster_time
-    )
+    if new.cluster_time is None:
+        return Position(new.resume_token or old.resume_token, old.cluster_time, old.index, old.shard)
+    return Position(new.resume_token or old.resume_token, new.cluster_time, new.index, new.shard)
 
 
 def _position_json(position: Position) -> dict[str, Any]:
     token = position.resume_token
-    return {
+    data: dict[str, Any] = {
         "resume_token": to_jsonable(token) if token is not None else None,
         "cluster_time": ts_to_json(position.cluster_time),
     }
+    if position.index is not None:  # the event's place at its cluster time: the stream numbers on from it
+        data["index"] = position.index
+    if position.shard is not None:
+        data["shard"] = position.shard
+    return data
 
 
 def _position_from_json(data: Any) -> Position:
     data = data or {}
     token = data.get("resume_token")
+    index, shard = data.get("index"), data.get("shard")
     return Position(
         resume_token=from_jsonable(token) if token is not None else None,
         cluster_time=ts_from_json(data.get("cluster_time")),
+        index=int(index) if index is not None else None,
+        shard=str(shard) if shard is not None else None,
     )
 
 

@@ -54,10 +54,17 @@ class Namespace:
 
 @dataclass(frozen=True, slots=True)
 class Position:
-    """A point in the source's change stream: a resume token when known, else an operation time."""
+    """A point in the source's change stream: a resume token when known, else an operation time.
+
+    An event's position also says where it sits among events of the same cluster time (a transaction's
+    events share one, and two shards can stamp the same one): ``index`` is its place among its stream's
+    events at ``cluster_time`` (0, 1, ...; -1 for a snapshot's read time), and ``shard`` the stream that
+    reported it (None for a replica set's one stream). :mod:`replicator.positions` orders them totally."""
 
     resume_token: Mapping[str, Any] | None = None
     cluster_time: Timestamp | None = None
+    index: int | None = None
+    shard: str | None = None
 
     def __bool__(self) -> bool:
         return self.resume_token is not None or self.cluster_time is not None
@@ -114,6 +121,13 @@ class ChangeEvent:
     rs: str | None = None  # the replica set (shard) whose change stream reported the event
     origin: Namespace | None = None  # the source namespace, when --rename gave ``ns`` another name
     uuid: bytes | None = None  # the collectionUUID: which incarnation of the namespace the event is about
+
+    @property
+    def change_time(self) -> Timestamp | None:
+        """When the change happened (its cluster time); None for a snapshot read, whose position is the
+        snapshot's read time, not a change's."""
+        pos = self.position
+        return None if pos is None or self.op is Op.READ else pos.cluster_time
 
     @property
     def document_key(self) -> Mapping[str, Any]:

@@ -50,14 +50,18 @@ log = logging.getLogger("mcdc.source")
 _warned: set[str] = set()
 
 
-def normalize_change(raw: Mapping[str, Any], rs: str | None = None) -> ChangeEvent | None:
+def normalize_change(
+    raw: Mapping[str, Any], rs: str | None = None, index: int | None = None, shard: str | None = None
+) -> ChangeEvent | None:
     """Turn one change-stream document into a ChangeEvent, or None for events mcdc does not replay.
 
-    ``rs`` names the replica set (shard) the stream reads, for sinks that report it."""
+    ``rs`` names the replica set (shard) the stream reads, for sinks that report it. ``index`` and
+    ``shard`` go into the event's position (see :mod:`replicator.positions`): its place among its stream's
+    events at its cluster time, and the stream's name (None for a replica set's one stream)."""
     data = getattr(raw, "raw", None)
     if type(data) is bytes and (top := rawbson.top_level(data)) is not None:
-        return from_top_level(top, rs)
-    return _from_mapping(raw, rs)
+        return from_top_level(top, rs, index, shard)
+    return _from_mapping(raw, rs, index, shard)
 
 
 def _op(op_type: str, fields: Container[str]) -> Op | None:
@@ -81,7 +85,9 @@ def _op(op_type: str, fields: Container[str]) -> Op | None:
     return None
 
 
-def from_top_level(top: dict[str, Any], rs: str | None = None) -> ChangeEvent | None:
+def from_top_level(
+    top: dict[str, Any], rs: str | None = None, index: int | None = None, shard: str | None = None
+) -> ChangeEvent | None:
     """:func:`normalize_change` of a change document's top-level fields as :func:`rawbson.top_level` gives
     them (sub-documents as Spans)."""
     op = OPERATION_TYPES.get(top["operationType"]) or _op(top["operationType"], top)
@@ -117,7 +123,7 @@ def from_top_level(top: dict[str, Any], rs: str | None = None) -> ChangeEvent | 
         update,
         ddl,
         to,
-        Position(doc(top["_id"]), get("clusterTime")),
+        Position(doc(top["_id"]), get("clusterTime"), index, shard),
         int(wall) if wall is not None else None,
         txn,
         doc(get("fullDocumentBeforeChange")),
@@ -154,7 +160,9 @@ def _update_description(desc: Mapping[str, Any]) -> UpdateDescription:
     )
 
 
-def _from_mapping(raw: Mapping[str, Any], rs: str | None) -> ChangeEvent | None:
+def _from_mapping(
+    raw: Mapping[str, Any], rs: str | None, index: int | None = None, shard: str | None = None
+) -> ChangeEvent | None:
     # one pass over the field names: a missing field then costs a set lookup, not the KeyError a
     # RawBSONDocument's Mapping.get raises and catches (most events lack half of the optional fields)
     present = set(raw)
@@ -190,7 +198,7 @@ def _from_mapping(raw: Mapping[str, Any], rs: str | None) -> ChangeEvent | None:
         update=update,
         ddl=ddl,
         to=to,
-        position=Position(resume_token=raw["_id"], cluster_time=get("clusterTime")),
+        position=Position(raw["_id"], get("clusterTime"), index, shard),
         wall_time_ms=_millis(get("wallTime")),
         txn=txn,
         before=get("fullDocumentBeforeChange"),
@@ -220,9 +228,10 @@ def _namespace_of(raw: bytes) -> Namespace:
     return ns
 
 
-def snapshot_read(ns: Namespace, document: Mapping[str, Any]) -> ChangeEvent:
-    """A document copied by the snapshot, as a READ event."""
-    return ChangeEvent(op=Op.READ, ns=ns, document=document)
+def snapshot_read(ns: Namespace, document: Mapping[str, Any], at: Position | None = None) -> ChangeEvent:
+    """A document copied by the snapshot, as a READ event; ``at``: the snapshot's read time
+    (:func:`replicator.positions.snapshot_position`), where its rows sit in the stream's order."""
+    return ChangeEvent(op=Op.READ, ns=ns, document=document, position=at)
 
 
 def _millis(value: Any) -> int | None:

@@ -54,7 +54,9 @@ def test_split_event_fragments_arrive_as_one_event() -> None:
     assert assembler.nothing_more(token(100, 2))
     (event,) = assembler.take().events
     assert event.document == {"_id": 1, "a": 1} and dict(event.key) == {"_id": 1}
-    assert event.position == Position(resume_token=token(100, 2), cluster_time=Timestamp(100, 1))  # the last _id
+    assert event.position == Position(
+        resume_token=token(100, 2), cluster_time=Timestamp(100, 1), index=0
+    )  # the last _id
 
 
 def test_raw_fragments_and_whole_events_marked_one_of_one() -> None:
@@ -165,3 +167,26 @@ def test_oversize_skip_drops_the_marked_event_and_logs_it(caplog: pytest.LogCapt
     assembler.add(change(2, 101))
     assembler.nothing_more(token(102))
     assert ids(assembler.take()) == [2]
+
+
+def test_events_of_one_cluster_time_are_numbered_in_stream_order_and_again_from_a_saved_place() -> None:
+    """A transaction's events share a cluster time: each gets its place (``index``), the same when the
+    stream is read again from any saved event of it, one inside the transaction included."""
+    stream = [change(1, 100, txn=7), change(2, 100, txn=7), change(3, 100, txn=7), change(4, 101), change(5, 101)]
+    whole = BatchAssembler(batch_size=100, shard="shard-a")
+    for raw in stream:
+        whole.add(raw)
+    whole.nothing_more(None)
+    events = whole.take().events
+    assert [(e.position.cluster_time.time, e.position.index) for e in events] == [
+        (100, 0), (100, 1), (100, 2), (101, 0), (101, 1),
+    ]  # fmt: skip
+    assert {e.position.shard for e in events} == {"shard-a"}
+    for saved in range(len(events)):
+        from replicator.positions import Numbering
+
+        again = BatchAssembler(batch_size=100, shard="shard-a", numbering=Numbering(events[saved].position))
+        for raw in stream[saved + 1 :]:
+            again.add(raw)
+        again.nothing_more(None)
+        assert [e.position for e in again.take().events] == [e.position for e in events[saved + 1 :]]

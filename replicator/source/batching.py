@@ -19,6 +19,7 @@ from bson.timestamp import Timestamp
 from .. import rawbson
 from ..events import ChangeEvent, Position
 from ..normalize import from_top_level, normalize_change
+from ..positions import Numbering
 
 #: Set by the server-side stage that trims an event over 16 MB (--oversize skip without split support).
 OVERSIZE_FLAG = "mcdcOversize"
@@ -88,13 +89,19 @@ class BatchAssembler:
         until: Timestamp | None = None,
         rs: str | None = None,
         fragments: Fragments | None = None,
+        numbering: Numbering | None = None,
+        shard: str | None = None,
     ) -> None:
         """``rs``: the replica set's name, stamped on every event. ``fragments``: the stream's split-event
-        buffer, when it outlives this run (a new one otherwise)."""
+        buffer, and ``numbering`` its count of events within a cluster time, when they outlive this run
+        (new ones otherwise). ``shard``: the stream's name in a merge of shards (None for a replica set),
+        stamped on every event's position."""
         self._batch_size = batch_size
         self._until = until
         self._rs = rs
+        self._shard = shard
         self._fragments = fragments if fragments is not None else Fragments()
+        self._numbering = numbering if numbering is not None else Numbering()
         self._events: list[ChangeEvent] = []
         self._held: ChangeEvent | None = None
         self._caught_up = False
@@ -132,31 +139,28 @@ class BatchAssembler:
     def _event(self, raw: Mapping[str, Any]) -> ChangeEvent | None:
         """The event of one change document; None for a fragment of a split event (until its last), an
         oversize event skipped, or an event mcdc does not replay. A document that arrived as bytes has its
-        top level decoded once (rawbson.top_level), a whole event marked as fragment 1 of 1 included."""
+        top level decoded once (rawbson.top_level), a whole event marked as fragment 1 of 1 included. Every
+        whole event is numbered within its cluster time, skipped ones too (so is every event the Spark data
+        source reads: both count the same events)."""
         data = getattr(raw, "raw", None)
         top = rawbson.top_level(data) if type(data) is bytes else None
-        if top is None:
-            return self._event_of_mapping(raw)
-        split = top.get("splitEvent")
-        if split is not None and (self._fragments or split.start != _ONE_OF_ONE):
-            return self._event_of_mapping(raw)
-        if OVERSIZE_FLAG in top:
-            return self._event_of_mapping(raw)
-        return from_top_level(top, self._rs)
-
-    def _event_of_mapping(self, raw: Mapping[str, Any]) -> ChangeEvent | None:
+        if top is not None:
+            split = top.get("splitEvent")
+            if (split is None or (not self._fragments and split.start == _ONE_OF_ONE)) and OVERSIZE_FLAG not in top:
+                return from_top_level(top, self._rs, self._numbering.next(top.get("clusterTime")), self._shard)
         if "splitEvent" in raw:
             whole = self._fragments.add(raw)
             if whole is None:
                 return None
             raw = whole
+        index = self._numbering.next(raw.get("clusterTime"))
         if raw.get(OVERSIZE_FLAG):
             log.warning(
                 "skipped a change event over 16 MB (--oversize skip): %s on %s.%s, %s",
                 raw.get("operationType"), raw["ns"].get("db"), raw["ns"].get("coll"), raw.get("documentKey"),
             )  # fmt: skip
             return None
-        return normalize_change(raw, self._rs)
+        return normalize_change(raw, self._rs, index, self._shard)
 
     def nothing_more(self, resume_token: Any) -> bool:
         """The server had no event; ``resume_token`` is the stream's post-batch token. True when the batch

@@ -21,6 +21,7 @@ from pymongo.errors import OperationFailure, PyMongoError
 from ..aio import get_or_raise, pump, stop_pumps
 from ..errors import HistoryLost, OversizeEvent
 from ..events import Position
+from ..positions import Numbering
 from .batching import OVERSIZE_FLAG, BatchAssembler, Fragments, merge_fragments, plain_token
 from .batching import Batch as Batch  # re-exported, with token_timestamp: the reader's callers import them here
 from .batching import token_timestamp as token_timestamp
@@ -166,12 +167,14 @@ class ChangeStreamReader:
         oversize: str = "fail",
         pre_images: str = "off",
         rs: str | None = None,
+        shard: str | None = None,
     ) -> None:
         """``track_time``: stamp batches with local read and poll times (``Batch.read_at`` and
         ``Batch.idle_since``), which merging several streams needs. ``oversize``: what to do with a
         change event over 16 MB where the server cannot split it ("fail" or "skip", logged). ``pre_images``:
         fullDocumentBeforeChange ("off", "whenAvailable" or "required"). ``rs``: the replica set's name,
-        stamped on every event."""
+        stamped on every event. ``shard``: the stream's name among a cluster's shards (None for a replica
+        set), stamped on every event's position."""
         self.client = client
         self._track_time = track_time
         self._full_document = full_document
@@ -179,9 +182,11 @@ class ChangeStreamReader:
         self._max_await_ms = max_await_ms
         self._pre_images = pre_images
         self._rs = rs
+        self._shard = shard
         self._plan = OversizePlan(oversize)
         self._kwargs: dict[str, Any] = {}
         self._fragments = Fragments()  # outlives one run of batches(), not the stream
+        self._numbering = Numbering()  # the same
         self._stream: AsyncChangeStream[Any] | None = None
         # the replies read ahead (see batches()); their events not yet assembled outlive one run
         self._reader: asyncio.Task[None] | None = None
@@ -205,6 +210,7 @@ class ChangeStreamReader:
             kwargs["start_at_operation_time"] = start.cluster_time
         await self._stop_reading()
         self._fragments = Fragments()
+        self._numbering = Numbering(start)
         self._kwargs = kwargs
         await self._watch(kwargs, start)
 
@@ -252,7 +258,10 @@ class ChangeStreamReader:
         if self._reader is None:
             self._replies = asyncio.Queue(maxsize=READ_AHEAD)
             self._reader = asyncio.create_task(pump(self._read_replies(), self._replies))
-        assembler = BatchAssembler(batch_size=self._batch_size, until=until, rs=self._rs, fragments=self._fragments)
+        assembler = BatchAssembler(
+            batch_size=self._batch_size, until=until, rs=self._rs, fragments=self._fragments,
+            numbering=self._numbering, shard=self._shard,
+        )  # fmt: skip
         pending = self._pending
         while True:
             poll_started: float | None = None

@@ -215,10 +215,14 @@ class _ShardState:
             self.idle_position = item.position
 
     def allows(self, when: Timestamp, read_at: float) -> bool:
-        """Can an event of another shard at cluster time ``when``, read at ``read_at``, go first?"""
+        """Can an event of another shard at cluster time ``when``, read at ``read_at``, go first?
+
+        Not on the strength of an event of this shard at ``when`` itself: a batch may end between two of
+        this shard's events at one cluster time, and the rest comes first in the stream's order (by shard
+        name, then place: replicator.positions)."""
         if self.finished or self.buffer:
             return True  # a buffered head is not earlier (the released event is the smallest head)
-        if self.seen_to is not None and self.seen_to >= when:
+        if self.seen_to is not None and self.seen_to > when:
             return True
         return self.idle_since is not None and self.idle_since >= read_at
 

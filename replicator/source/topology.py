@@ -108,6 +108,7 @@ class StreamTopology:
         return ChangeStreamReader(
             client, full_document=self.s.full_document, batch_size=self.s.replay_batch, max_await_ms=100,
             track_time=True, oversize=self.s.oversize, pre_images=self.s.pre_images, rs=info.set_name,
+            shard=shard.name,
         )  # fmt: skip
 
     async def watch(self, reader: MergedReader, stop: asyncio.Event, user_stop: asyncio.Event | None) -> ShardChange:
