@@ -98,11 +98,14 @@ class ReplayStage:
         written = Written()
         rest: list[ChangeEvent] | None = list(events)
         while rest is not None:
+            chunk = rest
             now, rest = self.window.split(rest) if self.window is not None else (rest, None)
             kept = [e for e in map(self.transform, now) if e is not None]
             if kept:
                 await self._apply(kept)
                 written.events.extend(kept)
+            if len(now) + len(rest or ()) < len(chunk):  # held back: after what was applied before them
+                await self._history(held_back(chunk, now, rest))
             if rest is not None:
                 await self.settle()
         if not written.events:
@@ -111,6 +114,12 @@ class ReplayStage:
             await self._after_write(events)
         written.ackable = self.window is None or not self.window.pending
         return written
+
+    async def _history(self, held: Sequence[ChangeEvent]) -> None:
+        """Events the window held back still reach a sink that keeps every event (Sink.history)."""
+        recorded = [e for e in map(self.transform, held) if e is not None]
+        if recorded:
+            await self.sink.history(recorded)
 
     def acked(self, applied: Timestamp | None, *, idle_since: float | None = None) -> None:
         """The engine acknowledged the replay up to the event at ``applied``; ``idle_since``: a poll begun
@@ -130,3 +139,12 @@ class ReplayStage:
         copied, at = await self._resync(resync)
         self.window.copied(copied, at)
         return not self.window.pending
+
+
+def held_back(
+    chunk: Sequence[ChangeEvent], applied: Sequence[ChangeEvent], rest: Sequence[ChangeEvent] | None
+) -> list[ChangeEvent]:
+    """The events of ``chunk`` that the window neither applied nor left for after the copy, in order."""
+    done = len(chunk) - len(rest or ())
+    kept = {id(e) for e in applied}
+    return [e for e in chunk[:done] if id(e) not in kept]

@@ -21,6 +21,7 @@ from .engines.asyncio.pipeline import CopyLimits, copy_partitions
 from .events import ChangeEvent, Namespace, Op
 from .fields import FieldRules
 from .filters import rename_spec
+from .positions import snapshot_position
 from .progress import Reporter
 from .sinks.base import Sink
 from .source import catalog
@@ -104,6 +105,7 @@ class Resyncer:
             await self._sink.write([ChangeEvent(Op.DROP, target, origin=ns)])
             return
         renamed = rename_spec(spec, self.s.renamer)
+        at = snapshot_position(await current_time(self._client))  # before anything is read: the rows' place
         await self._sink.prepare([renamed], drop_existing=True)
         if spec.is_view:
             return
@@ -120,7 +122,7 @@ class Resyncer:
         limits = CopyLimits(s.workers, s.batch_docs, s.batch_bytes, s.queue_batches)
         documents = await copy_partitions(
             self._client, self._sink, plan, limits=limits, rename=s.renamer, on_done=done,
-            reporter=self._reporter, fields=self._fields,
+            reporter=self._reporter, fields=self._fields, at=at,
         )  # fmt: skip
         self._reporter.snapshot_end(complete=True)
         await self._sink.finish_snapshot([renamed])

@@ -11,17 +11,17 @@ from replicator.events import ChangeEvent, Namespace, Op, Position, UpdateDescri
 from replicator.rawbson import DICT_CODEC
 from replicator.sinks.lake.backend import duplicates
 from replicator.sinks.lake.fold import apply_update, fold, needs_base
-from replicator.sinks.lake.tables import CHANGE_SCHEMA, TableRef, change_table, id_json, state_table, version_of
+from replicator.sinks.lake.tables import CHANGE_SCHEMA, TableRef, change_table, cluster_time_of, id_json, state_table
 
 NS = Namespace("d", "c")
 
 
-def _at(t: int, i: int = 1) -> Position:
-    return Position({"_data": f"{t:08x}{i:08x}"}, Timestamp(t, i))
+def _at(t: int, i: int = 1, n: int = 0) -> Position:
+    return Position({"_data": f"{t:08x}{i:08x}{n:04x}"}, Timestamp(t, i), n)
 
 
-def _ev(op: Op, _id: object, t: int, i: int = 1, **kw: object) -> ChangeEvent:
-    return ChangeEvent(op=op, ns=NS, key={"_id": _id}, position=_at(t, i), **kw)  # type: ignore[arg-type]
+def _ev(op: Op, _id: object, t: int, i: int = 1, n: int = 0, **kw: object) -> ChangeEvent:
+    return ChangeEvent(op=op, ns=NS, key={"_id": _id}, position=_at(t, i, n), **kw)  # type: ignore[arg-type]
 
 
 def _update(
@@ -52,19 +52,20 @@ def test_fold_keeps_each_documents_last_state_in_order() -> None:
     folded = fold(events, {id_json(3): bson.encode({"_id": 3})})
     ups = {k: (bson.decode(b), v) for k, b, _, v in folded.upserts()}
     assert ups == {
-        id_json(1): ({"_id": 1, "v": 2}, version_of(events[1])),
-        id_json(3): ({"_id": 3, "w": 1}, version_of(events[3])),
+        id_json(1): ({"_id": 1, "v": 2}, cluster_time_of(events[1])),
+        id_json(3): ({"_id": 3, "w": 1}, cluster_time_of(events[3])),
     }
     assert sorted(folded.deletes()) == sorted([id_json(2), id_json(4)])
 
 
-def test_change_rows_number_the_events_of_one_cluster_time() -> None:
-    events = [_ev(Op.INSERT, i, 20, 1, document={"_id": i}) for i in range(3)] + [_ev(Op.DELETE, 0, 21)]
+def test_change_rows_carry_each_events_place_in_the_stream() -> None:
+    events = [_ev(Op.INSERT, i, 20, 1, i, document={"_id": i}) for i in range(3)] + [_ev(Op.DELETE, 0, 21)]
     table = change_table(events)
     assert table.schema == CHANGE_SCHEMA
-    assert table["seq"].to_pylist() == [0, 1, 2, 0]
+    assert [s["n"] for s in table["sequence"].to_pylist()] == [0, 1, 2, 0]
+    assert table["sequence"].to_pylist()[3] == {"t": 21, "i": 1, "shard": "", "n": 0}
     assert table["cluster_time"].to_pylist()[3] == {"t": 21, "i": 1}
-    assert version_of(events[3]) == (21 << 32) | 1
+    assert cluster_time_of(events[3]) == (21, 1)
 
 
 def test_duplicates_keep_one_row_per_key_and_only_r_rows_of_a_change_table() -> None:
@@ -75,6 +76,17 @@ def test_duplicates_keep_one_row_per_key_and_only_r_rows_of_a_change_table() -> 
     column, keys, keep = duplicates(TableRef("changes", NS), changes)
     assert (column, keys, keep.num_rows) == ("key", ["k"], 1)
     assert duplicates(TableRef("changes", NS), pa.table({"key": ["k", "k"], "op": ["u", "d"]}))[1] == []
+
+
+def test_duplicates_keep_the_rows_of_two_copies_made_at_different_times() -> None:
+    first, later = {"t": 5, "i": 1, "shard": "", "n": -1}, {"t": 9, "i": 2, "shard": "", "n": -1}
+    changes = pa.table(
+        {"key": ["k", "k", "k", "j"], "op": ["r", "r", "r", "r"], "sequence": [first, later, first, later]}
+    )
+    column, keys, keep = duplicates(TableRef("changes", NS), changes)
+    assert (column, keys) == ("key", ["k"])
+    assert keep["sequence"].to_pylist() == [first, later]  # the copy written twice once; the later copy kept
+    assert duplicates(TableRef("changes", NS), changes.slice(1, 3))[1] == []
 
 
 def test_a_snapshot_batchs_rows_are_the_ones_the_general_row_functions_make() -> None:

@@ -91,19 +91,20 @@ EVENTS = {
 @pytest.mark.parametrize("name", sorted(EVENTS))
 def test_a_change_row_gives_back_the_exact_event_from_its_change_column(name: str) -> None:
     doc = EVENTS[name]
-    event = normalize_change(doc, "shard1")
+    event = normalize_change(doc, "rs1", 2, "shard1")
     assert event is not None
     row = as_mapping(event_row(event, bson_bytes(doc)))
-    assert row["change"] == doc.raw and row["shard"] == "shard1"
+    assert row["change"] == doc.raw and row["shard"] == "rs1"
     assert row["resume_token"] == dumps_str(doc["_id"])
     assert row["cluster_time"] == {"t": 1_700_000_000, "i": doc["clusterTime"].inc}
+    assert row["sequence"] == {"t": 1_700_000_000, "i": doc["clusterTime"].inc, "shard": "shard1", "n": 2}
     assert row["wall_time"] == datetime.datetime(2024, 1, 2, 3, 4, 5, 678000, tzinfo=datetime.UTC)
     same_event(event_from_row(row), event)
 
 
 @pytest.mark.parametrize("name", sorted(EVENTS))
 def test_a_change_row_without_its_change_column_gives_the_same_event(name: str) -> None:
-    event = normalize_change(EVENTS[name], None)
+    event = normalize_change(EVENTS[name], None, 1)
     assert event is not None
     row = as_mapping(event_row(event)) | {"change": None}
     same_event(event_from_row(row), event)
@@ -129,7 +130,7 @@ def test_change_row_columns_are_canonical_extended_json() -> None:
 
 def test_cluster_time_keeps_unsigned_32_bit_halves() -> None:
     doc = change("delete", 1, clusterTime=Timestamp(2**32 - 1, 2**32 - 1))
-    event = normalize_change(doc)
+    event = normalize_change(doc, None, 0)
     assert event is not None
     row = as_mapping(event_row(event, bson_bytes(doc)))
     assert row["cluster_time"] == {"t": 2**32 - 1, "i": 2**32 - 1}

@@ -20,6 +20,7 @@ from ..extjson import from_jsonable, to_jsonable
 from ..fields import FieldRules
 from ..filters import rename_spec
 from ..metrics import Metrics
+from ..positions import snapshot_position
 from ..progress import Reporter
 from ..retry import Retrier
 from ..sinks.base import Sink
@@ -123,7 +124,7 @@ class SnapshotCopy:
             await self.engine.copier(
                 client, sink, todo, limits=self._limits(), rename=s.renamer, on_done=done,
                 reporter=self.reporter, stop=self.stop, resume=resume, on_progress=progress, result=copied,
-                fields=self.fields, on_start=start,
+                fields=self.fields, on_start=start, at=snapshot_position(cp.position.cluster_time),
             )  # fmt: skip
         except Exception:
             if pace.owed:  # a resume point the pace held back: the retry goes on from it

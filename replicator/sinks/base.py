@@ -56,6 +56,11 @@ class Sink(ABC):
     async def write(self, batch: Sequence[ChangeEvent]) -> None:
         """Deliver a batch; return only when all of it is acknowledged."""
 
+    async def history(self, events: Sequence[ChangeEvent]) -> None:  # noqa: B027 - optional hook
+        """Events the replay holds back from a sink that holds state, because their namespace waits to be
+        copied again (see ddl_window): the copy stands for them in the state. A sink that also keeps every
+        event as it happened (a lake's change tables) records them here, in order."""
+
     def attach_source(self, lookup: SourceLookup) -> None:  # noqa: B027 - optional hook
         """Called before ``start()`` with a way to re-read documents from the source, for a sink that
         must settle a write as the source has it now (a unique-key conflict in MongoDB)."""

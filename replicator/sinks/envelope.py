@@ -267,8 +267,7 @@ class Encoder:
         self, parts: Parts, event: ChangeEvent, now_ms: int, tx_block: dict[str, Any] | None, after: Any
     ) -> bytes:
         """What ``orjson.dumps`` of :meth:`_envelope` gives, its varying values written into ``parts``."""
-        pos = event.position
-        ct = pos.cluster_time if pos is not None else None
+        ct = event.change_time
         txn, update, before, relaxed = event.txn, event.update, event.before, self._relaxed
         ts, wall = source_ts(event, ct, now_ms), event.wall_time_ms
         # integers written inline where they are ints (they always are from normalize): a call less for each

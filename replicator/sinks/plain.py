@@ -11,7 +11,6 @@ from ..extjson import to_json_value
 
 def plain_event(event: ChangeEvent, *, relaxed: bool, source_name: str) -> dict[str, Any]:
     """mcdc's own event as JSON data; documents as extended JSON objects (relaxed or canonical)."""
-    pos = event.position
     out: dict[str, Any] = {"op": event.op.value, "ns": str(event.ns)}
     if event.to is not None:
         out["to"] = str(event.to)
@@ -30,8 +29,8 @@ def plain_event(event: ChangeEvent, *, relaxed: bool, source_name: str) -> dict[
         }
     if event.ddl is not None:
         out["ddl"] = to_json_value(event.ddl, relaxed=relaxed)
-    if pos is not None and pos.cluster_time is not None:
-        out["clusterTime"] = {"t": pos.cluster_time.time, "i": pos.cluster_time.inc}
+    if (ct := event.change_time) is not None:
+        out["clusterTime"] = {"t": ct.time, "i": ct.inc}
     if event.wall_time_ms is not None:
         out["wallTime"] = event.wall_time_ms
     if event.txn is not None:

@@ -25,8 +25,7 @@ class SourceBlocks:
     def block(self, event: ChangeEvent, rs: str, now_ms: int, *, legacy: bool, lsid: str | None) -> dict[str, Any]:
         """The block of ``event`` read from replica set ``rs``; ``legacy``: Debezium 1.x's fields; ``lsid``:
         the transaction's session id as an extended JSON string (Debezium 2.x)."""
-        pos = event.position
-        ct = pos.cluster_time if pos is not None else None
+        ct = event.change_time
         snapshot = event.op is Op.READ
         base = self._bases.get((event.ns, rs, snapshot, legacy))
         if base is None:

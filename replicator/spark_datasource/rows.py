@@ -22,20 +22,25 @@ from bson.timestamp import Timestamp
 from ..events import ChangeEvent, Namespace, Op, Position, Transaction, UpdateDescription
 from ..extjson import CANONICAL, dumps_str
 from ..normalize import normalize_change, snapshot_read
+from ..positions import seq_of
 from ..rawbson import RAW_CODEC, RawDocument
 
 #: Column name and Spark type, in row order. ``cluster_time``'s ``t`` and ``i`` are BSON timestamp halves,
 #: unsigned 32-bit: bigint holds every value (an int would overflow for ``t`` after 2038 and for large ``i``).
+#: Struct fields are nullable (the values never are): a table that copies the type into a nullable column
+#: of its own (Auto CDC's SCD2 ``__END_AT``) needs them to be.
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("op", "string not null"),  # an Op value: r, c, u, replace, d, or the DDL's name
     ("db", "string not null"),
     ("coll", "string"),  # null for database events
     ("key", "string"),  # the document key (documentKey), canonical Extended JSON
-    ("document", "string"),  # the full document when known, canonical Extended JSON
+    ("document", "string"),  # the full document when known, Extended JSON (canonical, or relaxed)
     ("bson", "binary"),  # the full document's raw BSON bytes when known
-    ("update", "string"),  # {updatedFields, removedFields, truncatedArrays}, canonical Extended JSON
-    ("before", "string"),  # the pre-image (pre-images option), canonical Extended JSON
-    ("cluster_time", "struct<t: bigint not null, i: bigint not null>"),
+    ("update", "string"),  # {updatedFields, removedFields, truncatedArrays}, Extended JSON
+    ("before", "string"),  # the pre-image (pre-images option), Extended JSON
+    ("cluster_time", "struct<t: bigint, i: bigint>"),  # null for snapshot rows
+    # the row's place in the stream's total order (replicator.positions): sort or sequence by it
+    ("sequence", "struct<t: bigint, i: bigint, shard: string, n: bigint>"),
     ("wall_time", "timestamp"),  # UTC
     ("txn", "string"),  # {lsid, txnNumber} as canonical Extended JSON; null outside transactions
     ("resume_token", "string"),  # the event's _id, canonical Extended JSON
@@ -50,18 +55,23 @@ Row = tuple[Any, ...]
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
-def snapshot_row(ns: Namespace, document: RawBSONDocument) -> Row:
-    """A document read by a snapshot: op ``r`` with key, document and bson set."""
+def snapshot_row(ns: Namespace, document: RawBSONDocument, at: Position | None = None, *, relaxed: bool = False) -> Row:
+    """A document read by a snapshot: op ``r`` with key, document and bson set; ``at``: the snapshot's read
+    time (:func:`replicator.positions.snapshot_position`), its ``sequence``. ``relaxed``: the document as
+    relaxed Extended JSON (``from_json`` with a schema then gives typed values)."""
+    seq = seq_of(at)
     return (
-        "r", ns.db, ns.coll, dumps_str({"_id": document["_id"]}), dumps_str(document), bson_bytes(document),
-        None, None, None, None, None, None, None, None,
+        "r", ns.db, ns.coll, dumps_str({"_id": document["_id"]}), dumps_str(document, relaxed=relaxed),
+        bson_bytes(document), None, None, None, None if seq is None else seq.to_json(), None, None, None, None, None,
     )  # fmt: skip
 
 
-def event_row(event: ChangeEvent, change: bytes | None = None) -> Row:
-    """Any ChangeEvent as a row; ``change``: the raw change-stream document it was made from."""
+def event_row(event: ChangeEvent, change: bytes | None = None, *, relaxed: bool = False) -> Row:
+    """Any ChangeEvent as a row; ``change``: the raw change-stream document it was made from. ``relaxed``:
+    the document columns (document, update, before) as relaxed Extended JSON; the key stays canonical."""
     position = event.position or Position()
     ts = position.cluster_time
+    seq = seq_of(position)
     txn = None
     if event.txn is not None:
         txn = dumps_str({"lsid": event.txn.lsid, "txnNumber": Int64(event.txn.txn_number)})
@@ -70,11 +80,12 @@ def event_row(event: ChangeEvent, change: bytes | None = None) -> Row:
         event.ns.db,
         event.ns.coll,
         _json(event.key if event.key is not None else _key_of(event.document)),
-        _json(event.document),
+        _json(event.document, relaxed),
         bson_bytes(event.document) if event.document is not None else None,
-        _json(_update_json(event.update)) if event.update is not None else None,
-        _json(event.before),
+        _json(_update_json(event.update), relaxed) if event.update is not None else None,
+        _json(event.before, relaxed),
         {"t": ts.time, "i": ts.inc} if ts is not None else None,
+        None if seq is None else seq.to_json(),
         _EPOCH + datetime.timedelta(milliseconds=event.wall_time_ms) if event.wall_time_ms is not None else None,
         txn,
         _json(position.resume_token),
@@ -92,12 +103,15 @@ def bson_bytes(document: Mapping[str, Any]) -> bytes:
 
 def event_from_row(row: Mapping[str, Any]) -> ChangeEvent:
     """The ChangeEvent a row stands for. From ``change`` when the row has it (exactly the event
-    normalize_change made); else from the other columns: r/c/replace from ``bson``, d from ``key``, u from
-    ``bson`` (the full document) and/or ``update``. DDL needs ``change``."""
+    normalize_change made, at the place ``sequence`` gives); else from the other columns: r/c/replace from
+    ``bson``, d from ``key``, u from ``bson`` (the full document) and/or ``update`` (canonical Extended
+    JSON: a relaxed one may read an Int64 back as an int). DDL needs ``change``."""
     shard = row.get("shard")
     change = row.get("change")
+    seq = row.get("sequence")
+    index, stream = (int(seq["n"]), seq["shard"] or None) if seq is not None and seq["n"] is not None else (None, None)
     if change is not None:
-        event = normalize_change(RawDocument(bytes(change), RAW_CODEC), shard)
+        event = normalize_change(RawDocument(bytes(change), RAW_CODEC), shard, index, stream)
         if event is None:
             raise ValueError("the row's change column holds an event mcdc does not replay")
         return event
@@ -107,7 +121,12 @@ def event_from_row(row: Mapping[str, Any]) -> ChangeEvent:
     if op is Op.READ:
         if document is None:
             raise ValueError(f"an r row of {ns} has no bson column")
-        return snapshot_read(ns, document)
+        at = (
+            None
+            if seq is None or index is None
+            else Position(cluster_time=Timestamp(int(seq["t"]), int(seq["i"])), index=index)
+        )
+        return snapshot_read(ns, document, at)
     if op.is_ddl or op is Op.INVALIDATE:
         raise ValueError(f"a {op.value} row of {ns} needs its change column to be replayed")
     key = _load(row.get("key"))
@@ -118,7 +137,7 @@ def event_from_row(row: Mapping[str, Any]) -> ChangeEvent:
         raise ValueError(f"a {op.value} row of {ns} has no key")
     ct = row.get("cluster_time")
     token = _load(row.get("resume_token"))
-    position = Position(token, Timestamp(int(ct["t"]), int(ct["i"])) if ct is not None else None)
+    position = Position(token, Timestamp(int(ct["t"]), int(ct["i"])) if ct is not None else None, index, stream)
     return ChangeEvent(
         op=op,
         ns=ns,
@@ -133,8 +152,8 @@ def event_from_row(row: Mapping[str, Any]) -> ChangeEvent:
     )
 
 
-def _json(value: Mapping[str, Any] | None) -> str | None:
-    return dumps_str(value) if value is not None else None
+def _json(value: Mapping[str, Any] | None, relaxed: bool = False) -> str | None:
+    return dumps_str(value, relaxed=relaxed) if value is not None else None
 
 
 def _key_of(document: Mapping[str, Any] | None) -> Mapping[str, Any] | None:

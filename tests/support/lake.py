@@ -58,12 +58,10 @@ def collections(uri: str, db: str) -> list[str]:
 
 
 def duplicate_changes(table: pa.Table) -> list[tuple[Any, ...]]:
-    """``(key, cluster_time, seq, op)`` that occur more than once in a change table."""
-    rows = zip(
-        table["key"].to_pylist(), table["cluster_time"].to_pylist(), table["seq"].to_pylist(), table["op"].to_pylist(),
-        strict=True,
-    )  # fmt: skip
-    counts = Counter((k, None if ct is None else (ct["t"], ct["i"]), s, op) for k, ct, s, op in rows)
+    """``(key, sequence, op)`` that occur more than once in a change table (an event's sequence is its own;
+    a snapshot's rows share their copy's)."""
+    rows = zip(table["key"].to_pylist(), table["sequence"].to_pylist(), table["op"].to_pylist(), strict=True)
+    counts = Counter((k, None if s is None else tuple(s.values()), op) for k, s, op in rows)
     return [row for row, n in counts.items() if n > 1]
 
 

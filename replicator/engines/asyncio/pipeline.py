@@ -23,7 +23,7 @@ from typing import Any, Protocol, TypeVar, cast
 from bson.timestamp import Timestamp
 
 from ...aio import DONE, get_or_raise, pump, stop_pumps
-from ...events import ChangeEvent, Namespace
+from ...events import ChangeEvent, Namespace, Position
 from ...fields import FieldEditor, FieldRules
 from ...normalize import snapshot_read
 from ...progress import Reporter, lag_seconds
@@ -77,6 +77,7 @@ async def copy_partitions(
     result: CopyResult | None = None,
     fields: FieldRules | None = None,
     on_start: Callable[[Partition], Awaitable[None]] | None = None,
+    at: Position | None = None,
 ) -> int:
     """Copy partitions with ``workers`` concurrent readers sharing ``workers`` write slots, so a last big
     partition still writes with all of them. Returns the number of documents written (also added to
@@ -86,7 +87,8 @@ async def copy_partitions(
     A partition with an entry in ``resume`` (by id) goes on after it. ``on_progress(partition, resume
     point)`` runs each time a resumable partition's acknowledged prefix of batches grows. ``fields``: the
     field rules documents go through (the stream's events go through the same, in the transform stage).
-    ``on_start(partition)``: see :func:`begin`."""
+    ``on_start(partition)``: see :func:`begin`. ``at``: the position of the documents read
+    (:func:`replicator.positions.snapshot_position` of the source's time before the copy began)."""
     todo: asyncio.Queue[Partition] = asyncio.Queue()
     for part in sorted(partitions, key=lambda p: -p.estimated_docs):  # biggest first: shorter tail
         todo.put_nowait(part)
@@ -103,7 +105,7 @@ async def copy_partitions(
             after = await begin(part, resume, on_start)
             editor = fields.for_namespace(part.ns) if fields else None
             docs = await _copy_one(
-                client, sink, part, limits, rename(part.ns), reporter, slots, result, after, on_progress, editor
+                client, sink, part, limits, rename(part.ns), reporter, slots, result, after, on_progress, editor, at
             )
             await on_done(part, docs)
 
@@ -149,6 +151,7 @@ async def _copy_one(
     after: Resume | None = None,
     on_progress: Callable[[Partition, Resume], Awaitable[None]] | None = None,
     editor: FieldEditor | None = None,
+    at: Position | None = None,
 ) -> int:
     """Read one partition ahead and write its batches, several at once unless its order matters.
 
@@ -169,9 +172,9 @@ async def _copy_one(
         nonlocal written
         try:
             if editor is None:
-                await sink.write([snapshot_read(ns, doc) for doc in docs])
+                await sink.write([snapshot_read(ns, doc, at) for doc in docs])
             else:
-                await sink.write([snapshot_read(ns, editor.document(doc)) for doc in docs])
+                await sink.write([snapshot_read(ns, editor.document(doc), at) for doc in docs])
         finally:
             slots.release()
         written += len(docs)

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from ...config import Settings
-from ...events import Namespace
+from ...events import Namespace, Position
 from ...fields import FieldRules
 from ...progress import Reporter
 from ...sinks.base import Sink
@@ -57,6 +57,7 @@ class SparkCopier:
         result: CopyResult | None = None,
         fields: FieldRules | None = None,
         on_start: Callable[[Partition], Awaitable[None]] | None = None,
+        at: Position | None = None,
     ) -> int:
         """Copy ``partitions`` on the executors; ``client`` and ``sink`` (the driver's) are not used by the
         tasks, which open their own from the settings. Progress is per partition (``on_progress`` is not
@@ -72,7 +73,7 @@ class SparkCopier:
                     return  # the next run copies it
                 after = await begin(part, resume, on_start)  # on the driver: the checkpoint is here
                 appends = sink.copies_append(rename(part.ns))
-                task = tasks.CopyTask(self.s, part, after, sink.source_name, limits, rename, fields, appends)
+                task = tasks.CopyTask(self.s, part, after, sink.source_name, limits, rename, fields, appends, at)
                 try:
                     docs, staged = await asyncio.to_thread(self._run, task)
                 except asyncio.CancelledError:  # a second signal: the run stops now, so do its tasks

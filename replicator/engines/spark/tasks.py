@@ -12,7 +12,7 @@ from typing import Any
 
 from ...config import Settings
 from ...errors import McdcError, ServerUnavailable, SinkUnavailable
-from ...events import ChangeEvent, Namespace
+from ...events import ChangeEvent, Namespace, Position
 from ...fields import FieldRules
 from ...sinks.registry import open_sink
 from ...source.connection import make_client
@@ -73,6 +73,7 @@ class CopyTask:
     rename: Callable[[Namespace], Namespace]
     fields: FieldRules | None
     appends: bool = True  # the destination was made or emptied by this run (Sink.copies_append)
+    at: Position | None = None  # the snapshot's read time: its rows' position
 
 
 def copy(task: CopyTask) -> tuple[int, list[Any]]:
@@ -108,7 +109,7 @@ async def _copy(task: CopyTask, *, retried: bool = False) -> tuple[int, list[Any
 
         written = await copy_partitions(
             client, sink, [part], limits=task.limits, rename=task.rename, on_done=done, reporter=QuietReporter(),
-            resume={part.id: after} if after is not None else None, fields=task.fields,
+            resume={part.id: after} if after is not None else None, fields=task.fields, at=task.at,
         )  # fmt: skip
         await sink.flush()
         return written, sink.staged()

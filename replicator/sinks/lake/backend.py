@@ -1,11 +1,13 @@
 """What a table format must do for the lake sink (:mod:`.sink`), and what both formats share. Each method
 is one atomic commit, or a read; each is blocking (the sink runs them in threads).
 
-A commit that covers events records their position (``version``); ``None`` keeps the table's.
+A commit that covers events records how far they go in each stream (``mark``: the stamps it moves, kept
+over the table's others); ``None`` keeps the table's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -14,6 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ...errors import ConfigError
+from ...positions import Mark
 from .tables import SCHEMAS, TableRef
 
 #: a filter of rows: (column, the values it may hold)
@@ -38,7 +41,8 @@ class Backend(Protocol):
     def create(self, ref: TableRef) -> bool:
         """Create the table if it does not exist (True: it did not); refuse one whose columns are not mcdc's."""
 
-    def version(self, ref: TableRef) -> int | None: ...
+    def mark(self, ref: TableRef, streams: Iterable[str]) -> Mark:
+        """How far the table got in ``streams`` (at least those; empty when it does not exist)."""
 
     def schema(self, ref: TableRef) -> pa.Schema | None:
         """The table's columns (None when it does not exist)."""
@@ -46,12 +50,12 @@ class Backend(Protocol):
     def read(self, ref: TableRef, columns: list[str], where: Where | None = None) -> pa.Table:
         """Rows of the table (only those whose column ``where[0]`` is one of ``where[1]`` when given)."""
 
-    def append(self, ref: TableRef, rows: pa.Table, version: int | None) -> None: ...
+    def append(self, ref: TableRef, rows: pa.Table, mark: Mark | None) -> None: ...
 
-    def merge_state(self, ref: TableRef, upserts: pa.Table, deletes: list[str], version: int | None) -> None:
+    def merge_state(self, ref: TableRef, upserts: pa.Table, deletes: list[str], mark: Mark | None) -> None:
         """Set the rows of ``upserts`` (by ``_id``) and delete the rows of ``deletes``, in one commit."""
 
-    def replace(self, ref: TableRef, rows: pa.Table, version: int | None, *, new_schema: bool = False) -> None:
+    def replace(self, ref: TableRef, rows: pa.Table, mark: Mark | None, *, new_schema: bool = False) -> None:
         """The table's whole content becomes ``rows`` (``new_schema``: with their columns, typed columns that
         changed type included)."""
 
@@ -123,6 +127,11 @@ def check_schema(ref: TableRef, found: pa.Schema, where: str) -> None:
         for f in wanted
         if found.get_field_index(f.name) >= 0 and not _same_type(found.field(f.name).type, f.type)
     ]
+    if ref.kind == "changes" and "sequence" in missing and found.get_field_index("seq") >= 0:
+        raise ConfigError(
+            f"{where}: a change table written by an older mcdc (its rows are ordered by seq, now by sequence): "
+            "move the lake's tables away, or choose another --target, and copy again with --snapshot always"
+        )
     if missing or wrong:
         what = f"no column {', '.join(missing)}" if missing else f"other types for {', '.join(wrong)}"
         raise ConfigError(
@@ -149,23 +158,31 @@ def key_column(ref: TableRef) -> str:
 
 def duplicates(ref: TableRef, table: pa.Table) -> tuple[str, list[str], pa.Table]:
     """Rows that a copy wrote twice (a snapshot partition copied again after a crash): the key column, the
-    keys with more than one row, and one row for each of those keys. State tables: by ``_id``; change
-    tables: ``r`` rows by ``key``."""
+    keys with more than one row, and the rows to keep for those keys. State tables: one row per ``_id``.
+    Change tables: ``r`` rows, one per ``key`` and ``sequence`` (when the table has it): the rows of two
+    copies made at different times (a namespace copied again) are both kept."""
     column = key_column(ref)
     if ref.kind == "changes":
         table = table.filter(pc.equal(table["op"], "r"))
-    counts = table.group_by(column).aggregate([([], "count_all")])
-    keys = counts.filter(pc.greater(counts["count_all"], 1))[column].to_pylist()
-    if not keys:
+    keys = table[column].to_pylist()
+    copies = table["sequence"].to_pylist() if "sequence" in table.column_names else [None] * len(keys)
+    seen: set[tuple[str, Any]] = set()
+    twice: set[str] = set()
+    for key, seq in zip(keys, copies, strict=True):
+        pair = (key, None if seq is None else tuple(seq.values()))
+        if pair in seen:
+            twice.add(key)
+        seen.add(pair)
+    if not twice:
         return column, [], table.slice(0, 0)
-    dups = table.filter(pc.is_in(table[column], pa.array(keys, pa.string())))
-    seen: set[str] = set()
+    kept: set[tuple[str, Any]] = set()
     keep = []
-    for i, key in enumerate(dups[column].to_pylist()):
-        if key not in seen:
-            seen.add(key)
+    for i, (key, seq) in enumerate(zip(keys, copies, strict=True)):
+        pair = (key, None if seq is None else tuple(seq.values()))
+        if key in twice and pair not in kept:
+            kept.add(pair)
             keep.append(i)
-    return column, keys, dups.take(keep)
+    return column, sorted(twice), table.take(keep)
 
 
 def conform(ref: TableRef, rows: pa.Table) -> pa.Table:

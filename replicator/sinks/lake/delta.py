@@ -1,7 +1,10 @@
 """Delta Lake tables through delta-rs (``deltalake``): ``--target delta:PATH``.
 
-The position a commit covers is a Delta application transaction (``txn`` action, app id ``mcdc``): it is
-committed atomically with the data, and :meth:`DeltaBackend.version` reads it back.
+The mark of how far a table got (:class:`~replicator.positions.Mark`) is kept as Delta application
+transactions (``txn`` actions), committed atomically with the data, two per stream: app id ``mcdc`` holds the
+cluster time (``t << 32 | i``) and ``mcdc.index`` the event's index at it (``mcdc@SHARD``, ``mcdc.index@SHARD``
+for a shard's stream). A table written before the index was kept has only ``mcdc``: it covers every event at
+its cluster time. :meth:`DeltaBackend.mark` reads them back.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,6 +25,7 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from ...errors import ConfigError
 from ...events import Namespace
+from ...positions import WHOLE_TIME, Mark, Stamp
 from ...uri import redact
 from .backend import APP_ID, Format, Where, check_schema, conform, deleted
 from .tables import SCHEMAS, TableRef
@@ -30,6 +34,12 @@ from .tables import SCHEMAS, TableRef
 def _merge_if_typed(ref: TableRef, rows: pa.Table) -> Literal["merge"] | None:
     """Let a write add columns only when it brings typed ones (checking the schema costs every write)."""
     return "merge" if rows.num_columns > len(SCHEMAS[ref.kind]) else None
+
+
+def _app_ids(stream: str) -> tuple[str, str]:
+    """The app ids of a stream's mark: its cluster time's and its index's."""
+    suffix = f"@{stream}" if stream else ""
+    return f"{APP_ID}{suffix}", f"{APP_ID}.index{suffix}"
 
 
 def _sql(value: str) -> str:
@@ -91,9 +101,21 @@ class DeltaBackend(Format):
         table = self._table(ref)
         return None if table is None else pa.schema(table.schema().to_arrow())
 
-    def version(self, ref: TableRef) -> int | None:
+    def mark(self, ref: TableRef, streams: Iterable[str]) -> Mark:
         table = self._table(ref)
-        return None if table is None else table.transaction_version(APP_ID)
+        if table is None:
+            return Mark()
+        stamps: dict[str, Stamp] = {}
+        for stream in set(streams):
+            time_id, index_id = _app_ids(stream)
+            at, index = table.transaction_version(time_id), table.transaction_version(index_id)
+            if at is not None:
+                stamps[stream] = (at >> 32, at & 0xFFFFFFFF, WHOLE_TIME if index is None else index)
+        fallback = None  # a table written before marks had an index: one cluster time for every stream
+        legacy = table.transaction_version(APP_ID)
+        if legacy is not None and table.transaction_version(_app_ids("")[1]) is None:
+            fallback = (legacy >> 32, legacy & 0xFFFFFFFF, WHOLE_TIME)
+        return Mark(stamps, fallback)
 
     def read(self, ref: TableRef, columns: list[str], where: Where | None = None) -> pa.Table:
         table = self._table(ref)
@@ -107,16 +129,22 @@ class DeltaBackend(Format):
         column = rows[where[0]].cast(pa.string())
         return rows.filter(pc.is_in(column, pa.array(where[1], pa.string())))
 
-    def _commit(self, version: int | None) -> CommitProperties:
-        return CommitProperties(app_transactions=[Transaction(APP_ID, version)] if version is not None else None)
+    def _commit(self, mark: Mark | None) -> CommitProperties:
+        if mark is None:
+            return CommitProperties()
+        transactions = []
+        for stream, (t, i, n) in sorted(mark.stamps.items()):
+            time_id, index_id = _app_ids(stream)
+            transactions += [Transaction(time_id, t << 32 | i), Transaction(index_id, n)]
+        return CommitProperties(app_transactions=transactions)
 
-    def append(self, ref: TableRef, rows: pa.Table, version: int | None) -> None:
+    def append(self, ref: TableRef, rows: pa.Table, mark: Mark | None) -> None:
         write_deltalake(
             self._must(ref), conform(ref, rows), mode="append", schema_mode=_merge_if_typed(ref, rows),
-            commit_properties=self._commit(version),
+            commit_properties=self._commit(mark),
         )  # fmt: skip
 
-    def merge_state(self, ref: TableRef, upserts: pa.Table, deletes: list[str], version: int | None) -> None:
+    def merge_state(self, ref: TableRef, upserts: pa.Table, deletes: list[str], mark: Mark | None) -> None:
         ups = conform(ref, upserts)
         source = pa.concat_tables(
             [
@@ -133,7 +161,7 @@ class DeltaBackend(Format):
                 source_alias="s",
                 target_alias="t",
                 merge_schema=True,
-                commit_properties=self._commit(version),
+                commit_properties=self._commit(mark),
             )
             .when_matched_delete("s._op = 'd'")
             .when_matched_update(columns, "s._op = 'u'")
@@ -141,10 +169,10 @@ class DeltaBackend(Format):
             .execute()
         )
 
-    def replace(self, ref: TableRef, rows: pa.Table, version: int | None, *, new_schema: bool = False) -> None:
+    def replace(self, ref: TableRef, rows: pa.Table, mark: Mark | None, *, new_schema: bool = False) -> None:
         write_deltalake(
             self._must(ref), conform(ref, rows), mode="overwrite", schema_mode="overwrite" if new_schema else "merge",
-            commit_properties=self._commit(version),
+            commit_properties=self._commit(mark),
         )  # fmt: skip
 
     def rewrite(self, ref: TableRef, column: str, values: list[str], rows: pa.Table, reads_only: bool) -> None:

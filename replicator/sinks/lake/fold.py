@@ -19,7 +19,7 @@ from ...events import ChangeEvent, Op, UpdateDescription
 from ...extjson import dumps_str
 from ...rawbson import DICT_CODEC, RAW_CODEC
 from ...spark_datasource.rows import bson_bytes
-from .tables import id_json, version_of
+from .tables import cluster_time_of, id_json
 
 #: the ops that set a whole document
 _SETS = frozenset({Op.INSERT, Op.REPLACE, Op.READ})
@@ -27,13 +27,13 @@ _SETS = frozenset({Op.INSERT, Op.REPLACE, Op.READ})
 
 @dataclass
 class Folded:
-    """The end state of each document a run of events touched: ``rows[_id] = (bson, version)``, or
+    """The end state of each document a run of events touched: ``rows[_id] = (bson, cluster time)``, or
     ``None`` for a document deleted (or not known to exist)."""
 
-    rows: dict[str, tuple[bytes, int | None] | None] = field(default_factory=dict)
+    rows: dict[str, tuple[bytes, tuple[int, int] | None] | None] = field(default_factory=dict)
 
-    def upserts(self) -> list[tuple[str, bytes, str, int | None]]:
-        """``(_id, bson, document, version)`` of the documents that exist."""
+    def upserts(self) -> list[tuple[str, bytes, str, tuple[int, int] | None]]:
+        """``(_id, bson, document, cluster time)`` of the documents that exist."""
         out = []
         for key, row in self.rows.items():
             if row is not None:
@@ -71,10 +71,10 @@ def fold(events: Sequence[ChangeEvent], base: Mapping[str, bytes]) -> Folded:
     rows = folded.rows
     for event in events:
         key = key_of(event)
-        version = version_of(event)
+        at = cluster_time_of(event)
         if event.op in _SETS or (event.op is Op.UPDATE and event.document is not None):
             assert event.document is not None
-            rows[key] = (bson_bytes(event.document), version)
+            rows[key] = (bson_bytes(event.document), at)
         elif event.op is Op.DELETE:
             rows[key] = None
         elif event.op is Op.UPDATE and event.update is not None:
@@ -82,7 +82,7 @@ def fold(events: Sequence[ChangeEvent], base: Mapping[str, bytes]) -> Folded:
             if current is None:
                 rows.setdefault(key, None)  # nothing to apply the delta to: the document is gone
                 continue
-            rows[key] = (apply_update(current, event.update), version)
+            rows[key] = (apply_update(current, event.update), at)
     return folded
 
 

@@ -3,16 +3,20 @@
 By default a SQLite catalog at ``PATH/catalog.db`` with its warehouse at ``PATH``; ``--lake-opt KEY=VALUE``
 gives any other pyiceberg catalog's properties (``type=rest``, ``uri=...``, ``warehouse=...``).
 
-The position a commit covers is the snapshot property ``mcdc.version``, set on every commit mcdc makes
-(carried on from the table's current one when the commit covers no event).
+The mark of how far a table got (:class:`~replicator.positions.Mark`) is the snapshot property ``mcdc.mark``
+(JSON: each stream's ``[t, i, n]``, ``""`` for a replica set), set on every commit mcdc makes: the stamps a
+commit moves, over the table's current ones (carried on as they are by a commit that covers no event). A
+table written before the index was kept has ``mcdc.version`` (``t << 32 | i``) instead, which covers every
+event at its cluster time, in every stream without a stamp of its own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import uuid
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +30,13 @@ from pyiceberg.table import Table, Transaction
 
 from ...errors import ConfigError
 from ...events import Namespace
+from ...positions import WHOLE_TIME, Mark
 from ...uri import redact
 from .backend import Format, Where, check_schema, conform
 from .tables import SCHEMAS, TableRef
 
-PROPERTY = "mcdc.version"
+PROPERTY = "mcdc.mark"
+LEGACY_PROPERTY = "mcdc.version"
 
 
 @contextlib.contextmanager
@@ -149,20 +155,27 @@ class IcebergBackend(Format):
         return True
 
     @staticmethod
-    def _version_of(table: Table) -> int | None:
+    def _mark_of(table: Table) -> Mark:
         snapshot = table.current_snapshot()
-        if snapshot is None:
-            return None
-        value = snapshot.summary.additional_properties.get(PROPERTY) if snapshot.summary is not None else None
-        return int(value) if value else None
+        found = snapshot.summary.additional_properties if snapshot is not None and snapshot.summary else {}
+        stamps = {str(k): (int(v[0]), int(v[1]), int(v[2])) for k, v in json.loads(found.get(PROPERTY) or "{}").items()}
+        legacy = found.get(LEGACY_PROPERTY)
+        fallback = (int(legacy) >> 32, int(legacy) & 0xFFFFFFFF, WHOLE_TIME) if legacy else None
+        return Mark(stamps, fallback)
 
-    def version(self, ref: TableRef) -> int | None:
+    def mark(self, ref: TableRef, streams: Iterable[str]) -> Mark:
         table = self._table(ref)
-        return None if table is None else self._version_of(table)
+        return Mark() if table is None else self._mark_of(table)
 
-    def _properties(self, table: Table, version: int | None) -> dict[str, str]:
-        version = version if version is not None else self._version_of(table)
-        return {PROPERTY: str(version)} if version is not None else {}
+    def _properties(self, table: Table, mark: Mark | None) -> dict[str, str]:
+        """The snapshot properties of a commit: the table's mark, moved by ``mark``'s stamps."""
+        current = self._mark_of(table)
+        stamps = {**current.stamps, **(mark.stamps if mark is not None else {})}
+        props = {PROPERTY: json.dumps({k: list(v) for k, v in sorted(stamps.items())})} if stamps else {}
+        if current.fallback is not None:
+            t, i, _ = current.fallback
+            props[LEGACY_PROPERTY] = str(t << 32 | i)
+        return props
 
     def read(self, ref: TableRef, columns: list[str], where: Where | None = None) -> pa.Table:
         table = self._table(ref)
@@ -172,16 +185,16 @@ class IcebergBackend(Format):
             return table.scan(selected_fields=tuple(columns)).to_arrow()
         return table.scan(row_filter=_in(where[0], where[1]), selected_fields=tuple(columns)).to_arrow()
 
-    def append(self, ref: TableRef, rows: pa.Table, version: int | None) -> None:
+    def append(self, ref: TableRef, rows: pa.Table, mark: Mark | None) -> None:
         table = self._must(ref)
         rows = conform(ref, rows)
         with table.transaction() as tx:
             _evolve(tx, table, rows.schema, retype=False)
-            tx.append(rows, snapshot_properties=self._properties(table, version))
+            tx.append(rows, snapshot_properties=self._properties(table, mark))
 
-    def merge_state(self, ref: TableRef, upserts: pa.Table, deletes: list[str], version: int | None) -> None:
+    def merge_state(self, ref: TableRef, upserts: pa.Table, deletes: list[str], mark: Mark | None) -> None:
         table = self._must(ref)
-        props = self._properties(table, version)
+        props = self._properties(table, mark)
         keys = upserts["_id"].to_pylist() + deletes
         upserts = conform(ref, upserts)
         with table.transaction() as tx, _quiet():
@@ -195,12 +208,12 @@ class IcebergBackend(Format):
         table = self._table(ref)
         return None if table is None else table.schema().as_arrow()
 
-    def replace(self, ref: TableRef, rows: pa.Table, version: int | None, *, new_schema: bool = False) -> None:
+    def replace(self, ref: TableRef, rows: pa.Table, mark: Mark | None, *, new_schema: bool = False) -> None:
         table = self._must(ref)
         rows = conform(ref, rows)
         with table.transaction() as tx, _quiet():
             _evolve(tx, table, rows.schema, retype=new_schema)
-            tx.overwrite(rows, snapshot_properties=self._properties(table, version))
+            tx.overwrite(rows, snapshot_properties=self._properties(table, mark))
 
     def rewrite(self, ref: TableRef, column: str, values: list[str], rows: pa.Table, reads_only: bool) -> None:
         table = self._must(ref)

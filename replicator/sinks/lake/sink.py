@@ -8,9 +8,13 @@ Each target collection has a state table and a change table (layout and columns:
   that no finish_snapshot follows (an older checkpoint restored): its rows replace those of their keys.
 * A replay batch is cut at each DDL event. Between two, each collection's events make one commit per
   table: the change rows appended, and the documents' end states merged into the state table (by ``_id``:
-  set, or deleted). Each commit records the cluster time of the last event it covers, and the events at or
-  before a table's recorded time are not written to it again: a batch applied twice (a retry, a kill, an
-  older checkpoint) adds nothing twice.
+  set, or deleted). Each commit records how far its events go in each stream (their positions, which order
+  every event: :mod:`replicator.positions`), and the events at or before a table's mark are not written
+  to it again: a batch applied twice (a retry, a kill, an older checkpoint), or cut anywhere (at a DDL
+  event inside a transaction, between two shards' events of one cluster time), adds nothing twice and
+  loses nothing.
+* Events the DDL window holds back from the state tables (their namespace waits to be copied again) still
+  reach the change tables (:meth:`LakeSink.history`): a change table keeps every event once, in order.
 * DDL: drop and dropDatabase empty the state tables (their change tables keep the history); rename moves
   the rows (the new name's table is written before the old one is emptied, so a kill in between loses
   nothing); create makes the tables; index and option changes are rows of the change table only.
@@ -25,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -34,13 +38,14 @@ from ...config import Settings
 from ...errors import ConfigError, SinkError, SinkUnavailable
 from ...events import ChangeEvent, CollectionSpec, Namespace, Op
 from ...filters import Scope
+from ...positions import Mark, advanced, stamp_of
 from ...uri import redact
 from ..base import Sink
 from . import typed
 from .backend import duplicates, key_column
 from .fold import fold, needs_base
 from .formats import open_backend
-from .tables import SCHEMAS, TableRef, change_table, snapshot_tables, state_table, version_of
+from .tables import SCHEMAS, TableRef, change_table, snapshot_tables, state_table
 
 log = logging.getLogger("mcdc.sinks.lake")
 
@@ -48,18 +53,9 @@ T = TypeVar("T")
 _DOCUMENT_OPS = frozenset({Op.READ, Op.INSERT, Op.UPDATE, Op.REPLACE, Op.DELETE})
 
 
-def _newer(event: ChangeEvent, version: int | None) -> bool:
-    """Is the event past what a table covers? (events without a cluster time always are)."""
-    return _newer_at(version_of(event), version)
-
-
-def _newer_at(at: int | None, version: int | None) -> bool:
-    return version is None or at is None or at > version
-
-
-def _last_version(events: Sequence[ChangeEvent]) -> int | None:
-    versions = [v for v in map(version_of, events) if v is not None]
-    return max(versions) if versions else None
+def _streams(events: Iterable[ChangeEvent]) -> set[str]:
+    """The streams (shards) whose marks tell whether these events are in a table already."""
+    return {(e.position.shard or "") for e in events if e.position is not None}
 
 
 class LakeSink(Sink):
@@ -152,9 +148,8 @@ class LakeSink(Sink):
 
     async def _retype(self, ref: TableRef, rows: pa.Table, kinds: typed.Kinds) -> None:
         """The table's ``rows`` (all of them) written again with the typed columns of ``kinds``, their types
-        changed where they differ, at the position the table covers. Called with ``ref``'s lock held."""
-        version = await self._run(self.backend.version, ref)
-        await self._commit(self.backend.replace, ref, typed.with_columns(rows, kinds), version, new_schema=True)
+        changed where they differ, at the mark the table has. Called with ``ref``'s lock held."""
+        await self._commit(self.backend.replace, ref, typed.with_columns(rows, kinds), None, new_schema=True)
         self._kinds[ref] = kinds
 
     async def reconcile(self, spec: CollectionSpec) -> bool:
@@ -174,7 +169,9 @@ class LakeSink(Sink):
     async def _dedupe(self, ref: TableRef) -> None:
         async with self._lock(ref):
             column = key_column(ref)
-            light = await self._run(self.backend.read, ref, [column] if ref.kind == "state" else [column, "op"])
+            light = await self._run(
+                self.backend.read, ref, [column] if ref.kind == "state" else [column, "op", "sequence"]
+            )
             _, keys, _ = duplicates(ref, light)
             if not keys:
                 return
@@ -187,15 +184,24 @@ class LakeSink(Sink):
         if batch and all(e.op is Op.READ for e in batch):
             await self._copied(batch)
             return
+        await self._in_order(batch, state=True)
+
+    async def history(self, events: Sequence[ChangeEvent]) -> None:
+        """Events held back from the state tables (their namespace waits to be copied again): their rows
+        go into the change tables all the same, DDL included, once each."""
+        await self._in_order(events, state=False)
+
+    async def _in_order(self, events: Sequence[ChangeEvent], *, state: bool) -> None:
+        """Events cut at each DDL event: the document events between two make one commit per table."""
         run: list[ChangeEvent] = []
-        for event in batch:
+        for event in events:
             if event.op.is_ddl:
-                await self._documents(run)
+                await self._documents(run, state=state)
                 run = []
-                await self._ddl(event)
+                await (self._ddl(event) if state else self._ddl_rows(event))
             elif event.op in _DOCUMENT_OPS:
                 run.append(event)
-        await self._documents(run)
+        await self._documents(run, state=state)
 
     def copies_append(self, ns: Namespace) -> bool:
         return ns in self._emptied
@@ -265,26 +271,32 @@ class LakeSink(Sink):
         async with self._lock(ref):
             await self._commit(self.backend.rewrite, ref, column, keys, rows, ref.kind == "changes")
 
-    async def _documents(self, events: Sequence[ChangeEvent]) -> None:
+    async def _documents(self, events: Sequence[ChangeEvent], *, state: bool = True) -> None:
         by_ns: dict[Namespace, list[ChangeEvent]] = {}
         for event in events:
             by_ns.setdefault(event.ns, []).append(event)
-        await asyncio.gather(*(self._namespace(ns, evs) for ns, evs in by_ns.items()))
+        await asyncio.gather(*(self._namespace(ns, evs, state=state) for ns, evs in by_ns.items()))
 
-    async def _namespace(self, ns: Namespace, events: Sequence[ChangeEvent]) -> None:
-        await asyncio.gather(self._changes(TableRef("changes", ns), events), self._state(TableRef("state", ns), events))
+    async def _namespace(self, ns: Namespace, events: Sequence[ChangeEvent], *, state: bool) -> None:
+        writes = [self._changes(TableRef("changes", ns), events)]
+        if state:
+            writes.append(self._state(TableRef("state", ns), events))
+        await asyncio.gather(*writes)
+
+    async def _mark(self, ref: TableRef, events: Iterable[ChangeEvent]) -> Mark:
+        return await self._run(self.backend.mark, ref, _streams(events))
 
     async def _changes(self, ref: TableRef, events: Sequence[ChangeEvent]) -> None:
         async with self._lock(ref):
-            covered = await self._run(self.backend.version, ref)
-            new = [e for e in events if _newer(e, covered) and e.position is not None]
+            covered = await self._mark(ref, events)
+            new = [e for e in events if e.position is not None and not covered.covers(e)]
             if new:
-                await self._commit(self.backend.append, ref, change_table(new), _last_version(new))
+                await self._commit(self.backend.append, ref, change_table(new), advanced(new))
 
     async def _state(self, ref: TableRef, events: Sequence[ChangeEvent]) -> None:
         async with self._lock(ref):
-            covered = await self._run(self.backend.version, ref)
-            new = [e for e in events if _newer(e, covered)]
+            covered = await self._mark(ref, events)
+            new = [e for e in events if not covered.covers(e)]
             if not new:
                 return
             wanted = needs_base(new)
@@ -296,7 +308,7 @@ class LakeSink(Sink):
             if not folded.rows:
                 return  # nothing to write (events applied again come back to nothing again)
             rows = await self._state_rows(ref, state_table(folded.upserts()))
-            await self._commit(self.backend.merge_state, ref, rows, folded.deletes(), _last_version(new))
+            await self._commit(self.backend.merge_state, ref, rows, folded.deletes(), advanced(new))
 
     async def _state_rows(self, ref: TableRef, rows: pa.Table) -> pa.Table:
         """State rows as the table takes them: with typed columns under --lake-columns typed (a column that
@@ -314,13 +326,13 @@ class LakeSink(Sink):
         self._kinds[ref] = kinds
         return typed.with_columns(rows, kinds, documents)
 
-    async def _append(self, ref: TableRef, rows: pa.Table, version: int | None) -> None:
+    async def _append(self, ref: TableRef, rows: pa.Table, mark: Mark | None) -> None:
         async with self._lock(ref):
-            await self._commit(self.backend.append, ref, rows, version)
+            await self._commit(self.backend.append, ref, rows, mark)
 
-    async def _replace(self, ref: TableRef, rows: pa.Table, version: int | None) -> None:
+    async def _replace(self, ref: TableRef, rows: pa.Table, mark: Mark | None) -> None:
         async with self._lock(ref):
-            await self._commit(self.backend.replace, ref, rows, version)
+            await self._commit(self.backend.replace, ref, rows, mark)
 
     async def _commit(self, call: Callable[..., None], ref: TableRef, *args: Any, **kwargs: Any) -> None:
         """One commit to ``ref`` (its lock held); every ``--lake-compact-every`` commits, a compaction."""
@@ -337,14 +349,10 @@ class LakeSink(Sink):
         if outside is not None:
             log.warning("not replaying %s: %s is outside the selection's target namespaces", event.op.value, outside)
             return
-        at = version_of(event)
         if event.op is Op.DROP_DATABASE:
-            names = [ref.ns.coll or "" for ref in await self._run(self.backend.tables)
-                     if ref.kind == "state" and ref.ns.db == event.ns.db]  # fmt: skip
-            source_db = (event.origin or event.ns).db
-            for ns in self.scope.database_drops(source_db, event.ns.db, sorted(set(names))):
+            for ns in await self._dropped_with(event):
                 await self._ddl_row(ns, event)
-                await self._empty(TableRef("state", ns), at)
+                await self._empty(TableRef("state", ns), event)
             return
         if event.op is Op.CREATE:
             if (event.ddl or {}).get("viewOn") is not None:
@@ -353,16 +361,29 @@ class LakeSink(Sink):
                 await self._run(self.backend.create, TableRef(kind, event.ns))
         await self._ddl_row(event.ns, event)
         if event.op is Op.DROP:
-            await self._empty(TableRef("state", event.ns), at)
+            await self._empty(TableRef("state", event.ns), event)
         elif event.op is Op.RENAME and event.to is not None:
             source, target = TableRef("state", event.ns), TableRef("state", event.to)
             await self._run(self.backend.create, TableRef("changes", event.to))
             async with self._lock(target):
-                if _newer(event, await self._run(self.backend.version, target)):
+                if not (await self._mark(target, [event])).covers(event):
                     rows = await self._run(self.backend.read, source, SCHEMAS["state"].names)
                     rows = await self._state_rows(target, rows)
-                    await self._commit(self.backend.replace, target, rows, at, new_schema=self._typed)
-            await self._empty(source, at)
+                    await self._commit(self.backend.replace, target, rows, stamp_of(event), new_schema=self._typed)
+            await self._empty(source, event)
+
+    async def _dropped_with(self, event: ChangeEvent) -> list[Namespace]:
+        """The target collections a dropDatabase event drops: those of its database that it maps to."""
+        names = [ref.ns.coll or "" for ref in await self._run(self.backend.tables)
+                 if ref.kind == "state" and ref.ns.db == event.ns.db]  # fmt: skip
+        return self.scope.database_drops((event.origin or event.ns).db, event.ns.db, sorted(set(names)))
+
+    async def _ddl_rows(self, event: ChangeEvent) -> None:
+        """A DDL event held back from the state tables, as rows of the change tables it concerns."""
+        if self.scope.outside(event) is not None:
+            return
+        for ns in await self._dropped_with(event) if event.op is Op.DROP_DATABASE else [event.ns]:
+            await self._ddl_row(ns, event)
 
     async def _ddl_row(self, ns: Namespace, event: ChangeEvent) -> None:
         """The DDL event as a row of the collection's change table, where the collection has tables (a view
@@ -372,9 +393,10 @@ class LakeSink(Sink):
             return
         await self._changes(ref, [event])
 
-    async def _empty(self, ref: TableRef, at: int | None) -> None:
+    async def _empty(self, ref: TableRef, event: ChangeEvent) -> None:
+        """A drop's (or a rename's source's) state table emptied, unless it holds the event already."""
         async with self._lock(ref):
             if not await self._run(self.backend.exists, ref):
                 return
-            if _newer_at(at, await self._run(self.backend.version, ref)):
-                await self._commit(self.backend.replace, ref, SCHEMAS["state"].empty_table(), at)
+            if not (await self._mark(ref, [event])).covers(event):
+                await self._commit(self.backend.replace, ref, SCHEMAS["state"].empty_table(), stamp_of(event))

@@ -6,15 +6,15 @@ Each selected collection ``db.coll`` (named as on the target, after --rename) ha
   merge key), ``document`` (canonical Extended JSON), ``bson`` (the raw BSON, byte-exact) and
   ``cluster_time`` (the last change applied; null for a document as a snapshot copied it);
 * a **change table**, one row per event, in the ``mcdc`` data source's row schema
-  (:data:`replicator.spark_datasource.rows.COLUMNS`) plus ``seq``, the event's order within its cluster time.
+  (:data:`replicator.spark_datasource.rows.COLUMNS`): ``sequence`` orders its rows as the stream does
+  (:mod:`replicator.positions`), snapshot rows first.
 
 Delta keeps them at ``PATH/state/<db>/<coll>`` and ``PATH/changes/<db>/<coll>``; Iceberg as tables
 ``(<db>, <coll>)`` and ``(<db>_changes, <coll>)``.
 
-Each table records the position it covers: the cluster time of the last event committed to it, as one
-integer (:func:`version_of`: ``t << 32 | i``, the order of cluster times). A batch's events at or before it
-are already in that table and are not written to it again: exactly once per table, whatever was killed
-between two tables' commits.
+Each table records how far it got in each stream (a :class:`~replicator.positions.Mark`, committed with the
+data): a batch's events at or before it are already in that table and are not written to it again, exactly
+once per table, whatever was killed between two tables' commits or where a batch was cut.
 """
 
 from __future__ import annotations
@@ -27,10 +27,13 @@ import pyarrow as pa
 
 from ...events import ChangeEvent, Namespace
 from ...extjson import dumps_str
+from ...positions import SNAPSHOT_INDEX, seq_of
 from ...spark_datasource.rows import COLUMNS, bson_bytes, event_row
 
 Kind = Literal["state", "changes"]
 
+#: The state table's cluster time (its fields required: tables written before the change tables' became
+#: nullable keep this type).
 CLUSTER_TIME = pa.struct([pa.field("t", pa.int64(), nullable=False), pa.field("i", pa.int64(), nullable=False)])
 
 STATE_SCHEMA = pa.schema(
@@ -46,7 +49,10 @@ _ARROW = {
     "string": pa.string(),
     "binary": pa.binary(),
     "timestamp": pa.timestamp("us", tz="UTC"),
-    "struct<t: bigint not null, i: bigint not null>": CLUSTER_TIME,
+    "struct<t: bigint, i: bigint>": pa.struct([("t", pa.int64()), ("i", pa.int64())]),
+    "struct<t: bigint, i: bigint, shard: string, n: bigint>": pa.struct(
+        [("t", pa.int64()), ("i", pa.int64()), ("shard", pa.string()), ("n", pa.int64())]
+    ),
 }
 
 
@@ -55,7 +61,6 @@ def _change_schema() -> pa.Schema:
     for name, kind in COLUMNS:
         required = kind.endswith(" not null")
         fields.append(pa.field(name, _ARROW[kind.removesuffix(" not null")], nullable=not required))
-    fields.append(pa.field("seq", pa.int64(), nullable=False))
     return pa.schema(fields)
 
 
@@ -83,10 +88,11 @@ class TableRef:
         return f"{self.kind} table of {self.ns}"
 
 
-def version_of(event: ChangeEvent) -> int | None:
-    """The event's cluster time as one ordered integer (None for a snapshot read)."""
-    ts = event.position.cluster_time if event.position is not None else None
-    return None if ts is None else (ts.time << 32) | ts.inc
+def cluster_time_of(event: ChangeEvent) -> tuple[int, int] | None:
+    """The event's cluster time as ``(t, i)``, the state row's ``cluster_time`` (None for a snapshot read)."""
+    position = event.position
+    ts = position.cluster_time if position is not None and position.index != SNAPSHOT_INDEX else None
+    return None if ts is None else (ts.time, ts.inc)
 
 
 def id_json(value: Any) -> str:
@@ -94,42 +100,31 @@ def id_json(value: Any) -> str:
     return dumps_str(value)
 
 
-def state_table(rows: Sequence[tuple[str, bytes | None, str | None, int | None]]) -> pa.Table:
-    """State rows from ``(_id, bson, document, version)``; a null version leaves ``cluster_time`` null."""
+def state_table(rows: Sequence[tuple[str, bytes | None, str | None, tuple[int, int] | None]]) -> pa.Table:
+    """State rows from ``(_id, bson, document, cluster time)``; a null time leaves ``cluster_time`` null."""
     return pa.table(
         {
             "_id": [r[0] for r in rows],
             "document": [r[2] for r in rows],
             "bson": [r[1] for r in rows],
-            "cluster_time": [_cluster_time(r[3]) for r in rows],
+            "cluster_time": [None if r[3] is None else {"t": r[3][0], "i": r[3][1]} for r in rows],
         },
         schema=STATE_SCHEMA,
     )
 
 
-def _cluster_time(version: int | None) -> dict[str, int] | None:
-    return None if version is None else {"t": version >> 32, "i": version & 0xFFFFFFFF}
-
-
 def change_table(events: Iterable[ChangeEvent]) -> pa.Table:
-    """Change rows, one per event, each with its order among the events of its cluster time (the events of
-    one cluster time, a transaction's, always come in one batch, in the same order)."""
-    rows: list[tuple[Any, ...]] = []
-    last: int | None = None
-    seq = 0
-    for event in events:
-        version = version_of(event)
-        seq = seq + 1 if version is not None and version == last else 0
-        last = version
-        rows.append((*event_row(event), seq))
+    """Change rows, one per event."""
+    rows = [event_row(event) for event in events]
     columns = list(zip(*rows, strict=True)) if rows else [() for _ in CHANGE_SCHEMA.names]
     return pa.table(dict(zip(CHANGE_SCHEMA.names, map(list, columns), strict=True)), schema=CHANGE_SCHEMA)
 
 
 def snapshot_tables(ns: Namespace, events: Sequence[ChangeEvent]) -> tuple[pa.Table, pa.Table]:
-    """A snapshot batch's state rows and change rows (op ``r``) at once: each document's bytes and JSON are
-    made once for both (the same values :func:`state_table` and :func:`change_table` give)."""
-    ids, keys, documents, raws = [], [], [], []
+    """A snapshot batch's state rows and change rows (op ``r``, at the snapshot's read time) at once: each
+    document's bytes and JSON are made once for both (the same values :func:`state_table` and
+    :func:`change_table` give)."""
+    ids, keys, documents, raws, sequences = [], [], [], [], []
     for event in events:
         doc = event.document
         assert doc is not None
@@ -138,6 +133,8 @@ def snapshot_tables(ns: Namespace, events: Sequence[ChangeEvent]) -> tuple[pa.Ta
         keys.append('{"_id":' + key + "}")
         documents.append(dumps_str(doc))
         raws.append(bson_bytes(doc))
+        seq = seq_of(event.position)
+        sequences.append(None if seq is None else seq.to_json())
     n = len(ids)
     state = pa.table(
         {"_id": ids, "document": documents, "bson": raws, "cluster_time": pa.array([None] * n, CLUSTER_TIME)},
@@ -145,5 +142,5 @@ def snapshot_tables(ns: Namespace, events: Sequence[ChangeEvent]) -> tuple[pa.Ta
     )
     columns: dict[str, Any] = {f.name: pa.array([None] * n, f.type) for f in CHANGE_SCHEMA}
     columns.update(op=["r"] * n, db=[ns.db] * n, coll=[ns.coll] * n, key=keys, document=documents, bson=raws)
-    columns["seq"] = [0] * n
+    columns["sequence"] = pa.array(sequences, CHANGE_SCHEMA.field("sequence").type)
     return state, pa.table(columns, schema=CHANGE_SCHEMA)
