@@ -122,7 +122,7 @@ def test_stream_available_now_reads_each_change_once_in_order_with_token_offsets
     assert rows[3]["txn"] is not None and rows[3]["txn"] == rows[4]["txn"] and rows[0]["txn"] is None
     assert all(r["change"] is not None and r["cluster_time"] is not None for r in rows)
     for end in offsets:  # per-shard resume tokens, never clock seconds
-        assert set(end["shards"]) == {""} and set(end["shards"][""]) == {"token", "t", "i"}
+        assert set(end["shards"]) == {""} and set(end["shards"][""]) <= {"token", "t", "i", "n"}
     last = offsets[-1]["shards"][""]
     assert last["token"] is not None and last["token"] != rows[-1]["resume_token"]  # moved over other.skipped
 
@@ -329,3 +329,43 @@ def test_example_lands_changes_in_parquet_and_keeps_the_latest_state(
     # the document deleted was never in the stream's window; 1 updated, 2 and 3 from the transaction
     assert latest == {str(RawBSONDocument(v, RAW)["_id"]): v for v in raw_docs(source_uri, "shop.orders").values()}
     assert sorted(latest) == ["1", "2", "3"]
+
+
+def test_stream_rows_carry_a_sequence_in_stream_order_the_same_whatever_the_micro_batches(
+    mcdc: Any, clients: Clients, source_uri: str, tmp_path: Path
+) -> None:
+    """A transaction's events share a cluster time: ``sequence`` (time, shard, place) orders them, and a
+    query reading the same events in other micro-batches gives each the same sequence."""
+    options = {"include": "shop\\..*", "max-batch-size": "2"}
+    _, ends = stream_rows(mcdc, source_uri, tmp_path / "cp", **options)
+    shop_changes(clients.source)
+    with clients.source.start_session() as session, session.start_transaction():
+        for i in range(10, 15):
+            clients.source.shop.orders.insert_one({"_id": i}, session=session)
+    rows, _ = stream_rows(mcdc, source_uri, tmp_path / "cp", **options)
+    sequences = [tuple(r["sequence"].asDict().values()) for r in rows]
+    assert sequences == sorted(sequences) and len(set(sequences)) == len(rows) == 9
+    last = [s for s in sequences if s[:2] == sequences[-1][:2]]
+    assert [s[3] for s in last] == [0, 1, 2, 3, 4] and {s[2] for s in last} == {""}
+    assert all(r["sequence"]["t"] == r["cluster_time"]["t"] for r in rows)
+    start = json.dumps(ends[0])  # the same events from the same start, in one micro-batch
+    again, _ = stream_rows(mcdc, source_uri, tmp_path / "cp2", **{"include": "shop\\..*", "start-positions": start})
+    assert [tuple(r["sequence"].asDict().values()) for r in again] == sequences
+
+
+def test_relaxed_extended_json_gives_from_json_typed_values(
+    mcdc: Any, clients: Clients, source_uri: str, tmp_path: Path
+) -> None:
+    from pyspark.sql import functions as F
+
+    clients.source.shop.users.insert_one({"_id": 1, "name": "ada", "age": 36, "score": 1.5})
+    df = (
+        mcdc.read.format("mcdc").option("source", source_uri).option("include", "shop\\.users")
+        .option("extended-json", "relaxed").load()
+    )  # fmt: skip
+    typed = df.select(F.from_json("document", "_id INT, name STRING, age INT, score DOUBLE").alias("d")).collect()
+    assert [row["d"].asDict() for row in typed] == [{"_id": 1, "name": "ada", "age": 36, "score": 1.5}]
+    canonical = mcdc.read.format("mcdc").option("source", source_uri).option("include", "shop\\.users").load()
+    assert canonical.select(F.from_json("document", "age INT").alias("d")).collect()[0]["d"]["age"] is None
+    (row,) = canonical.collect()
+    assert row["sequence"]["n"] == -1 and row["cluster_time"] is None  # at the snapshot's read time

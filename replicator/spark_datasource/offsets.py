@@ -3,12 +3,19 @@
 An offset is the JSON dict Spark keeps in the query's checkpointLocation::
 
     {"shards": {"<shard name, or "" for a replica set>": {"token": "<resume token as canonical Extended
-     JSON, or null>", "t": <cluster time seconds or null>, "i": <increment or null>}}}
+     JSON, or null>", "t": <cluster time seconds or null>, "i": <increment or null>, "n": <index>}},
+     "snapshot": {"t": ..., "i": ..., "plan": [<partition>, ...], "done": <partitions read>}}
 
 A shard's entry is where its stream goes on: after ``token`` when there is one (the last event read, or
-the stream's post-batch token), else at the cluster time ``t,i`` (startAtOperationTime). ``"idle": true``
-marks an entry that moved to a post-batch token with no event in between: its range holds nothing to
-read, but the position is worth keeping (an idle stream's checkpoint must not fall off the oplog).
+the stream's post-batch token), else at the cluster time ``t,i`` (startAtOperationTime). ``n`` is the
+index of the event at ``token`` among its stream's events at ``t,i`` (replicator.positions), so the events
+after it are numbered as before. ``"idle": true`` marks an entry that moved to a post-batch token with no
+event in between: its range holds nothing to read, but the position is worth keeping (an idle stream's
+checkpoint must not fall off the oplog).
+
+``snapshot`` (option ``snapshot=initial``) is there until the snapshot's partitions are all read: its read
+time, its plan (``Partition.to_json`` of each, fixed when the query began) and how many are read. The
+shards' entries stay where the snapshot began until then.
 """
 
 from __future__ import annotations
@@ -36,12 +43,13 @@ class ShardOffset:
     t: int | None = None
     i: int | None = None
     idle: bool = False  # moved to a post-batch token: no event since the previous offset
+    n: int | None = None  # the index of the event at ``token`` (None: not an event's, or not known)
 
     @classmethod
-    def of(cls, token: Any, ts: Timestamp | None, *, idle: bool = False) -> ShardOffset:
-        """From a resume token (a BSON document) and a cluster time."""
+    def of(cls, token: Any, ts: Timestamp | None, *, idle: bool = False, n: int | None = None) -> ShardOffset:
+        """From a resume token (a BSON document), a cluster time and the index of the event there."""
         text = dumps_str(token) if token is not None else None
-        return cls(text, ts.time if ts else None, ts.inc if ts else None, idle)
+        return cls(text, ts.time if ts else None, ts.inc if ts else None, idle, n)
 
     @property
     def cluster_time(self) -> Timestamp | None:
@@ -52,33 +60,72 @@ class ShardOffset:
         return json_util.loads(self.token, json_options=CANONICAL) if self.token is not None else None
 
     def position(self) -> Position:
-        return Position(self.resume_token, self.cluster_time)
+        return Position(self.resume_token, self.cluster_time, self.n)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"token": self.token, "t": self.t, "i": self.i}
+        if self.n is not None:
+            data["n"] = self.n
         if self.idle:
             data["idle"] = True
         return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ShardOffset:
-        t, i = data.get("t"), data.get("i")
+        t, i, n = data.get("t"), data.get("i"), data.get("n")
         ts = (int(t) if t is not None else None, int(i) if i is not None else None)
-        return cls(data.get("token"), *ts, bool(data.get("idle")))
+        return cls(data.get("token"), *ts, bool(data.get("idle")), int(n) if n is not None else None)
 
 
 Offsets = dict[str, ShardOffset]
 
 
-def to_json(offsets: Mapping[str, ShardOffset], *, initial: bool = False) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SnapshotOffset:
+    """The snapshot's part of an offset (option ``snapshot=initial``): its read time, its partitions and
+    how many of them are read."""
+
+    t: int
+    i: int
+    plan: tuple[Mapping[str, Any], ...]
+    done: int = 0
+
+    @property
+    def at(self) -> Timestamp:
+        return Timestamp(self.t, self.i)
+
+    @property
+    def finished(self) -> bool:
+        return self.done >= len(self.plan)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"t": self.t, "i": self.i, "plan": list(self.plan), "done": self.done}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SnapshotOffset:
+        return cls(int(data["t"]), int(data["i"]), tuple(data.get("plan") or ()), int(data.get("done") or 0))
+
+
+def to_json(
+    offsets: Mapping[str, ShardOffset], *, initial: bool = False, snapshot: SnapshotOffset | None = None
+) -> dict[str, Any]:
     """The offset dict Spark stores. ``initial`` marks a query's first offset, which no later offset
     equals: so Spark always runs a first (maybe empty) micro-batch and records where the stream started
     in the query's checkpoint. Without it, an availableNow run that found nothing new would record
-    nothing, and the next run would start at its own "now", skipping what happened in between."""
+    nothing, and the next run would start at its own "now", skipping what happened in between.
+    ``snapshot``: a snapshot still being read."""
     data: dict[str, Any] = {"shards": {name: offsets[name].to_json() for name in sorted(offsets)}}
+    if snapshot is not None:
+        data["snapshot"] = snapshot.to_json()
     if initial:
         data["initial"] = True
     return data
+
+
+def snapshot_of(data: Mapping[str, Any]) -> SnapshotOffset | None:
+    """An offset's snapshot part, while it has one."""
+    part = data.get("snapshot") if isinstance(data, Mapping) else None
+    return SnapshotOffset.from_json(part) if isinstance(part, Mapping) else None
 
 
 def from_json(data: Mapping[str, Any]) -> Offsets:

@@ -1,5 +1,9 @@
 """``spark.readStream.format("mcdc")``: the source's change streams as micro-batches.
 
+With ``snapshot=initial``, the selected collections come first, as ``r`` rows: the snapshot's partitions
+are planned when the query begins (as the batch read plans them, after each stream's position is taken)
+and read a few per micro-batch, then the streams go on from those positions (snapshot.py, offsets.py).
+
 Offsets are per-shard resume tokens (offsets.py). On the driver, ``latestOffset`` reads each shard's
 stream after the start (raw events, nothing decoded) up to the read limit and the end of what the server
 has now, and never ends inside a multi-document transaction or a split event. The events it read are
@@ -30,6 +34,7 @@ from ..errors import ConfigError
 from ..extjson import dumps_str
 from ..filters import keep_event
 from ..normalize import normalize_change
+from ..positions import Numbering
 from ..source.changestream import operation_time, token_timestamp
 from ..source.connection import make_client, probe
 from ..source.shards import discover, explicit_shards
@@ -37,9 +42,11 @@ from ..tally import format_ts
 from ..uri import redact
 from . import offsets
 from .changes import RawChangeStream, SyncClient, log_skipped, skipped, sync_client, transaction_of
-from .offsets import REPLICA_SET, ShardOffset
+from .offsets import REPLICA_SET, ShardOffset, SnapshotOffset
 from .options import START_POSITIONS, settings_for
 from .rows import Row, bson_bytes, event_row
+from .snapshot import Range, plan_snapshot, read_next, snapshot_first
+from .snapshot import read_range as read_snapshot_range
 
 log = logging.getLogger("mcdc.spark")
 
@@ -89,8 +96,9 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._shards
 
     def initialOffset(self) -> dict[str, Any]:
-        """``start-positions`` (an offset: mcdc's checkpoint), else ``start-at``, else each stream's now.
-        Always the same answer: Spark asks again when it plans the first micro-batch."""
+        """``start-positions`` (an offset: mcdc's checkpoint), else ``start-at``, else each stream's now (and
+        with ``snapshot=initial``, the snapshot's plan from then). Always the same answer: Spark asks again
+        when it plans the first micro-batch."""
         if self._initial is None:
             self._initial = self._first_offset()
         return self._initial
@@ -108,7 +116,13 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             with sync_client(uri, s.connect_timeout_s, s.io_timeout_s) as client:
                 start[name] = position_now(client, s)
         log.info("mcdc stream starts at %s", start)
-        return offsets.to_json(start, initial=True)
+        snapshot = None
+        if snapshot_first(self.options, s):  # read after each stream's position was taken: none is lost
+            times = [entry.cluster_time for entry in start.values() if entry.cluster_time is not None]
+            at, plan = asyncio.run(plan_snapshot(s, min(times) if times else None))
+            snapshot = SnapshotOffset(at.time, at.inc, tuple(p.to_json() for p in plan))
+            log.info("mcdc stream reads a snapshot of %d partitions first, at %s", len(plan), at)
+        return offsets.to_json(start, initial=True, snapshot=snapshot)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.settings.replay_batch)
@@ -125,10 +139,14 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         a later micro-batch would bring: a document moving between shards keeps its order), never past
         the availableNow time. A shard with nothing new moves to its post-batch token (idle)."""
         begin = offsets.from_json(start)
+        rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None  # None: ReadAllAvailable
+        snapshot = offsets.snapshot_of(start)
+        if snapshot is not None and not snapshot.finished:  # the snapshot's next partitions; the streams wait
+            done = read_next(snapshot.plan, snapshot.done, rows)
+            return offsets.to_json(begin, snapshot=SnapshotOffset(snapshot.t, snapshot.i, snapshot.plan, done))
         shards = self.shards()
-        rows = None  # ReadAllAvailable
-        if isinstance(limit, ReadMaxRows):  # a share each: a busy shard cannot starve the others
-            rows = max(1, limit.max_rows // max(1, len(shards)))
+        if rows is not None:  # a share each: a busy shard cannot starve the others
+            rows = max(1, rows // max(1, len(shards)))
         end = dict(begin)
         more: set[str] = set()
         for name in shards:
@@ -163,13 +181,18 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             finally:
                 stream.close()
 
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[ShardRange]:
-        """One task per shard that has events in the micro-batch (an idle shard's move has none)."""
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[ShardRange | Range]:
+        """One task per snapshot partition the micro-batch reads, or per shard that has events in it (an
+        idle shard's move has none)."""
+        snapshot, before = offsets.snapshot_of(end), offsets.snapshot_of(start)
+        if snapshot is not None:
+            begun = before.done if before is not None else 0
+            return [Range(part, snapshot.t, snapshot.i) for part in snapshot.plan[begun : snapshot.done]]
         begin, finish = offsets.from_json(start), offsets.from_json(end)
         shards = self.shards()
         planned, self._planned = self._planned, {}
         kept = 0
-        ranges = []
+        ranges: list[ShardRange | Range] = []
         for name in sorted(finish):
             first = offsets.start_of(begin, name)
             if name not in shards or finish[name] == first or finish[name].idle:
@@ -187,19 +210,24 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # --- executors ------------------------------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[Row]:
-        assert isinstance(partition, ShardRange)
         s = self.settings
+        if isinstance(partition, Range):
+            yield from read_snapshot_range(s, partition)
+            return
+        assert isinstance(partition, ShardRange)
         if partition.events is not None:  # read by the driver as it planned the micro-batch
+            numbering = Numbering(ShardOffset.from_json(partition.start).position())
             for raw in partition.events:
-                row = row_of(raw, partition.shard, s)
+                row = row_of(raw, partition.shard, s, numbering)
                 if row is not None:
                     yield row
             return
         with sync_client(partition.uri, s.connect_timeout_s, s.io_timeout_s) as client:
             stream = RawChangeStream(client, s)
-            stream.open(ShardOffset.from_json(partition.start).position())
+            first = ShardOffset.from_json(partition.start)
+            stream.open(first.position())
             try:
-                yield from read_range(stream, partition.shard, ShardOffset.from_json(partition.end), s)
+                yield from read_range(stream, partition.shard, first, ShardOffset.from_json(partition.end), s)
             finally:
                 stream.close()
 
@@ -219,6 +247,7 @@ def advance(
     end = start
     last_txn: tuple[bytes, int] | None = None
     count = 0
+    numbering = Numbering(start.position())
     while True:
         raw = stream.poll()
         if raw is None:
@@ -231,7 +260,7 @@ def advance(
             if until is not None and ts is not None and ts > until:
                 return end, True
         count += 1
-        end, last_txn = ShardOffset.of(raw["_id"], ts), txn
+        end, last_txn = ShardOffset.of(raw["_id"], ts, n=numbering.next(ts)), txn
         if read is not None:
             read.append(raw)
 
@@ -247,8 +276,9 @@ def idle_end(start: ShardOffset, token: Any, until: Timestamp | None) -> ShardOf
     return ShardOffset.of(token, ts, idle=True)
 
 
-def read_range(stream: RawChangeStream, shard: str, end: ShardOffset, s: Settings) -> Iterator[Row]:
-    """The rows of an opened stream's events up to and including ``end``'s token."""
+def read_range(stream: RawChangeStream, shard: str, start: ShardOffset, end: ShardOffset, s: Settings) -> Iterator[Row]:
+    """The rows of a stream opened at ``start``: its events up to and including ``end``'s token."""
+    numbering = Numbering(start.position())
     stop = end.cluster_time
     deadline = time.monotonic() + READ_PATIENCE_S
     while True:
@@ -267,22 +297,24 @@ def read_range(stream: RawChangeStream, shard: str, end: ShardOffset, s: Setting
                 f"the change stream{_of(shard)} passed the micro-batch's end ({end.token} at {format_ts(stop)}) "
                 f"without meeting it (it is at {format_ts(ts)}): the stream changed since the offset was planned"
             )
-        row = row_of(raw, shard, s)
+        row = row_of(raw, shard, s, numbering)
         if row is not None:
             yield row
         if token == end.token:
             return
 
 
-def row_of(raw: Mapping[str, Any], shard: str, s: Settings) -> Row | None:
-    """The row of one raw change event, or None when it makes none (outside the selection, skipped)."""
+def row_of(raw: Mapping[str, Any], shard: str, s: Settings, numbering: Numbering) -> Row | None:
+    """The row of one raw change event, or None when it makes none (outside the selection, skipped). Every
+    event is numbered within its cluster time (``numbering``), as the asyncio reader numbers them."""
+    index = numbering.next(raw.get("clusterTime"))
     if skipped(raw):
         log_skipped(raw)
         return None
-    event = normalize_change(raw, shard or None)
+    event = normalize_change(raw, shard or None, index, shard or None)
     if event is None or not keep_event(event, s.selection):
         return None
-    return event_row(event, bson_bytes(raw))
+    return event_row(event, bson_bytes(raw), relaxed=s.extended_json == "relaxed")
 
 
 def _key(offset: ShardOffset) -> str:
