@@ -268,3 +268,27 @@ async def test_two_shards_events_at_one_cluster_time_cut_between_batches_are_all
     assert _ids(kind, root, A) == [1, 2, 3, 4]
     changes = read_table(kind, root, "changes", "d", "a")
     assert changes is not None and duplicate_changes(changes) == [] and changes.num_rows == 4
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_targets_checked_at_once_by_several_processes_are_all_writable(kind: str, tmp_path: Path) -> None:
+    """Spark tasks start a sink each, and each checks that the lake is writable at the same moment: one's
+    probe file is not the other's (soak seed 2601: 'cannot write there: No such file or directory')."""
+    import threading
+
+    backends = [_sink(kind, tmp_path / "lake").backend for _ in range(4)]
+    errors: list[BaseException] = []
+
+    def check(backend: object) -> None:
+        try:
+            for _ in range(300):
+                backend.check_writable()  # type: ignore[attr-defined]
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=check, args=(b,)) for b in backends]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []

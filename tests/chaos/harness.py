@@ -15,8 +15,11 @@ concurrent writes.
 
 For a lake target, "identical" means: each selected source collection's state table holds its documents
 as raw BSON, byte for byte; no state table of a collection the source does not have (dropped, renamed
-away) holds a row; and no change table holds an event twice (same key, cluster time, seq and op), which
-is what mcdc's exactly-once commits promise through kills and older checkpoints.
+away) holds a row; and each change table holds every document event of its collection since the first
+checkpoint exactly once, in the source stream's order when sorted by ``sequence``, which is what mcdc's
+exactly-once commits promise through kills, older checkpoints, batches cut inside transactions (lake plans
+replay in small batches, and write transactions of many events and with a collection created inside)
+and namespaces copied again.
 
 :func:`run_plan` runs it on real servers, keeps every version of the checkpoint file it sees, and at the
 end checks the target, then restores several of those versions in turn and checks again after a
@@ -41,6 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bson.timestamp import Timestamp
+
 from tests.chaos.workload import SELECTION, ChaosWorkload, prepare, selected
 from tests.support.compare import assert_identical
 from tests.support.kafka import KafkaBroker
@@ -62,6 +67,8 @@ SINK_ENGINES = {"mongo": ENGINES, "kafka": ENGINES, "delta": ENGINES, "iceberg":
 PACE_S = 0.06
 #: how long a converging run may take before the plan fails (Spark starts a JVM per run)
 CONVERGE_S = {"asyncio": 120.0, "spark": 240.0}
+#: a lake plan's replay batches: small, so that they cut transactions (at their DDL) and runs of one time
+LAKE_BATCH = 5
 #: how long after its start mcdc surely handles SIGTERM
 STARTED_S = {"asyncio": 2.5, "spark": 2.5}
 
@@ -227,6 +234,8 @@ class Runner:
         if self.plan.engine == "spark":
             # three replay tasks on two cores: a batch's shares are written at once, in any order
             argv += ["--engine", "spark", "--spark-master", "local[2]", "--replay-partitions", "3", *quick_jvm_conf()]
+        if self.plan.sink in LAKE_SINKS:
+            argv += ["--max-batch-size", str(LAKE_BATCH)]
         if command == "tail" and self.plan.sink == "mongo":  # the embedded verifier sweeps all along
             argv += ["--verify", "--verify-interval", "0" if self.plan.engine == "asyncio" else "1"]
         return argv
@@ -288,8 +297,9 @@ class Runner:
         prepare(self.servers.source.uri)
         drop_user_databases(self.servers.target.uri)  # what an earlier plan left
         workload = ChaosWorkload(
-            self.servers.source.uri, random.Random(self.plan.seed), ddl=self.plan.sink in STATEFUL_SINKS
-        )
+            self.servers.source.uri, random.Random(self.plan.seed), ddl=self.plan.sink in STATEFUL_SINKS,
+            lake=self.plan.sink in LAKE_SINKS,
+        )  # fmt: skip
         try:
             with CheckpointCopies(self.cp) as copies:
                 self.copies = copies
@@ -444,7 +454,8 @@ class Runner:
         """The target against the source; ``changes``: a lake's change tables too (at rest only, they are
         read whole)."""
         if self.plan.sink in LAKE_SINKS:
-            _compare_lake(self.plan.sink, self.lake, self.servers.source.uri, changes=changes)
+            since = _first_position(self.copies.versions) if changes else None
+            _compare_lake(self.plan.sink, self.lake, self.servers.source.uri, changes=changes, since=since)
             return
         if self.plan.sink == "mongo":
             assert_identical(self.servers.source.uri, self.servers.target.uri, only=selected)
@@ -486,9 +497,43 @@ def _quirk(line: str) -> bool:
     return {k: v for k, v in source.items() if k not in _QUIRK_OPTIONS} == target
 
 
-def _compare_lake(kind: str, root: Path, source: str, *, changes: bool) -> None:
+def _first_position(versions: list[bytes]) -> dict[str, Any] | None:
+    """Where the first saved checkpoint has the stream begin: ``watch()``'s options to read from there."""
+    from replicator.extjson import from_jsonable
+
+    if not versions:
+        return None
+    position = json.loads(versions[0])["position"]
+    if position.get("resume_token") is not None:
+        return {"resume_after": from_jsonable(position["resume_token"])}
+    ct = position.get("cluster_time")
+    return {"start_at_operation_time": Timestamp(ct["t"], ct["i"])} if ct else None
+
+
+def _document_events(source: str, since: dict[str, Any]) -> dict[tuple[str, str], list[str]]:
+    """The selected collections' document events on the source from ``since`` on, by collection, as
+    resume tokens (canonical Extended JSON, as change rows keep them) in stream order."""
+    import pymongo
+
+    from replicator.extjson import dumps_str
+
+    out: dict[tuple[str, str], list[str]] = {}
+    with pymongo.MongoClient(source) as client, client.watch(**since) as stream:
+        while (change := stream.try_next()) is not None:
+            ns = change.get("ns") or {}
+            if change["operationType"] in _DOCUMENT_OPS and selected(f"{ns.get('db')}.{ns.get('coll')}"):
+                out.setdefault((ns["db"], ns["coll"]), []).append(dumps_str(change["_id"]))
+    return out
+
+
+_DOCUMENT_OPS = ("insert", "update", "replace", "delete")
+
+
+def _compare_lake(kind: str, root: Path, source: str, *, changes: bool, since: dict[str, Any] | None = None) -> None:
     """Each selected source collection's documents are its state table's ``bson`` column, byte for byte; a
-    state table of any other collection is empty; with ``changes``, no change table holds an event twice."""
+    state table of any other collection is empty; with ``changes``, no change table holds an event twice,
+    and (``since``: where the stream began) each holds its collection's document events exactly once, in
+    the stream's order by ``sequence``."""
     from tests.support.lake import collections, duplicate_changes, read_table, source_bytes, state_bytes, tables
 
     live = set()
@@ -505,14 +550,29 @@ def _compare_lake(kind: str, root: Path, source: str, *, changes: bool) -> None:
                 f"{db}.{coll}: not a selected collection on the source, but its state table holds {len(rows)} "
                 f"rows (_ids {_ids(rows)[:10]})"
             )
-    if changes:
-        for db, coll in tables(kind, root, "changes"):
-            table = read_table(kind, root, "changes", db, coll)
-            if table is not None and (dups := duplicate_changes(table)):
-                raise AssertionError(
-                    f"{db}.{coll}: {len(dups)} events twice in the change table of {table.num_rows} rows, e.g. "
-                    f"(key, cluster_time, seq, op) = {dups[:5]}"
-                )
+    if not changes:
+        return
+    stream = _document_events(source, since) if since is not None else {}
+    for db, coll in sorted(set(tables(kind, root, "changes")) | set(stream)):
+        table = read_table(kind, root, "changes", db, coll)
+        if table is not None and (dups := duplicate_changes(table)):
+            raise AssertionError(
+                f"{db}.{coll}: {len(dups)} events twice in the change table of {table.num_rows} rows, e.g. "
+                f"(key, sequence, op) = {dups[:5]}"
+            )
+        if since is None:
+            continue
+        rows = table.to_pylist() if table is not None else []
+        rows.sort(key=lambda r: tuple(r["sequence"].values()) if r["sequence"] is not None else ())
+        got = [r["resume_token"] for r in rows if r["op"] in ("c", "u", "replace", "d")]
+        want = stream.get((db, coll), [])
+        if got != want:
+            missing, extra = [t for t in want if t not in set(got)], [t for t in got if t not in set(want)]
+            raise AssertionError(
+                f"{db}.{coll}: the change table's {len(got)} document events are not the stream's {len(want)} in "
+                f"order: missing {missing[:3]}, not in the stream {extra[:3]}"
+                + ("" if missing or extra else ", out of order")
+            )
 
 
 def _ids(raws: list[bytes]) -> list[Any]:

@@ -10,6 +10,9 @@ Namespaces (all in the selection but ``chaos.ext_*``, which ``SELECTION`` exclud
 * ``chaos.c``: dropped and created again with other options (capped, a validator, plain).
 * ``chaos.in_N`` / ``chaos.ext_N``: collections renamed into the selection from ``ext_*`` and out of it.
 * ``chaos2.*``: a database dropped with ``dropDatabase``, and renamed from into ``chaos``.
+* ``chaos.t_N`` (lake plans): created inside a transaction that writes ``a`` and ``b`` before and after
+  it, so the DDL event sits among the transaction's events at its one cluster time; and transactions of
+  many events, more than a replay batch holds.
 
 Two quirks of the test server shape the writes (real MongoDB does otherwise; mcdc does not code around
 them): it leaves index options (``unique``, ``partialFilterExpression``, and ``sparse`` too) out of
@@ -44,6 +47,8 @@ DDL_KINDS: dict[str, int] = {
     "rotate": 2, "drop_archive": 1, "recreate": 1, "rename_in": 1, "rename_out": 1, "drop_database": 1,
     "from_other_db": 1, "coll_mod": 1, "index": 1, "drop_index": 1, "view": 1,
 }  # fmt: skip
+#: lake plans' own: a change table must keep every event of a transaction cut by a batch or by its DDL
+LAKE_KINDS: dict[str, int] = {"txn_ddl": 2, "big_txn": 2}
 
 
 def selected(ns: str) -> bool:
@@ -69,10 +74,10 @@ def prepare(uri: str) -> None:
 class ChaosWorkload:
     """Writes one random operation per :meth:`step`, all drawn from ``rng``."""
 
-    def __init__(self, uri: str, rng: random.Random, *, ddl: bool = True) -> None:
+    def __init__(self, uri: str, rng: random.Random, *, ddl: bool = True, lake: bool = False) -> None:
         self.client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(uri, serverSelectionTimeoutMS=5000)
         self.rng = rng
-        kinds = {**DATA_KINDS, **(DDL_KINDS if ddl else {})}
+        kinds = {**DATA_KINDS, **(DDL_KINDS if ddl else {}), **(LAKE_KINDS if lake else {})}
         self._kinds, self._weights = list(kinds), list(kinds.values())
         self._n = 0
         self.counts: dict[str, int] = {}
@@ -135,6 +140,24 @@ class ChaosWorkload:
             chaos.a.update_one({"_id": i}, {"$set": {"t": self._n}}, upsert=True, session=s)
             chaos.b.delete_one({"_id": (i + 1) % IDS}, session=s)
             chaos.b.update_one({"_id": i}, {"$inc": {"c": 1}, "$set": {"t": self._n}}, upsert=True, session=s)
+
+    def _txn_ddl(self) -> None:
+        """A collection created inside a transaction, among writes before and after it (MongoDB 4.4+)."""
+        chaos, i, name = self.client.chaos, self._id(), f"t_{self._n}"
+        with self.client.start_session() as s, s.start_transaction():
+            chaos.a.update_one({"_id": i}, {"$set": {"t": self._n}}, upsert=True, session=s)
+            chaos.create_collection(name, session=s)
+            chaos[name].insert_one({"_id": i, "n": self._n}, session=s)
+            chaos.b.update_one({"_id": i}, {"$set": {"t": self._n}}, upsert=True, session=s)
+            chaos.a.delete_one({"_id": (i + 1) % IDS}, session=s)
+
+    def _big_txn(self) -> None:
+        """A transaction of more events than a replay batch (the lake plans' --max-batch-size) holds."""
+        chaos = self.client.chaos
+        with self.client.start_session() as s, s.start_transaction():
+            for _ in range(self.rng.randrange(6, 20)):
+                coll = chaos[self.rng.choice(["a", "b"])]
+                coll.update_one({"_id": self._id()}, {"$set": {"big": self._n}}, upsert=True, session=s)
 
     def _dollar(self) -> None:
         value = {"$literal": {"$price": self._n}}

@@ -131,7 +131,7 @@ class IcebergBackend(Format):
             return
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            probe = self.root / ".mcdc-probe"
+            probe = self.root / f".mcdc-probe-{uuid.uuid4().hex}"  # its own: tasks check at once
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as exc:
