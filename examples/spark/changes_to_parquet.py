@@ -6,9 +6,11 @@
 Writes, under --out:
 
 * ``changes/``: every change event as a row of the ``mcdc`` data source (op, db, coll, key, document,
-  bson, update, before, cluster_time, wall_time, txn, resume_token, shard, change), appended per micro-batch;
-* ``latest/v<batch>/``: the newest version of every document changed since the stream started, one row per
-  (db, coll, key), deletes applied; ``latest/CURRENT`` names the version to read;
+  bson, update, before, cluster_time, sequence, wall_time, txn, resume_token, shard, change), appended per
+  micro-batch (with ``--snapshot``, the collections' documents first, as rows of op ``r``);
+* ``latest/v<batch>/``: the newest version of every document (with ``--snapshot``; else of every document
+  changed since the stream started), one row per (db, coll, key), deletes applied; ``latest/CURRENT`` names
+  the version to read;
 * ``checkpoint/``: Spark's checkpoint (the stream's per-shard resume tokens): run the job again and it goes
   on where it stopped, without reading an event twice.
 
@@ -27,20 +29,17 @@ KEY = ("db", "coll", "key")
 
 
 def latest_of(batch: Any) -> Any:
-    """The last event of each (db, coll, key) in one micro-batch: latest cluster time, then stream order
-    (events of one transaction share a cluster time)."""
+    """The last event of each (db, coll, key) in one micro-batch, by ``sequence``: the stream's total order
+    (events of one transaction share a cluster time, not a sequence)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    order = Window.partitionBy(*KEY).orderBy(
-        F.col("cluster_time.t").desc(), F.col("cluster_time.i").desc(), F.col("_seq").desc()
-    )
+    order = Window.partitionBy(*KEY).orderBy(F.col("sequence").desc())
     return (
         batch.filter(F.col("op").isin(*DOCUMENT_OPS))
-        .withColumn("_seq", F.monotonically_increasing_id())
         .withColumn("_n", F.row_number().over(order))
         .filter("_n = 1")
-        .select(*KEY, "op", "document", "bson", "cluster_time", "wall_time")
+        .select(*KEY, "op", "document", "bson", "cluster_time", "sequence", "wall_time")
     )
 
 
@@ -99,12 +98,15 @@ def main() -> None:
     parser.add_argument("--out", required=True, type=Path, help="output directory")
     parser.add_argument("--include", help="only namespaces matching this regex (comma-separated list)")
     parser.add_argument("--available-now", action="store_true", help="read what is there now, then exit")
+    parser.add_argument("--snapshot", action="store_true", help="the collections' documents first (a new --out)")
     parser.add_argument("--master", default="local[*]", help="Spark master (default: local[*])")
     args = parser.parse_args()
     from pyspark.sql import SparkSession
 
     spark = SparkSession.builder.master(args.master).appName("mcdc-changes-to-parquet").getOrCreate()
     options = {"include": args.include} if args.include else {}
+    if args.snapshot:
+        options["snapshot"] = "initial"
     query = run(spark, args.source, args.out, available_now=args.available_now, options=options)
     if not args.available_now:
         query.awaitTermination()

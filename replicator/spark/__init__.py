@@ -1,9 +1,19 @@
 """The name users import the ``mcdc`` Spark data source by (``from replicator.spark import register``); the
-package itself is :mod:`replicator.spark_datasource`."""
+package itself is :mod:`replicator.spark_datasource`. :func:`auto_cdc_source` gives one collection as the
+source of Spark's Auto CDC (SCD type 1 and 2 tables)."""
 
 from __future__ import annotations
 
 from ..spark_datasource import SCHEMA, MongoChanges, event_from_row, register
 from ..spark_datasource import rows as rows
+from .auto_cdc import auto_cdc_source, tolerate_observed_metrics
 
-__all__ = ["SCHEMA", "MongoChanges", "event_from_row", "register", "rows"]
+__all__ = [
+    "SCHEMA",
+    "MongoChanges",
+    "auto_cdc_source",
+    "event_from_row",
+    "register",
+    "rows",
+    "tolerate_observed_metrics",
+]
