@@ -34,6 +34,8 @@ NOT_RUN = {
     "mcdc sync --engine spark --spark-master spark://HOST:7077": "needs a Spark cluster",
     "spark-submit --master yarn": "needs YARN",
     "python scripts/soak.py --minutes 30": "a 30-minute soak; CI runs the chaos seeds (tests/chaos)",
+    "pip install 'mcdc[pipelines]'": "needs a catalog whose tables take MERGE (Delta's or Iceberg's jars); "
+    "tests/test_auto_cdc.py runs the example pipeline over a test catalog",
     'mcdc sync -s "$SRC" -t delta:/data/lake': "an object store and a REST catalog are not here; tests/test_lake.py "
     "runs the local forms (sync, catch-up, tail into delta: and iceberg:)",
 }
