@@ -102,6 +102,12 @@ def test_kill_9_of_a_tail_three_times_then_catch_up_leaves_no_duplicate_and_equa
     with pymongo.MongoClient(source_uri) as client:
         client.work.a.insert_many([{"_id": i, "v": 0} for i in range(100)])
     proc = _tail(source_uri, target, cp)
+    # the stream's position is captured (and saved) before the first writes, so that the change tables must
+    # hold their events, however long a loaded machine takes to start mcdc
+    deadline = time.monotonic() + 120
+    while not cp.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the tail saved no checkpoint"
+        time.sleep(0.1)
     for seed in range(3):
         random_workload(source_uri, 120, seed)  # CRUD, transactions, renames, drops, a capped collection
         time.sleep(random.Random(seed).uniform(0.5, 2.0))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,11 @@ def test_demo_refuses_to_wipe_a_directory_it_did_not_make(tmp_path: Path) -> Non
     assert result.returncode != 0
     assert "not made by this demo" in result.stderr
     assert (tmp_path / "precious.txt").read_text() == "keep me"
+
+
+def test_under_load_runs_a_command_beside_burners_and_stops_at_the_first_failure() -> None:
+    ok = run_script("under_load.py", "--burners", "1", "--times", "2", "--", sys.executable, "-c", "pass")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.count("with 1 burners: exit 0") == 2
+    failing = run_script("under_load.py", "--times", "3", "--", sys.executable, "-c", "raise SystemExit(3)")
+    assert failing.returncode == 3 and failing.stdout.count("exit 3") == 1
