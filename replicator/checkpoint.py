@@ -82,6 +82,9 @@ class Checkpoint:
     #: the embedded verifier's place (sweep_state.SweepState's JSON): a restarted ``tail --verify`` goes on
     #: with its pass; None when no run verified
     verifier: dict[str, Any] | None = None
+    #: in a reverse checkpoint, set by the cutover that wrote it: the forward checkpoint (its file) and the
+    #: position written, so that no other migration's cutover replaces it, nor this one's once it moved on
+    reverse_of: dict[str, Any] | None = None
 
     def acknowledge(
         self, position: Position, shard_positions: Mapping[str, Position] | None = None, *, applied: bool = True
@@ -112,6 +115,7 @@ class Checkpoint:
             "shard_hosts": dict(sorted(self.shard_hosts.items())),
             "cutover": self.cutover,
             "verifier": self.verifier,
+            "reverse_of": self.reverse_of,
             "snapshot": {
                 "status": self.snapshot.status,
                 "plan": self.snapshot.plan,
@@ -141,6 +145,7 @@ class Checkpoint:
             shard_hosts={str(k): str(v) for k, v in (data.get("shard_hosts") or {}).items()},
             cutover=dict(data["cutover"]) if data.get("cutover") is not None else None,
             verifier=dict(data["verifier"]) if data.get("verifier") is not None else None,
+            reverse_of=dict(data["reverse_of"]) if data.get("reverse_of") is not None else None,
             snapshot=SnapshotProgress(
                 status=str(snap.get("status", "none")),
                 plan=list(snap.get("plan") or []),
@@ -301,6 +306,20 @@ class CheckpointStore:
             raise CheckpointError(f"checkpoint {self.path} is not writable")
         if self.real.is_dir():
             raise CheckpointError(f"checkpoint {self.path} is a directory")
+
+    def in_use(self) -> bool:
+        """Does a running mcdc hold this checkpoint's lock? (asked without taking it for long)"""
+        try:
+            fd = os.open(self.real.with_name(self.real.name + ".lock"), os.O_RDWR)
+        except OSError:
+            return False  # no lock file: no run holds it
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            return exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
+        finally:
+            os.close(fd)  # closing lets a lock it took go
+        return False
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:

@@ -138,20 +138,49 @@ class Settings:
         return command == "tail" or self.max_retries is not None
 
     def checkpoint_path(self) -> Path:
-        """The checkpoint file: --checkpoint, else one per (source, target) pair under the state dir."""
+        """The checkpoint file: --checkpoint, else one per migration under the state dir: per source, target
+        and what is copied (the selection, renames and field rules), so that two migrations between one
+        pair of servers keep their own positions and ways back."""
         if self.checkpoint is not None:
             return self.checkpoint
         base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "mcdc"
         # "-" is another spelling of stdout: one checkpoint (a file made under "-" before is still found)
         spellings = ("stdout", "-") if self.target in ("stdout", "-") else (self.target,)
         paths = [base / f"checkpoint-{self._digest(target)}.json" for target in spellings]
-        return next((path for path in paths[1:] if path.exists() and not paths[0].exists()), paths[0])
+        # before the default had the selection in it, a pair had one: still found where it copied this one
+        paths += [base / f"checkpoint-{self._digest(target, pair_only=True)}.json" for target in spellings]
+        found = [path for path in paths[1:] if path.exists() and _copies(path, self)]
+        return paths[0] if paths[0].exists() or not found else found[0]
 
-    def _digest(self, target: str) -> str:
+    def _digest(self, target: str, *, pair_only: bool = False) -> str:
         key = "|".join(sorted(host_set(self.source))) + "->" + redact(target)
         if not is_mongo_uri(target):  # event sinks: another topic prefix is another destination
             key += "#" + self.topic_prefix
+        copies = _copied(self)
+        if copies and not pair_only:  # all of it by default: the key of every checkpoint made before
+            key += "|" + json.dumps(copies, sort_keys=True)
         return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+#: The options that decide what a migration copies (recorded.Recorded's): part of its default checkpoint.
+_COPIES = ("include", "exclude", "rename", "field_exclude", "field_rename")
+
+
+def _copied(s: Settings) -> dict[str, list[str]]:
+    """What ``s`` copies, where it is not everything as it is (order does not matter)."""
+    return {name: sorted(getattr(s, name)) for name in _COPIES if getattr(s, name)}
+
+
+def _copies(path: Path, s: Settings) -> bool:
+    """Does the checkpoint at ``path`` copy what ``s`` copies? (one that cannot be read is not taken)"""
+    try:
+        recorded = json.loads(path.read_text()).get("recorded")
+    except (OSError, ValueError, AttributeError):
+        return False
+    if recorded is None:
+        return not _copied(s)
+    saved = {name: sorted(recorded.get(name.replace("_", "-")) or ()) for name in _COPIES}
+    return {name: values for name, values in saved.items() if values} == _copied(s)
 
 
 def _kind(hint: Any) -> Any:

@@ -29,7 +29,7 @@ from pymongo.errors import OperationFailure
 from .checkpoint import Checkpoint, CheckpointStore, SnapshotProgress
 from .config import Settings
 from .cutover_check import changes_between, proven_since
-from .errors import ConfigError, CutoverRefused, SourceNotQuiet
+from .errors import CheckpointLocked, ConfigError, CutoverRefused, SourceNotQuiet
 from .events import Position, ts_from_json, ts_to_json
 from .job import SyncJob
 from .preflight import source_name
@@ -82,6 +82,11 @@ async def cutover(settings: Settings, reporter: Reporter) -> CutoverResult:
     if not is_mongo_uri(settings.target):
         raise ConfigError(f"cutover moves to a MongoDB target: --target {redact(settings.target)} is not mongodb://")
     store = CheckpointStore(settings.checkpoint_path())
+    if store.in_use():
+        raise CheckpointLocked(
+            f"checkpoint {store.path} is in use by a running mcdc: stop it (Ctrl-C or SIGTERM) and run cutover "
+            "again, or cut over through it: a tail started with --control answers POST /commit on its metrics port"
+        )
     cp = store.load()
     if cp is None:
         raise ConfigError(f"no checkpoint at {store.path}: a cutover ends what mcdc sync or tail began")
@@ -91,6 +96,7 @@ async def cutover(settings: Settings, reporter: Reporter) -> CutoverResult:
         raise ConfigError(
             f"the snapshot of {store.path} is {cp.snapshot.status}, not done: let sync, catch-up or tail finish it"
         )
+    _may_write_reverse(settings, store)  # refused before anything else is done
     started = time.monotonic()
     source = make_client(settings.source, timeout_s=settings.connect_timeout_s, io_timeout_s=settings.io_timeout_s)
     try:
@@ -119,7 +125,7 @@ async def cutover(settings: Settings, reporter: Reporter) -> CutoverResult:
         point = cp.position.cluster_time
         if point is None:
             raise CutoverRefused("the checkpoint holds no cluster time after the catch-up; run cutover again")
-        reverse = await _write_reverse(settings, cp)
+        reverse = await _write_reverse(settings, cp, store)
     finally:
         await source.close()
     result = CutoverResult(
@@ -180,8 +186,10 @@ async def block_writes(client: Client) -> None:
         raise ConfigError(f"the source refused to block writes: {exc.details or exc}") from None
 
 
-async def _write_reverse(settings: Settings, cp: Checkpoint) -> Path:
-    """The reverse checkpoint: source and target swapped, at the target's current time, snapshot done."""
+async def _write_reverse(settings: Settings, cp: Checkpoint, forward: CheckpointStore) -> Path:
+    """The reverse checkpoint: source and target swapped, at the target's current time, snapshot done. One
+    this migration's cutover wrote before and a reverse run moved on since is kept as it is; another
+    migration's is never replaced (:func:`_may_write_reverse`)."""
     back = reversed_settings(settings)
     path = back.checkpoint_path()
     target = make_client(settings.target, timeout_s=settings.connect_timeout_s)
@@ -190,26 +198,54 @@ async def _write_reverse(settings: Settings, cp: Checkpoint) -> Path:
         now = await current_time(target)
     finally:
         await target.close()
+    # just after the target's last operation (startAtOperationTime includes its own time): mcdc's own
+    # last write there came from the source, and is not the new side's
+    start = Timestamp(now.time, now.inc + 1)
     reverse = Checkpoint(
         source_id=source_name(info, settings.target),
-        # just after the target's last operation (startAtOperationTime includes its own time): mcdc's own
-        # last write there came from the source, and is not the new side's
-        position=Position(cluster_time=Timestamp(now.time, now.inc + 1)),
+        position=Position(cluster_time=start),
         snapshot=SnapshotProgress(status="done", finished_at=time.time()),
         source_identity=deployment_identity(info, settings.target),
         target_identity=cp.source_identity,
+        reverse_of={"checkpoint": str(forward.real), "position": ts_to_json(start)},
     )
     store = CheckpointStore(path)
     with store.locked():
         existing = store.load()
-        if existing is None or _before(existing, now):
+        refusal = _not_ours(existing, forward, path)
+        if refusal is not None:
+            raise ConfigError(refusal)
+        if existing is None or not _moved(existing):
             store.save(reverse)
     return path
 
 
-def _before(cp: Checkpoint, now: Timestamp) -> bool:
-    at = cp.position.cluster_time
-    return at is None or at < now
+def _may_write_reverse(settings: Settings, forward: CheckpointStore) -> None:
+    """Refuse a cutover whose reverse checkpoint's file holds another migration's way back."""
+    path = reversed_settings(settings).checkpoint_path()
+    refusal = _not_ours(CheckpointStore(path).load(), forward, path)
+    if refusal is not None:
+        raise ConfigError(refusal)
+
+
+def _not_ours(existing: Checkpoint | None, forward: CheckpointStore, path: Path) -> str | None:
+    """Why the reverse checkpoint at ``path`` is not this migration's to write, or None when it may be."""
+    if existing is None:
+        return None
+    origin = (existing.reverse_of or {}).get("checkpoint")
+    if origin == str(forward.real):
+        return None
+    whose = f"the way back of {origin}" if origin else "a checkpoint that no cutover of this migration wrote"
+    return (
+        f"reverse checkpoint {path} is {whose}: not replaced; pass --reverse-checkpoint PATH to write this "
+        "migration's elsewhere"
+    )
+
+
+def _moved(cp: Checkpoint) -> bool:
+    """Has a reverse run moved this reverse checkpoint on from where its cutover wrote it?"""
+    written = ts_from_json((cp.reverse_of or {}).get("position"))
+    return cp.position.cluster_time != written or cp.position.resume_token is not None
 
 
 def reversed_settings(settings: Settings) -> Settings:

@@ -316,3 +316,95 @@ def test_control_needs_a_loopback_metrics_port(tmp_path: Path) -> None:
     base += ["--control", "--connect-timeout", "1"]
     _assert_one_line_error(_mcdc(*base), 2, "give --metrics-port too")
     _assert_one_line_error(_mcdc(*base, "--metrics-port", "0", "--metrics-host", "0.0.0.0"), 2, "loopback only")
+
+
+@pytest.mark.integration
+def test_two_migrations_of_other_selections_between_one_pair_both_cut_over_and_keep_their_way_back(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    """Default checkpoints (no --checkpoint): a second migration between the same servers, of another
+    selection, neither takes over the first one's checkpoint nor replaces its reverse checkpoint, which a
+    reverse tail has moved on since."""
+    import os
+
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    with pymongo.MongoClient(source_uri) as client:
+        client.lake0.a.insert_many([{"_id": i} for i in range(5)])
+        client.lake1.a.insert_many([{"_id": i} for i in range(7)])
+    first = ("-s", source_uri, "-t", target_uri, "--include", r"lake0\..*", "--no-progress")
+    second = (
+        "-s",
+        source_uri,
+        "-t",
+        target_uri,
+        "--include",
+        r"lake1\..*",
+        "--rename",
+        "lake1=lake1_c",
+        "--no-progress",
+    )
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return _mcdc(*args, env=env, timeout=120)
+
+    assert (done := run("sync", *first)).returncode == 0, done.stderr
+    cut = run("cutover", *first, "--json")
+    assert cut.returncode == 0, cut.stderr
+    reverse_one = Path(json.loads(cut.stdout)["reverse_checkpoint"])
+    # the way back is used: writes on the new side, carried back by a catch-up on the reverse checkpoint
+    with pymongo.MongoClient(target_uri) as client:
+        client.lake0.a.insert_one({"_id": "new-side"})
+    back = ("-s", target_uri, "-t", source_uri, "--include", r"lake0\..*", "-c", str(reverse_one), "--no-progress")
+    assert (done := run("catch-up", *back)).returncode == 0, done.stderr
+    moved = reverse_one.read_bytes()
+    with pymongo.MongoClient(source_uri) as client:
+        assert client.lake0.a.find_one({"_id": "new-side"}) is not None
+
+    assert (done := run("sync", *second)).returncode == 0, done.stderr  # a snapshot of its own
+    with pymongo.MongoClient(target_uri) as client:
+        assert client.lake1_c.a.count_documents({}) == 7
+    cut = run("cutover", *second, "--json")
+    assert cut.returncode == 0, cut.stderr
+    reverse_two = Path(json.loads(cut.stdout)["reverse_checkpoint"])
+    assert reverse_two != reverse_one and reverse_one.read_bytes() == moved  # the first way back, as it was
+    assert json.loads(reverse_two.read_text())["snapshot"]["status"] == "done"
+    # a third migration told to write its way back where the first one's is: refused before anything
+    with pymongo.MongoClient(source_uri) as client:
+        client.lake2.a.insert_one({"_id": 1})
+    third = ("-s", source_uri, "-t", target_uri, "--include", r"lake2\..*", "--no-progress")
+    assert (done := run("sync", *third)).returncode == 0, done.stderr
+    refused = run("cutover", *third, "--reverse-checkpoint", str(reverse_one))
+    _assert_one_line_error(refused, 2, str(reverse_one), "--reverse-checkpoint")
+    assert reverse_one.read_bytes() == moved and json.loads(_default_of(env, *third).read_text())["cutover"] is None
+
+
+def _default_of(env: dict[str, str], *args: str) -> Path:
+    """The default checkpoint under ``env``'s state directory that a run of these flags (--include) made."""
+    include = args[args.index("--include") + 1]
+    for path in (Path(env["XDG_STATE_HOME"]) / "mcdc").glob("checkpoint-*.json"):
+        if json.loads(path.read_text())["recorded"]["include"] == [include]:
+            return path
+    raise AssertionError(f"no checkpoint of --include {include}")
+
+
+@pytest.mark.integration
+def test_cutover_on_a_checkpoint_a_tail_runs_on_says_how_to_go_on_before_doing_anything(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    cp = tmp_path / "mig.json"
+    with pymongo.MongoClient(source_uri) as client:
+        client.shop.orders.insert_one({"_id": 1})
+    tail = subprocess.Popen(
+        [sys.executable, "-m", "replicator.cli", "tail", "-s", source_uri, "-t", target_uri, "-c", str(cp), "--no-progress"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        _until(
+            "the tail's checkpoint", lambda: cp.exists() and json.loads(cp.read_text())["snapshot"]["status"] == "done"
+        )
+        refused = _cutover(source_uri, target_uri, cp)
+        _assert_one_line_error(refused, 3, str(cp), "stop it", "POST /commit")
+        assert "catching up" not in refused.stderr
+    finally:
+        tail.terminate()
+        tail.wait(60)
