@@ -82,6 +82,9 @@ class Checkpoint:
     #: the embedded verifier's place (sweep_state.SweepState's JSON): a restarted ``tail --verify`` goes on
     #: with its pass; None when no run verified
     verifier: dict[str, Any] | None = None
+    #: how far the acknowledged position was behind the source's writes when the replay saved this version
+    #: (0: it had caught up); None before any replay saved it (what mcdc status reports of a stopped run)
+    lag_s: float | None = None
     #: in a reverse checkpoint, set by the cutover that wrote it: the forward checkpoint (its file) and the
     #: position written, so that no other migration's cutover replaces it, nor this one's once it moved on
     reverse_of: dict[str, Any] | None = None
@@ -116,6 +119,7 @@ class Checkpoint:
             "cutover": self.cutover,
             "verifier": self.verifier,
             "reverse_of": self.reverse_of,
+            "lag_s": self.lag_s,
             "snapshot": {
                 "status": self.snapshot.status,
                 "plan": self.snapshot.plan,
@@ -146,6 +150,7 @@ class Checkpoint:
             cutover=dict(data["cutover"]) if data.get("cutover") is not None else None,
             verifier=dict(data["verifier"]) if data.get("verifier") is not None else None,
             reverse_of=dict(data["reverse_of"]) if data.get("reverse_of") is not None else None,
+            lag_s=float(data["lag_s"]) if data.get("lag_s") is not None else None,
             snapshot=SnapshotProgress(
                 status=str(snap.get("status", "none")),
                 plan=list(snap.get("plan") or []),

@@ -90,8 +90,8 @@ OPTIONS: tuple[Option, ...] = (
         Option(
             "source", "source", "Source MongoDB URI (replica set, mongos, or standalone with --snapshot-only).",
             COMMANDS, metavar="URI", short="-s",
-            help_for={"status": "Source MongoDB URI: lag is measured against its current time; with --target, "
-                      "it finds the default checkpoint.",
+            help_for={"status": "Source MongoDB URI: with --target, it finds the default checkpoint; a "
+                      "checkpoint with no lag recorded is measured against its current time.",
                       "verify": "Source MongoDB URI."},
         ),
         Option(

@@ -13,7 +13,7 @@ from .checkpoint import CheckpointStore
 from .config import Settings
 from .errors import ConfigError
 from .events import ts_to_json
-from .migration import COMMITTED, STOPPED, Facts, progress_document
+from .migration import COMMITTED, STATES, STOPPED, Facts, progress_document
 from .source.changestream import current_time
 from .source.connection import make_client, probe
 from .source.partitions import Partition
@@ -27,27 +27,37 @@ def _iso(epoch_s: float | None) -> str | None:
 
 
 async def checkpoint_status(path: Path, source: str | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
-    """Position, age, lag and snapshot state of a checkpoint. Without ``source`` the lag is measured
-    against this machine's clock; with it, against the source's latest operation time."""
-    cp = CheckpointStore(path).load()
+    """Position, age, lag, state and snapshot of a checkpoint.
+
+    The lag is the one the replay recorded at its last save (0 when it had caught up), with when that was:
+    a checkpoint no mcdc runs on is not falling behind by the clock, it is where it stopped. A checkpoint
+    without one (written before mcdc recorded it, or still in its snapshot) is measured as before: its
+    position against the source's latest operation time (``source``), else against this machine's clock."""
+    store = CheckpointStore(path)
+    cp = store.load()
     if cp is None:
         raise ConfigError(f"no checkpoint at {path}")
     now = time.time()
+    running = store.in_use()
     position_time: Timestamp | None = cp.position.cluster_time
-    source_time: Timestamp | None = None
-    if source is not None:
-        client = make_client(source, timeout_s=timeout_s)
-        try:
-            await probe(client, source, "source")
-            source_time = await current_time(client)
-        finally:
-            await client.close()
-    reference = source_time.time if source_time is not None else now
+    lag, against = cp.lag_s, "last save"
+    if lag is None:
+        source_time: Timestamp | None = None
+        if source is not None:
+            client = make_client(source, timeout_s=timeout_s)
+            try:
+                await probe(client, source, "source")
+                source_time = await current_time(client)
+            finally:
+                await client.close()
+        reference = source_time.time if source_time is not None else now
+        lag = max(0.0, reference - position_time.time) if position_time else None
+        against = "source" if source_time is not None else "local clock"
     plan = [Partition.from_json(p) for p in cp.snapshot.plan]
-    lag = max(0.0, reference - position_time.time) if position_time else None
+    snapshot_done = cp.snapshot.status in ("done", "none")
     facts = Facts(
-        state=COMMITTED if cp.cutover is not None else STOPPED,
-        snapshot_done=cp.snapshot.status in ("done", "none"),
+        state=COMMITTED if cp.cutover is not None else _running_state(cp.snapshot.status) if running else STOPPED,
+        snapshot_done=snapshot_done,
         lag_s=lag,
         events_applied=None,  # a checkpoint does not count them
         estimated_documents=None,
@@ -58,6 +68,7 @@ async def checkpoint_status(path: Path, source: str | None = None, timeout_s: fl
     return {
         **progress_document(facts),
         "checkpoint": str(path),
+        "running": running,
         "source": cp.source_id,
         # None in a checkpoint written before mcdc recorded them: the next run fills them in
         "source_identity": cp.source_identity,
@@ -70,7 +81,7 @@ async def checkpoint_status(path: Path, source: str | None = None, timeout_s: fl
         "updated_at": _iso(cp.updated_at),
         "age_s": round(now - cp.updated_at, 3),
         "lag_s": None if lag is None else round(lag, 3),
-        "lag_measured_against": "source" if source_time is not None else "local clock",
+        "lag_measured_against": against,
         "snapshot": {
             "status": cp.snapshot.status,
             "partitions_done": len(cp.snapshot.done),
@@ -79,6 +90,11 @@ async def checkpoint_status(path: Path, source: str | None = None, timeout_s: fl
             "collections_remaining": len({p.ns for p in plan if p.id not in cp.snapshot.done}),
         },
     }
+
+
+def _running_state(snapshot: str) -> str:
+    """What a run holding the checkpoint is doing, as far as its file tells."""
+    return STATES["snapshot"] if snapshot in ("in_progress", "copied") else STATES["streaming"]
 
 
 async def status(settings: Settings) -> dict[str, Any]:
@@ -100,19 +116,21 @@ async def status(settings: Settings) -> dict[str, Any]:
 
 def status_lines(status: dict[str, Any]) -> list[str]:
     snap = status["snapshot"]
-    lag = status["lag_s"]
+    progress = status["progress"]
     unknown = "- (not recorded yet: the next run records it)"
+    commit = "yes" if progress["canCommit"] else "no"
     lines = [
         f"checkpoint {status['checkpoint']}",
+        f"state      {progress['state']}: {progress['info']} (canCommit: {commit})",
         f"source     {status['source_identity'] or status['source']}",
         f"target     {status['target_identity'] or unknown}",
         f"position   {status['position']['time'] or '-'} ({_shown_ts(status['position']['cluster_time'])})",
-        f"lag        {'-' if lag is None else f'{lag:.1f} s'} (against the {status['lag_measured_against']})",
+        f"lag        {_lag(status)}",
         f"updated    {status['updated_at']} ({status['age_s']:.1f} s ago)",
         f"snapshot   {snap['status']}: {snap['partitions_done']}/{snap['partitions_total']} partitions, "
         f"{snap['collections_remaining']}/{snap['collections_total']} collections remaining",
     ]
-    v = status["progress"]["verification"]
+    v = progress["verification"]
     if v["phase"] != "off":  # a tail --verify ran on it
         current = v["currentPass"]
         lines.append(
@@ -121,6 +139,16 @@ def status_lines(status: dict[str, Any]) -> list[str]:
             f"{current['scannedDocuments']:,} documents"
         )
     return lines
+
+
+def _lag(status: dict[str, Any]) -> str:
+    lag = status["lag_s"]
+    if lag is None:
+        return "-"
+    if status["lag_measured_against"] != "last save":
+        return f"{lag:.1f} s (against the {status['lag_measured_against']})"
+    caught_up = " (caught up)" if lag == 0 else ""
+    return f"{lag:.1f} s{caught_up} at its last save, {status['age_s']:.1f} s ago"
 
 
 def _shown_ts(data: dict[str, int] | None) -> str:

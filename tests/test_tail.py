@@ -217,7 +217,7 @@ def test_status_reports_position_and_lag(source_uri: str, target_uri: str, tmp_p
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    assert data["lag_s"] is not None and data["lag_s"] < 60 and data["lag_measured_against"] == "source"
+    assert data["lag_s"] is not None and data["lag_s"] < 60 and data["lag_measured_against"] == "last save"
     assert data["position"]["has_resume_token"] and data["snapshot"]["status"] == "none"
     ts = data["position"]["cluster_time"]  # as the sync summary writes it: no Python repr
     assert set(ts) == {"t", "i"} and all(isinstance(v, int) for v in ts.values()) and "Timestamp(" not in out.stdout
@@ -226,6 +226,42 @@ def test_status_reports_position_and_lag(source_uri: str, target_uri: str, tmp_p
     )
     assert human.returncode == 0 and "lag" in human.stdout
     assert f"({ts['t']},{ts['i']})" in human.stdout and "Timestamp(" not in human.stdout
+
+
+def _status(cp: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "replicator.cli", "status", "-c", str(cp), *extra],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_status_of_a_tail_that_stopped_caught_up_keeps_its_lag_and_says_its_state(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    """A stopped run is not falling behind by the clock: status reports the lag at its last save (0, caught
+    up) and when that was, the state (running or not) in text as in JSON, and canCommit as /progress does."""
+    cp = tmp_path / "cp.json"
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.insert_one({"_id": 0})
+    proc = _tail(source_uri, target_uri, cp)
+    _wait(lambda: cp.exists() and json.loads(cp.read_text())["snapshot"]["status"] == "done", what="the snapshot")
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.insert_one({"_id": 1})
+    _wait(_converged(source_uri, target_uri))
+    live = json.loads(_status(cp, "--json", "-s", source_uri).stdout)
+    assert live["running"] and live["progress"]["state"] == "REPLAYING"
+    _wait(lambda: json.loads(cp.read_text()).get("lag_s") == 0, what="a save once caught up")
+    assert _stop(proc)[0] == 0
+    first = json.loads(_status(cp, "--json", "-s", source_uri).stdout)
+    _wait(lambda: json.loads(_status(cp, "--json").stdout)["age_s"] > first["age_s"] + 2, what="the clock to move")
+    later = json.loads(_status(cp, "--json", "-s", source_uri).stdout)
+    for data in (first, later):
+        assert data["lag_s"] == 0 and data["lag_measured_against"] == "last save" and not data["running"]
+        progress = data["progress"]
+        assert progress["state"] == "STOPPED" and progress["lagTimeSeconds"] == 0 and progress["canCommit"]
+    text = _status(cp).stdout
+    assert "STOPPED: no mcdc is running on this checkpoint (canCommit: yes)" in text, text
+    assert "0.0 s (caught up) at its last save" in text, text
 
 
 @pytest.fixture(autouse=True)

@@ -105,6 +105,9 @@ class StreamApplier:
     async def _ack(self, batch: Batch, events: Sequence[ChangeEvent]) -> None:
         self._retrier.progress()
         self.cp.acknowledge(batch.position, batch.shard_positions, applied=bool(events))
+        last = self.cp.position.cluster_time
+        # the source had nothing more (or a batch reached its end): caught up; else the last event's age
+        self.cp.lag_s = 0.0 if batch.caught_up or not events or last is None else max(0.0, time.time() - last.time)
         if self._stage is not None:
             self._stage.acked(self.cp.position.cluster_time, idle_since=None if batch.events else batch.idle_since)
         if self.metrics is not None:
