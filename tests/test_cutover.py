@@ -394,10 +394,8 @@ def test_cutover_on_a_checkpoint_a_tail_runs_on_says_how_to_go_on_before_doing_a
     cp = tmp_path / "mig.json"
     with pymongo.MongoClient(source_uri) as client:
         client.shop.orders.insert_one({"_id": 1})
-    tail = subprocess.Popen(
-        [sys.executable, "-m", "replicator.cli", "tail", "-s", source_uri, "-t", target_uri, "-c", str(cp), "--no-progress"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    argv = [sys.executable, "-m", "replicator.cli", "tail", "-s", source_uri, "-t", target_uri, "-c", str(cp)]
+    tail = subprocess.Popen([*argv, "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _until(
             "the tail's checkpoint", lambda: cp.exists() and json.loads(cp.read_text())["snapshot"]["status"] == "done"
