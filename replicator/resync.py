@@ -11,7 +11,7 @@ their options differ.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bson.timestamp import Timestamp
 
@@ -33,10 +33,13 @@ from .tally import CollectionProgress, listing, plural
 
 @dataclass
 class Copied:
-    """What copies made again wrote, for the run's summary."""
+    """What copies made again wrote, for the run's summary: documents, time, and which namespaces were
+    copied again (``recopied``) or had only their indexes and options made the source's (``reconciled``)."""
 
     documents: int = 0
     seconds: float = 0.0
+    recopied: set[str] = field(default_factory=set)
+    reconciled: set[str] = field(default_factory=set)
 
 
 class Resyncer:
@@ -67,12 +70,19 @@ class Resyncer:
             data |= await self._database(db)
         if todo.databases:
             await self._drop_databases(todo.databases)
-        self._reporter.info(f"copying again from the source: {listing([*map(str, data), *map(str, todo.catalog)], 20)}")
-        for ns in sorted(todo.catalog - data, key=str):
-            if not await self._catalog(ns):
-                data.add(ns)
+        catalog = sorted(todo.catalog - data, key=str)
+        if catalog:
+            self._reporter.info(f"making indexes and options the source's: {listing(list(map(str, catalog)), 20)}")
+        for ns in catalog:
+            if await self._catalog(ns):
+                self.copied.reconciled.add(str(ns))
+            else:
+                data.add(ns)  # options that only a new copy can take
+        if data:
+            self._reporter.info(f"copying again from the source: {listing(list(map(str, data)), 20)}")
         for ns in sorted(data, key=str):
             await self.copy(ns)
+            self.copied.recopied.add(str(ns))
         return data | todo.catalog, await current_time(self._client)
 
     async def _database(self, db: str) -> set[Namespace]:

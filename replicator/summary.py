@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from bson.timestamp import Timestamp
 
 from .events import ts_to_json
-from .tally import average, format_rate, format_ts, plural
+from .tally import average, format_rate, format_ts, listing, plural
 
 
 @dataclass
@@ -32,6 +32,10 @@ class Summary:
     replay_s: float = 0.0
     retries: int = 0
     position: Timestamp | None = None
+    #: namespaces this run copied again from the source, and those whose indexes and options it made the
+    #: source's (the DDL window, a collection renamed into the selection, a widened selection)
+    recopied: list[str] = field(default_factory=list)
+    reconciled: list[str] = field(default_factory=list)
 
     @property
     def docs_per_s(self) -> float | None:
@@ -59,9 +63,16 @@ class Summary:
         replayed = f"{plural(self.events, 'change event')} replayed"
         if self.events_per_s is not None:
             replayed += f" in {self.replay_s:.1f} s ({format_rate(self.events_per_s)} events/s)"
-        return [
+        lines = [
             f"{self.command} finished in {self.elapsed_s:.1f} s: {plural(self.collections, 'collection')}, "
             f"{copied}), {replayed}",
+        ]
+        if self.recopied:
+            lines.append(f"copied again from the source: {listing(self.recopied, 20)}")
+        if self.reconciled:
+            lines.append(f"indexes and options made the source's: {listing(self.reconciled, 20)}")
+        return [
+            *lines,
             f"source {self.source} -> target {self.target}",
             f"checkpoint {self.checkpoint}, position {format_ts(self.position) if self.position else '-'}",
         ]

@@ -18,6 +18,7 @@ from replicator.progress import LogReporter
 from replicator.tally import CollectionProgress
 from tests.support.compare import assert_identical
 from tests.support.corpus import load_bulk, load_corpus
+from tests.support.servers import Clients
 
 pytestmark = pytest.mark.integration
 
@@ -215,3 +216,43 @@ async def test_views_on_views_and_collection_options(source_uri: str, target_uri
     assert state["opts.a_second"]["kind"] == "view" and {"n_desc", "ttl"} <= set(state["opts.base"]["indexes"])
     with pymongo.MongoClient(target_uri) as client:
         assert [d["_id"] for d in client.opts.a_second.find().sort("_id", 1)] == [0, 1, 2, 3, 4]
+
+
+def test_a_catch_up_that_copies_collections_again_moves_its_position_and_names_them(
+    clients: Clients, source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    """The position printed and saved follows the events applied, also when the last batch waited for a
+    copy made again (a collection renamed into the selection, an index made: the replay's DDL window), and
+    the summary says what was copied again."""
+    import subprocess
+    import sys
+
+    cp = tmp_path / "cp.json"
+
+    def run(command: str) -> dict[str, Any]:
+        done = subprocess.run(
+            [sys.executable, "-m", "replicator.cli", command, "-s", source_uri, "-t", target_uri, "-c", str(cp),
+             "--include", r"shop\..*", "--no-progress", "--json"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+    clients.source.shop.orders.insert_many([{"_id": i} for i in range(20)])
+    synced = run("sync")
+    since = clients.source.admin.command("ping")["operationTime"]
+    clients.source.outside.archive.insert_many([{"_id": i} for i in range(5)])
+    clients.source.admin.command("renameCollection", "outside.archive", to="shop.archive")
+    clients.source.shop.orders.create_index("x")
+    for i in range(10):
+        clients.source.shop.orders.update_one({"_id": i}, {"$set": {"x": i}})
+    with clients.source.watch(start_at_operation_time=since) as stream:
+        last = None
+        while (change := stream.try_next()) is not None:
+            last = change["clusterTime"]
+    caught_up = run("catch-up")
+    assert last is not None and caught_up["position"] != synced["position"]
+    assert caught_up["position"] == {"t": last.time, "i": last.inc}  # the last event's, printed
+    assert json.loads(cp.read_text())["position"]["cluster_time"] == caught_up["position"]  # and saved
+    assert caught_up["recopied"] == ["shop.archive"] and caught_up["reconciled"] == ["shop.orders"]
+    assert_identical(source_uri, target_uri, only=lambda ns: ns.startswith("shop."))

@@ -198,6 +198,8 @@ class SyncJob:
         self.summary.position = cp.position.cluster_time if cp is not None else None
         self.summary.documents += self._recopied.documents
         self.summary.snapshot_s += self._recopied.seconds
+        self.summary.recopied = sorted(self._recopied.recopied)
+        self.summary.reconciled = sorted(self._recopied.reconciled - self._recopied.recopied)
 
     def _stopped(self) -> bool:
         return self.stop is not None and self.stop.is_set()

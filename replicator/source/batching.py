@@ -178,7 +178,8 @@ class BatchAssembler:
         if events:
             position = events[-1].position or Position()
         elif self._held is None and not self._fragments:
-            position = Position(resume_token=plain_token(self._token))  # idle: the post-batch token
+            # idle: the post-batch token, and its time where the token says it (MongoDB's KeyString)
+            position = Position(resume_token=plain_token(self._token), cluster_time=token_timestamp(self._token))
         else:
             # the stream's token is already past an event read but not yielded (held for the next
             # batch or run, or a fragment of a split event): acknowledging it would skip that event

@@ -17,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar, cast
 
 from bson.timestamp import Timestamp
 
 from ...aio import DONE, get_or_raise, pump, stop_pumps
+from ...checkpoint import advance
 from ...events import ChangeEvent, Namespace, Position
 from ...fields import FieldEditor, FieldRules
 from ...normalize import snapshot_read
@@ -274,6 +275,8 @@ async def replay(
     async for batch in read_ahead(reader.batches(until=until), queue_batches, join if join_up_to else None):
         written = await stage.write(batch.events)
         events = written.events
+        if owed is not None:  # acknowledged with the batches applied before it: their position carries on
+            batch = carried(owed[0], batch)
         ackable = written.ackable or (batch.caught_up and await stage.settle())
         result.events += len(events)
         result.batches += 1
@@ -293,6 +296,17 @@ async def replay(
     if owed is not None and not (stop is not None and stop.is_set()) and await stage.settle():
         await on_ack(*owed)
     return result
+
+
+def carried(first: Batch, then: Batch) -> Batch:
+    """``then`` as acknowledged together with ``first`` before it: where ``then`` brings no cluster time (an
+    idle poll's post-batch token), the position keeps ``first``'s (its last event's), as each shard's does."""
+    shards = dict(first.shard_positions or {})
+    for name, position in (then.shard_positions or {}).items():
+        shards[name] = advance(shards.get(name), position)
+    return replace(
+        then, position=advance(first.position, then.position), shard_positions=shards if shards else None
+    )
 
 
 class Throttle:
