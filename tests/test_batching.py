@@ -134,11 +134,15 @@ def test_a_drained_reply_closes_the_batch_outside_a_transaction() -> None:
     assert ids(assembler.take()) == [1, 2]
 
 
-def test_an_idle_batch_acknowledges_the_post_batch_token() -> None:
+def test_an_idle_batch_acknowledges_the_post_batch_token_and_its_time() -> None:
     assembler = BatchAssembler(batch_size=10)
     assert assembler.nothing_more(token(300))
     batch = assembler.take(read_at=5.0, poll_started=4.0)
-    assert batch.caught_up and not batch.events and batch.position == Position(resume_token=token(300))
+    assert batch.caught_up and not batch.events
+    assert batch.position == Position(resume_token=token(300), cluster_time=Timestamp(300, 1))  # a KeyString's
+    other = BatchAssembler(batch_size=10)
+    other.nothing_more({"_data": "3b00ff"})  # a token of another layout: no time to read from it
+    assert other.take().position == Position(resume_token={"_data": "3b00ff"})
     assert batch.read_at == 5.0 and batch.idle_since == 4.0
     assert not assembler.finished  # no `until`: forever
 
