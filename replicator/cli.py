@@ -137,7 +137,11 @@ def _run(make: Callable[[], Awaitable[T]]) -> T:
         _error(f"MongoDB: {server_message(exc)} (--verbose shows where)")
         raise typer.Exit(EXIT_UNAVAILABLE if isinstance(exc, ConnectionFailure) else 2) from None
     except KeyboardInterrupt:
-        typer.echo("mcdc: interrupted; the checkpoint holds the last acknowledged position", err=True)
+        typer.echo(
+            "mcdc: interrupted; the checkpoint holds the last acknowledged position: run the same command again "
+            "to go on from there",
+            err=True,
+        )
         raise typer.Exit(130) from None
     drop_console_log()
     return result
@@ -179,6 +183,8 @@ def _replicate(command: str, settings: Settings) -> None:
     except asyncio.CancelledError:
         raise typer.Exit(130) from None
     _print_summary(summary, settings)
+    if summary.never_reached is not None:  # stopped before it could start: not a finished run
+        raise typer.Exit(EXIT_UNAVAILABLE)
     if committed is not None:
         _print_cutover(committed, settings)
 

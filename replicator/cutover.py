@@ -42,6 +42,8 @@ from .tally import format_ts, listing, plural
 from .uri import is_mongo_uri, redact
 from .verify import VerifyReport, verify
 
+#: what a cutover that compared only the changes since the embedded verifier's last clean pass verified
+CHANGES_ONLY = "changes since the verifier's last clean pass"
 #: setUserWriteBlockMode's answer on a server that does not have it (CommandNotFound)
 _NO_COMMAND = 59
 
@@ -59,6 +61,8 @@ class CutoverResult:
     already: bool = False  # an earlier run cut over: nothing was done again
     #: "full", or "changes since the verifier's last clean pass" (the rest was proven by that pass)
     verified: str = "full"
+    #: for the changes: how many _ids and whole namespaces that was
+    detail: str = ""
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -70,7 +74,8 @@ class CutoverResult:
         return [
             f"{head} at {format_ts(self.point)}: the target is identical to the source "
             f"({self.documents:,} documents compared in {self.seconds:.1f} s"
-            + ("" if self.verified == "full" else f"; {self.verified}")
+            + ("" if self.verified == "full" else f"; {self.verified}: {self.detail or 'see the log'}")
+            + ("" if self.verified == "full" else "; an _id deleted on both sides has no document to compare")
             + ")",
             f"reverse checkpoint {self.reverse_checkpoint}: to carry the target's writes back to the source, run",
             f"  {self.reverse_command}",
@@ -106,7 +111,7 @@ async def cutover(settings: Settings, reporter: Reporter) -> CutoverResult:
             reporter.info("writes to the source are blocked (setUserWriteBlockMode)")
         reporter.info("catching up to the source's current time")
         await SyncJob(settings, reporter, command="catch-up").run()
-        report, scope = await _verify(settings, reporter, source, store.load())
+        report, scope, detail = await _verify(settings, reporter, source, store.load())
         # the proof holds if nothing changed since the catch-up: a second one must find nothing to apply
         # (asked first: writes during the verify also explain differences it found)
         again = await SyncJob(settings, reporter, command="catch-up").run()
@@ -136,6 +141,7 @@ async def cutover(settings: Settings, reporter: Reporter) -> CutoverResult:
         reverse_command=reverse_command(settings, reverse),
         writes_blocked=settings.block_writes,
         verified=scope,
+        detail=detail,
     )
     with store.locked():
         cp = store.load()
@@ -147,9 +153,9 @@ async def cutover(settings: Settings, reporter: Reporter) -> CutoverResult:
 
 async def _verify(
     settings: Settings, reporter: Reporter, source: Client, cp: Checkpoint | None
-) -> tuple[VerifyReport, str]:
+) -> tuple[VerifyReport, str, str]:
     """Compare what a clean pass of ``tail --verify`` has not proven (see cutover_check), else everything
-    (as Spark tasks under --engine spark). Also says which it was."""
+    (as Spark tasks under --engine spark). Also says which it was, and (for the changes) how many."""
     state = None if cp is None or cp.verifier is None or settings.full_verify else SweepState.from_json(cp.verifier)
     since = proven_since(state) if state is not None else None
     if state is not None and since is not None:
@@ -157,19 +163,19 @@ async def _verify(
         changes = await changes_between(settings, reporter, source, info, since, await current_time(source))
         if changes is not None:
             changes.add_rechecks(Entry.from_json(item) for item in state.recheck)
+            what = f"{plural(changes.documents, '_id')} changed, {plural(len(changes.whole), 'namespace')} whole"
             reporter.info(
                 f"verifying what changed since the verifier's last clean pass began ({format_ts(since)}): "
-                f"{plural(changes.documents, 'document')} by _id, {plural(len(changes.whole), 'namespace')} whole, "
-                "and every namespace's kind, options and indexes"
+                f"{what}, and every namespace's kind, options and indexes"
             )
-            return await verify(settings, scope=changes.scope), "changes since the verifier's last clean pass"
+            return await verify(settings, scope=changes.scope), CHANGES_ONLY, what
         reporter.info("the verifier's last clean pass began before the oldest entry of the oplog")
     reporter.info("verifying the target against the source")
     if settings.engine == "spark":
         from .engines.spark.verify import verify_on_spark
 
-        return await verify_on_spark(settings), "full"
-    return await verify(settings), "full"
+        return await verify_on_spark(settings), "full", ""
+    return await verify(settings), "full", ""
 
 
 async def block_writes(client: Client) -> None:

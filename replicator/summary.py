@@ -36,6 +36,8 @@ class Summary:
     #: source's (the DDL window, a collection renamed into the selection, a widened selection)
     recopied: list[str] = field(default_factory=list)
     reconciled: list[str] = field(default_factory=list)
+    #: "source" or "target": the run was stopped while it waited for that server, never having reached it
+    never_reached: str | None = None
 
     @property
     def docs_per_s(self) -> float | None:
@@ -67,6 +69,11 @@ class Summary:
             f"{self.command} finished in {self.elapsed_s:.1f} s: {plural(self.collections, 'collection')}, "
             f"{copied}), {replayed}",
         ]
+        if self.never_reached is not None:
+            lines = [
+                f"{self.command} stopped after {self.elapsed_s:.1f} s waiting for the {self.never_reached}, which "
+                "never answered: nothing was replicated (check its URI and that it is up, then run again)"
+            ]
         if self.recopied:
             lines.append(f"copied again from the source: {listing(self.recopied, 20)}")
         if self.reconciled:

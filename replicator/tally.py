@@ -237,16 +237,16 @@ class ReplayTally:
     def status(self) -> str:
         """While replaying: ``5,000 events applied, 2,380 events/s, lag 0.3s``."""
         lag = "-" if self.lag_s is None else f"{self.lag_s:.1f}s"
-        return f"{self.events:,} events applied, {format_rate(self.rate.per_s())} events/s, lag {lag}"
+        return f"{plural(self.events, 'event')} applied, {format_rate(self.rate.per_s())} events/s, lag {lag}"
 
     def idle(self) -> str:
         """While no event came for a while: ``idle; 5,000 events applied so far, lag 0.3s``."""
         lag = "-" if self.lag_s is None else f"{self.lag_s:.1f}s"
-        return f"idle; {self.events:,} events applied so far, lag {lag}"
+        return f"idle; {plural(self.events, 'event')} applied so far, lag {lag}"
 
     def end(self) -> str:
         """At the end: ``5,000 events applied in 2.1s, 2,380 events/s`` (events over the replay's whole time)."""
         elapsed = self._clock() - self.started
-        applied = f"{self.events:,} events applied in {duration(elapsed, precise=True)}"
+        applied = f"{plural(self.events, 'event')} applied in {duration(elapsed, precise=True)}"
         rate = average(self.events, elapsed)
         return f"{applied}, {format_rate(rate)} events/s" if self.events and rate is not None else applied

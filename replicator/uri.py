@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from pymongo.errors import PyMongoError
 from pymongo.uri_parser import parse_uri, parse_userinfo, split_hosts, split_options
 
-from .errors import ConfigError
+from .errors import ConfigError, quoted
 
 _SCHEME, _SRV_SCHEME = "mongodb://", "mongodb+srv://"
 _DEFAULT_PORT = 27017
@@ -59,7 +59,18 @@ def parse_mongo_uri(uri: str, *, validate: bool = True) -> MongoUri:
     try:
         return _parse(uri, validate)
     except _REFUSED as exc:
-        raise ConfigError(f"URI {redact(uri)} is malformed: {redact(str(exc))}") from None
+        raise ConfigError(f"URI {redact(uri)} is malformed: {_why(uri, exc)}") from None
+
+
+def _why(uri: str, exc: Exception) -> str:
+    """pymongo's reason, without its hint about escaping a user name where the URI has none to escape."""
+    reason = redact(str(exc))
+    authority = uri.partition("://")[2].partition("/")[0].partition("?")[0]
+    if "Port contains non-digit characters" in reason and "@" not in authority:
+        ports = [host.rpartition(":")[2] for host in authority.split(",") if not host.endswith("]")]
+        bad = [port for port in ports if port and not port.isdigit()]
+        return f"port {quoted(bad[0] if bad else '')} is not a number (a port is 0 to 65535)"
+    return reason
 
 
 def _parse(uri: str, validate: bool) -> MongoUri:

@@ -228,6 +228,31 @@ def test_status_reports_position_and_lag(source_uri: str, target_uri: str, tmp_p
     assert f"({ts['t']},{ts['i']})" in human.stdout and "Timestamp(" not in human.stdout
 
 
+def test_a_tail_stopped_before_its_source_ever_answered_is_not_a_finished_run(target_uri: str, tmp_path: Path) -> None:
+    from tests.support.servers import free_port
+
+    log = tmp_path / "tail.log"
+    argv = [
+        sys.executable,
+        "-m",
+        "replicator.cli",
+        "tail",
+        "-s",
+        f"mongodb://127.0.0.1:{free_port()}/?directConnection=true",
+    ]
+    with open(log, "w") as err:
+        proc = subprocess.Popen(
+            [*argv, "-t", target_uri, "-c", str(tmp_path / "cp.json"), "--no-progress", "--connect-timeout", "1"],
+            stdout=subprocess.PIPE, stderr=err, text=True,
+        )  # fmt: skip
+    _STARTED.append(proc)
+    _wait(lambda: "waiting for the source" in log.read_text(), what="the tail to wait for its source")
+    code, out, _ = _stop(proc)
+    assert code == 75, (code, out, log.read_text())
+    assert "tail finished" not in out and "waiting for the source, which never answered: nothing was replicated" in out
+    assert not (tmp_path / "cp.json").exists()
+
+
 def _status(cp: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "replicator.cli", "status", "-c", str(cp), *extra],

@@ -87,7 +87,7 @@ def test_check_accepts_srv_without_resolving_it() -> None:
         ("mongodb+srv://a.example:27017/", "port"),
         ("mongodb+srv://a.example/?directConnection=true", "directConnection"),
         ("mongodb+srv://a.example/?replicaSet=rs0&readPreference=nope", "nope"),
-        ("mongodb://h:port/", "Port"),
+        ("mongodb://h:port/", "port 'port' is not a number"),
         ("mongodb://h/?replicaSet=rs0&directConnection=true&authSource=", "authSource"),
         ("mongodb://u:p@ss@h/", "escaped"),
     ],
@@ -179,3 +179,11 @@ def test_timeouts_the_uri_sets_win_over_connect_timeout() -> None:
     mine = client_options(10, "mcdc", "mongodb://h/?serverSelectionTimeoutMS=300")
     assert "serverSelectionTimeoutMS" not in mine and mine["connectTimeoutMS"] == 10_000
     assert client_options(2.5, "mcdc", "mongodb://h/")["serverSelectionTimeoutMS"] == 2500
+
+
+def test_a_port_that_is_not_a_number_is_said_so_without_pymongos_hint_about_user_names() -> None:
+    with pytest.raises(ConfigError) as info:
+        check_mongo_uri("mongodb://db1:27017,db2:abc/?replicaSet=rs0", "--source")
+    assert "port 'abc' is not a number" in str(info.value) and "quote_plus" not in str(info.value)
+    with pytest.raises(ConfigError, match="escaped"):  # a user name with a ':' or '@' to escape: the hint helps
+        check_mongo_uri("mongodb://u:p@ss@h:1/", "--source")

@@ -113,6 +113,7 @@ class SyncJob:
                     reached = await self._reach(lambda: probe(client, self.s.source, "source"), "source")
                     if reached is None:  # stopped while waiting for the source
                         self.summary.elapsed_s = round(time.monotonic() - started, 3)
+                        self.summary.never_reached = "source"
                         return self.summary
                     (info,) = reached
                     sink.source_name = info.set_name or ""
@@ -131,6 +132,7 @@ class SyncJob:
                     sink.attach_source(source_lookup(client, self.s))
                     if await self._reach(sink.start, "target") is None:  # stopped while the target was unreachable
                         self.summary.elapsed_s = round(time.monotonic() - started, 3)
+                        self.summary.never_reached = "target"
                         return self.summary
                     await refuse_same_server(client, info, sink, self.s, first_run=cp is None)
                     if not claimed:  # a MongoDB target, known now that start() probed it; nothing written yet
@@ -242,7 +244,7 @@ class SyncJob:
             if self._stopped():
                 return  # the window is not replayed to its end: the next run goes on with it
         specs = [rename_spec(x, s.renamer) for x in await catalog.describe(client, s.selection)]
-        if sink.holds_state:  # an event sink has no indexes to build
+        if sink.builds_indexes:  # an event sink or a lake has no indexes to build
             self.reporter.info(f"building indexes on {plural(len(specs), 'collection')}")
         await sink.finish_snapshot(specs)
         cp.snapshot.status = "done"

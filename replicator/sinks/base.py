@@ -40,6 +40,8 @@ class Sink(ABC):
     #: replayed inside the window where the destination may be ahead of it is settled by copying the
     #: namespaces again (prepare with drop_existing, the documents, finish_snapshot) instead.
     holds_state: bool = False
+    #: The destination has indexes that ``finish_snapshot`` builds (a database), said in the run's log.
+    builds_indexes: bool = False
     #: The source's replica set name (empty for a mongos or a standalone), set before ``start()``; events
     #: read from a change stream also carry their own in ``ChangeEvent.rs``.
     source_name: str = ""

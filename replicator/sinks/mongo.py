@@ -105,6 +105,7 @@ class MongoSink(Sink):
 
     schemes = ("mongodb", "mongodb+srv")
     holds_state = True
+    builds_indexes = True
     spreads = "document"
 
     def __init__(

@@ -304,9 +304,7 @@ def carried(first: Batch, then: Batch) -> Batch:
     shards = dict(first.shard_positions or {})
     for name, position in (then.shard_positions or {}).items():
         shards[name] = advance(shards.get(name), position)
-    return replace(
-        then, position=advance(first.position, then.position), shard_positions=shards if shards else None
-    )
+    return replace(then, position=advance(first.position, then.position), shard_positions=shards if shards else None)
 
 
 class Throttle:
