@@ -42,6 +42,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             )
 
 
+@pytest.fixture(autouse=True)
+def _state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's default checkpoints (and cutover's reverse ones) in a directory of its own, not in the
+    user's ~/.local/state: two tests between the same servers are two migrations, not one."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+
+
 @pytest.fixture(scope="session")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPair]:
     """The session's source and target servers (``.source``/``.target`` are None when external)."""
