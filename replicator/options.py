@@ -15,6 +15,8 @@ from collections.abc import Mapping
 
 #: The commands that run a replication job (replicator.job.SyncJob; cutover's catch-up is one).
 JOB = ("sync", "catch-up", "tail", "cutover")
+#: Of them, those that copy and write to any kind of target (cutover only catches up a MongoDB one).
+REPLICATE = ("sync", "catch-up", "tail")
 #: Commands that read the source's selected namespaces.
 SELECTING = (*JOB, "verify")
 COMMANDS = (*SELECTING, "status")
@@ -92,18 +94,20 @@ OPTIONS: tuple[Option, ...] = (
             COMMANDS, metavar="URI", short="-s",
             help_for={"status": "Source MongoDB URI: with --target, it finds the default checkpoint; a "
                       "checkpoint with no lag recorded is measured against its current time.",
-                      "verify": "Source MongoDB URI."},
+                      "verify": "Source MongoDB URI.",
+                      "cutover": "Source MongoDB URI: the migration's source, whose writes must have stopped."},
         ),
         Option(
             "target", "target", "Where to: mongodb://..., kafka://HOST:PORT[,...], stdout (or -), jsonl:PATH, "
-            "or a plug-in's scheme.",
+            "delta:PATH, iceberg:PATH, or a plug-in's scheme.",
             COMMANDS, metavar="URI", short="-t",
             help_for={"verify": "Target MongoDB URI (mongodb:// or mongodb+srv://) to compare with the source.",
-                      "status": "Target URI: with --source, finds the default checkpoint."},
+                      "status": "Target URI: with --source, finds the default checkpoint.",
+                      "cutover": "Target MongoDB URI: the migration's target, proven identical to the source."},
         ),
         Option(
-            "checkpoint", "checkpoint", "Checkpoint file (default: one per source and target, under "
-            "$XDG_STATE_HOME/mcdc or ~/.local/state/mcdc).",
+            "checkpoint", "checkpoint", "Checkpoint file (default: one per migration, that is per source, target "
+            "and selection, under $XDG_STATE_HOME/mcdc or ~/.local/state/mcdc).",
             (*JOB, "status"), metavar="PATH", short="-c",
             help_for={"status": "Checkpoint file to read (default: the one of --source and --target)."},
         ),
@@ -139,15 +143,15 @@ OPTIONS: tuple[Option, ...] = (
     # the snapshot
     *_panel(
         SNAPSHOT,
-        _choice("snapshot", "snapshot", _SNAPSHOT_MODES, "When to copy the data (Debezium's snapshot.mode).", JOB),
+        _choice("snapshot", "snapshot", _SNAPSHOT_MODES, "When to copy the data (Debezium's snapshot.mode).", REPLICATE),
         Option(
             "snapshot-only", "snapshot_only", "Copy without replaying changes (standalone sources): writes "
             "made during the copy are lost.", ("sync", "catch-up"),
         ),
-        Option("drop-target", "drop_target", "Replace target collections that already hold data.", JOB),
+        Option("drop-target", "drop_target", "Replace target collections that already hold data.", REPLICATE),
         Option(
             "start-at", "start_at", "With no checkpoint: no snapshot, replay from TIME (ISO-8601, UTC unless "
-            "it says, or SECONDS,INCREMENT).", JOB, metavar="TIME",
+            "it says, or SECONDS,INCREMENT).", REPLICATE, metavar="TIME",
         ),
         Option("workers", "workers", "Collections or _id ranges copied at once.", SELECTING, short="-w",
                minimum=1, help_for={"verify": "Collections or _id ranges compared at once."}),
@@ -166,13 +170,13 @@ OPTIONS: tuple[Option, ...] = (
         _choice("full-document", "full_document", _FULL_DOCUMENT_MODES, "The change stream's fullDocument: "
                 "updateLookup reads the current document of each update.", JOB),
         _choice("pre-images", "pre_images", _PRE_IMAGE_MODES, "The change stream's fullDocumentBeforeChange: "
-                "'before' images for event sinks (MongoDB 6.0+).", JOB),
+                "'before' images for event sinks (MongoDB 6.0+).", REPLICATE),
         Option("max-batch-size", "replay_batch", "Change events per write batch (Debezium's max.batch.size).", JOB,
                minimum=1),
         Option("max-queue-size", "max_queue_events", "Change events read ahead at most (Debezium's "
                "max.queue.size).", JOB, minimum=1),
         _choice("on-history-lost", "on_history_lost", ("fail", "resnapshot"), "When the checkpoint's position "
-                "has left the oplog: fail, or take a new snapshot.", JOB),
+                "has left the oplog: fail, or take a new snapshot.", REPLICATE),
         _choice("oversize", "oversize", ("fail", "skip"), "Change events over 16 MB the server cannot split, "
                 "and records over Kafka's max.request.size: fail, or skip each (logged).", JOB),
         Option("shard", "shards", "A shard's replica set URI, one change stream each (repeatable; default: "
@@ -204,31 +208,31 @@ OPTIONS: tuple[Option, ...] = (
     *_panel(
         EVENTS,
         Option("topic-prefix", "topic_prefix", "Topics are PREFIX.db.collection (Debezium's topic.prefix).",
-               (*JOB, "status"), metavar="PREFIX",
+               (*REPLICATE, "status"), metavar="PREFIX",
                help_for={"status": "The topic prefix of an event-sink target: part of its default checkpoint."}),
         Option("topic-route", "topic_routes", "Namespaces matching REGEX go to TOPIC (\\1 = group 1; first "
-               "match wins; repeatable).", JOB, metavar="REGEX=TOPIC"),
-        Option("sanitize-names", "sanitize_names", "Avro-safe topic and schema names ([A-Za-z0-9_] only).", JOB),
+               "match wins; repeatable).", REPLICATE, metavar="REGEX=TOPIC"),
+        Option("sanitize-names", "sanitize_names", "Avro-safe topic and schema names ([A-Za-z0-9_] only).", REPLICATE),
         Option(
             "envelope", "envelope", "debezium, debezium-legacy (after/patch/filter), or plain (mcdc's own event).",
-            JOB, metavar=_choices(*_ENVELOPES), choices=_ENVELOPES, aliases=("--format",),
+            REPLICATE, metavar=_choices(*_ENVELOPES), choices=_ENVELOPES, aliases=("--format",),
         ),
-        Option("schemas", "schemas", "Wrap key and value in {schema, payload} (Kafka Connect's JSON).", JOB),
+        Option("schemas", "schemas", "Wrap key and value in {schema, payload} (Kafka Connect's JSON).", REPLICATE),
         _choice("extended-json", "extended_json", ("canonical", "relaxed"), "Extended JSON mode (canonical is "
-                "lossless).", JOB),
+                "lossless).", REPLICATE),
         _choice("tombstones", "tombstones", ("on", "off"), "A null-value record after each delete "
-                "(Debezium's tombstones.on.delete).", JOB),
-        Option("tx-metadata", "tx_metadata", "Transaction BEGIN/END records to PREFIX.transaction.", JOB),
+                "(Debezium's tombstones.on.delete).", REPLICATE),
+        Option("tx-metadata", "tx_metadata", "Transaction BEGIN/END records to PREFIX.transaction.", REPLICATE),
         Option("heartbeat-interval", "heartbeat_interval_s", "Seconds between heartbeat records while idle "
-               "(0: off).", JOB, metavar="SECONDS", minimum=0),
+               "(0: off).", REPLICATE, metavar="SECONDS", minimum=0),
         Option("kafka-opt", "kafka_opts", "A Kafka producer setting, e.g. compression.type=zstd (repeatable).",
-               JOB, metavar="KEY=VALUE"),
+               REPLICATE, metavar="KEY=VALUE"),
         Option("lake-opt", "lake_opts", "--target delta:/iceberg: a Delta storage option (AWS_REGION=...) or an "
-               "Iceberg catalog property (type=rest, uri=...) (repeatable).", JOB, metavar="KEY=VALUE"),
+               "Iceberg catalog property (type=rest, uri=...) (repeatable).", REPLICATE, metavar="KEY=VALUE"),
         _choice("lake-columns", "lake_columns", ("lossless", "typed"), "--target delta:/iceberg: typed also gives "
-                "each top-level field a typed column in the state tables (mixed types: Extended JSON).", JOB),
+                "each top-level field a typed column in the state tables (mixed types: Extended JSON).", REPLICATE),
         Option("lake-compact-every", "lake_compact_every", "--target delta:/iceberg: compact a table's small "
-               "files after every N commits to it (0: never).", JOB, metavar="N", minimum=0),
+               "files after every N commits to it (0: never).", REPLICATE, metavar="N", minimum=0),
     ),
     # the engine
     *_panel(
@@ -264,8 +268,8 @@ OPTIONS: tuple[Option, ...] = (
         OUTPUT,
         Option("metrics-port", "metrics_port", "Serve Prometheus /metrics and /health on this port (0: any free one); "
                "/health answers 503 after 60 s of retries.",
-               JOB, metavar="PORT", minimum=0, maximum=65535),
-        Option("metrics-host", "metrics_host", "Address the metrics port listens on.", JOB, metavar="HOST"),
+               REPLICATE, metavar="PORT", minimum=0, maximum=65535),
+        Option("metrics-host", "metrics_host", "Address the metrics port listens on.", REPLICATE, metavar="HOST"),
         Option("verify-sample", "verify_sample", "Differing _ids listed per namespace.", ("verify", "cutover"),
                minimum=0),
         Option("json", "json_output", "Print the summary as JSON on stdout.", COMMANDS,

@@ -69,9 +69,25 @@ def test_help_is_conventional(command: str) -> None:
 def test_version_flag_and_verify_help_lists_only_mongodb_targets() -> None:
     assert runner.invoke(app, ["--version"]).output == f"mcdc {__version__}\n"
     assert runner.invoke(app, ["-h"]).exit_code == 0
-    verify_help = runner.invoke(app, ["verify", "-h"], terminal_width=200).output
-    target = next(line for line in verify_help.splitlines() if "--target" in line)
-    assert "mongodb://" in target and not re.search("kafka|stdout|jsonl", target)
+    for command in ("verify", "cutover"):
+        text = runner.invoke(app, [command, "-h"], terminal_width=200).output
+        target = next(line for line in text.splitlines() if "-t, --target" in line)
+        assert "mongodb://" in target or "MongoDB" in target
+        assert not re.search("kafka|stdout|jsonl|delta", target), (command, target)
+
+
+def test_each_commands_help_lists_the_targets_and_options_it_takes() -> None:
+    sync = runner.invoke(app, ["sync", "-h"], terminal_width=200).output
+    target = next(line for line in sync.splitlines() if "-t, --target" in line)
+    assert all(scheme in target for scheme in ("mongodb://", "kafka://", "stdout", "jsonl:", "delta:", "iceberg:"))
+    cutover = runner.invoke(app, ["cutover", "-h"], terminal_width=200).output
+    for panel in ("Kafka and event targets:", "Snapshot:"):
+        assert panel not in cutover or "--snapshot " not in cutover, panel
+    assert not re.search(r"--(envelope|kafka-opt|lake-opt|snapshot|drop-target|start-at|metrics-port)\b", cutover)
+    for needed in ("--max-batch-size", "--block-writes", "--reverse-checkpoint", "--engine", "--full-verify"):
+        assert needed in cutover, needed
+    status = runner.invoke(app, ["status", "-h"], terminal_width=200).output
+    assert not re.search(r"--(include|workers|engine|envelope|snapshot)\b", status)
 
 
 #: Fields a command's code reads that it offers no flag for, and why.
@@ -97,6 +113,28 @@ NOT_APPLICABLE = {
         "snapshot_only": "a cutover replays changes: its checkpoint's snapshot is done",
         "verify": _VERIFIER,
         "verify_interval_s": _VERIFIER,
+        **dict.fromkeys(("snapshot", "drop_target", "start_at"), "a cutover's checkpoint has its snapshot done"),
+        "on_history_lost": "a cutover whose position left the oplog fails: it takes no new snapshot",
+        **dict.fromkeys(
+            (
+                "pre_images",
+                "topic_prefix",
+                "topic_routes",
+                "sanitize_names",
+                "envelope",
+                "schemas",
+                "extended_json",
+                "tombstones",
+                "tx_metadata",
+                "heartbeat_interval_s",
+                "kafka_opts",
+                "lake_opts",
+                "lake_columns",
+                "lake_compact_every",
+            ),
+            "a cutover moves to a MongoDB target: event sinks' and lakes' options do not apply",
+        ),
+        **dict.fromkeys(("metrics_port", "metrics_host"), "a cutover serves no metrics (tail --control does)"),
     },
 }
 ROOT = Path(replicator.__file__).parent
