@@ -74,6 +74,8 @@ def _choice(name: str, field_name: str, values: tuple[str, ...], text: str, comm
     return Option(name, field_name, text, commands, metavar=_choices(*values), choices=values)
 
 
+#: status's help of the selection options: they name the migration whose default checkpoint it reads
+_AS_RUN = "With --source and --target: as the migration whose default checkpoint to read was run (repeatable)."
 #: --help's panels, in the order shown; each option belongs to one (its table section below)
 SOURCE, SELECTION, SNAPSHOT, REPLAY = "Source and target", "Selection", "Snapshot", "Replay"
 OUTAGES, EVENTS, SPARK, OUTPUT = "Outages", "Kafka and event targets", "Spark", "Output"
@@ -117,33 +119,39 @@ OPTIONS: tuple[Option, ...] = (
         SELECTION,
         Option(
             "include", "include", "Only namespaces whose db.collection matches REGEX (repeatable; default: all).",
-            SELECTING, metavar="REGEX",
+            (*SELECTING, "status"), metavar="REGEX",
+            help_for={"status": "With --source and --target: the --include of the migration whose default "
+                      "checkpoint to read (the selection options are part of its name; repeatable)."},
         ),
         Option("exclude", "exclude", "Skip namespaces whose db.collection matches REGEX (repeatable).",
-               SELECTING, metavar="REGEX"),
+               (*SELECTING, "status"), metavar="REGEX", help_for={"status": _AS_RUN}),
         Option(
             "rename", "rename", "Write a collection (db.coll=db2.coll2) or a whole database (db=db2) "
-            "under another name (repeatable).", SELECTING, metavar="SRC=DST",
+            "under another name (repeatable).", (*SELECTING, "status"), metavar="SRC=DST",
             help_for={"verify": "Compare a collection (db.coll=db2.coll2) or a whole database (db=db2) with "
-                      "the target's under another name, as sync's --rename wrote it (repeatable)."},
+                      "the target's under another name, as sync's --rename wrote it (repeatable).",
+                      "status": _AS_RUN},
         ),
         Option(
             "field-exclude", "field_exclude", "Drop a field from db.coll's documents; * in db or coll matches "
-            "any characters (repeatable; Debezium's field.exclude.list).", SELECTING, metavar="DB.COLL.PATH",
+            "any characters (repeatable; Debezium's field.exclude.list).", (*SELECTING, "status"),
+            metavar="DB.COLL.PATH",
             help_for={"verify": "A field the target was written without, as sync's --field-exclude dropped it "
-                      "(repeatable)."},
+                      "(repeatable).", "status": _AS_RUN},
         ),
         Option(
             "field-rename", "field_rename", "Rename a field of db.coll's documents to NAME (repeatable; "
-            "Debezium's field.renames).", SELECTING, metavar="DB.COLL.PATH=NAME",
+            "Debezium's field.renames).", (*SELECTING, "status"), metavar="DB.COLL.PATH=NAME",
             help_for={"verify": "A field the target holds under another name, as sync's --field-rename wrote "
-                      "it (repeatable)."},
+                      "it (repeatable).", "status": _AS_RUN},
         ),
     ),
     # the snapshot
     *_panel(
         SNAPSHOT,
-        _choice("snapshot", "snapshot", _SNAPSHOT_MODES, "When to copy the data (Debezium's snapshot.mode).", REPLICATE),
+        _choice(
+            "snapshot", "snapshot", _SNAPSHOT_MODES, "When to copy the data (Debezium's snapshot.mode).", REPLICATE
+        ),
         Option(
             "snapshot-only", "snapshot_only", "Copy without replaying changes (standalone sources): writes "
             "made during the copy are lost.", ("sync", "catch-up"),
