@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pymongo
 import pytest
@@ -160,3 +161,40 @@ def test_lake_errors_are_one_line(source_uri: str, tmp_path: Path) -> None:
     missing = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                              env={**os.environ})  # fmt: skip
     assert missing.returncode == 2 and "pip install 'mcdc[lake]'" in missing.stderr, missing.stderr
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_id_key_sorts_and_joins_in_the_ids_own_order(kind: str, source_uri: str, tmp_path: Path) -> None:
+    """`_id` (canonical Extended JSON, the lossless key) sorts 0, 1, 10; `_id_key` is the `_id` in its own
+    type where a collection's `_id`s share one: integers sort as numbers, ObjectIds and strings as MongoDB
+    sorts them."""
+    import datetime
+
+    import duckdb
+    from bson import Int64, ObjectId
+
+    oids = sorted(ObjectId() for _ in range(5))
+    with pymongo.MongoClient(source_uri) as client:
+        client.keys.ints.insert_many([{"_id": i} for i in (10, 1, 0, 2)] + [{"_id": Int64(11)}])
+        client.keys.oids.insert_many([{"_id": o} for o in reversed(oids)])
+        client.keys.strs.insert_many([{"_id": s} for s in ("b", "a", "ab")])
+        client.keys.dates.insert_many([{"_id": datetime.datetime(2026, 1, d, tzinfo=datetime.UTC)} for d in (3, 1, 2)])
+        client.keys.mixed.insert_many([{"_id": 1}, {"_id": "one"}])
+    root = tmp_path / "lake"
+    done = _mcdc("sync", "-s", source_uri, "-t", f"{kind}:{root}", "-c", str(tmp_path / "cp.json"))
+    assert done.returncode == 0, done.stderr
+    with pymongo.MongoClient(source_uri) as client:  # a catch-up's merges keep it too
+        client.keys.ints.insert_one({"_id": 3})
+    again = _mcdc("catch-up", "-s", source_uri, "-t", f"{kind}:{root}", "-c", str(tmp_path / "cp.json"))
+    assert again.returncode == 0, again.stderr
+
+    def ordered(coll: str) -> list[Any]:
+        state = read_table(kind, root, "state", "keys", coll)  # noqa: F841 - DuckDB finds it by its name
+        assert state is not None
+        return [r[0] for r in duckdb.sql("SELECT _id_key FROM state ORDER BY _id_key").fetchall()]
+
+    assert ordered("ints") == [0, 1, 2, 3, 10, 11]
+    assert ordered("oids") == [str(o) for o in oids]
+    assert ordered("strs") == ["a", "ab", "b"]
+    assert [d.day for d in ordered("dates")] == [1, 2, 3]
+    assert sorted(ordered("mixed")) == sorted([id_json(1), id_json("one")])  # several types: Extended JSON

@@ -101,3 +101,24 @@ def test_a_snapshot_batchs_rows_are_the_ones_the_general_row_functions_make() ->
     state, changes = snapshot_tables(NS, events)
     assert state.equals(state_table(fold(events, {}).upserts()))
     assert changes.equals(change_table(events))
+
+
+def test_the_id_key_column_has_the_ids_own_type_where_they_share_one() -> None:
+    import datetime
+
+    from bson import ObjectId
+
+    from replicator.sinks.lake import typed
+
+    oid = ObjectId()
+    when = datetime.datetime(2026, 1, 2, tzinfo=datetime.UTC)
+    cases = [([1, Int64(10), 2], "int64"), (["b", "a"], "string"), ([oid], "objectid"), ([when], "date")]
+    for ids, kind in cases:
+        kinds, _ = typed.learn({}, [{"_id": i} for i in ids], fields=False)
+        assert kinds == {typed.KEY: kind}
+    mixed, became = typed.learn({typed.KEY: "int64"}, [{"_id": "x"}], fields=False)
+    assert mixed == {typed.KEY: typed.JSON} and became == {typed.KEY}
+    rows = state_table([(id_json(i), bson.encode({"_id": i}), "{}", None) for i in (10, 2, 1)])
+    keyed = typed.with_columns(rows, {typed.KEY: "int64"})
+    assert keyed[typed.KEY].to_pylist() == [10, 2, 1] and keyed.schema.field(typed.KEY).type == pa.int64()
+    assert typed.column_name("_id_key") == "_id_key_"  # a field named like it keeps a column of its own

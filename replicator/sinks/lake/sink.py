@@ -125,13 +125,14 @@ class LakeSink(Sink):
                 self._emptied.add(spec.ns)
 
     async def finish_snapshot(self, specs: Sequence[CollectionSpec]) -> None:
-        """Rows a copy wrote twice (a partition copied again after a kill) are kept once; under --lake-columns
-        typed, state tables that Spark tasks filled get their typed columns."""
+        """Rows a copy wrote twice (a partition copied again after a kill) are kept once; state tables that
+        Spark tasks filled get their typed columns (the ``_id_key``, and under --lake-columns typed each
+        field's)."""
         for spec in specs:
             if not spec.is_view:
                 for kind in ("state", "changes"):
                     await self._dedupe(TableRef(kind, spec.ns))
-                if self._typed and (self._spark or TableRef("state", spec.ns) in self._untyped):
+                if self._spark or TableRef("state", spec.ns) in self._untyped:
                     await self._type_whole(TableRef("state", spec.ns))
 
     async def _type_whole(self, ref: TableRef) -> None:
@@ -142,7 +143,8 @@ class LakeSink(Sink):
             rows = await self._run(self.backend.read, ref, SCHEMAS["state"].names)
             known = await self._run(self.backend.schema, ref)
             kinds, _ = typed.learn(typed.kinds_of(known) if known is not None else {},
-                                   (typed.decode_top(raw) for raw in rows["bson"].to_pylist()))  # fmt: skip
+                                   (typed.decode_top(raw) for raw in rows["bson"].to_pylist()),
+                                   fields=self._typed)  # fmt: skip
             await self._retype(ref, rows, kinds)
             self._untyped.discard(ref)
 
@@ -231,14 +233,11 @@ class LakeSink(Sink):
             if ref.ns in self._emptied:
                 async with self._lock(ref):
                     await self._commit(self.backend.commit_files, ref, files)
-                if self._typed and ref.kind == "state":
+                if ref.kind == "state":
                     self._untyped.add(ref)
             else:  # a resumed copy: the files' rows replace those of the same keys, the files are not kept
                 rows = await self._run(self.backend.read_files, ref, files)
-                if self._typed and ref.kind == "state":
-                    async with self._lock(ref):
-                        rows = await self._state_rows(ref, rows)
-                await self._rewrite(ref, rows)
+                await self._copy_rows(ref, rows, appends=False)
                 await self._run(self.backend.remove_files, ref, files)
 
     async def _copied(self, batch: Sequence[ChangeEvent]) -> None:
@@ -248,27 +247,30 @@ class LakeSink(Sink):
         for event in batch:
             by_ns.setdefault(event.ns, []).append(event)
         for ns, events in by_ns.items():
-            state = TableRef("state", ns)
             state_rows, change_rows = snapshot_tables(ns, events)
-            rows = {TableRef("changes", ns): change_rows, state: state_rows}
-            if self._typed and not self._on_executor:
-                async with self._lock(state):
-                    rows[state] = await self._state_rows(state, rows[state])
+            rows = {TableRef("changes", ns): change_rows, TableRef("state", ns): state_rows}
             if self._staging:
                 for ref, table in rows.items():
                     async with self._lock(ref):
                         await self._run(self.backend.write_files, ref, table)
-            elif ns in self._emptied or self._executor_appends:
-                await asyncio.gather(*(self._append(ref, table, None) for ref, table in rows.items()))
-            else:  # a resumed copy: the table may hold these rows already
-                await asyncio.gather(*(self._rewrite(ref, table) for ref, table in rows.items()))
+                continue
+            appends = ns in self._emptied or self._executor_appends  # else a resumed copy: they may be there
+            await asyncio.gather(*(self._copy_rows(ref, table, appends=appends) for ref, table in rows.items()))
 
-    async def _rewrite(self, ref: TableRef, rows: pa.Table) -> None:
-        """Snapshot ``rows`` into a table that may hold them (a resumed copy): they replace the rows of their
-        keys (a change table's snapshot rows), in one commit, so no finish_snapshot is needed to drop twins."""
-        column = key_column(ref)
-        keys = [str(key) for key in rows[column].to_pylist()]
+    async def _copy_rows(self, ref: TableRef, rows: pa.Table, *, appends: bool) -> None:
+        """Snapshot rows into one table: appended, or (``appends`` False: a resumed copy, the table may hold
+        them) replacing the rows of their keys (a change table's snapshot rows) in one commit, so no
+        finish_snapshot is needed to drop twins. A state table's typed columns are made under the same lock
+        as the commit, so no other writer changes their types in between (except on an executor, which
+        leaves them to the driver)."""
         async with self._lock(ref):
+            if ref.kind == "state" and not self._on_executor:
+                rows = await self._state_rows(ref, rows)
+            if appends:
+                await self._commit(self.backend.append, ref, rows, None)
+                return
+            column = key_column(ref)
+            keys = [str(key) for key in rows[column].to_pylist()]
             await self._commit(self.backend.rewrite, ref, column, keys, rows, ref.kind == "changes")
 
     async def _documents(self, events: Sequence[ChangeEvent], *, state: bool = True) -> None:
@@ -311,24 +313,23 @@ class LakeSink(Sink):
             await self._commit(self.backend.merge_state, ref, rows, folded.deletes(), advanced(new))
 
     async def _state_rows(self, ref: TableRef, rows: pa.Table) -> pa.Table:
-        """State rows as the table takes them: with typed columns under --lake-columns typed (a column that
-        became mixed is first written again as Extended JSON for every row). Called with ``ref``'s lock held."""
-        if not self._typed:
-            return rows
+        """State rows as the table takes them: with typed columns (the ``_id_key``, and under --lake-columns
+        typed each field's; a column that became mixed is first written again as Extended JSON for every
+        row, and so is a table that had rows before it had an ``_id_key``). Called with ``ref``'s lock held."""
         if ref not in self._kinds:
             schema = await self._run(self.backend.schema, ref)
             self._kinds[ref] = typed.kinds_of(schema) if schema is not None else {}
         documents = [typed.decode_top(raw) for raw in rows["bson"].to_pylist()]
-        kinds, became_json = typed.learn(self._kinds[ref], documents)
-        if became_json:
+        known = self._kinds[ref]
+        kinds, became_json = typed.learn(known, documents, fields=self._typed)
+        # a table an older mcdc filled, without the _id's column: its rows get theirs too
+        unkeyed = typed.KEY not in known and (await self._run(self.backend.read, ref, ["_id"])).num_rows > 0
+        if became_json or unkeyed:
             await self._retype(ref, await self._run(self.backend.read, ref, SCHEMAS["state"].names), kinds)
+        if became_json:
             log.info("%s: column %s holds mixed types: now Extended JSON", ref, ", ".join(sorted(became_json)))
         self._kinds[ref] = kinds
         return typed.with_columns(rows, kinds, documents)
-
-    async def _append(self, ref: TableRef, rows: pa.Table, mark: Mark | None) -> None:
-        async with self._lock(ref):
-            await self._commit(self.backend.append, ref, rows, mark)
 
     async def _replace(self, ref: TableRef, rows: pa.Table, mark: Mark | None) -> None:
         async with self._lock(ref):
@@ -369,7 +370,7 @@ class LakeSink(Sink):
                 if not (await self._mark(target, [event])).covers(event):
                     rows = await self._run(self.backend.read, source, SCHEMAS["state"].names)
                     rows = await self._state_rows(target, rows)
-                    await self._commit(self.backend.replace, target, rows, stamp_of(event), new_schema=self._typed)
+                    await self._commit(self.backend.replace, target, rows, stamp_of(event), new_schema=True)
             await self._empty(source, event)
 
     async def _dropped_with(self, event: ChangeEvent) -> list[Namespace]:

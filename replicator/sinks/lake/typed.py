@@ -1,5 +1,11 @@
-"""``--lake-columns typed``: each top-level field of the documents also as a typed column of the state table,
-as Debezium's ExtractNewDocumentState flattens a document. Pure.
+"""Typed columns of the state tables. Pure.
+
+* ``_id_key`` (always): the document's ``_id`` as a value of its own type, so that the table sorts and joins
+  in the ``_id``'s order where the ``_id``s share one type: an integer (int32 and int64 alike) as bigint, a
+  string as string, an ObjectId as its 24 hex digits (which sort as ObjectIds do), a date as a UTC
+  timestamp. ``_id``s of several types (or of another type) make it canonical Extended JSON, as ``_id`` is.
+* ``--lake-columns typed``: each top-level field of the documents also as a typed column, as Debezium's
+  ExtractNewDocumentState flattens a document.
 
 A field seen with one BSON type gets that type's column (int32, int64, double, bool, string, date as a UTC
 timestamp, binary; an ObjectId or a Decimal128 as its string); a sub-document, an array or any other type
@@ -42,7 +48,10 @@ _ARROW: dict[str, pa.DataType] = {
     "binary": pa.binary(),
     JSON: pa.string(),
 }
-_RESERVED = frozenset(STATE_SCHEMA.names)
+#: the column of the ``_id`` as a value of its own type
+KEY = "_id_key"
+_LOSSLESS = frozenset(STATE_SCHEMA.names)
+_RESERVED = _LOSSLESS | {KEY}
 _UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 #: dates further from 1970 than a microsecond timestamp reaches (about 292,000 years) are Extended JSON
@@ -54,6 +63,16 @@ Kinds = dict[str, str]
 def column_name(field: str) -> str:
     name = _UNSAFE.sub("_", field) or "_"
     return name + "_" if name in _RESERVED else name
+
+
+def key_kind(value: Any) -> str:
+    """The kind of an ``_id``'s column: as :func:`kind_of` says, int32 and int64 as one (a collection's
+    integer ``_id``s are both, by the driver that wrote them); kinds that do not sort as MongoDB sorts
+    them (Decimal128 as a string, binary, booleans, others) are Extended JSON."""
+    kind = kind_of(value)
+    if kind == "int32":
+        return "int64"
+    return kind if kind in ("int64", "double", "string", "objectid", "date") else JSON
 
 
 def kind_of(value: Any) -> str | None:
@@ -109,23 +128,29 @@ def kinds_of(schema: pa.Schema) -> Kinds:
     out: Kinds = {}
     for f in schema:
         doc = (f.metadata or {}).get(b"doc", b"").decode()
-        if f.name not in _RESERVED and doc.startswith("mcdc:"):
+        if f.name not in _LOSSLESS and doc.startswith("mcdc:"):
             out[f.name] = doc.removeprefix("mcdc:")
     return out
 
 
-def learn(known: Mapping[str, str], documents: Iterable[Mapping[str, Any]]) -> tuple[Kinds, set[str]]:
-    """The kinds after seeing ``documents`` (decoded top levels), and the columns of ``known`` that became
-    JSON (their rows already written must be written again as JSON)."""
+def learn(
+    known: Mapping[str, str], documents: Iterable[Mapping[str, Any]], *, fields: bool = True
+) -> tuple[Kinds, set[str]]:
+    """The kinds after seeing ``documents`` (decoded top levels): the ``_id``'s column, and with ``fields``
+    one per top-level field. Also the columns of ``known`` that became JSON (their rows already written
+    must be written again as JSON)."""
     kinds = dict(known)
     for doc in documents:
         for key, value in doc.items():
             if key == "_id":
+                kind: str | None = key_kind(value)
+                name = KEY
+            elif fields:
+                kind, name = kind_of(value), column_name(key)
+            else:
                 continue
-            kind = kind_of(value)
             if kind is None:
                 continue
-            name = column_name(key)
             seen = kinds.get(name)
             if seen is None:
                 kinds[name] = kind
@@ -148,6 +173,7 @@ def with_columns(
     if documents is None:
         documents = [decode_top(raw) if raw is not None else {} for raw in rows["bson"].to_pylist()]
     names = {column_name(k): k for doc in documents for k in doc if k != "_id"}
+    names[KEY] = "_id"
     out = rows
     for name in sorted(kinds):
         kind = kinds[name]
