@@ -189,7 +189,7 @@ def test_the_id_key_sorts_and_joins_in_the_ids_own_order(kind: str, source_uri: 
     assert again.returncode == 0, again.stderr
 
     def ordered(coll: str) -> list[Any]:
-        state = read_table(kind, root, "state", "keys", coll)  # noqa: F841 - DuckDB finds it by its name
+        state = read_table(kind, root, "state", "keys", coll)  # DuckDB finds it by its name
         assert state is not None
         return [r[0] for r in duckdb.sql("SELECT _id_key FROM state ORDER BY _id_key").fetchall()]
 
