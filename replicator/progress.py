@@ -42,6 +42,10 @@ class Reporter(Protocol):
     def snapshot_totals(self, totals: Mapping[str, int]) -> None:
         """Counts that came in after the begin (collections not counted when planned)."""
 
+    def snapshot_copied_before(self, ns: str, docs: int) -> None:
+        """Documents of ``ns`` an earlier run copied in partitions this copy goes on with (counted after the
+        begin): done, but not by this copy."""
+
     def snapshot_advance(self, ns: str, docs: int) -> None:
         """The sink acknowledged ``docs`` more documents of ``ns``."""
 
@@ -128,6 +132,9 @@ class LogReporter:
         for ns, total in totals.items():
             self._tally().count(ns, total)
 
+    def snapshot_copied_before(self, ns: str, docs: int) -> None:
+        self._tally().copied_before(ns, docs)
+
     def snapshot_advance(self, ns: str, docs: int) -> None:
         tally = self._tally()
         tally.advance(ns, docs)
@@ -212,6 +219,10 @@ class RichReporter:
         for ns, total in totals.items():
             tally.count(ns, total)
         self._show_snapshot(totals)
+
+    def snapshot_copied_before(self, ns: str, docs: int) -> None:
+        self._tally().copied_before(ns, docs)
+        self._show_snapshot([ns])
 
     def snapshot_advance(self, ns: str, docs: int) -> None:
         self._tally().advance(ns, docs)

@@ -38,6 +38,8 @@ class Summary:
     reconciled: list[str] = field(default_factory=list)
     #: "source" or "target": the run was stopped while it waited for that server, never having reached it
     never_reached: str | None = None
+    #: documents an earlier run had copied of the partitions this run's resumed snapshot went on with
+    copied_before: int = 0
 
     @property
     def docs_per_s(self) -> float | None:
@@ -60,6 +62,8 @@ class Summary:
     def lines(self) -> list[str]:
         """The summary a person reads at the end of a run."""
         copied = f"{plural(self.documents, 'document')} copied (snapshot {self.snapshot}"
+        if self.copied_before:
+            copied += f", after {self.copied_before:,} an earlier run copied"
         if self.docs_per_s is not None and self.documents:
             copied += f", {format_rate(self.docs_per_s)} docs/s"
         replayed = f"{plural(self.events, 'change event')} replayed"

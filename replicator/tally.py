@@ -132,6 +132,11 @@ class SnapshotTally:
         self._sum(ns, +1)
         self.rate.add(docs)
 
+    def copied_before(self, ns: str, docs: int) -> None:
+        """Documents an earlier run copied: done, not part of this copy's rate."""
+        self._take(ns).done += docs
+        self._sum(ns, +1)
+
     def finish(self, ns: str) -> None:
         self._take(ns).finished = True
         self._sum(ns, +1)

@@ -130,4 +130,9 @@ def test_kill_9_mid_partition_copies_again_only_the_batches_in_flight(
     assert summary["snapshot"] == "resumed"
     not_acked = total - (acked(killed_at) + 1) + strings
     assert summary["documents"] <= not_acked + workers * workers * batch
+    # what the first run copied is counted as copied before (the delete of _id 7 came after it), not as this
+    # run's: the progress starts where the first run stopped
+    assert summary["copied_before"] == acked(killed_at)
+    first_line = next(line for line in done.stderr.decode().splitlines() if "snapshot: " in line and "/" in line)
+    assert int(first_line.split("snapshot: ")[1].split("/")[0].replace(",", "")) >= acked(killed_at), first_line
     assert_identical(source_uri, target_uri)

@@ -57,6 +57,7 @@ class SnapshotCopy:
         self.fields = fields
         self.stop = stop
         self.metrics = metrics
+        self._began = False  # a copy of this run began: what a retry finds copied, this run copied
 
     def _stopped(self) -> bool:
         return self.stop is not None and self.stop.is_set()
@@ -81,6 +82,11 @@ class SnapshotCopy:
         if self.metrics is not None:
             before = sum(c.done for c in collections)  # copied by earlier runs
             self.metrics.snapshot_estimate(sum(c.total or 0 for c in collections), copied_before=before)
+        # what an earlier run copied of the partitions this copy goes on with: counted first, so that the
+        # progress starts where that run stopped (an _id range count, bounded by the _id index)
+        halfway = [(p, resume[p.id]) for p in todo if p.resumable and p.id in resume]
+        await self._copied_before(client, halfway, earlier_run=not self._began)
+        self._began = True
         counting = asyncio.create_task(self._count(client, uncounted))
         left = Counter(p.ns for p in todo)
 
@@ -142,6 +148,22 @@ class SnapshotCopy:
         self.store.save(cp)
         self.summary.snapshot = "completed" if started else "resumed"
         return cp
+
+    async def _copied_before(
+        self, client: Client, halfway: Sequence[tuple[Partition, Resume]], *, earlier_run: bool
+    ) -> None:
+        """Count what was copied of each partition this copy goes on with (its range up to its resume
+        point), for the progress; ``earlier_run``: by another run (this one's first copy), for the summary
+        too (a retry's were written by this run, and counted as such)."""
+        for part, after in halfway:
+            coll = client[part.ns.db][part.ns.coll or ""]
+            try:
+                before = await coll.count_documents(part.query()) - await coll.count_documents(part.query(after))
+            except PyMongoError:
+                return  # only progress: the copy itself retries the source's failures
+            self.reporter.snapshot_copied_before(str(part.ns), max(before, 0))
+            if earlier_run:
+                self.summary.copied_before += max(before, 0)
 
     async def _count(self, client: Client, uncounted: Sequence[Namespace]) -> None:
         """Progress totals, alongside the copy: a collection kept whole was not counted when planned

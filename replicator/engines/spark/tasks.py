@@ -39,6 +39,9 @@ class QuietReporter:
     def snapshot_totals(self, totals: Mapping[str, int]) -> None:
         pass
 
+    def snapshot_copied_before(self, ns: str, docs: int) -> None:
+        pass
+
     def snapshot_advance(self, ns: str, docs: int) -> None:
         pass
 
