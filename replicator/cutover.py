@@ -94,7 +94,10 @@ async def cutover(settings: Settings, reporter: Reporter) -> CutoverResult:
         )
     cp = store.load()
     if cp is None:
-        raise ConfigError(f"no checkpoint at {store.path}: a cutover ends what mcdc sync or tail began")
+        raise ConfigError(
+            f"no checkpoint at {store.path}: a cutover ends what mcdc sync or tail began; pass the --checkpoint "
+            "they used (and the same --include, --rename ...), or run mcdc sync first"
+        )
     if cp.cutover is not None:
         return _already(cp, settings)
     if cp.snapshot.status != "done":

@@ -119,9 +119,12 @@ class SyncJob:
                     sink.source_name = info.set_name or ""
                     cp = self.store.load()
                     if cp is not None and cp.cutover is not None:
+                        reverse = (cp.cutover.get("reverse_checkpoint") or "") if cp.cutover else ""
                         raise ConfigError(
                             f"checkpoint {self.store.path} was cut over (mcdc cutover): the target is the one "
-                            "written to now; its reverse checkpoint carries writes the other way"
+                            f"written to now. Carry its writes back with mcdc tail on the reverse checkpoint "
+                            f"{reverse} (source and target swapped), or pass another --checkpoint to begin a new "
+                            "migration"
                         )
                     check_recorded(self.s, cp, str(self.store.path))
                     await check_selection(
