@@ -152,14 +152,33 @@ class Settings:
         found = [path for path in paths[1:] if path.exists() and _copies(path, self)]
         return paths[0] if paths[0].exists() or not found else found[0]
 
-    def _digest(self, target: str, *, pair_only: bool = False) -> str:
+    def _digest(self, target: str, *, pair_only: bool = False, copies: dict[str, list[str]] | None = None) -> str:
         key = "|".join(sorted(host_set(self.source))) + "->" + redact(target)
         if not is_mongo_uri(target):  # event sinks: another topic prefix is another destination
             key += "#" + self.topic_prefix
-        copies = _copied(self)
+        copies = _copied(self) if copies is None else copies
         if copies and not pair_only:  # all of it by default: the key of every checkpoint made before
             key += "|" + json.dumps(copies, sort_keys=True)
         return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+    def pair_checkpoints(self) -> list[tuple[Path, dict[str, list[str]]]]:
+        """The default checkpoints of this source and target, whatever they copy: each one's path and what
+        it copies (its recorded selection, renames and field rules), found by name in the state dir."""
+        found = []
+        base = self.checkpoint_path().parent if self.checkpoint is None else None
+        for path in sorted(base.glob("checkpoint-*.json")) if base is not None else ():
+            try:
+                recorded = json.loads(path.read_text()).get("recorded") or {}
+            except (OSError, ValueError, AttributeError):
+                continue
+            copies = {name: sorted(recorded.get(name.replace("_", "-")) or ()) for name in _COPIES}
+            copies = {name: values for name, values in copies.items() if values}
+            spellings = ("stdout", "-") if self.target in ("stdout", "-") else (self.target,)
+            names = {self._digest(t, copies=copies) for t in spellings}
+            names |= {self._digest(t, pair_only=True) for t in spellings}  # a pair's one, made before
+            if path.name.removeprefix("checkpoint-").removesuffix(".json") in names:
+                found.append((path, copies))
+        return found
 
 
 #: The options that decide what a migration copies (recorded.Recorded's): part of its default checkpoint.

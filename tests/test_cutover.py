@@ -382,7 +382,8 @@ def _default_of(env: dict[str, str], *args: str) -> Path:
     """The default checkpoint under ``env``'s state directory that a run of these flags (--include) made."""
     include = args[args.index("--include") + 1]
     for path in (Path(env["XDG_STATE_HOME"]) / "mcdc").glob("checkpoint-*.json"):
-        if json.loads(path.read_text())["recorded"]["include"] == [include]:
+        recorded = json.loads(path.read_text())["recorded"]  # None in a reverse checkpoint not run yet
+        if recorded is not None and recorded["include"] == [include]:
             return path
     raise AssertionError(f"no checkpoint of --include {include}")
 
@@ -406,3 +407,28 @@ def test_cutover_on_a_checkpoint_a_tail_runs_on_says_how_to_go_on_before_doing_a
     finally:
         tail.terminate()
         tail.wait(60)
+
+
+def test_status_with_source_and_target_alone_finds_the_one_migration_of_that_pair(tmp_path: Path) -> None:
+    """A migration of --include ...: status with --source and --target finds its default checkpoint; with
+    two of them, it names both and asks which."""
+    import os
+
+    from replicator.checkpoint import Checkpoint, CheckpointStore
+    from replicator.config import resolve
+    from replicator.recorded import Recorded
+
+    env = dict(os.environ)  # the test's own state directory (conftest): the default checkpoints go there
+    pair = {"source": "mongodb://a.example/", "target": "mongodb://b.example/"}
+    one = resolve({**pair, "include": ("lake0\\..*",)}, env=env)
+    CheckpointStore(one.checkpoint_path()).save(Checkpoint("rs0", recorded=Recorded.of(one).to_json(), lag_s=0.0))
+    found = _mcdc("status", "-s", pair["source"], "-t", pair["target"], "--json", env=env)
+    assert found.returncode == 0, found.stderr
+    assert json.loads(found.stdout)["checkpoint"] == str(one.checkpoint_path())
+    two = resolve({**pair, "include": ("lake1\\..*",), "rename": ("lake1=lake1_c",)}, env=env)
+    CheckpointStore(two.checkpoint_path()).save(Checkpoint("rs0", recorded=Recorded.of(two).to_json(), lag_s=0.0))
+    both = _mcdc("status", "-s", pair["source"], "-t", pair["target"], env=env)
+    _assert_one_line_error(both, 2, "2 migrations", "--include lake0", "--rename lake1=lake1_c", "--checkpoint")
+    chosen = _mcdc("status", "-s", pair["source"], "-t", pair["target"], "--include", "lake1\\..*",
+                   "--rename", "lake1=lake1_c", "--json", env=env)  # fmt: skip
+    assert json.loads(chosen.stdout)["checkpoint"] == str(two.checkpoint_path())
