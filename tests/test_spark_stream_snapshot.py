@@ -23,16 +23,16 @@ from tests.support.stream_query import read_batches
 
 pytestmark = pytest.mark.integration
 
-OPTIONS = (
-    r"include=shop\..*", "snapshot=initial", "partition-docs=10", "split=always", "max-batch-size=15",
-    "extended-json=relaxed",
-)  # fmt: skip
+OPTIONS = (r"include=shop\..*", "snapshot=initial", "partition-docs=10", "split=always", "extended-json=relaxed")
+#: small micro-batches while the query is killed (many of them, in the snapshot and in the stream); the last
+#: run, which reads what the writes left, takes bigger ones (a read limit is the micro-batch's own)
+SMALL, LAST = "max-batch-size=15", "max-batch-size=1000"
 
 
-def _query(source: str, work: Path, trigger: str) -> subprocess.Popen[bytes]:
+def _query(source: str, work: Path, trigger: str, limit: str = SMALL) -> subprocess.Popen[bytes]:
     log = open(work / f"query-{time.monotonic_ns()}.log", "wb")  # noqa: SIM115 - the process owns it
     argv = [sys.executable, "-m", "tests.support.stream_query", source, str(work / "cp"), str(work / "out"), trigger]
-    return subprocess.Popen([*argv, *OPTIONS], stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen([*argv, *OPTIONS, limit], stdout=log, stderr=subprocess.STDOUT)
 
 
 def _batches(work: Path) -> int:
@@ -67,7 +67,7 @@ class Writes(threading.Thread):
                     coll.delete_one({"_id": _id}, session=s)
                     coll.insert_one({"_id": _id, "again": n}, session=s)
                     coll.update_one({"_id": (_id + 1) % 60}, {"$inc": {"c": 1}}, upsert=True, session=s)
-            time.sleep(self.rng.uniform(0, 0.05))
+            time.sleep(self.rng.uniform(0.01, 0.1))
 
 
 def _source_json(source: str) -> dict[tuple[str, str], str]:
@@ -89,6 +89,7 @@ def _stream_tokens(source: str, since: Timestamp) -> list[str]:
         return tokens
 
 
+@pytest.mark.timeout(900)  # four Spark processes: minutes on a loaded machine
 def test_a_stream_with_the_snapshot_first_killed_at_random_micro_batches_delivers_everything_once(
     source_uri: str, tmp_path: Path
 ) -> None:
@@ -112,8 +113,8 @@ def test_a_stream_with_the_snapshot_first_killed_at_random_micro_batches_deliver
     finally:
         writes.halt.set()
         writes.join()
-    final = _query(source_uri, tmp_path, "available-now")
-    assert final.wait(240) == 0, "the last run did not finish"
+    final = _query(source_uri, tmp_path, "available-now", LAST)
+    assert final.wait(300) == 0, "the last run did not finish"
 
     rows = read_batches(tmp_path / "out")
     reads = [r for r in rows if r["op"] == "r"]
