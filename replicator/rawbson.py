@@ -9,6 +9,7 @@ so :func:`top_level` decodes the top level in C (pymongo's own decoder) with eac
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -92,6 +93,10 @@ def wrap(data: bytes) -> RawDocument:
     doc._RawBSONDocument__inflated_doc = None
     doc._RawBSONDocument__codec_options = RAW_CODEC
     return doc  # type: ignore[no-any-return]
+
+
+#: a RawBSONDocument's bytes, read in C (its ``raw`` property is a Python call)
+raw_of = operator.attrgetter("_RawBSONDocument__raw")
 
 
 def document(span: Span | None) -> RawDocument | None:

@@ -7,18 +7,21 @@ On a real mongod, mcdc's throughput per process is bound by its own CPU, not the
 CPU (user + system, of each contender's own process, from its start to its exit), not only wall time.
 
 1. **Start**: the CPU of ``mcdc --version`` (Python, mcdc's imports) and of ``python -c 'import pymongo'``.
-2. **Copy**: ``--docs`` small documents. The plain client: one RawBSON cursor feeding
-   ``insert_many(ordered=False)`` batches of 1,000 (into ``bench_plain.docs``). mcdc: ``mcdc sync`` (into
-   ``bench.docs``).
-3. **Replay**: ``--events`` writes on the source afterwards (inserts, ``$set`` updates, deletes). The plain
-   client: ``watch(full_document="updateLookup")`` from the position before them, ``bulk_write`` of
-   ``ReplaceOne(upsert)``/``DeleteOne`` per 1,000 events (into ``bench_plain.docs``). mcdc: ``mcdc catch-up``
-   (into ``bench.docs``). Both targets are checked equal to the source after.
+2. **Copy** of ``bench.small`` (a tenth of ``--docs``) and of ``bench.docs`` (``--docs`` small documents). The
+   plain client: one RawBSON cursor feeding ``insert_many(ordered=False)`` batches of 1,000 (into
+   ``bench_plain``). mcdc: ``mcdc sync`` (into ``bench``).
+3. **Replay** of a tenth of ``--events`` writes, then of ``--events`` writes, on ``bench.docs`` (inserts, ``$set``
+   updates and deletes, in runs of a kind). The plain client: ``watch(full_document="updateLookup")`` from the
+   position before them, ``bulk_write(ordered=True)`` of ``ReplaceOne(upsert)``/``DeleteOne`` per 1,000
+   events. mcdc: ``mcdc catch-up``. Both targets are checked against the source after each.
 
-Each contender runs as a process of its own; its CPU is its ``RUSAGE_CHILDREN`` delta. "Steady" is the
-total less the start of step 1 (mcdc's start for mcdc, pymongo's for the plain client). With ``--profile``,
-mcdc's copy and replay run once more under cProfile and their CPU is summed by stage (read and decode,
-plan, write, checkpoint, progress, the DDL window and lookup checks, the event loop, the driver).
+Each contender runs as a process of its own; its CPU is its ``RUSAGE_CHILDREN`` delta (user + system, from
+start to exit). The **steady** CPU per document (per event) is the difference between the big run and the
+small one, divided by the documents (events) between them: what each more document costs, the start and
+every fixed cost of a run (connecting, planning, index builds, the last checkpoint) left out, for both
+contenders alike. The start is printed apart. With ``--profile``, mcdc's copy and replay of the big sizes run
+once more under cProfile (timing CPU, not waits) and their CPU is summed by stage (read and decode, plan
+and write, checkpoint, progress, the DDL window and lookup checks, the event loop, the driver).
 
 Figures on the local test server (SecantusDB) measure mcdc's CPU as they would on mongod; wall times there
 are mostly the server's. Exits 0 whatever the ratios say: it is a measurement (1 when a run fails).
@@ -45,7 +48,7 @@ from bson import Int64
 from tests.support.corpus import load_bulk
 from tests.support.servers import connect
 
-DB, PLAIN, COLL = "bench", "bench_plain", "docs"
+DB, PLAIN, COLL, SMALL = "bench", "bench_plain", "docs", "small"
 #: acceptance of issue 28: mcdc's steady CPU per document and per event against the plain clients'
 DOC_RATIO, EVENT_RATIO, WALL_RATIO = 1.2, 1.3, 1.0
 
@@ -69,11 +72,9 @@ PLAIN_COPY = textwrap.dedent(
 PLAIN_REPLAY = textwrap.dedent(
     """
     import sys, pymongo
-    from bson.raw_bson import RawBSONDocument
     from bson.timestamp import Timestamp
     from pymongo import DeleteOne, ReplaceOne
-    src = pymongo.MongoClient(sys.argv[1], document_class=RawBSONDocument)
-    dst = pymongo.MongoClient(sys.argv[2], document_class=RawBSONDocument)
+    src, dst = pymongo.MongoClient(sys.argv[1]), pymongo.MongoClient(sys.argv[2])
     out, want, seen, ops = dst[sys.argv[3]][sys.argv[4]], int(sys.argv[6]), 0, []
     start = Timestamp(int(sys.argv[7]), int(sys.argv[8]))
     with src.watch(full_document="updateLookup", start_at_operation_time=start, batch_size=1000) as stream:
@@ -116,24 +117,27 @@ def _start_costs(repeat: int = 3) -> dict[str, float]:
     return {"mcdc": mcdc_start, "plain": plain_start}
 
 
-def _load(source: str, docs: int) -> None:
+def _load(source: str, sizes: dict[str, int]) -> None:
     with connect(source) as client:
         client.drop_database(DB)
-        client[DB].create_collection(COLL)
-        load_bulk(client, DB, COLL, docs, doc_size=120)
+        for coll, docs in sizes.items():
+            client[DB].create_collection(coll)
+            load_bulk(client, DB, coll, docs, doc_size=120)
 
 
-def _events(source: str, count: int, seed: int) -> None:
-    """``count`` writes on the source's bench.docs: a third inserts, a third updates, a third deletes."""
+def _events(source: str, coll_name: str, count: int, seed: int) -> None:
+    """``count`` writes on the source's bench.docs: a third inserts, a third updates, a third deletes, in
+    runs of a kind (so that a plain client's ordered bulk_write of 1,000 replayed events is a few commands,
+    not one per change of kind: the plain replay at its best)."""
     rng = random.Random(seed)
     with connect(source) as client:
-        coll = client[DB][COLL]
+        coll = client[DB][coll_name]
         ids = [d["_id"] for d in coll.find({}, {"_id": 1}).limit(count)]
         ops: list[Any] = []
         for n in range(count):
-            kind = n % 3
+            kind = (n % 999) // 333
             if kind == 0 or not ids:
-                ops.append(pymongo.InsertOne({"_id": Int64(10**12 + seed * count + n), "v": n, "s": "x" * 40}))
+                ops.append(pymongo.InsertOne({"_id": Int64(10**12 + seed * 10**9 + n), "v": n, "s": "x" * 40}))
             elif kind == 1:
                 ops.append(pymongo.UpdateOne({"_id": rng.choice(ids)}, {"$set": {"v": n}}))
             else:
@@ -145,17 +149,35 @@ def _events(source: str, count: int, seed: int) -> None:
             coll.bulk_write(ops, ordered=True)
 
 
-def _same(source: str, target: str, db: str) -> None:
+def _same(source: str, target: str, db: str, coll: str) -> None:
     with connect(source) as src, connect(target) as dst:
-        want = sorted(d["_id"] for d in src[DB][COLL].find({}, {"_id": 1}))
-        got = sorted(d["_id"] for d in dst[db][COLL].find({}, {"_id": 1}))
+        want = sorted(d["_id"] for d in src[DB][coll].find({}, {"_id": 1}))
+        got = sorted(d["_id"] for d in dst[db][coll].find({}, {"_id": 1}))
     if want != got:
-        raise BenchError(f"{db}.{COLL} on the target has {len(got):,} documents, the source {len(want):,}")
+        raise BenchError(f"{db}.{coll} on the target has {len(got):,} documents, the source {len(want):,}")
+
+
+#: mcdc's command line run under cProfile timing CPU, not wall time (time.process_time): a wait for the
+#: server costs no CPU, and is not counted
+PROFILED = textwrap.dedent(
+    """
+    import cProfile, runpy, sys, time
+    out, sys.argv = sys.argv[1], ["mcdc", *sys.argv[2:]]
+    profile = cProfile.Profile(time.process_time)
+    try:
+        profile.runcall(runpy.run_module, "replicator.cli", run_name="__main__")
+    except SystemExit as exc:
+        if exc.code:
+            raise
+    finally:
+        profile.dump_stats(out)
+    """
+)
 
 
 def _profile(argv: Sequence[str], out: Path) -> dict[str, float]:
-    """CPU seconds by stage of one mcdc run under cProfile (each function's own time)."""
-    _cpu_of([sys.executable, "-m", "cProfile", "-o", str(out), *argv[1:]])
+    """CPU seconds by stage of one mcdc run under cProfile (each function's own CPU time)."""
+    _cpu_of([sys.executable, "-c", PROFILED, str(out), *argv[3:]])
     stats = pstats.Stats(str(out))
     stages: dict[str, float] = {}
     for (filename, _, _), (_, _, own, _, _) in stats.stats.items():  # type: ignore[attr-defined]
@@ -199,93 +221,112 @@ def stage_of(filename: str) -> str:
     return "imports and other"
 
 
+class Contenders:
+    """The two contenders' commands on one pair of servers: each copy or replay of ``coll`` is one process."""
+
+    def __init__(self, source: str, target: str, workdir: Path, extra: Sequence[str]) -> None:
+        self.source, self.target, self.workdir, self.extra = source, target, workdir, list(extra)
+
+    def _mcdc(self, command: str, coll: str) -> list[str]:
+        cp = self.workdir / f"cp-{coll}.json"
+        return mcdc(command, "-s", self.source, "-t", self.target, "-c", str(cp), "--include", rf"bench\.{coll}",
+                    "--no-progress", *self.extra)  # fmt: skip
+
+    def copy(self, coll: str) -> dict[str, tuple[float, float, str]]:
+        plain = _cpu_of([sys.executable, "-c", PLAIN_COPY, self.source, self.target, PLAIN, coll, DB])
+        return {"plain": plain, "mcdc": _cpu_of(self._mcdc("sync", coll))}
+
+    def replay(self, coll: str, events: int, seed: int) -> dict[str, tuple[float, float, str]]:
+        with connect(self.source) as client:
+            before = client.admin.command("ping")["operationTime"]
+        _events(self.source, coll, events, seed)
+        argv = [sys.executable, "-c", PLAIN_REPLAY, self.source, self.target, PLAIN, coll, DB, str(events)]
+        plain = _cpu_of([*argv, str(before.time), str(before.inc)])
+        mcdc_run = _cpu_of(self._mcdc("catch-up", coll))
+        for db in (DB, PLAIN):
+            _same(self.source, self.target, db, coll)
+        return {"plain": plain, "mcdc": mcdc_run}
+
+
+def _marginal(
+    big: dict[str, tuple[float, float, str]], small: dict[str, tuple[float, float, str]], n: int
+) -> dict[str, float]:
+    """Microseconds of CPU per unit between a small run and a big one: what each more unit costs, the
+    start and every fixed cost of a run left out (they are in both)."""
+    return {who: (big[who][0] - small[who][0]) / n * 1e6 for who in ("mcdc", "plain")}
+
+
 def bench(args: argparse.Namespace) -> dict[str, Any]:
+    small_docs, small_events = args.docs // 10, args.events // 10
     with bench_setup("bench_cpu.py", args, "mcdc-bench-cpu-") as (workdir, source, target, server):
         heading("Process start")
         start = _start_costs()
         print(f"mcdc --version: {start['mcdc']:.2f} s CPU; python -c 'import pymongo': {start['plain']:.2f} s")
 
-        heading(f"Loading {args.docs:,} documents")
-        _load(source, args.docs)
+        heading(f"Loading {args.docs:,} and {small_docs:,} documents")
+        _load(source, {COLL: args.docs, SMALL: small_docs})
         with connect(target) as client:
             client.drop_database(DB)
             client.drop_database(PLAIN)
+        runs = Contenders(source, target, workdir, args.mcdc_arg)
 
-        heading("Copy: the plain client, then mcdc sync")
-        plain_copy = _cpu_of([sys.executable, "-c", PLAIN_COPY, source, target, PLAIN, COLL, DB])
-        cp = workdir / "cp.json"
-        sync_argv = mcdc("sync", "-s", source, "-t", target, "-c", str(cp), "--include", r"bench\.docs",
-                         "--no-progress", *args.mcdc_arg)  # fmt: skip
-        mcdc_copy = _cpu_of(sync_argv)
-
-        heading(f"Replay: {args.events:,} writes on the source, then the plain loop and mcdc catch-up")
-        with connect(source) as client:
-            before = client.admin.command("ping")["operationTime"]
-        _events(source, args.events, seed=1)
-        plain_argv = [sys.executable, "-c", PLAIN_REPLAY, source, target, PLAIN, COLL, DB, str(args.events)]
-        plain_replay = _cpu_of([*plain_argv, str(before.time), str(before.inc)])
-        catch_argv = mcdc("catch-up", "-s", source, "-t", target, "-c", str(cp), "--include", r"bench\.docs",
-                          "--no-progress", *args.mcdc_arg)  # fmt: skip
-        mcdc_replay = _cpu_of(catch_argv)
-        _same(source, target, DB)
-        _same(source, target, PLAIN)
+        heading("Copy: the plain client, then mcdc sync, of the small collection and of the big one")
+        copy_small, copy_big = runs.copy(SMALL), runs.copy(COLL)
+        heading(f"Replay: {small_events:,}, then {args.events:,} writes, each replayed by the plain loop and mcdc")
+        replay_small = runs.replay(COLL, small_events, seed=1)
+        replay_big = runs.replay(COLL, args.events, seed=2)
 
         profile: dict[str, dict[str, float]] = {}
         if args.profile:
-            heading("Profiles: mcdc sync and catch-up once more, under cProfile")
+            heading("Profiles: mcdc sync and catch-up of the big collection once more, under cProfile")
             with connect(target) as client:
                 client.drop_database(DB)
-            cp2 = workdir / "cp-profiled.json"
-            profile["sync"] = _profile([a if a != str(cp) else str(cp2) for a in sync_argv], workdir / "sync.prof")
-            _events(source, args.events, seed=2)
-            catch2 = [a if a != str(cp) else str(cp2) for a in catch_argv]
-            profile["catch-up"] = _profile(catch2, workdir / "catch-up.prof")
+            profiled = Contenders(source, target, workdir / "profiled", args.mcdc_arg)
+            (workdir / "profiled").mkdir(exist_ok=True)
+            profile["sync"] = _profile(profiled._mcdc("sync", COLL), workdir / "sync.prof")
+            _events(source, COLL, args.events, seed=3)
+            profile["catch-up"] = _profile(profiled._mcdc("catch-up", COLL), workdir / "catch-up.prof")
 
-    docs, events = args.docs, args.events
-    steady = {
-        "mcdc_doc_us": (mcdc_copy[0] - start["mcdc"]) / docs * 1e6,
-        "plain_doc_us": (plain_copy[0] - start["plain"]) / docs * 1e6,
-        "mcdc_event_us": (mcdc_replay[0] - start["mcdc"]) / events * 1e6,
-        "plain_event_us": (plain_replay[0] - start["plain"]) / events * 1e6,
-    }
+    per_doc = _marginal(copy_big, copy_small, args.docs - small_docs)
+    per_event = _marginal(replay_big, replay_small, args.events - small_events)
     return {
         "server": server,
         "code": code_version(),
-        "docs": docs,
-        "events": events,
+        "docs": [small_docs, args.docs],
+        "events": [small_events, args.events],
         "start_cpu_s": start,
-        "copy": _pair(mcdc_copy, plain_copy),
-        "replay": _pair(mcdc_replay, plain_replay),
-        "steady": steady,
+        "copy": {"small": _pair(copy_small), "big": _pair(copy_big)},
+        "replay": {"small": _pair(replay_small), "big": _pair(replay_big)},
+        "steady_us": {"per_doc": per_doc, "per_event": per_event},
         "ratios": {
-            "cpu_per_doc": steady["mcdc_doc_us"] / steady["plain_doc_us"],
-            "cpu_per_event": steady["mcdc_event_us"] / steady["plain_event_us"],
-            "replay_rate": plain_replay[1] / mcdc_replay[1],
+            "cpu_per_doc": per_doc["mcdc"] / per_doc["plain"],
+            "cpu_per_event": per_event["mcdc"] / per_event["plain"],
+            "replay_rate": replay_big["plain"][1] / replay_big["mcdc"][1],
         },
         "profile": profile,
-        "commands": {"sync": " ".join(sync_argv), "catch-up": " ".join(catch_argv)},
+        "commands": {"sync": " ".join(runs._mcdc("sync", COLL)), "catch-up": " ".join(runs._mcdc("catch-up", COLL))},
     }
 
 
-def _pair(mcdc_run: tuple[float, float, str], plain_run: tuple[float, float, str]) -> dict[str, Any]:
-    return {
-        "mcdc": {"cpu_s": mcdc_run[0], "wall_s": mcdc_run[1]},
-        "plain": {"cpu_s": plain_run[0], "wall_s": plain_run[1]},
-    }
+def _pair(runs: dict[str, tuple[float, float, str]]) -> dict[str, Any]:
+    return {who: {"cpu_s": round(run[0], 3), "wall_s": round(run[1], 3)} for who, run in runs.items()}
 
 
 def report(data: dict[str, Any]) -> None:
     heading("Results")
     print(f"server: {data['server']}; code: {data['code']}")
-    s, r = data["steady"], data["ratios"]
-    print(f"start (CPU): mcdc {data['start_cpu_s']['mcdc']:.2f} s, a plain client {data['start_cpu_s']['plain']:.2f} s")
-    for what, unit, n in (("copy", "doc", data["docs"]), ("replay", "event", data["events"])):
-        m, p = data[what]["mcdc"], data[what]["plain"]
+    start, steady, r = data["start_cpu_s"], data["steady_us"], data["ratios"]
+    print(f"start (CPU): mcdc {start['mcdc']:.2f} s, a plain client {start['plain']:.2f} s")
+    for what, unit, sizes in (("copy", "doc", data["docs"]), ("replay", "event", data["events"])):
+        for size, n in zip(("small", "big"), sizes, strict=True):
+            m, p = data[what][size]["mcdc"], data[what][size]["plain"]
+            print(
+                f"{what:<6} {n:>9,} {unit}s: mcdc {m['cpu_s']:6.2f} s CPU in {m['wall_s']:6.1f} s, "
+                f"plain {p['cpu_s']:6.2f} s CPU in {p['wall_s']:6.1f} s"
+            )
+        per = steady[f"per_{unit}"]
         print(
-            f"{what:<6} {n:>9,} {unit}s: mcdc {m['cpu_s']:6.2f} s CPU in {m['wall_s']:6.1f} s, plain "
-            f"{p['cpu_s']:6.2f} s CPU in {p['wall_s']:6.1f} s; steady CPU per {unit}: mcdc "
-            f"{s[f'mcdc_{unit}_us']:.1f} us, plain "
-            f"{s[f'plain_{unit}_us']:.1f} us"
+            f"  steady CPU per {unit} (between the two sizes): mcdc {per['mcdc']:.1f} us, plain {per['plain']:.1f} us"
         )
     print(
         f"ratios (mcdc / plain): CPU per document {r['cpu_per_doc']:.2f}x, CPU per event {r['cpu_per_event']:.2f}x; "

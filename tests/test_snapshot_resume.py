@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import pymongo
 import pytest
 
 from replicator.checkpoint import Checkpoint, SnapshotProgress
@@ -48,8 +49,12 @@ def test_save_pace_bounds_the_time_spent_saving() -> None:
     assert not pace.due() and pace.owed
     now[0] += 4
     assert pace.due()
-    pace.saved(0.001)
+    pace.saved(0.001)  # a small plan: not dozens of saves a second, once a second at most
     assert not pace.owed
+    now[0] += 0.5
+    assert not pace.due()
+    now[0] += 0.5
+    assert pace.due()
 
 
 class _Ids:
@@ -194,3 +199,29 @@ async def test_a_failed_progress_save_fails_the_copy(monkeypatch: pytest.MonkeyP
             None, MemorySink(), [Partition(NS, 0, ALL)], limits=limits, rename=lambda ns: ns,  # type: ignore[arg-type]
             on_done=done, reporter=LogReporter(), on_progress=progress,
         )  # fmt: skip
+
+
+@pytest.mark.integration
+async def test_a_partition_is_read_in_batches_bounded_by_documents_and_bytes(source_uri: str) -> None:
+    """Replies are taken whole (to_list), then cut where a batch would pass --batch-docs or --batch-bytes (a
+    document bigger than the bound is a batch of its own)."""
+    from replicator.events import Namespace
+    from replicator.source.connection import make_client
+    from replicator.source.partitions import ALL, Partition
+    from replicator.source.snapshot import read_partition
+
+    with pymongo.MongoClient(source_uri) as plain:
+        plain.p.c.insert_many([{"_id": i, "pad": "x" * (5000 if i == 30 else 200)} for i in range(75)])
+    client = make_client(source_uri, timeout_s=10)
+    try:
+        part = Partition(Namespace("p", "c"), 0, ALL)
+        for docs, size in ((20, 1 << 20), (20, 2000), (1000, 1 << 20)):
+            batches = [b async for b in read_partition(client, part, batch_docs=docs, batch_bytes=size)]
+            assert [d["_id"] for b in batches for d in b] == list(range(75))
+            for batch in batches:
+                assert len(batch) <= docs
+                assert len(batch) == 1 or sum(len(d.raw) for d in batch) <= size
+            if size == 2000:
+                assert [d["_id"] for d in next(b for b in batches if any(d["_id"] == 30 for d in b))] == [30]
+    finally:
+        await client.close()

@@ -3,6 +3,7 @@
 A sink receives batches of :class:`~replicator.events.ChangeEvent` in source order:
 
 * ``await sink.start()`` before the first write (or ``async with sink:``).
+* ``await sink.write_copy(ns, documents, at)``: a snapshot batch (by default, ``write`` of its READ events).
 * ``await sink.write(batch)`` returns once every event of the batch is durably acknowledged by the
   destination; the pipeline checkpoints only after that. It raises on failure, and must then have
   acknowledged nothing it was not sure of (re-delivery after a restart is expected: at-least-once).
@@ -24,7 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from ..events import ChangeEvent, CollectionSpec, Namespace
+from ..events import ChangeEvent, CollectionSpec, Namespace, Op, Position
 
 #: Reads documents by ``_id`` from the source as they are now, named and shaped as on the target:
 #: ``await lookup(target_namespace, ids)`` -> the documents that still exist.
@@ -57,6 +58,12 @@ class Sink(ABC):
     @abstractmethod
     async def write(self, batch: Sequence[ChangeEvent]) -> None:
         """Deliver a batch; return only when all of it is acknowledged."""
+
+    async def write_copy(self, ns: Namespace, documents: Sequence[Mapping[str, Any]], at: Position | None) -> None:
+        """A snapshot batch: ``documents`` read from one collection, written to destination ``ns`` (at the
+        snapshot's read time ``at``); returns once acknowledged. By default, as :meth:`write` of their
+        ``READ`` events; a sink may write the documents as they are (no event per document)."""
+        await self.write([ChangeEvent(Op.READ, ns, document=document, position=at) for document in documents])
 
     async def history(self, events: Sequence[ChangeEvent]) -> None:  # noqa: B027 - optional hook
         """Events the replay holds back from a sink that holds state, because their namespace waits to be

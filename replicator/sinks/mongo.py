@@ -27,7 +27,7 @@ from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.errors import BulkWriteError, OperationFailure
 
 from ..errors import SinkError, SinkUnavailable
-from ..events import ChangeEvent, CollectionSpec, Namespace, Op
+from ..events import ChangeEvent, CollectionSpec, Namespace, Op, Position
 from ..extjson import dumps_str
 from ..filters import Scope
 from ..retry import is_retryable
@@ -335,12 +335,17 @@ class MongoSink(Sink):
             if todo:
                 await self._ordered(ns, todo, session)
 
+    async def write_copy(self, ns: Namespace, documents: Sequence[Mapping[str, Any]], at: Position | None) -> None:
+        """A snapshot batch, inserted as it is: no event per document."""
+        await self._bounded(self._insert_copies(ns, documents))
+
     async def _insert_snapshot(self, events: Sequence[ChangeEvent]) -> None:
+        await self._insert_copies(events[0].ns, [e.document for e in events if e.document is not None])
+
+    async def _insert_copies(self, ns: Namespace, docs: Sequence[Mapping[str, Any]]) -> None:
         """Snapshot copies are plain inserts (fast); a document already there (a partition copied again
         after a crash) is replaced instead, so the target holds the newer copy."""
-        ns = events[0].ns
         coll = self._client[ns.db][ns.coll or ""]
-        docs = [e.document for e in events]
         try:
             await coll.insert_many(docs, ordered=False, bypass_document_validation=True)  # type: ignore[arg-type]
         except BulkWriteError as exc:
@@ -349,8 +354,8 @@ class MongoSink(Sink):
                 raise
             retry: list[Planned] = []
             for error in errors:
-                event, doc = events[int(error["index"])], docs[int(error["index"])]
-                assert doc is not None
+                doc = docs[int(error["index"])]
+                event = ChangeEvent(Op.READ, ns, document=doc)
                 retry.append((event, ReplaceOne({"_id": _id_of(doc)}, doc, upsert=True)))
             try:
                 await self._unordered(ns, retry)

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 
 from bson.raw_bson import RawBSONDocument
 
+from ..rawbson import raw_of
 from .connection import Client
 from .partitions import Partition, Resume
 
@@ -24,13 +25,23 @@ async def read_partition(
     batch: list[RawBSONDocument] = []
     size = 0
     try:
-        async for doc in cursor:
-            doc_size = len(doc.raw)
-            if batch and (len(batch) >= batch_docs or size + doc_size > batch_bytes):
+        # a server reply's documents taken at once (to_list): no coroutine step per document, and their sizes
+        # summed in C; only a reply that does not fit whole is cut document by document
+        while docs := await cursor.to_list(batch_docs - len(batch)):
+            sizes = list(map(len, map(raw_of, docs)))
+            if size + sum(sizes) <= batch_bytes:
+                batch += docs
+                size += sum(sizes)
+            else:
+                for doc, doc_size in zip(docs, sizes, strict=True):
+                    if batch and size + doc_size > batch_bytes:
+                        yield batch
+                        batch, size = [], 0
+                    batch.append(doc)
+                    size += doc_size
+            if len(batch) >= batch_docs:  # full: written while the next reply is read
                 yield batch
                 batch, size = [], 0
-            batch.append(doc)
-            size += doc_size
         if batch:
             yield batch
     finally:

@@ -26,7 +26,6 @@ from ...aio import DONE, get_or_raise, pump, stop_pumps
 from ...checkpoint import advance
 from ...events import ChangeEvent, Namespace, Position
 from ...fields import FieldEditor, FieldRules
-from ...normalize import snapshot_read
 from ...progress import Reporter, lag_seconds
 from ...replay_stage import ReplayStage
 from ...replay_stage import Transform as Transform  # re-exported: the engines' stage type
@@ -172,10 +171,7 @@ async def _copy_one(
     async def write(docs: list[Any], number: int) -> None:
         nonlocal written
         try:
-            if editor is None:
-                await sink.write([snapshot_read(ns, doc, at) for doc in docs])
-            else:
-                await sink.write([snapshot_read(ns, editor.document(doc), at) for doc in docs])
+            await sink.write_copy(ns, docs if editor is None else [editor.document(doc) for doc in docs], at)
         finally:
             slots.release()
         written += len(docs)
