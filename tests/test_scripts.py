@@ -109,3 +109,12 @@ def test_under_load_runs_a_command_beside_burners_and_stops_at_the_first_failure
     assert ok.stdout.count("with 1 burners: exit 0") == 2
     failing = run_script("under_load.py", "--times", "3", "--", sys.executable, "-c", "raise SystemExit(3)")
     assert failing.returncode == 3 and failing.stdout.count("exit 3") == 1
+
+
+def test_bench_cpu_small_run_prints_the_steady_cpu_ratios() -> None:
+    done = run_script("bench_cpu.py", "--docs", "2000", "--events", "600", "--json", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(done.stdout[done.stdout.rindex('\n{\n  "server"') :])
+    assert data["docs"] == [200, 2000] and data["events"] == [60, 600]
+    assert all(data["ratios"][k] > 0 for k in ("cpu_per_doc", "cpu_per_event", "replay_rate"))
+    assert "steady CPU per doc" in done.stdout and "steady CPU per event <= 1.3x" in done.stdout
