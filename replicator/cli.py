@@ -20,19 +20,20 @@ import orjson
 import typer
 from pymongo.errors import ConnectionFailure, PyMongoError
 
-from . import __version__, devserver
-from .cli_flags import CONFIG, EXIT_CODES_HELP, PanelCommand, epilog, parameter, shown
-from .config import Settings, resolve
-from .errors import EXIT_UNAVAILABLE, McdcError, OutputClosed, VerifyMismatch
-from .job import SyncJob
-from .logs import setup_logging
-from .options import for_command
-from .progress import make_reporter
-from .run_control import check_control, commit_hook, served_metrics, stop_on_signals
-from .sinks.registry import scheme_of
-from .source.connection import server_message
-from .summary import Summary
-from .uri import redact
+from replicator import __version__
+from replicator.errors import EXIT_UNAVAILABLE, McdcError, OutputClosed, VerifyMismatch
+from replicator.job import devserver
+from replicator.job.phases import SyncJob
+from replicator.job.run_control import check_control, commit_hook, served_metrics, stop_on_signals
+from replicator.observe.logs import setup_logging
+from replicator.observe.progress import make_reporter
+from replicator.observe.summary import Summary
+from replicator.settings.config import Settings, resolve
+from replicator.settings.flags import CONFIG, EXIT_CODES_HELP, PanelCommand, epilog, parameter, shown
+from replicator.settings.options import for_command
+from replicator.settings.uri import redact
+from replicator.sinks.registry import scheme_of
+from replicator.source.connection import server_message
 
 if TYPE_CHECKING:
     pass
@@ -112,7 +113,7 @@ def _fail(exc: McdcError) -> NoReturn:
 def _error(message: str) -> None:
     """``mcdc: error: MESSAGE`` on stderr, naming Spark's log when this run's Spark wrote one (the rest of
     the story: each task's failure, the JVM's stack)."""
-    from .engines.spark.session import console_log
+    from replicator.engines.spark.session import console_log
 
     spark_log = console_log()
     typer.echo(f"mcdc: error: {message}" + (f" (Spark's log: {spark_log})" if spark_log else ""), err=True)
@@ -121,7 +122,7 @@ def _error(message: str) -> None:
 def _run(make: Callable[[], Awaitable[T]]) -> T:
     """Run a library call; user errors become one line on stderr and the error's exit code. Spark's log
     is removed after a run that succeeded, and kept after one that did not."""
-    from .engines.spark.session import drop_console_log
+    from replicator.engines.spark.session import drop_console_log
 
     try:
         result: T = asyncio.run(make())  # type: ignore[arg-type]
@@ -168,7 +169,7 @@ def _replicate(command: str, settings: Settings) -> None:
                 summary = await SyncJob(settings, reporter, command=command, stop=stop, metrics=metrics).run()
                 if not asked:
                     return summary, None
-                from .cutover import cutover as run_cutover
+                from replicator.job.cutover import cutover as run_cutover
 
                 assert metrics is not None
                 metrics.set_state("committing")
@@ -260,9 +261,9 @@ def verify(settings: Settings) -> None:
     selection matches no namespace on the source.
     """
     if settings.engine == "spark":
-        from .engines.spark.verify import verify_on_spark as run_verify
+        from replicator.engines.spark.verify import verify_on_spark as run_verify
     else:
-        from .verify import verify as run_verify
+        from replicator.checking.verify import verify as run_verify
 
     report = _run(lambda: run_verify(settings))
     if settings.json_output:
@@ -281,8 +282,8 @@ def status(settings: Settings) -> None:
     The checkpoint is --checkpoint's, else the default one of --source and --target (as sync, catch-up
     and tail find it; --config works too).
     """
-    from .status import status as read_status
-    from .status import status_lines
+    from replicator.job.status import status as read_status
+    from replicator.job.status import status_lines
 
     data = _run(lambda: read_status(settings))
     if settings.json_output:
@@ -307,7 +308,7 @@ def cutover(settings: Settings) -> None:
     writes the reverse checkpoint: `mcdc tail --source TARGET --target SOURCE` then carries writes made
     on the new side back. Running it again after success only says so.
     """
-    from .cutover import cutover as run_cutover
+    from replicator.job.cutover import cutover as run_cutover
 
     reporter = make_reporter(settings.progress and not settings.json_output)
     try:

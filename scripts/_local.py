@@ -27,7 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from replicator.uri import host_set  # noqa: E402
+from replicator.settings.uri import host_set  # noqa: E402
 from tests.support.kafka import KafkaBroker  # noqa: E402
 from tests.support.servers import ServerPair, drop_user_databases, start_pair  # noqa: E402
 

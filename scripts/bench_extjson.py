@@ -28,7 +28,7 @@ from bson import json_util
 from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
 
-from replicator.extjson import CANONICAL, to_json_value
+from replicator.bsonkit.extjson import CANONICAL, to_json_value
 from replicator.source.connection import RAW_CODEC
 
 

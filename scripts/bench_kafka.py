@@ -131,15 +131,15 @@ from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 from pymongo import DeleteOne, UpdateOne
 
-from replicator.checkpoint import CheckpointStore
+from replicator.bsonkit.deprecated import CANDIDATE
+from replicator.bsonkit.extjson import _CANONICAL_DECODE
+from replicator.bsonkit.extjson_types import _decode_bson
+from replicator.bsonkit.rawbson import top_level
+from replicator.checkpoint.store import CheckpointStore
 from replicator.cli import GC_THRESHOLDS
-from replicator.config import Settings, resolve
-from replicator.deprecated_bson import CANDIDATE
 from replicator.events import ChangeEvent, Namespace
-from replicator.extjson import _CANONICAL_DECODE
-from replicator.extjson_types import _decode_bson
-from replicator.normalize import normalize_change
-from replicator.rawbson import top_level
+from replicator.events.normalize import normalize_change
+from replicator.settings.config import Settings, resolve
 from replicator.sinks.envelope import Encoder, EnvelopeOptions, Message
 from replicator.sinks.kafka import KafkaSink
 from replicator.sinks.kafka_options import producer_config

@@ -56,9 +56,9 @@ from bench_sync import COLL, DB, INCLUDE, load_and_warm
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
+from replicator.bsonkit.rawbson import RAW_CODEC
 from replicator.events import Namespace
-from replicator.normalize import snapshot_read
-from replicator.rawbson import RAW_CODEC
+from replicator.events.normalize import snapshot_read
 from replicator.sinks.lake.fold import fold
 from replicator.sinks.lake.tables import change_table, state_table
 

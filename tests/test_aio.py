@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from replicator.aio import pump, stop_pumps
+from replicator.source.pump import pump, stop_pumps
 
 
 async def _swallows_one_cancellation() -> AsyncIterator[int]:

@@ -59,7 +59,7 @@ def _changes(client: pymongo.MongoClient[dict[str, Any]]) -> None:
 
 def _source(uri: str) -> dict[str, tuple[Any, ...]]:
     """The source's users: canonical _id -> (name, age)."""
-    from replicator.extjson import dumps_str
+    from replicator.bsonkit.extjson import dumps_str
 
     with pymongo.MongoClient(uri) as client:
         return {dumps_str(d["_id"]): (d["name"], d["age"]) for d in client.shop.users.find()}
@@ -68,9 +68,9 @@ def _source(uri: str) -> dict[str, tuple[Any, ...]]:
 def _rows(uri: str, settings_options: dict[str, str]) -> tuple[list[dict[str, Any]], int]:
     """The rows readStream with snapshot=initial would give, made by the data source's own functions from
     a snapshot read and the change stream after it (no Spark needed); and how many changes there were."""
-    from replicator.config import settings_from_strings
-    from replicator.positions import Numbering, snapshot_position
-    from replicator.spark_datasource.rows import NAMES, snapshot_row
+    from replicator.events.positions import Numbering, snapshot_position
+    from replicator.events.rows import NAMES, snapshot_row
+    from replicator.settings.config import settings_from_strings
     from replicator.spark_datasource.stream import row_of
 
     s = settings_from_strings({"source": uri, "extended-json": "relaxed", **settings_options}, command="status")
@@ -237,6 +237,6 @@ def _key(text: str) -> str:
     """auto_cdc_source's key (the _id's canonical Extended JSON, as Spark writes it) as _source names it."""
     from bson import json_util
 
-    from replicator.extjson import CANONICAL, dumps_str
+    from replicator.bsonkit.extjson import CANONICAL, dumps_str
 
     return dumps_str(json_util.loads(text, json_options=CANONICAL))

@@ -187,7 +187,7 @@ def test_events_of_one_cluster_time_are_numbered_in_stream_order_and_again_from_
     ]  # fmt: skip
     assert {e.position.shard for e in events} == {"shard-a"}
     for saved in range(len(events)):
-        from replicator.positions import Numbering
+        from replicator.events.positions import Numbering
 
         again = BatchAssembler(batch_size=100, shard="shard-a", numbering=Numbering(events[saved].position))
         for raw in stream[saved + 1 :]:

@@ -12,9 +12,9 @@ import pytest
 from bson.timestamp import Timestamp
 from pymongo.errors import OperationFailure
 
+from replicator.bsonkit.rawbson import RAW_CODEC, RawDocument
 from replicator.errors import OversizeEvent
 from replicator.events import Position
-from replicator.rawbson import RAW_CODEC, RawDocument
 from replicator.source.changestream import ChangeStreamReader
 
 SPLIT = {"$changeStreamSplitLargeEvent": {}}
@@ -134,7 +134,7 @@ class SyncClient(FakeClient):
 
 def test_the_spark_data_sources_reader_splits_on_demand_too() -> None:
     pytest.importorskip("pyspark")
-    from replicator.config import resolve
+    from replicator.settings.config import resolve
     from replicator.spark_datasource.changes import RawChangeStream
 
     last_part = {"_id": token(4), "splitEvent": {"fragment": 2, "of": 2}, "fullDocument": {"_id": 3, "big": 1}}

@@ -15,7 +15,7 @@ from bson import Binary, Int64, ObjectId
 from bson.timestamp import Timestamp
 from pymongo.errors import OperationFailure
 
-from replicator.checkpoint import Checkpoint, CheckpointStore, SnapshotProgress
+from replicator.checkpoint.store import Checkpoint, CheckpointStore, SnapshotProgress
 from replicator.errors import CheckpointError, CheckpointLocked, ConfigError
 from replicator.events import Namespace, Position
 from replicator.source.partitions import Partition
@@ -123,7 +123,7 @@ def _big_plan(parts: int) -> list[dict[str, object]]:
 _SAVE_UNDER_FILE_SIZE_LIMIT = """
 import resource, signal, sys
 from pathlib import Path
-from replicator.checkpoint import Checkpoint, CheckpointStore, SnapshotProgress
+from replicator.checkpoint.store import Checkpoint, CheckpointStore, SnapshotProgress
 from replicator.errors import CheckpointError
 from tests.test_checkpoint import _big_plan
 
@@ -319,8 +319,8 @@ def test_deployment_identity_prefers_the_servers_own_id() -> None:
 
 
 def test_event_target_identity_is_the_redacted_uri_and_topic_prefix(tmp_path: Path) -> None:
-    from replicator.config import resolve
-    from replicator.preflight import target_identity
+    from replicator.job.preflight import target_identity
+    from replicator.settings.config import resolve
     from replicator.sinks.registry import open_sink
 
     def identity(target: str, **flags: object) -> str | None:

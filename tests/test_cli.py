@@ -19,10 +19,10 @@ from typer.testing import CliRunner
 
 import replicator
 from replicator import __version__
-from replicator.checkpoint import Checkpoint, CheckpointStore
+from replicator.checkpoint.store import Checkpoint, CheckpointStore
 from replicator.cli import app
-from replicator.config import Settings, field_kind, settings_from_strings
-from replicator.options import BY_ENV, for_command
+from replicator.settings.config import Settings, field_kind, settings_from_strings
+from replicator.settings.options import BY_ENV, for_command
 from tests.test_config import SAMPLE
 
 runner = CliRunner()
@@ -39,7 +39,7 @@ def test_every_command_has_help_with_an_example(command: str) -> None:
 
 @pytest.mark.parametrize("command", SETTINGS_COMMANDS)
 def test_help_groups_options_in_panels_and_lists_the_exit_codes(command: str) -> None:
-    from replicator.options import OPTIONS, PANELS
+    from replicator.settings.options import OPTIONS, PANELS
 
     assert all(option.panel in PANELS for option in OPTIONS)
     out = runner.invoke(app, [command, "--help"], terminal_width=100).output
@@ -146,13 +146,17 @@ READERS = {
         ["_settings", "_replicate", "_print_summary"],  # run_control.py is among the modules
     ),
     "verify": (
-        [ROOT / "verify.py", ROOT / "engines" / "spark" / "verify.py", ROOT / "engines" / "spark" / "session.py"],
+        [
+            ROOT / "checking" / "verify.py",
+            ROOT / "engines" / "spark" / "verify.py",
+            ROOT / "engines" / "spark" / "session.py",
+        ],
         ["_settings", "verify"],
     ),
-    "status": ([ROOT / "status.py"], ["_settings", "status"]),
+    "status": ([ROOT / "job" / "status.py"], ["_settings", "status"]),
 }
 READERS["cutover"] = (
-    [*READERS["job"][0], *READERS["verify"][0], ROOT / "cutover.py"],
+    [*READERS["job"][0], *READERS["verify"][0], ROOT / "job" / "cutover.py"],
     ["_settings", "cutover"],
 )
 FIELDS = {f.name for f in dataclasses.fields(Settings)}
@@ -191,7 +195,7 @@ def _fields_read(command: str) -> set[str]:
 
 
 def test_checkpoint_path_reads_what_the_walk_assumes() -> None:
-    config = ast.parse((ROOT / "config.py").read_text())
+    config = ast.parse((ROOT / "settings" / "config.py").read_text())
     methods = [
         n for n in ast.walk(config) if isinstance(n, ast.FunctionDef) and n.name in ("checkpoint_path", "_digest")
     ]
@@ -238,22 +242,22 @@ def test_every_flag_reaches_the_settings(command: str, monkeypatch: pytest.Monke
         seen.append(settings)
         return {} if command == "status" else VerifyReport(0, 0, [])
 
-    from replicator.verify import VerifyReport
+    from replicator.checking.verify import VerifyReport
 
     monkeypatch.setattr("replicator.cli._replicate", lambda name, settings: seen.append(settings))
-    monkeypatch.setattr("replicator.verify.verify", library_call)
+    monkeypatch.setattr("replicator.checking.verify.verify", library_call)
     monkeypatch.setattr("replicator.engines.spark.verify.verify_on_spark", library_call)  # SAMPLE's engine
-    monkeypatch.setattr("replicator.status.status", library_call)
+    monkeypatch.setattr("replicator.job.status.status", library_call)
 
     async def cutover(settings: Settings, reporter: Any) -> Any:
         from bson.timestamp import Timestamp
 
-        from replicator.cutover import CutoverResult
+        from replicator.job.cutover import CutoverResult
 
         seen.append(settings)
         return CutoverResult(Timestamp(1, 1), 0, 0.0, "back.json", "mcdc tail ...", writes_blocked=False)
 
-    monkeypatch.setattr("replicator.cutover.cutover", cutover)
+    monkeypatch.setattr("replicator.job.cutover.cutover", cutover)
     result = runner.invoke(app, [command, *_args(command)])
     assert result.exit_code == 0, result.output
     expected = settings_from_strings({o.name: SAMPLE[o.name] for o in for_command(command)}, command=command)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from replicator.config import Settings, resolve, settings_from_strings, settings_to_strings
 from replicator.errors import ConfigError
-from replicator.options import BY_NAME, OPTIONS, for_command
-from replicator.uri import redact
+from replicator.settings.config import Settings, resolve, settings_from_strings, settings_to_strings
+from replicator.settings.options import BY_NAME, OPTIONS, for_command
+from replicator.settings.uri import redact
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -109,7 +109,7 @@ def test_redact_hides_credentials_everywhere() -> None:
 def test_tail_settings() -> None:
     from bson.timestamp import Timestamp
 
-    from replicator.config import parse_start_at
+    from replicator.settings.config import parse_start_at
 
     s = resolve({"source": SRC, "target": DST}, env={"MCDC_METRICS_PORT": "9464", "MCDC_MAX_RETRIES": "-1"})
     assert (s.metrics_port, s.max_retries, s.metrics_host) == (9464, -1, "127.0.0.1")
@@ -358,7 +358,7 @@ def test_messages_name_flags_that_exist() -> None:
     for path in root.rglob("*.py"):
         if path.name in (
             "cli.py",
-            "cli_flags.py",
+            "flags.py",
             "options.py",
             "devserver.py",
         ):  # where flags are made; secantusd-py's

@@ -103,7 +103,7 @@ def test_kill_9_mid_partition_copies_again_only_the_batches_in_flight(
 ) -> None:
     """One whole-collection partition, killed halfway: the rerun starts after the last acknowledged _id
     (then goes on into the string _ids, a later type bracket), not from zero."""
-    from replicator.extjson import from_jsonable
+    from replicator.bsonkit.extjson import from_jsonable
 
     total, strings, workers, batch = 20_000, 500, 2, 100
     with pymongo.MongoClient(source_uri) as client:

@@ -17,9 +17,9 @@ import pymongo
 import pytest
 from pymongo.errors import OperationFailure
 
-from replicator.cutover import block_writes
 from replicator.errors import ConfigError
-from replicator.migration import COMMIT_LAG_S, Facts, Verification, can_commit, progress_document
+from replicator.job.cutover import block_writes
+from replicator.observe.migration import COMMIT_LAG_S, Facts, Verification, can_commit, progress_document
 from tests.support.compare import assert_identical
 from tests.support.proxy import wire_proxy
 from tests.support.servers import free_port
@@ -414,9 +414,9 @@ def test_status_with_source_and_target_alone_finds_the_one_migration_of_that_pai
     two of them, it names both and asks which."""
     import os
 
-    from replicator.checkpoint import Checkpoint, CheckpointStore
-    from replicator.config import resolve
-    from replicator.recorded import Recorded
+    from replicator.checkpoint.store import Checkpoint, CheckpointStore
+    from replicator.replay.recorded import Recorded
+    from replicator.settings.config import resolve
 
     env = dict(os.environ)  # the test's own state directory (conftest): the default checkpoints go there
     pair = {"source": "mongodb://a.example/", "target": "mongodb://b.example/"}

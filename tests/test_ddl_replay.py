@@ -15,9 +15,9 @@ from typing import Any
 import pymongo
 import pytest
 
-from replicator.config import resolve
-from replicator.job import SyncJob
-from replicator.progress import LogReporter
+from replicator.job.phases import SyncJob
+from replicator.observe.progress import LogReporter
+from replicator.settings.config import resolve
 from tests.support.compare import assert_identical
 
 pytestmark = pytest.mark.integration

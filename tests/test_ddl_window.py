@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from bson.timestamp import Timestamp
 
-from replicator.ddl_window import DdlWindow
 from replicator.events import ChangeEvent, Namespace, Op, Position, UpdateDescription
-from replicator.filters import Selection
+from replicator.replay.ddl_window import DdlWindow
+from replicator.settings.selection import Selection
 from replicator.source.incarnations import keep_own_lookups, looked_up, uuids_from
 
 A, B, C = Namespace("shop", "a"), Namespace("shop", "b"), Namespace("shop", "c")

@@ -26,9 +26,9 @@ from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
-from replicator import normalize, rawbson
-from replicator.events import ChangeEvent
-from replicator.fields import FieldRules, transform_fields
+from replicator.bsonkit import rawbson
+from replicator.events import ChangeEvent, normalize
+from replicator.settings.fields import FieldRules, transform_fields
 from replicator.sinks.envelope import Encoder, EnvelopeOptions, Message
 from replicator.sinks.templates import MARKERS, json_string
 from replicator.sinks.topics import TopicNamer

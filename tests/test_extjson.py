@@ -1,4 +1,4 @@
-"""The fast Extended JSON encoder (replicator.extjson.to_json_value / dumps_bytes / dumps_str).
+"""The fast Extended JSON encoder (replicator.bsonkit.extjson.to_json_value / dumps_bytes / dumps_str).
 
 The oracle is pymongo's json_util with the module's CANONICAL / RELAXED options: for every value the fast
 encoder must give the same JSON data (same types, same key order, same float bits), and in canonical mode
@@ -38,7 +38,7 @@ from bson.raw_bson import RawBSONDocument
 from bson.regex import Regex
 from bson.timestamp import Timestamp
 
-from replicator.extjson import (
+from replicator.bsonkit.extjson import (
     CANONICAL,
     RELAXED,
     dumps_bytes,
@@ -655,7 +655,7 @@ def test_a_code_with_scope_holding_a_deprecated_type() -> None:
 
 
 def test_a_document_that_only_looks_like_holding_one_goes_the_fast_way() -> None:
-    from replicator.deprecated_bson import CANDIDATE, holds_deprecated
+    from replicator.bsonkit.deprecated import CANDIDATE, holds_deprecated
 
     raw = bson.encode({"bin": bson.Binary(b"\x06abc\x00\x01" + b"\x0eab\x00\x05\x00\x00\x00", 0), "n": 6})
     assert CANDIDATE.search(raw) is not None and not holds_deprecated(raw)

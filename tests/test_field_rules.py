@@ -2,7 +2,7 @@
 pre-images, into MongoDB and into Kafka. Every field that is not excluded stays byte-exact.
 
 The expected documents are made here from the source's, with plain dict edits: code that shares nothing
-with replicator.fields."""
+with replicator.settings.fields."""
 
 from __future__ import annotations
 
@@ -125,8 +125,8 @@ async def test_field_rules_into_kafka(source_uri: str, kafka: KafkaBroker, tmp_p
 async def test_verify_compares_the_source_as_the_field_rules_want_it(
     source_uri: str, target_uri: str, tmp_path: Path
 ) -> None:
-    from replicator.config import resolve
-    from replicator.verify import verify
+    from replicator.checking.verify import verify
+    from replicator.settings.config import resolve
 
     _load(source_uri)
     await run_job(source_uri, target_uri, tmp_path / "cp.json", **RULES)

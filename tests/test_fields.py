@@ -15,7 +15,7 @@ from bson.raw_bson import RawBSONDocument
 
 from replicator.errors import ConfigError
 from replicator.events import ChangeEvent, Namespace, Op, UpdateDescription
-from replicator.fields import FieldRules, transform_fields
+from replicator.settings.fields import FieldRules, transform_fields
 
 NS = Namespace("shop", "customers")
 RAW = CodecOptions(document_class=RawBSONDocument, datetime_conversion=DatetimeConversion.DATETIME_AUTO)

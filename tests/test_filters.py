@@ -6,7 +6,7 @@ import pytest
 
 from replicator.errors import ConfigError
 from replicator.events import ChangeEvent, Namespace, Op
-from replicator.filters import Renamer, Scope, Selection, make_transform, renamed_into_selection
+from replicator.settings.selection import Renamer, Scope, Selection, make_transform, renamed_into_selection
 
 
 def test_default_selection_skips_system_namespaces() -> None:
@@ -87,7 +87,7 @@ def test_a_copy_within_one_deployment_never_maps_onto_the_source() -> None:
     import pytest
 
     from replicator.errors import ConfigError
-    from replicator.filters import check_copy_within
+    from replicator.settings.selection import check_copy_within
 
     existing = [Namespace("scratch", "a"), Namespace("scratch", "b"), Namespace("other", "c")]
     sel = Selection.from_patterns([r"scratch\..*"])
@@ -123,7 +123,7 @@ def test_a_target_named_by_a_collection_rule_belongs_to_that_rule_alone() -> Non
     ],
 )
 def test_two_sources_onto_one_target_are_refused(rules: list[str], selected: list[str], message: str) -> None:
-    from replicator.filters import check_collisions
+    from replicator.settings.selection import check_collisions
 
     namespaces = [Namespace(*name.split(".", 1)) for name in selected]
     with pytest.raises(ConfigError, match=message):

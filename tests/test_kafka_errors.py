@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from aiokafka import errors as kafka_errors
 
-from replicator.config import resolve
 from replicator.errors import ConfigError, SinkError, SinkUnavailable
-from replicator.retry import is_retryable
+from replicator.settings.config import resolve
 from replicator.sinks.kafka import KafkaSink, describe_error
 from replicator.sinks.kafka_options import producer_config
+from replicator.source.retry import is_retryable
 from tests.support.servers import free_port
 
 # what a Python repr looks like inside a message: Name('...'), <...>, (..., ...), [...], '...'

@@ -14,7 +14,7 @@ import pymongo
 import pytest
 from bson import decode
 
-from replicator.rawbson import RAW_CODEC
+from replicator.bsonkit.rawbson import RAW_CODEC
 from replicator.sinks.lake.tables import id_json
 from tests.support.corpus import load_corpus
 from tests.support.lake import collections, duplicate_changes, read_table, source_bytes, state_bytes

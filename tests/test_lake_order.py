@@ -89,7 +89,7 @@ def stream_events(source: str, db: str, since: Timestamp) -> list[dict[str, Any]
 def assert_every_event_once_in_order(kind: str, root: Path, source: str, db: str, since: Timestamp) -> None:
     """Each change table of ``db`` holds the source stream's document events of its collection after
     ``since`` exactly once, and sorted by ``sequence`` they come in the stream's order."""
-    from replicator.extjson import dumps_str
+    from replicator.bsonkit.extjson import dumps_str
 
     expected: dict[str, list[str]] = {}
     for change in stream_events(source, db, since):

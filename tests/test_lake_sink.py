@@ -9,9 +9,9 @@ import bson
 import pytest
 from bson.timestamp import Timestamp
 
-from replicator.config import resolve
 from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op, Position
-from replicator.normalize import snapshot_read
+from replicator.events.normalize import snapshot_read
+from replicator.settings.config import resolve
 from replicator.sinks.lake.sink import LakeSink
 from tests.support.lake import duplicate_changes, read_table
 

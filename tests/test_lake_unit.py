@@ -7,8 +7,8 @@ import pyarrow as pa
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
+from replicator.bsonkit.rawbson import DICT_CODEC
 from replicator.events import ChangeEvent, Namespace, Op, Position, UpdateDescription
-from replicator.rawbson import DICT_CODEC
 from replicator.sinks.lake.backend import duplicates
 from replicator.sinks.lake.fold import apply_update, fold, needs_base
 from replicator.sinks.lake.tables import CHANGE_SCHEMA, TableRef, change_table, cluster_time_of, id_json, state_table
@@ -92,7 +92,7 @@ def test_duplicates_keep_the_rows_of_two_copies_made_at_different_times() -> Non
 def test_a_snapshot_batchs_rows_are_the_ones_the_general_row_functions_make() -> None:
     from bson import ObjectId
 
-    from replicator.normalize import snapshot_read
+    from replicator.events.normalize import snapshot_read
     from replicator.sinks.lake.fold import fold
     from replicator.sinks.lake.tables import snapshot_tables
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pymongo
 import pytest
 
-from replicator.config import Settings, resolve
 from replicator.events import CollectionSpec, Namespace
-from replicator.normalize import snapshot_read
+from replicator.events.normalize import snapshot_read
+from replicator.settings.config import Settings, resolve
 from replicator.sinks.lines import LineSink
 from tests.support.corpus import load_corpus
 from tests.support.rebuild import assert_same, rebuild_lines, server_docs
@@ -238,8 +238,8 @@ async def test_deprecated_bson_types_reach_the_lines_in_the_specs_canonical_form
     """Symbol, Undefined and DBPointer in a document, through the line sink's whole encoding. The test
     server cannot show them end to end: it stores them as a string, null and a DBRef document (checked
     with plain pymongo), so the raw document is given to the sink as the stream would hand it over."""
+    from replicator.bsonkit.rawbson import RAW_CODEC, RawDocument
     from replicator.events import ChangeEvent, Namespace, Op, Position
-    from replicator.rawbson import RAW_CODEC, RawDocument
 
     body = (
         b"\x10_id\x00" + (1).to_bytes(4, "little")

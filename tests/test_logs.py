@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from replicator.errors import ConfigError
-from replicator.logs import setup_logging
+from replicator.observe.logs import setup_logging
 
 SECRET_URI = "mongodb://user:secret@h:27017/?authSource=admin"
 

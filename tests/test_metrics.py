@@ -12,7 +12,7 @@ import urllib.request
 import orjson
 import pytest
 
-from replicator.metrics import STATES, Metrics, serve
+from replicator.observe.metrics import STATES, Metrics, serve
 
 # the 0.0.4 text format: name, optional {label="value",...} with escaped values, one space, a float
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"

@@ -12,8 +12,8 @@ import pytest
 from bson import json_util
 from bson.raw_bson import RawBSONDocument
 
+from replicator.bsonkit.extjson import CANONICAL
 from replicator.events import ChangeEvent, Namespace, Op, UpdateDescription
-from replicator.extjson import CANONICAL
 from replicator.sinks.envelope import Encoder, EnvelopeOptions
 from replicator.sinks.mongo import MongoSink
 from replicator.sinks.topics import TopicNamer

@@ -11,7 +11,7 @@ from bson.timestamp import Timestamp
 from pymongo import DeleteOne, ReplaceOne, UpdateOne
 
 from replicator.events import ChangeEvent, Namespace, Op, Transaction
-from replicator.normalize import OPERATION_TYPES, normalize_change
+from replicator.events.normalize import OPERATION_TYPES, normalize_change
 from replicator.sinks.mongo import _segments
 from replicator.sinks.mongo_plan import write_ops
 from replicator.source.changestream import token_timestamp
@@ -297,7 +297,7 @@ def _change_variants() -> list[dict[str, object]]:
 def test_reading_the_raw_bytes_gives_the_event_decoding_gives(change: dict[str, object]) -> None:
     """The walk over a change document's bytes and the decoded (RawBSONDocument mapping) reading agree on
     every field of the event, documents byte for byte."""
-    from replicator.normalize import _from_mapping
+    from replicator.events.normalize import _from_mapping
     from replicator.source.connection import RAW_CODEC
 
     data = bson.encode(change)
@@ -318,7 +318,7 @@ def test_wall_time_keeps_every_millisecond() -> None:
 def test_a_raw_documents_leading_id_is_read_without_decoding_the_rest() -> None:
     """What the driver reads of every change event: its ``_id``, equal to the decoded one; a document
     whose ``_id`` is not a leading sub-document reads it as usual."""
-    from replicator.rawbson import RAW_CODEC, RawDocument
+    from replicator.bsonkit.rawbson import RAW_CODEC, RawDocument
 
     token = {"_data": "82AB", "extra": bson.Int64(1)}
     event = RawDocument(bson.encode({"_id": token, "fullDocument": {"_id": 1}}), RAW_CODEC)
@@ -335,7 +335,7 @@ def test_a_wrapped_document_is_the_raw_document_its_constructor_makes() -> None:
 
     import bson
 
-    from replicator.rawbson import RAW_CODEC, RawDocument, wrap
+    from replicator.bsonkit.rawbson import RAW_CODEC, RawDocument, wrap
 
     data = bson.encode({"_id": 1, "a": {"b": [1, "x"]}, "s": "é"})
     made, wrapped = RawDocument(data, RAW_CODEC), wrap(data)

@@ -10,9 +10,9 @@ from bson.timestamp import Timestamp
 
 from replicator.engines.asyncio.pipeline import replay
 from replicator.events import ChangeEvent, Namespace, Op, Position
-from replicator.filters import Renamer, Selection, make_transform
-from replicator.progress import LogReporter
-from replicator.replay_stage import ReplayStage
+from replicator.observe.progress import LogReporter
+from replicator.replay.stage import ReplayStage
+from replicator.settings.selection import Renamer, Selection, make_transform
 from replicator.sinks.memory import MemorySink
 from replicator.source.changestream import Batch
 

@@ -28,11 +28,11 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
 
-from replicator.config import resolve
+from replicator.bsonkit.extjson import CANONICAL
 from replicator.errors import ConfigError, SinkError
 from replicator.events import ChangeEvent, Namespace, Op
-from replicator.extjson import CANONICAL
-from replicator.normalize import snapshot_read
+from replicator.events.normalize import snapshot_read
+from replicator.settings.config import resolve
 from replicator.sinks.base import Sink
 from replicator.sinks.registry import open_sink
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from bson.timestamp import Timestamp
 
 from replicator.events import ChangeEvent, Namespace, Op, Position
-from replicator.positions import WHOLE_TIME, Mark, Numbering, Seq, advanced, seq_of, snapshot_position
+from replicator.events.positions import WHOLE_TIME, Mark, Numbering, Seq, advanced, seq_of, snapshot_position
 
 NS = Namespace("d", "c")
 

@@ -13,10 +13,10 @@ from rich.console import Console
 
 from replicator.events import Namespace
 from replicator.job.copy import progress_plan as _progress_plan
-from replicator.progress import LogReporter, RichReporter
+from replicator.observe.progress import LogReporter, RichReporter
+from replicator.observe.summary import Summary
+from replicator.observe.tally import CollectionProgress, Rate, ReplayTally, SnapshotTally, per_second
 from replicator.source.partitions import ALL, Partition
-from replicator.summary import Summary
-from replicator.tally import CollectionProgress, Rate, ReplayTally, SnapshotTally, per_second
 
 RUNNING = re.compile(r"snapshot: ([\d,]+)/([\d,]+) documents \((\d+)%\), ([\d,]+|-) docs/s, ETA (\S+)$")
 

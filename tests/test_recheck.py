@@ -9,8 +9,7 @@ import pytest
 from bson.int64 import Int64
 from bson.timestamp import Timestamp
 
-from replicator.events import ChangeEvent, Namespace, Op, Position
-from replicator.recheck import (
+from replicator.checking.recheck import (
     AGAIN,
     COUNT,
     DOC,
@@ -22,7 +21,8 @@ from replicator.recheck import (
     ReplayClock,
     key_of,
 )
-from replicator.sweep_state import Mismatches, SweepState, verification_of
+from replicator.checking.sweep_state import Mismatches, SweepState, verification_of
+from replicator.events import ChangeEvent, Namespace, Op, Position
 
 NS = Namespace("shop", "orders")
 DST = Namespace("archive", "orders")
@@ -140,8 +140,8 @@ def test_the_state_survives_the_checkpoint_and_counts_mismatches_once() -> None:
 
 
 def test_changes_since_a_pass_keep_keys_and_mark_ddl_and_overflow_whole(monkeypatch: pytest.MonkeyPatch) -> None:
-    from replicator import cutover_check
-    from replicator.cutover_check import Changes
+    from replicator.checking import cutover_check
+    from replicator.checking.cutover_check import Changes
 
     changes = Changes()
     users = Namespace("shop", "users")
@@ -167,7 +167,7 @@ def test_a_raw_documents_key_is_cut_from_its_bytes_as_encoding_its_id_would_make
     from bson import Binary, Code, Decimal128, MaxKey, MinKey, ObjectId, Regex
     from bson.raw_bson import RawBSONDocument
 
-    from replicator.recheck import raw_key
+    from replicator.checking.recheck import raw_key
 
     values = [1, Int64(5), -0.0, "abc", "é", ObjectId(), True, None, datetime.datetime(2020, 1, 1)]
     values += [Decimal128("1.5"), Timestamp(1, 2), MinKey(), MaxKey(), {"a": [1, {}]}, Binary(b"xy", 4), [1, 2]]

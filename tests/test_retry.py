@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from pymongo.errors import AutoReconnect, DuplicateKeyError, NotPrimaryError, OperationFailure
 
-from replicator.retry import Backoff, Retrier, is_retryable, sleep_or_stop
+from replicator.source.retry import Backoff, Retrier, is_retryable, sleep_or_stop
 
 
 def test_classification() -> None:
@@ -71,8 +71,8 @@ async def test_retrier_stops_waiting_when_asked() -> None:
 
 
 def test_errors_are_told_apart_by_where_they_were_raised() -> None:
-    from replicator.retry import from_source
     from replicator.source.partitions import Partition
+    from replicator.source.retry import from_source
 
     try:
         Partition.from_json({})  # raised in replicator/source/: the source's side

@@ -94,8 +94,8 @@ async def test_a_shard_added_while_tailing_is_followed(
     import asyncio
 
     import replicator.job.phases as sync_module
-    from replicator.config import resolve
-    from replicator.progress import LogReporter
+    from replicator.observe.progress import LogReporter
+    from replicator.settings.config import resolve
     from replicator.source.shards import Shard
 
     listed = [Shard("shardA", source_uri, source_uri)]
@@ -162,9 +162,9 @@ async def test_a_shard_removed_while_mcdc_was_down_is_read_to_its_end(
 ) -> None:
     import asyncio
 
-    from replicator.config import resolve
-    from replicator.job import SyncJob
-    from replicator.progress import LogReporter
+    from replicator.job.phases import SyncJob
+    from replicator.observe.progress import LogReporter
+    from replicator.settings.config import resolve
     from replicator.source.shards import Shard
 
     listed = [Shard("shardA", source_uri, source_uri), Shard("shardB", second_shard, second_shard)]
@@ -206,11 +206,11 @@ async def test_a_shard_added_during_the_snapshot_is_followed_from_before_it(
     import asyncio
     from collections.abc import Iterable
 
-    from replicator.config import resolve
-    from replicator.job import SyncJob
-    from replicator.progress import LogReporter
+    from replicator.job.phases import SyncJob
+    from replicator.observe.progress import LogReporter
+    from replicator.observe.tally import CollectionProgress
+    from replicator.settings.config import resolve
     from replicator.source.shards import Shard
-    from replicator.tally import CollectionProgress
 
     listed = [Shard("shardA", source_uri, source_uri)]
     _as_mongos(monkeypatch, listed)

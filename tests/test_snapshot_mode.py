@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from replicator.snapshot_mode import Checkpointed, Start, decide, drops_target
+from replicator.snapshot.mode import Checkpointed, Start, decide, drops_target
 
 NONE = None
 RUNNING = Checkpointed("in_progress", True)

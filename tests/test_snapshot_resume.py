@@ -10,14 +10,14 @@ from typing import Any
 import pymongo
 import pytest
 
-from replicator.checkpoint import Checkpoint, SnapshotProgress
+from replicator.bsonkit.extjson import from_jsonable, to_jsonable
+from replicator.checkpoint.store import Checkpoint, SnapshotProgress
 from replicator.engines.asyncio.pipeline import CopyLimits, CopyResult, copy_partitions
 from replicator.events import ChangeEvent, Namespace
-from replicator.extjson import from_jsonable, to_jsonable
-from replicator.progress import LogReporter
+from replicator.observe.progress import LogReporter
 from replicator.sinks.memory import MemorySink
+from replicator.snapshot.watermark import SavePace, Watermark
 from replicator.source.partitions import ALL, Partition, Resume
-from replicator.watermark import SavePace, Watermark
 
 NS = Namespace("db", "c")
 

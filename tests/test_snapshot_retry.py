@@ -168,8 +168,8 @@ def test_each_resume_point_selects_exactly_the_rest_in_id_order(servers: ServerP
     from bson.codec_options import CodecOptions, DatetimeConversion
     from bson.raw_bson import RawBSONDocument
 
+    from replicator.bsonkit.extjson import from_jsonable, to_jsonable
     from replicator.events import Namespace
-    from replicator.extjson import from_jsonable, to_jsonable
     from replicator.source.partitions import ALL, Partition, Resume, bracket_of
     from tests.support.corpus import mixed_id_documents
 
@@ -205,10 +205,10 @@ def _job(
     source: str, target: str, cp: Path, sink_class: type[Any], stop: asyncio.Event | None = None, **flags: Any
 ) -> Any:
     """An in-process SyncJob and, for it, a ``sink_class`` (a MongoSink with failures injected)."""
-    from replicator.config import resolve
-    from replicator.filters import Scope
-    from replicator.job import SyncJob
-    from replicator.progress import LogReporter
+    from replicator.job.phases import SyncJob
+    from replicator.observe.progress import LogReporter
+    from replicator.settings.config import resolve
+    from replicator.settings.selection import Scope
 
     settings = resolve({"source": source, "target": target, "checkpoint": cp, "retry_initial_s": 0.01, **flags}, env={})
     sink = sink_class(settings.target, timeout_s=2, scope=Scope(settings.selection, settings.renamer))

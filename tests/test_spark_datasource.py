@@ -16,8 +16,8 @@ import pymongo
 import pytest
 from bson.raw_bson import RawBSONDocument
 
+from replicator.events.rows import NAMES, SCHEMA
 from replicator.spark import register
-from replicator.spark_datasource.rows import NAMES, SCHEMA
 from tests.support.compare import RAW
 from tests.support.corpus import load_corpus
 from tests.support.servers import Clients

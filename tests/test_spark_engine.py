@@ -17,10 +17,10 @@ from typing import Any
 import pymongo
 import pytest
 
-from replicator.config import resolve
 from replicator.engines.spark.snapshot import JOB_GROUP
-from replicator.job import SyncJob
-from replicator.progress import LogReporter
+from replicator.job.phases import SyncJob
+from replicator.observe.progress import LogReporter
+from replicator.settings.config import resolve
 from tests.support.compare import assert_identical
 from tests.support.corpus import load_bulk, load_corpus
 from tests.support.workload import two_shard_workload
@@ -168,8 +168,8 @@ async def test_a_time_series_task_retried_by_spark_keeps_each_measurement_once(
 async def test_verify_on_spark_reports_what_asyncio_reports(
     spark: Any, source_uri: str, target_uri: str, tmp_path: Path
 ) -> None:
+    from replicator.checking.verify import verify
     from replicator.engines.spark.verify import verify_on_spark
-    from replicator.verify import verify
 
     with pymongo.MongoClient(source_uri) as client:
         load_corpus(client, mixed_count=600)

@@ -18,15 +18,15 @@ from bson.int64 import Int64
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
+from replicator.bsonkit.extjson import dumps_str
 from replicator.errors import ConfigError
 from replicator.events import ChangeEvent, Namespace, Op
-from replicator.extjson import dumps_str
-from replicator.normalize import normalize_change
+from replicator.events.normalize import normalize_change
+from replicator.events.rows import COLUMNS, NAMES, bson_bytes, event_from_row, event_row, snapshot_row
 from replicator.source.connection import RAW_CODEC
 from replicator.spark_datasource import offsets
 from replicator.spark_datasource.offsets import ShardOffset
 from replicator.spark_datasource.options import START_POSITIONS, OptionError, one_line, settings_for
-from replicator.spark_datasource.rows import COLUMNS, NAMES, bson_bytes, event_from_row, event_row, snapshot_row
 from tests.support.corpus import bson_corpus_documents
 
 LSID = {"id": Binary(b"\x9a" * 16, 4)}

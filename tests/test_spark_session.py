@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import typer
 
-from replicator.config import resolve
 from replicator.engines.spark import session
 from replicator.errors import ConfigError, McdcError
+from replicator.settings.config import resolve
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ import pymongo
 import pytest
 from bson.timestamp import Timestamp
 
-from replicator.extjson import dumps_str
+from replicator.bsonkit.extjson import dumps_str
 from tests.support.stream_query import read_batches
 
 pytestmark = pytest.mark.integration

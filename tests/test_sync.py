@@ -12,10 +12,10 @@ from typing import Any
 import pymongo
 import pytest
 
-from replicator.config import resolve
-from replicator.job import SyncJob
-from replicator.progress import LogReporter
-from replicator.tally import CollectionProgress
+from replicator.job.phases import SyncJob
+from replicator.observe.progress import LogReporter
+from replicator.observe.tally import CollectionProgress
+from replicator.settings.config import resolve
 from tests.support.compare import assert_identical
 from tests.support.corpus import load_bulk, load_corpus
 from tests.support.servers import Clients
@@ -179,7 +179,7 @@ async def test_standalone_source_needs_snapshot_only(
 
 
 async def test_include_and_rename_then_verify(source_uri: str, target_uri: str, tmp_path: Path) -> None:
-    from replicator.verify import verify
+    from replicator.checking.verify import verify
 
     with pymongo.MongoClient(source_uri) as client:
         client.shop.orders.insert_many([{"_id": i} for i in range(50)])

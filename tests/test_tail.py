@@ -348,12 +348,12 @@ async def test_warns_when_the_checkpoint_nears_the_end_of_the_oplog(
     from bson.timestamp import Timestamp
 
     import replicator.engines.asyncio.streaming as streaming
-    from replicator.checkpoint import Checkpoint, CheckpointStore
-    from replicator.config import resolve
+    from replicator.checkpoint.store import Checkpoint, CheckpointStore
     from replicator.events import Position
-    from replicator.filters import Renamer, Selection, make_transform
-    from replicator.progress import LogReporter
-    from replicator.replay_stage import ReplayStage
+    from replicator.observe.progress import LogReporter
+    from replicator.replay.stage import ReplayStage
+    from replicator.settings.config import resolve
+    from replicator.settings.selection import Renamer, Selection, make_transform
     from replicator.sinks.memory import MemorySink
     from replicator.source.changestream import ChangeStreamReader, oplog_window
     from replicator.source.connection import make_client

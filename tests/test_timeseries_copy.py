@@ -22,12 +22,12 @@ import pytest
 from bson.raw_bson import RawBSONDocument
 from pymongo.errors import AutoReconnect, OperationFailure
 
-from replicator.config import resolve
 from replicator.engines.asyncio.pipeline import CopyLimits, copy_partitions
 from replicator.errors import SinkError
 from replicator.events import Namespace
-from replicator.filters import Scope, Selection
-from replicator.progress import LogReporter
+from replicator.observe.progress import LogReporter
+from replicator.settings.config import resolve
+from replicator.settings.selection import Scope, Selection
 from replicator.sinks.mongo import MongoSink
 from replicator.source.connection import ServerInfo
 from replicator.source.partitions import ALL, TIME, Partition, Resume, plan_timeseries, time_ranges

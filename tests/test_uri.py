@@ -8,7 +8,7 @@ import time
 import pytest
 
 from replicator.errors import ConfigError
-from replicator.uri import check_mongo_uri, host_set, is_mongo_uri, kafka_bootstrap, parse_mongo_uri, redact
+from replicator.settings.uri import check_mongo_uri, host_set, is_mongo_uri, kafka_bootstrap, parse_mongo_uri, redact
 
 # --- host_set ---
 

@@ -14,11 +14,18 @@ from bson.int64 import Int64
 from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
 
-from replicator import extjson
-from replicator.config import Settings, resolve
+from replicator.bsonkit import extjson
+from replicator.checking.verify import (
+    Difference,
+    DocumentDiff,
+    VerifyReport,
+    diff_documents,
+    schema_differences,
+    verify,
+)
 from replicator.events import CollectionSpec, Namespace
+from replicator.settings.config import Settings, resolve
 from replicator.source.connection import RAW_CODEC
-from replicator.verify import Difference, DocumentDiff, VerifyReport, diff_documents, schema_differences, verify
 
 
 def raw(doc: Any) -> RawBSONDocument:

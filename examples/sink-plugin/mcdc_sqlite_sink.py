@@ -28,10 +28,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from replicator.config import Settings
+from replicator.bsonkit.extjson import dumps_str
 from replicator.errors import ConfigError, SinkError, SinkUnavailable
 from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op
-from replicator.extjson import dumps_str
+from replicator.settings.config import Settings
 from replicator.sinks.base import Sink
 
 __all__ = ["SqliteSink"]

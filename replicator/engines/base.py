@@ -7,16 +7,16 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-from ..checkpoint import Checkpoint, CheckpointStore
-from ..config import Settings
-from ..metrics import Metrics
-from ..progress import Reporter
-from ..replay_stage import Apply, ReplayStage
-from ..sinks.base import Sink
-from ..source.topology import Reader, StreamTopology
-from ..summary import Summary
-from ..verify import RangeDiffer
-from .asyncio.pipeline import Copier
+from replicator.checking.verify import RangeDiffer
+from replicator.checkpoint.store import Checkpoint, CheckpointStore
+from replicator.engines.asyncio.pipeline import Copier
+from replicator.observe.metrics import Metrics
+from replicator.observe.progress import Reporter
+from replicator.observe.summary import Summary
+from replicator.replay.stage import Apply, ReplayStage
+from replicator.settings.config import Settings
+from replicator.sinks.base import Sink
+from replicator.source.topology import Reader, StreamTopology
 
 
 class Engine(Protocol):
@@ -53,9 +53,9 @@ def open_engine(
 ) -> Engine:
     """The engine ``--engine`` names (Spark's modules are imported only when it is asked for)."""
     if settings.engine == "spark":
-        from .spark.engine import SparkEngine
+        from replicator.engines.spark.engine import SparkEngine
 
         return SparkEngine(settings, store, reporter, stop=stop, metrics=metrics)
-    from .asyncio.engine import AsyncioEngine
+    from replicator.engines.asyncio.engine import AsyncioEngine
 
     return AsyncioEngine(settings, store, reporter, stop=stop, metrics=metrics)

@@ -11,25 +11,25 @@ from collections.abc import Sequence
 
 from pymongo.errors import PyMongoError
 
-from ..checkpoint import Checkpoint, CheckpointStore
-from ..config import Settings
-from ..engines.asyncio.pipeline import CopyLimits, CopyResult
-from ..engines.base import Engine
-from ..events import Namespace
-from ..extjson import from_jsonable, to_jsonable
-from ..fields import FieldRules
-from ..filters import rename_spec
-from ..metrics import Metrics
-from ..positions import snapshot_position
-from ..progress import Reporter
-from ..retry import Retrier
-from ..sinks.base import Sink
-from ..source import catalog
-from ..source.connection import Client
-from ..source.partitions import ALL, Partition, Resume
-from ..summary import Summary
-from ..tally import CollectionProgress
-from ..watermark import SavePace
+from replicator.bsonkit.extjson import from_jsonable, to_jsonable
+from replicator.checkpoint.store import Checkpoint, CheckpointStore
+from replicator.engines.asyncio.pipeline import CopyLimits, CopyResult
+from replicator.engines.base import Engine
+from replicator.events import Namespace
+from replicator.events.positions import snapshot_position
+from replicator.observe.metrics import Metrics
+from replicator.observe.progress import Reporter
+from replicator.observe.summary import Summary
+from replicator.observe.tally import CollectionProgress
+from replicator.settings.config import Settings
+from replicator.settings.fields import FieldRules
+from replicator.settings.selection import rename_spec
+from replicator.sinks.base import Sink
+from replicator.snapshot.watermark import SavePace
+from replicator.source import catalog
+from replicator.source.connection import Client
+from replicator.source.partitions import ALL, Partition, Resume
+from replicator.source.retry import Retrier
 
 
 class SnapshotCopy:

@@ -26,36 +26,36 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from ..checkpoint import Checkpoint, CheckpointStore, SnapshotProgress
-from ..config import Settings, parse_start_at
-from ..ddl_window import DdlWindow, Resync
-from ..engines.asyncio.pipeline import Transform
-from ..engines.base import open_engine
-from ..errors import ConfigError, HistoryLost, TopologyError
-from ..events import ChangeEvent, Op, Position
-from ..fields import FieldRules
-from ..filters import make_transform, rename_spec, renamed_into_selection
-from ..metrics import Metrics
-from ..preflight import refuse_same_server, source_name
-from ..progress import Reporter
-from ..recorded import Recorded, narrowed, widened
-from ..replay_stage import ReplayStage
-from ..resync import Copied, Resyncer
-from ..retry import Retrier, is_retryable
-from ..sinks.base import Sink
-from ..sinks.registry import open_sink
-from ..snapshot_mode import Checkpointed, Start, decide, drops_target
-from ..source import catalog
-from ..source.connection import Client, ServerInfo, make_client, probe
-from ..source.lookup import source_lookup
-from ..source.partitions import plan_specs
-from ..source.shards import MergedReader
-from ..source.topology import Reader, StreamTopology, capture, open_at
-from ..summary import Summary
-from ..tally import format_ts, listing, plural
-from ..uri import is_mongo_uri, redact
-from .copy import SnapshotCopy
-from .startup import check_recorded, check_selection, claim, reach
+from replicator.checkpoint.store import Checkpoint, CheckpointStore, SnapshotProgress
+from replicator.engines.asyncio.pipeline import Transform
+from replicator.engines.base import open_engine
+from replicator.errors import ConfigError, HistoryLost, TopologyError
+from replicator.events import ChangeEvent, Op, Position
+from replicator.job.copy import SnapshotCopy
+from replicator.job.preflight import refuse_same_server, source_name
+from replicator.job.startup import check_recorded, check_selection, claim, reach
+from replicator.observe.metrics import Metrics
+from replicator.observe.progress import Reporter
+from replicator.observe.summary import Summary
+from replicator.observe.tally import format_ts, listing, plural
+from replicator.replay.ddl_window import DdlWindow, Resync
+from replicator.replay.recorded import Recorded, narrowed, widened
+from replicator.replay.resync import Copied, Resyncer
+from replicator.replay.stage import ReplayStage
+from replicator.settings.config import Settings, parse_start_at
+from replicator.settings.fields import FieldRules
+from replicator.settings.selection import make_transform, rename_spec, renamed_into_selection
+from replicator.settings.uri import is_mongo_uri, redact
+from replicator.sinks.base import Sink
+from replicator.sinks.registry import open_sink
+from replicator.snapshot.mode import Checkpointed, Start, decide, drops_target
+from replicator.source import catalog
+from replicator.source.connection import Client, ServerInfo, make_client, probe
+from replicator.source.lookup import source_lookup
+from replicator.source.partitions import plan_specs
+from replicator.source.retry import Retrier, is_retryable
+from replicator.source.shards import MergedReader
+from replicator.source.topology import Reader, StreamTopology, capture, open_at
 
 T = TypeVar("T")
 
@@ -385,7 +385,7 @@ class SyncJob:
         if not (follow and self.s.verify):
             yield
             return
-        from ..verifier import RECHECK_CAPACITY, EmbeddedVerifier
+        from replicator.checking.verifier import RECHECK_CAPACITY, EmbeddedVerifier
 
         target = make_client(self.s.target, timeout_s=self.s.connect_timeout_s, io_timeout_s=self.s.io_timeout_s)
         differ, at_once = self.engine.differ(replace(self.s, verify_sample=RECHECK_CAPACITY))

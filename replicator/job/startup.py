@@ -6,21 +6,21 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from ..checkpoint import Checkpoint, CheckpointStore
-from ..config import Settings
-from ..errors import ConfigError, ServerUnavailable
-from ..fields import FieldRules
-from ..filters import check_collisions
-from ..preflight import source_name, target_identity
-from ..progress import Reporter
-from ..recorded import Recorded, refused_change
-from ..retry import Retrier, is_retryable
-from ..sinks.base import Sink
-from ..source import catalog
-from ..source.connection import Client, ServerInfo, deployment_identity
-from ..summary import Summary
-from ..tally import duration
-from ..uri import redact
+from replicator.checkpoint.store import Checkpoint, CheckpointStore
+from replicator.errors import ConfigError, ServerUnavailable
+from replicator.job.preflight import source_name, target_identity
+from replicator.observe.progress import Reporter
+from replicator.observe.summary import Summary
+from replicator.observe.tally import duration
+from replicator.replay.recorded import Recorded, refused_change
+from replicator.settings.config import Settings
+from replicator.settings.fields import FieldRules
+from replicator.settings.selection import check_collisions
+from replicator.settings.uri import redact
+from replicator.sinks.base import Sink
+from replicator.source import catalog
+from replicator.source.connection import Client, ServerInfo, deployment_identity
+from replicator.source.retry import Retrier, is_retryable
 
 T = TypeVar("T")
 

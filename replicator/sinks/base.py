@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from ..events import ChangeEvent, CollectionSpec, Namespace, Op, Position
+from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op, Position
 
 #: Reads documents by ``_id`` from the source as they are now, named and shaped as on the target:
 #: ``await lookup(target_namespace, ids)`` -> the documents that still exist.

@@ -34,14 +34,14 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..config import Settings
-from ..errors import ConfigError, SinkError, SinkUnavailable
-from ..events import ChangeEvent
-from ..uri import kafka_bootstrap, redact
-from .base import Sink
-from .envelope import Encoder, Message
-from .kafka_options import producer_config
-from .partitioner import partition
+from replicator.errors import ConfigError, SinkError, SinkUnavailable
+from replicator.events import ChangeEvent
+from replicator.settings.config import Settings
+from replicator.settings.uri import kafka_bootstrap, redact
+from replicator.sinks.base import Sink
+from replicator.sinks.envelope import Encoder, Message
+from replicator.sinks.kafka_options import producer_config
+from replicator.sinks.partitioner import partition
 
 log = logging.getLogger("mcdc.sinks.kafka")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..errors import ConfigError
+from replicator.errors import ConfigError
 
 #: Kafka property -> (aiokafka argument, type)
 _SIMPLE: dict[str, tuple[str, type]] = {

@@ -32,11 +32,11 @@ from pathlib import Path
 
 import orjson
 
-from ..config import Settings
-from ..errors import ConfigError, OutputClosed, SinkError, SinkUnavailable
-from ..events import ChangeEvent, CollectionSpec, Namespace
-from .base import Sink
-from .envelope import Encoder, Message
+from replicator.errors import ConfigError, OutputClosed, SinkError, SinkUnavailable
+from replicator.events import ChangeEvent, CollectionSpec, Namespace
+from replicator.settings.config import Settings
+from replicator.sinks.base import Sink
+from replicator.sinks.envelope import Encoder, Message
 
 log = logging.getLogger("mcdc.sinks.lines")
 

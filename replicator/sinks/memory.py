@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..events import ChangeEvent, CollectionSpec
-from .base import Sink
+from replicator.events import ChangeEvent, CollectionSpec
+from replicator.sinks.base import Sink
 
 
 class MemorySink(Sink):

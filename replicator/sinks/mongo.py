@@ -26,14 +26,12 @@ from pymongo import ReplaceOne
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.errors import BulkWriteError, OperationFailure
 
-from ..errors import SinkError, SinkUnavailable
-from ..events import ChangeEvent, CollectionSpec, Namespace, Op, Position
-from ..extjson import dumps_str
-from ..filters import Scope
-from ..retry import is_retryable
-from ..source.connection import ServerInfo, make_client, probe, server_message
-from .base import Sink, SourceLookup
-from .mongo_plan import (
+from replicator.bsonkit.extjson import dumps_str
+from replicator.errors import SinkError, SinkUnavailable
+from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op, Position
+from replicator.settings.selection import Scope
+from replicator.sinks.base import Sink, SourceLookup
+from replicator.sinks.mongo_plan import (
     DOLLAR_PREFIXED,
     DUPLICATE_KEY,
     STALE_DELTA_CODES,
@@ -46,8 +44,10 @@ from .mongo_plan import (
     plan,
     stale_delta,
 )
-from .mongo_schema import MongoSchema
-from .mongo_unique import settle
+from replicator.sinks.mongo_schema import MongoSchema
+from replicator.sinks.mongo_unique import settle
+from replicator.source.connection import ServerInfo, make_client, probe, server_message
+from replicator.source.retry import is_retryable
 
 log = logging.getLogger("mcdc.sink.mongo")
 

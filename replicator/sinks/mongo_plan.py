@@ -1,7 +1,7 @@
 """The MongoDB write plan: which idempotent writes replay which change events. Pure: no I/O.
 
 * :func:`write_ops` turns one document event into its writes (upserts by document key, deltas as
-  :func:`replicator.update_ops.update_steps` builds them, deletes); :func:`literal_ops` gives the same
+  :func:`replicator.events.update_ops.update_steps` builds them, deletes); :func:`literal_ops` gives the same
   writes in a form that carries ``$``-prefixed field names literally (an update pipeline), for the
   documents a plain replacement or ``$set`` is refused for.
 * :func:`coalesce` groups one namespace's events so that unrelated documents' writes go as a few
@@ -21,8 +21,8 @@ import bson
 from bson.raw_bson import RawBSONDocument
 from pymongo import DeleteOne, ReplaceOne, UpdateOne
 
-from ..events import ChangeEvent, Op, UpdateDescription
-from ..update_ops import update_steps
+from replicator.events import ChangeEvent, Op, UpdateDescription
+from replicator.events.update_ops import update_steps
 
 WriteOp = ReplaceOne[Any] | UpdateOne | DeleteOne
 #: a write and the event it replays (the event is needed to rewrite or resolve the write)

@@ -11,10 +11,10 @@ import bson
 from pymongo import AsyncMongoClient
 from pymongo.errors import OperationFailure
 
-from ..events import ChangeEvent, CollectionSpec, Namespace, Op
-from ..filters import Scope
-from ..source.catalog import clean_index, clean_options
-from ..source.connection import DICT_CODEC
+from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op
+from replicator.settings.selection import Scope
+from replicator.source.catalog import clean_index, clean_options
+from replicator.source.connection import DICT_CODEC
 
 log = logging.getLogger("mcdc.sink.mongo")
 

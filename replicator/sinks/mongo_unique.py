@@ -15,11 +15,11 @@ from typing import Any
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.errors import BulkWriteError
 
-from ..errors import SinkError
-from ..events import ChangeEvent, Namespace
-from ..source.connection import Client
-from .base import SourceLookup
-from .mongo_plan import DuplicateKey, duplicate_key, id_bytes
+from replicator.errors import SinkError
+from replicator.events import ChangeEvent, Namespace
+from replicator.sinks.base import SourceLookup
+from replicator.sinks.mongo_plan import DuplicateKey, duplicate_key, id_bytes
+from replicator.source.connection import Client
 
 log = logging.getLogger("mcdc.sink.mongo")
 

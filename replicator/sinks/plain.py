@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..events import ChangeEvent, Transaction
-from ..extjson import to_json_value
+from replicator.bsonkit.extjson import to_json_value
+from replicator.events import ChangeEvent, Transaction
 
 
 def plain_event(event: ChangeEvent, *, relaxed: bool, source_name: str) -> dict[str, Any]:

@@ -13,10 +13,10 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 from typing import Any
 
-from ..config import Settings
-from ..errors import ConfigError, quoted
-from ..uri import redact
-from .base import Sink
+from replicator.errors import ConfigError, quoted
+from replicator.settings.config import Settings
+from replicator.settings.uri import redact
+from replicator.sinks.base import Sink
 
 
 def scheme_of(uri: str) -> str:
@@ -31,25 +31,25 @@ def open_sink(settings: Settings) -> Sink:
     uri = settings.target
     scheme = scheme_of(uri)
     if scheme in ("mongodb", "mongodb+srv"):
-        from ..filters import Scope
-        from .mongo import MongoSink
+        from replicator.settings.selection import Scope
+        from replicator.sinks.mongo import MongoSink
 
         scope = Scope(settings.selection, settings.renamer)
         return MongoSink(uri, timeout_s=settings.connect_timeout_s, scope=scope, io_timeout_s=settings.io_timeout_s)
     if scheme == "memory":
-        from .memory import MemorySink
+        from replicator.sinks.memory import MemorySink
 
         return MemorySink()
     if scheme == "kafka":
-        from .kafka import KafkaSink
+        from replicator.sinks.kafka import KafkaSink
 
         return KafkaSink(uri, settings)
     if scheme in ("delta", "iceberg"):
-        from .lake.sink import LakeSink
+        from replicator.sinks.lake.sink import LakeSink
 
         return LakeSink(uri, settings)
     if scheme in ("stdout", "jsonl"):
-        from .lines import LineSink
+        from replicator.sinks.lines import LineSink
 
         return LineSink(uri, settings)
     for ep in entry_points(group="mcdc.sinks"):

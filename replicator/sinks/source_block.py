@@ -10,9 +10,9 @@ from typing import Any
 
 from bson.timestamp import Timestamp
 
-from .. import __version__
-from ..events import ChangeEvent, Namespace, Op
-from .plain import transaction_id
+from replicator import __version__
+from replicator.events import ChangeEvent, Namespace, Op
+from replicator.sinks.plain import transaction_id
 
 
 class SourceBlocks:

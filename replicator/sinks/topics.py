@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import re
 
-from ..events import Namespace
+from replicator.events import Namespace
 
 log = logging.getLogger("mcdc.sinks")
 

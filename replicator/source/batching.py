@@ -16,10 +16,10 @@ from typing import Any
 import bson
 from bson.timestamp import Timestamp
 
-from .. import rawbson
-from ..events import ChangeEvent, Position
-from ..normalize import from_top_level, normalize_change
-from ..positions import Numbering
+from replicator.bsonkit import rawbson
+from replicator.events import ChangeEvent, Position
+from replicator.events.normalize import from_top_level, normalize_change
+from replicator.events.positions import Numbering
 
 #: Set by the server-side stage that trims an event over 16 MB (--oversize skip without split support).
 OVERSIZE_FLAG = "mcdcOversize"

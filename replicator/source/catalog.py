@@ -9,10 +9,10 @@ from typing import Any
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
-from ..errors import quoted
-from ..events import CollectionSpec, Namespace
-from ..filters import Selection
-from .connection import DICT_CODEC
+from replicator.errors import quoted
+from replicator.events import CollectionSpec, Namespace
+from replicator.settings.selection import Selection
+from replicator.source.connection import DICT_CODEC
 
 #: listIndexes fields the server assigns; everything else is the index's definition.
 _SERVER_INDEX_FIELDS = ("v", "ns")

@@ -18,14 +18,16 @@ from bson.timestamp import Timestamp
 from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.errors import OperationFailure, PyMongoError
 
-from ..aio import get_or_raise, pump, stop_pumps
-from ..errors import HistoryLost, OversizeEvent
-from ..events import Position
-from ..positions import Numbering
-from .batching import OVERSIZE_FLAG, BatchAssembler, Fragments, merge_fragments, plain_token
-from .batching import Batch as Batch  # re-exported, with token_timestamp: the reader's callers import them here
-from .batching import token_timestamp as token_timestamp
-from .connection import DICT_CODEC, Client
+from replicator.errors import HistoryLost, OversizeEvent
+from replicator.events import Position
+from replicator.events.positions import Numbering
+from replicator.source.batching import OVERSIZE_FLAG, BatchAssembler, Fragments, merge_fragments, plain_token
+from replicator.source.batching import (
+    Batch as Batch,  # re-exported, with token_timestamp: the reader's callers import them here
+)
+from replicator.source.batching import token_timestamp as token_timestamp
+from replicator.source.connection import DICT_CODEC, Client
+from replicator.source.pump import get_or_raise, pump, stop_pumps
 
 #: Server codes meaning "that resume point is gone from the oplog".
 HISTORY_LOST_CODES = frozenset({136, 280, 286})

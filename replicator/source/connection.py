@@ -12,10 +12,10 @@ from bson.raw_bson import RawBSONDocument
 from pymongo import AsyncMongoClient, uri_parser
 from pymongo.errors import ConfigurationError, OperationFailure, PyMongoError
 
-from ..errors import ConfigError, ConnectionFailed, ServerUnavailable, quoted
-from ..rawbson import DICT_CODEC as DICT_CODEC  # re-exported: the source's codecs
-from ..rawbson import RAW_CODEC as RAW_CODEC
-from ..uri import host_set, redact
+from replicator.bsonkit.rawbson import DICT_CODEC as DICT_CODEC  # re-exported: the source's codecs
+from replicator.bsonkit.rawbson import RAW_CODEC as RAW_CODEC
+from replicator.errors import ConfigError, ConnectionFailed, ServerUnavailable, quoted
+from replicator.settings.uri import host_set, redact
 
 Client = AsyncMongoClient[RawBSONDocument]
 

@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..events import ChangeEvent, Namespace, Op
-from .connection import DICT_CODEC, Client
+from replicator.events import ChangeEvent, Namespace, Op
+from replicator.source.connection import DICT_CODEC, Client
 
 #: The UUID of each namespace now, None where it does not exist.
 Uuids = Mapping[Namespace, bytes | None]

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..config import Settings
-from ..events import Namespace
-from ..fields import FieldRules
-from ..filters import Scope, make_transform
-from ..normalize import snapshot_read
-from ..sinks.base import SourceLookup
-from .connection import Client
+from replicator.events import Namespace
+from replicator.events.normalize import snapshot_read
+from replicator.settings.config import Settings
+from replicator.settings.fields import FieldRules
+from replicator.settings.selection import Scope, make_transform
+from replicator.sinks.base import SourceLookup
+from replicator.source.connection import Client
 
 
 def source_lookup(client: Client, settings: Settings) -> SourceLookup:

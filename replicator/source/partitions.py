@@ -32,8 +32,8 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.mongo_client import AsyncMongoClient
 from pymongo.errors import OperationFailure
 
-from ..events import CollectionSpec, Namespace
-from ..extjson import from_jsonable, to_jsonable
+from replicator.bsonkit.extjson import from_jsonable, to_jsonable
+from replicator.events import CollectionSpec, Namespace
 
 #: bracket name -> the $type aliases it covers, in BSON order.
 BRACKETS: dict[str, tuple[str, ...]] = {

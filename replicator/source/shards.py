@@ -18,11 +18,11 @@ from urllib.parse import quote
 
 from bson.timestamp import Timestamp
 
-from ..aio import DONE, get_or_raise, pump, stop_pumps
-from ..events import ChangeEvent, Position
-from ..uri import redact
-from .changestream import Batch, ChangeStreamReader
-from .connection import DICT_CODEC, Client
+from replicator.events import ChangeEvent, Position
+from replicator.settings.uri import redact
+from replicator.source.changestream import Batch, ChangeStreamReader
+from replicator.source.connection import DICT_CODEC, Client
+from replicator.source.pump import DONE, get_or_raise, pump, stop_pumps
 
 
 @dataclass(frozen=True)
@@ -219,7 +219,7 @@ class _ShardState:
 
         Not on the strength of an event of this shard at ``when`` itself: a batch may end between two of
         this shard's events at one cluster time, and the rest comes first in the stream's order (by shard
-        name, then place: replicator.positions)."""
+        name, then place: replicator.events.positions)."""
         if self.finished or self.buffer:
             return True  # a buffered head is not earlier (the released event is the smallest head)
         if self.seen_to is not None and self.seen_to > when:
@@ -234,8 +234,8 @@ def _time(event: ChangeEvent) -> Timestamp:
 
 async def explicit_shards(uris: Sequence[str], timeout_s: float) -> list[Shard]:
     """--shard replica set URIs as shards, each named by its replica set and hosts (the checkpoint's key)."""
-    from ..uri import host_set
-    from .connection import make_client, probe
+    from replicator.settings.uri import host_set
+    from replicator.source.connection import make_client, probe
 
     named = []
     for uri in uris:

@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator
 
 from bson.raw_bson import RawBSONDocument
 
-from ..rawbson import raw_of
-from .connection import Client
-from .partitions import Partition, Resume
+from replicator.bsonkit.rawbson import raw_of
+from replicator.source.connection import Client
+from replicator.source.partitions import Partition, Resume
 
 
 async def read_partition(

@@ -17,15 +17,15 @@ from dataclasses import dataclass, field
 from bson.timestamp import Timestamp
 from pymongo.errors import PyMongoError
 
-from ..checkpoint import Checkpoint
-from ..config import Settings
-from ..errors import McdcError
-from ..events import Position
-from ..progress import Reporter
-from ..retry import sleep_or_stop
-from .changestream import ChangeStreamReader, current_time
-from .connection import Client, ServerInfo, make_client, probe, server_message
-from .shards import MergedReader, Shard, discover, explicit_shards, shard_uri
+from replicator.checkpoint.store import Checkpoint
+from replicator.errors import McdcError
+from replicator.events import Position
+from replicator.observe.progress import Reporter
+from replicator.settings.config import Settings
+from replicator.source.changestream import ChangeStreamReader, current_time
+from replicator.source.connection import Client, ServerInfo, make_client, probe, server_message
+from replicator.source.retry import sleep_or_stop
+from replicator.source.shards import MergedReader, Shard, discover, explicit_shards, shard_uri
 
 Reader = ChangeStreamReader | MergedReader
 

@@ -4,9 +4,9 @@ source of Spark's Auto CDC (SCD type 1 and 2 tables)."""
 
 from __future__ import annotations
 
-from ..spark_datasource import SCHEMA, MongoChanges, event_from_row, register
-from ..spark_datasource import rows as rows
-from .auto_cdc import auto_cdc_source, tolerate_observed_metrics
+from replicator.events import rows
+from replicator.spark.auto_cdc import auto_cdc_source, tolerate_observed_metrics
+from replicator.spark_datasource import SCHEMA, MongoChanges, event_from_row, register
 
 __all__ = [
     "SCHEMA",

@@ -18,8 +18,8 @@ try:
 except ImportError:
     raise ImportError("the mcdc Spark data source needs PySpark: pip install 'mcdc[spark]'") from None
 
-from .datasource import MongoChanges
-from .rows import SCHEMA, event_from_row
+from replicator.events.rows import SCHEMA, event_from_row
+from replicator.spark_datasource.datasource import MongoChanges
 
 __all__ = ["SCHEMA", "MongoChanges", "event_from_row", "register"]
 
@@ -27,7 +27,7 @@ __all__ = ["SCHEMA", "MongoChanges", "event_from_row", "register"]
 def register(spark: Any) -> None:
     """Make ``format("mcdc")`` available in ``spark``'s session (on Spark Connect, a pipeline's run then
     ends cleanly too: :func:`replicator.spark.auto_cdc.tolerate_observed_metrics`)."""
-    from ..spark.auto_cdc import tolerate_observed_metrics
+    from replicator.spark.auto_cdc import tolerate_observed_metrics
 
     spark.dataSource.register(MongoChanges)
     tolerate_observed_metrics(spark)

@@ -17,9 +17,9 @@ from bson.raw_bson import RawBSONDocument
 from pymongo.change_stream import ChangeStream
 from pymongo.errors import OperationFailure
 
-from ..config import Settings
-from ..events import Position
-from ..source.changestream import (
+from replicator.events import Position
+from replicator.settings.config import Settings
+from replicator.source.changestream import (
     _OVERSIZE_FLAG,
     _TOO_LARGE_CODES,
     OversizePlan,
@@ -28,7 +28,7 @@ from ..source.changestream import (
     after_refusal,
     reopen_options,
 )
-from ..source.connection import client_options, read_timeout
+from replicator.source.connection import client_options, read_timeout
 
 log = logging.getLogger("mcdc.spark")
 

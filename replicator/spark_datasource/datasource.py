@@ -7,11 +7,11 @@ from collections.abc import MutableMapping
 
 from pyspark.sql.datasource import DataSource
 
-from .options import one_line, settings_for
-from .rows import SCHEMA
-from .snapshot import SnapshotReader
-from .stream import ChangeStreamReader
-from .writer import TargetStreamWriter, TargetWriter, check_mode
+from replicator.events.rows import SCHEMA
+from replicator.spark_datasource.options import one_line, settings_for
+from replicator.spark_datasource.snapshot import SnapshotReader
+from replicator.spark_datasource.stream import ChangeStreamReader
+from replicator.spark_datasource.writer import TargetStreamWriter, TargetWriter, check_mode
 
 
 class MongoChanges(DataSource):

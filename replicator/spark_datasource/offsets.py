@@ -8,7 +8,7 @@ An offset is the JSON dict Spark keeps in the query's checkpointLocation::
 
 A shard's entry is where its stream goes on: after ``token`` when there is one (the last event read, or
 the stream's post-batch token), else at the cluster time ``t,i`` (startAtOperationTime). ``n`` is the
-index of the event at ``token`` among its stream's events at ``t,i`` (replicator.positions), so the events
+index of the event at ``token`` among its stream's events at ``t,i`` (replicator.events.positions), so the events
 after it are numbered as before. ``"idle": true`` marks an entry that moved to a post-batch token with no
 event in between: its range holds nothing to read, but the position is worth keeping (an idle stream's
 checkpoint must not fall off the oplog).
@@ -28,9 +28,9 @@ from typing import Any
 from bson import json_util
 from bson.timestamp import Timestamp
 
-from ..errors import ConfigError, quoted
-from ..events import Position
-from ..extjson import CANONICAL, dumps_str
+from replicator.bsonkit.extjson import CANONICAL, dumps_str
+from replicator.errors import ConfigError, quoted
+from replicator.events import Position
 
 REPLICA_SET = ""  # the one stream of a replica set, under this name
 

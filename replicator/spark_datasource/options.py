@@ -7,8 +7,8 @@ import contextlib
 import os
 from collections.abc import Iterator, Mapping
 
-from ..config import Settings, settings_from_strings
-from ..errors import ConfigError
+from replicator.errors import ConfigError
+from replicator.settings.config import Settings, settings_from_strings
 
 #: Options Spark itself hands to every data source, not ours to check.
 SPARK_OWN = frozenset({"path", "checkpointlocation"})

@@ -17,16 +17,16 @@ from typing import Any
 from bson.timestamp import Timestamp
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from ..config import Settings
-from ..errors import ConfigError
-from ..positions import snapshot_position
-from ..source import catalog
-from ..source.changestream import current_time
-from ..source.connection import make_client
-from ..source.partitions import Partition, plan_specs
-from .changes import sync_client
-from .options import settings_for
-from .rows import Row, snapshot_row
+from replicator.errors import ConfigError
+from replicator.events.positions import snapshot_position
+from replicator.events.rows import Row, snapshot_row
+from replicator.settings.config import Settings
+from replicator.source import catalog
+from replicator.source.changestream import current_time
+from replicator.source.connection import make_client
+from replicator.source.partitions import Partition, plan_specs
+from replicator.spark_datasource.changes import sync_client
+from replicator.spark_datasource.options import settings_for
 
 #: The ``snapshot`` option's values that emit a snapshot before the stream (the CLI's vocabulary: a query is
 #: new when its checkpointLocation is, so initial, always and when_needed all mean "snapshot first").

@@ -29,24 +29,31 @@ from bson.timestamp import Timestamp
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from ..config import Settings, parse_start_at
-from ..errors import ConfigError
-from ..extjson import dumps_str
-from ..filters import keep_event
-from ..normalize import normalize_change
-from ..positions import Numbering
-from ..source.changestream import operation_time, token_timestamp
-from ..source.connection import make_client, probe
-from ..source.shards import discover, explicit_shards
-from ..tally import format_ts
-from ..uri import redact
-from . import offsets
-from .changes import RawChangeStream, SyncClient, log_skipped, skipped, sync_client, transaction_of
-from .offsets import REPLICA_SET, ShardOffset, SnapshotOffset
-from .options import START_POSITIONS, settings_for
-from .rows import Row, bson_bytes, event_row
-from .snapshot import Range, plan_snapshot, read_next, snapshot_first
-from .snapshot import read_range as read_snapshot_range
+from replicator.bsonkit.extjson import dumps_str
+from replicator.errors import ConfigError
+from replicator.events.normalize import normalize_change
+from replicator.events.positions import Numbering
+from replicator.events.rows import Row, bson_bytes, event_row
+from replicator.observe.tally import format_ts
+from replicator.settings.config import Settings, parse_start_at
+from replicator.settings.selection import keep_event
+from replicator.settings.uri import redact
+from replicator.source.changestream import operation_time, token_timestamp
+from replicator.source.connection import make_client, probe
+from replicator.source.shards import discover, explicit_shards
+from replicator.spark_datasource import offsets
+from replicator.spark_datasource.changes import (
+    RawChangeStream,
+    SyncClient,
+    log_skipped,
+    skipped,
+    sync_client,
+    transaction_of,
+)
+from replicator.spark_datasource.offsets import REPLICA_SET, ShardOffset, SnapshotOffset
+from replicator.spark_datasource.options import START_POSITIONS, settings_for
+from replicator.spark_datasource.snapshot import Range, plan_snapshot, read_next, snapshot_first
+from replicator.spark_datasource.snapshot import read_range as read_snapshot_range
 
 log = logging.getLogger("mcdc.spark")
 

@@ -16,14 +16,14 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 
-from ..config import Settings
-from ..errors import ConfigError
-from ..events import ChangeEvent
-from ..fields import FieldRules
-from ..filters import make_transform
-from ..sinks.registry import open_sink
-from .options import settings_for
-from .rows import event_from_row
+from replicator.errors import ConfigError
+from replicator.events import ChangeEvent
+from replicator.events.rows import event_from_row
+from replicator.settings.config import Settings
+from replicator.settings.fields import FieldRules
+from replicator.settings.selection import make_transform
+from replicator.sinks.registry import open_sink
+from replicator.spark_datasource.options import settings_for
 
 log = logging.getLogger("mcdc.spark")
 

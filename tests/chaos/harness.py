@@ -505,7 +505,7 @@ def _quirk(line: str) -> bool:
 
 def _first_position(versions: list[bytes]) -> dict[str, Any] | None:
     """Where the first saved checkpoint has the stream begin: ``watch()``'s options to read from there."""
-    from replicator.extjson import from_jsonable
+    from replicator.bsonkit.extjson import from_jsonable
 
     if not versions:
         return None
@@ -521,7 +521,7 @@ def _document_events(source: str, since: dict[str, Any]) -> dict[tuple[str, str]
     resume tokens (canonical Extended JSON, as change rows keep them) in stream order."""
     import pymongo
 
-    from replicator.extjson import dumps_str
+    from replicator.bsonkit.extjson import dumps_str
 
     out: dict[tuple[str, str], list[str]] = {}
     with pymongo.MongoClient(source) as client, client.watch(**since) as stream:

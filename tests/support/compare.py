@@ -1,6 +1,6 @@
 """An independent, byte-exact picture of a server's user data, for asserting two servers are identical.
 
-Deliberately does not use replicator.verify: the tests check mcdc with code that shares nothing with it.
+Deliberately does not use replicator.checking.verify: the tests check mcdc with code that shares nothing with it.
 """
 
 from __future__ import annotations

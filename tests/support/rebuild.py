@@ -15,7 +15,7 @@ import pymongo
 from bson import json_util
 from bson.codec_options import CodecOptions, DatetimeConversion
 
-from replicator.extjson import CANONICAL
+from replicator.bsonkit.extjson import CANONICAL
 from tests.support.kafka import Record, consume_all, list_topics
 
 Docs = dict[str, str]  # canonical extended JSON of _id -> canonical extended JSON of the document

@@ -18,7 +18,7 @@ from typing import Any
 import pymongo
 from pymongo.errors import PyMongoError
 
-from replicator.devserver import EXECUTABLE, find_executable, server_argv
+from replicator.job.devserver import EXECUTABLE, find_executable, server_argv
 from tests.support.process import ManagedProcess
 
 SOURCE_URI_ENV = "MCDC_TEST_SOURCE_URI"

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import asyncio
 
-from ...checkpoint import Checkpoint, CheckpointStore
-from ...config import Settings
-from ...metrics import Metrics
-from ...progress import Reporter
-from ...replay_stage import Apply, ReplayStage
-from ...sinks.base import Sink
-from ...source.shards import MergedReader
-from ...source.topology import Reader, StreamTopology
-from ...summary import Summary
-from ...verify import RangeDiffer
-from .pipeline import Copier, copy_partitions
-from .streaming import StreamApplier
+from replicator.checking.verify import RangeDiffer
+from replicator.checkpoint.store import Checkpoint, CheckpointStore
+from replicator.engines.asyncio.pipeline import Copier, copy_partitions
+from replicator.engines.asyncio.streaming import StreamApplier
+from replicator.observe.metrics import Metrics
+from replicator.observe.progress import Reporter
+from replicator.observe.summary import Summary
+from replicator.replay.stage import Apply, ReplayStage
+from replicator.settings.config import Settings
+from replicator.sinks.base import Sink
+from replicator.source.shards import MergedReader
+from replicator.source.topology import Reader, StreamTopology
 
 
 class AsyncioEngine:

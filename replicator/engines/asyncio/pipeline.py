@@ -22,20 +22,20 @@ from typing import Any, Protocol, TypeVar, cast
 
 from bson.timestamp import Timestamp
 
-from ...aio import DONE, get_or_raise, pump, stop_pumps
-from ...checkpoint import advance
-from ...events import ChangeEvent, Namespace, Position
-from ...fields import FieldEditor, FieldRules
-from ...progress import Reporter, lag_seconds
-from ...replay_stage import ReplayStage
-from ...replay_stage import Transform as Transform  # re-exported: the engines' stage type
-from ...sinks.base import Sink
-from ...source.batching import joined
-from ...source.changestream import Batch
-from ...source.connection import Client
-from ...source.partitions import Partition, Resume
-from ...source.snapshot import read_partition
-from ...watermark import Watermark
+from replicator.checkpoint.store import advance
+from replicator.events import ChangeEvent, Namespace, Position
+from replicator.observe.progress import Reporter, lag_seconds
+from replicator.replay.stage import ReplayStage
+from replicator.replay.stage import Transform as Transform  # re-exported: the engines' stage type
+from replicator.settings.fields import FieldEditor, FieldRules
+from replicator.sinks.base import Sink
+from replicator.snapshot.watermark import Watermark
+from replicator.source.batching import joined
+from replicator.source.changestream import Batch
+from replicator.source.connection import Client
+from replicator.source.partitions import Partition, Resume
+from replicator.source.pump import DONE, get_or_raise, pump, stop_pumps
+from replicator.source.snapshot import read_partition
 
 T = TypeVar("T")
 
@@ -88,7 +88,7 @@ async def copy_partitions(
     point)`` runs each time a resumable partition's acknowledged prefix of batches grows. ``fields``: the
     field rules documents go through (the stream's events go through the same, in the transform stage).
     ``on_start(partition)``: see :func:`begin`. ``at``: the position of the documents read
-    (:func:`replicator.positions.snapshot_position` of the source's time before the copy began)."""
+    (:func:`replicator.events.positions.snapshot_position` of the source's time before the copy began)."""
     todo: asyncio.Queue[Partition] = asyncio.Queue()
     for part in sorted(partitions, key=lambda p: -p.estimated_docs):  # biggest first: shorter tail
         todo.put_nowait(part)

@@ -17,17 +17,17 @@ from collections.abc import Sequence
 
 from bson.timestamp import Timestamp
 
-from ...checkpoint import Checkpoint, CheckpointStore
-from ...config import Settings
-from ...events import ChangeEvent
-from ...metrics import Metrics
-from ...progress import Reporter
-from ...replay_stage import ReplayStage
-from ...retry import Retrier, is_retryable
-from ...source.changestream import Batch, ChangeStreamReader, current_time, oplog_window
-from ...source.shards import MergedReader
-from ...tally import duration
-from .pipeline import ReplayResult, Throttle, replay
+from replicator.checkpoint.store import Checkpoint, CheckpointStore
+from replicator.engines.asyncio.pipeline import ReplayResult, Throttle, replay
+from replicator.events import ChangeEvent
+from replicator.observe.metrics import Metrics
+from replicator.observe.progress import Reporter
+from replicator.observe.tally import duration
+from replicator.replay.stage import ReplayStage
+from replicator.settings.config import Settings
+from replicator.source.changestream import Batch, ChangeStreamReader, current_time, oplog_window
+from replicator.source.retry import Retrier, is_retryable
+from replicator.source.shards import MergedReader
 
 log = logging.getLogger("mcdc.stream")
 

@@ -10,12 +10,12 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from ...config import Settings
-from ...events import ChangeEvent
-from ...sinks.base import Sink
-from . import tasks
-from .failures import failing_in_one_line
-from .spread import runs, spread
+from replicator.engines.spark import tasks
+from replicator.engines.spark.failures import failing_in_one_line
+from replicator.engines.spark.spread import runs, spread
+from replicator.events import ChangeEvent
+from replicator.settings.config import Settings
+from replicator.sinks.base import Sink
 
 #: The Spark job group of the replay's jobs (cancelled together when the run is).
 JOB_GROUP = "mcdc-replay"

@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ...config import Settings
-from ...replay_stage import Apply
-from ...sinks.base import Sink
-from ...verify import RangeDiffer
-from ..asyncio.engine import AsyncioEngine
+from replicator.checking.verify import RangeDiffer
+from replicator.engines.asyncio.engine import AsyncioEngine
+from replicator.replay.stage import Apply
+from replicator.settings.config import Settings
+from replicator.sinks.base import Sink
 
 
 class SparkEngine(AsyncioEngine):
@@ -22,8 +22,8 @@ class SparkEngine(AsyncioEngine):
     _before: Any = None  # the session that ran before this job (spark-submit's): not stopped
 
     async def start(self) -> None:
-        from .session import existing, session
-        from .snapshot import SparkCopier
+        from replicator.engines.spark.session import existing, session
+        from replicator.engines.spark.snapshot import SparkCopier
 
         self._before = existing()
         if self._before is None:
@@ -41,18 +41,18 @@ class SparkEngine(AsyncioEngine):
 
     def apply_with(self, sink: Sink) -> Apply:
         """Each batch spread over Spark tasks that write from the executors (see :mod:`.apply`)."""
-        from .apply import SparkApply
+        from replicator.engines.spark.apply import SparkApply
 
         return SparkApply(self.s, self.spark, sink, partitions=self.partitions())
 
     def differ(self, settings: Settings) -> tuple[RangeDiffer | None, int]:
         """The ranges hashed as Spark tasks, a few at once."""
-        from .verify import SparkDiffer
+        from replicator.engines.spark.verify import SparkDiffer
 
         return SparkDiffer(settings, self.spark), int(self.spark.sparkContext.defaultParallelism)
 
     async def close(self) -> None:
         if self.spark is not None:
-            from .session import stop_owned
+            from replicator.engines.spark.session import stop_owned
 
             await asyncio.to_thread(stop_owned, self.spark, self._before)

@@ -10,8 +10,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from ...errors import McdcError
-from ...uri import redact
+from replicator.errors import McdcError
+from replicator.settings.uri import redact
 
 log = logging.getLogger("mcdc.spark")
 

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ...config import Settings
-from ...errors import ConfigError
+from replicator.errors import ConfigError
+from replicator.settings.config import Settings
 
 log = logging.getLogger("mcdc.spark")
 

@@ -18,16 +18,16 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from ...config import Settings
-from ...events import Namespace, Position
-from ...fields import FieldRules
-from ...progress import Reporter
-from ...sinks.base import Sink
-from ...source.connection import Client
-from ...source.partitions import Partition, Resume
-from ..asyncio.pipeline import CopyLimits, CopyResult, begin
-from . import tasks
-from .failures import failing_in_one_line
+from replicator.engines.asyncio.pipeline import CopyLimits, CopyResult, begin
+from replicator.engines.spark import tasks
+from replicator.engines.spark.failures import failing_in_one_line
+from replicator.events import Namespace, Position
+from replicator.observe.progress import Reporter
+from replicator.settings.config import Settings
+from replicator.settings.fields import FieldRules
+from replicator.sinks.base import Sink
+from replicator.source.connection import Client
+from replicator.source.partitions import Partition, Resume
 
 #: The Spark job group of the snapshot's jobs (cancelled together when the run is).
 JOB_GROUP = "mcdc-snapshot"

@@ -19,7 +19,7 @@ from typing import Literal
 
 import bson
 
-from ...events import ChangeEvent
+from replicator.events import ChangeEvent
 
 #: what keeps events together: one document (namespace and _id), or one namespace
 By = Literal["document", "namespace"]

@@ -10,18 +10,18 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ...config import Settings
-from ...errors import McdcError, ServerUnavailable, SinkUnavailable
-from ...events import ChangeEvent, Namespace, Position
-from ...fields import FieldRules
-from ...sinks.registry import open_sink
-from ...source.connection import make_client
-from ...source.lookup import source_lookup
-from ...source.partitions import Partition, Resume
-from ...tally import CollectionProgress
-from ...uri import redact
-from ...verify import DocumentDiff, diff_partition
-from ..asyncio.pipeline import CopyLimits, copy_partitions
+from replicator.checking.verify import DocumentDiff, diff_partition
+from replicator.engines.asyncio.pipeline import CopyLimits, copy_partitions
+from replicator.errors import McdcError, ServerUnavailable, SinkUnavailable
+from replicator.events import ChangeEvent, Namespace, Position
+from replicator.observe.tally import CollectionProgress
+from replicator.settings.config import Settings
+from replicator.settings.fields import FieldRules
+from replicator.settings.uri import redact
+from replicator.sinks.registry import open_sink
+from replicator.source.connection import make_client
+from replicator.source.lookup import source_lookup
+from replicator.source.partitions import Partition, Resume
 
 
 class QuietReporter:

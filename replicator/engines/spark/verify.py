@@ -1,5 +1,5 @@
 """``mcdc verify --engine spark``: each namespace's ranges hashed and compared as Spark tasks (one job
-per namespace, one task per range); the report and exit codes are :mod:`replicator.verify`'s."""
+per namespace, one task per range); the report and exit codes are :mod:`replicator.checking.verify`'s."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from ... import verify as verifying
-from ...config import Settings
-from ...events import Namespace
-from ...source.partitions import Partition
-from ...verify import DocumentDiff, VerifyReport
-from . import tasks
-from .failures import failing_in_one_line
-from .session import existing, session, stop_owned
+from replicator.checking import verify as verifying
+from replicator.checking.verify import DocumentDiff, VerifyReport
+from replicator.engines.spark import tasks
+from replicator.engines.spark.failures import failing_in_one_line
+from replicator.engines.spark.session import existing, session, stop_owned
+from replicator.events import Namespace
+from replicator.settings.config import Settings
+from replicator.source.partitions import Partition
 
 
 class SparkDiffer:

@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ...errors import ConfigError
-from ...positions import Mark
-from .tables import SCHEMAS, TableRef
+from replicator.errors import ConfigError
+from replicator.events.positions import Mark
+from replicator.sinks.lake.tables import SCHEMAS, TableRef
 
 #: a filter of rows: (column, the values it may hold)
 Where = tuple[str, list[str]]

@@ -1,6 +1,6 @@
 """Delta Lake tables through delta-rs (``deltalake``): ``--target delta:PATH``.
 
-The mark of how far a table got (:class:`~replicator.positions.Mark`) is kept as Delta application
+The mark of how far a table got (:class:`~replicator.events.positions.Mark`) is kept as Delta application
 transactions (``txn`` actions), committed atomically with the data, two per stream: app id ``mcdc`` holds the
 cluster time (``t << 32 | i``) and ``mcdc.index`` the event's index at it (``mcdc@SHARD``, ``mcdc.index@SHARD``
 for a shard's stream). A table written before the index was kept has only ``mcdc``: it covers every event at
@@ -23,12 +23,12 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import DeltaError, DeltaProtocolError, SchemaMismatchError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
-from ...errors import ConfigError
-from ...events import Namespace
-from ...positions import WHOLE_TIME, Mark, Stamp
-from ...uri import redact
-from .backend import APP_ID, Format, Where, check_schema, conform, deleted
-from .tables import SCHEMAS, TableRef
+from replicator.errors import ConfigError
+from replicator.events import Namespace
+from replicator.events.positions import WHOLE_TIME, Mark, Stamp
+from replicator.settings.uri import redact
+from replicator.sinks.lake.backend import APP_ID, Format, Where, check_schema, conform, deleted
+from replicator.sinks.lake.tables import SCHEMAS, TableRef
 
 
 def _merge_if_typed(ref: TableRef, rows: pa.Table) -> Literal["merge"] | None:

@@ -15,11 +15,11 @@ from typing import Any
 
 import bson
 
-from ...events import ChangeEvent, Op, UpdateDescription
-from ...extjson import dumps_str
-from ...rawbson import DICT_CODEC, RAW_CODEC
-from ...spark_datasource.rows import bson_bytes
-from .tables import cluster_time_of, id_json
+from replicator.bsonkit.extjson import dumps_str
+from replicator.bsonkit.rawbson import DICT_CODEC, RAW_CODEC
+from replicator.events import ChangeEvent, Op, UpdateDescription
+from replicator.events.rows import bson_bytes
+from replicator.sinks.lake.tables import cluster_time_of, id_json
 
 #: the ops that set a whole document
 _SETS = frozenset({Op.INSERT, Op.REPLACE, Op.READ})

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ...errors import ConfigError
-from .backend import Backend
+from replicator.errors import ConfigError
+from replicator.sinks.lake.backend import Backend
 
 
 def open_backend(uri: str, options: Iterable[str]) -> Backend:
@@ -18,10 +18,10 @@ def open_backend(uri: str, options: Iterable[str]) -> Backend:
     pairs = lake_options(options)
     try:
         if scheme == "delta":
-            from .delta import DeltaBackend
+            from replicator.sinks.lake.delta import DeltaBackend
 
             return DeltaBackend(path, pairs)
-        from .iceberg import IcebergBackend
+        from replicator.sinks.lake.iceberg import IcebergBackend
 
         return IcebergBackend(path, pairs)
     except ImportError as exc:

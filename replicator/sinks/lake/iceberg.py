@@ -3,7 +3,7 @@
 By default a SQLite catalog at ``PATH/catalog.db`` with its warehouse at ``PATH``; ``--lake-opt KEY=VALUE``
 gives any other pyiceberg catalog's properties (``type=rest``, ``uri=...``, ``warehouse=...``).
 
-The mark of how far a table got (:class:`~replicator.positions.Mark`) is the snapshot property ``mcdc.mark``
+The mark of how far a table got (:class:`~replicator.events.positions.Mark`) is the snapshot property ``mcdc.mark``
 (JSON: each stream's ``[t, i, n]``, ``""`` for a replica set), set on every commit mcdc makes: the stamps a
 commit moves, over the table's current ones (carried on as they are by a commit that covers no event). A
 table written before the index was kept has ``mcdc.version`` (``t << 32 | i``) instead, which covers every
@@ -28,12 +28,12 @@ from pyiceberg.expressions import And, BooleanExpression, EqualTo, In, Reference
 from pyiceberg.expressions.literals import literal
 from pyiceberg.table import Table, Transaction
 
-from ...errors import ConfigError
-from ...events import Namespace
-from ...positions import WHOLE_TIME, Mark
-from ...uri import redact
-from .backend import Format, Where, check_schema, conform
-from .tables import SCHEMAS, TableRef
+from replicator.errors import ConfigError
+from replicator.events import Namespace
+from replicator.events.positions import WHOLE_TIME, Mark
+from replicator.settings.uri import redact
+from replicator.sinks.lake.backend import Format, Where, check_schema, conform
+from replicator.sinks.lake.tables import SCHEMAS, TableRef
 
 PROPERTY = "mcdc.mark"
 LEGACY_PROPERTY = "mcdc.version"

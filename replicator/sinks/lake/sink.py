@@ -9,7 +9,7 @@ Each target collection has a state table and a change table (layout and columns:
 * A replay batch is cut at each DDL event. Between two, each collection's events make one commit per
   table: the change rows appended, and the documents' end states merged into the state table (by ``_id``:
   set, or deleted). Each commit records how far its events go in each stream (their positions, which order
-  every event: :mod:`replicator.positions`), and the events at or before a table's mark are not written
+  every event: :mod:`replicator.events.positions`), and the events at or before a table's mark are not written
   to it again: a batch applied twice (a retry, a kill, an older checkpoint), or cut anywhere (at a DDL
   event inside a transaction, between two shards' events of one cluster time), adds nothing twice and
   loses nothing.
@@ -20,7 +20,7 @@ Each target collection has a state table and a change table (layout and columns:
   nothing); create makes the tables; index and option changes are rows of the change table only.
 
 The sink keeps state (``holds_state``): DDL that may be older than what a table holds is settled as for a
-MongoDB target, by copying the namespace again (:mod:`replicator.ddl_window`). Nothing outside the
+MongoDB target, by copying the namespace again (:mod:`replicator.replay.ddl_window`). Nothing outside the
 selection's target namespaces is ever written.
 """
 
@@ -34,18 +34,18 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from ...config import Settings
-from ...errors import ConfigError, SinkError, SinkUnavailable
-from ...events import ChangeEvent, CollectionSpec, Namespace, Op
-from ...filters import Scope
-from ...positions import Mark, advanced, stamp_of
-from ...uri import redact
-from ..base import Sink
-from . import typed
-from .backend import duplicates, key_column
-from .fold import fold, needs_base
-from .formats import open_backend
-from .tables import SCHEMAS, TableRef, change_table, snapshot_tables, state_table
+from replicator.errors import ConfigError, SinkError, SinkUnavailable
+from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op
+from replicator.events.positions import Mark, advanced, stamp_of
+from replicator.settings.config import Settings
+from replicator.settings.selection import Scope
+from replicator.settings.uri import redact
+from replicator.sinks.base import Sink
+from replicator.sinks.lake import typed
+from replicator.sinks.lake.backend import duplicates, key_column
+from replicator.sinks.lake.fold import fold, needs_base
+from replicator.sinks.lake.formats import open_backend
+from replicator.sinks.lake.tables import SCHEMAS, TableRef, change_table, snapshot_tables, state_table
 
 log = logging.getLogger("mcdc.sinks.lake")
 

@@ -6,13 +6,13 @@ Each selected collection ``db.coll`` (named as on the target, after --rename) ha
   merge key), ``document`` (canonical Extended JSON), ``bson`` (the raw BSON, byte-exact) and
   ``cluster_time`` (the last change applied; null for a document as a snapshot copied it);
 * a **change table**, one row per event, in the ``mcdc`` data source's row schema
-  (:data:`replicator.spark_datasource.rows.COLUMNS`): ``sequence`` orders its rows as the stream does
-  (:mod:`replicator.positions`), snapshot rows first.
+  (:data:`replicator.events.rows.COLUMNS`): ``sequence`` orders its rows as the stream does
+  (:mod:`replicator.events.positions`), snapshot rows first.
 
 Delta keeps them at ``PATH/state/<db>/<coll>`` and ``PATH/changes/<db>/<coll>``; Iceberg as tables
 ``(<db>, <coll>)`` and ``(<db>_changes, <coll>)``.
 
-Each table records how far it got in each stream (a :class:`~replicator.positions.Mark`, committed with the
+Each table records how far it got in each stream (a :class:`~replicator.events.positions.Mark`, committed with the
 data): a batch's events at or before it are already in that table and are not written to it again, exactly
 once per table, whatever was killed between two tables' commits or where a batch was cut.
 """
@@ -25,10 +25,10 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from ...events import ChangeEvent, Namespace
-from ...extjson import dumps_str
-from ...positions import SNAPSHOT_INDEX, seq_of
-from ...spark_datasource.rows import COLUMNS, bson_bytes, event_row
+from replicator.bsonkit.extjson import dumps_str
+from replicator.events import ChangeEvent, Namespace
+from replicator.events.positions import SNAPSHOT_INDEX, seq_of
+from replicator.events.rows import COLUMNS, bson_bytes, event_row
 
 Kind = Literal["state", "changes"]
 

@@ -31,9 +31,9 @@ from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 from bson.objectid import ObjectId
 
-from ...extjson import dumps_str
-from ...rawbson import RAW_CODEC
-from .tables import STATE_SCHEMA
+from replicator.bsonkit.extjson import dumps_str
+from replicator.bsonkit.rawbson import RAW_CODEC
+from replicator.sinks.lake.tables import STATE_SCHEMA
 
 JSON = "json"
 _ARROW: dict[str, pa.DataType] = {

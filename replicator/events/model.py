@@ -1,0 +1,167 @@
+"""The one event type that flows between stages, and stream positions.
+
+Documents stay :class:`~bson.raw_bson.RawBSONDocument` end to end, so a document that no stage inspects
+reaches the sink with the exact bytes the source sent (field order, Int64, -0.0, every binary subtype).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from bson.timestamp import Timestamp
+
+
+class Op(enum.StrEnum):
+    """What happened; the values are Debezium's op letters where Debezium has one."""
+
+    READ = "r"  # a snapshot read
+    INSERT = "c"
+    UPDATE = "u"
+    REPLACE = "replace"
+    DELETE = "d"
+    # DDL
+    CREATE = "create"
+    DROP = "drop"
+    DROP_DATABASE = "dropDatabase"
+    RENAME = "rename"
+    CREATE_INDEXES = "createIndexes"
+    DROP_INDEXES = "dropIndexes"
+    MODIFY = "modify"  # collMod
+    # a stream that can no longer go on (collection/database stream only)
+    INVALIDATE = "invalidate"
+
+    @property
+    def is_ddl(self) -> bool:
+        return self in _DDL
+
+
+_DDL = frozenset({Op.CREATE, Op.DROP, Op.DROP_DATABASE, Op.RENAME, Op.CREATE_INDEXES, Op.DROP_INDEXES, Op.MODIFY})
+
+
+@dataclass(frozen=True, slots=True)
+class Namespace:
+    """A database and an optional collection (None for database-wide events)."""
+
+    db: str
+    coll: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.db}.{self.coll}" if self.coll is not None else self.db
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """A point in the source's change stream: a resume token when known, else an operation time.
+
+    An event's position also says where it sits among events of the same cluster time (a transaction's
+    events share one, and two shards can stamp the same one): ``index`` is its place among its stream's
+    events at ``cluster_time`` (0, 1, ...; -1 for a snapshot's read time), and ``shard`` the stream that
+    reported it (None for a replica set's one stream). :mod:`replicator.events.positions` orders them totally."""
+
+    resume_token: Mapping[str, Any] | None = None
+    cluster_time: Timestamp | None = None
+    index: int | None = None
+    shard: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.resume_token is not None or self.cluster_time is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Transaction:
+    """The multi-document transaction an event belongs to (same lsid + txnNumber = applied together)."""
+
+    lsid: Mapping[str, Any]
+    txn_number: int
+
+    @property
+    def key(self) -> tuple[bytes, int]:
+        lsid_id = self.lsid.get("id")
+        raw = getattr(lsid_id, "bytes", None) or bytes(lsid_id or b"")
+        return raw, self.txn_number
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateDescription:
+    """A delta update as the change stream reports it."""
+
+    updated_fields: Mapping[str, Any]
+    removed_fields: tuple[str, ...] = ()
+    truncated_arrays: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(slots=True, eq=True)
+class ChangeEvent:
+    """One normalized change: a snapshot read, a document change, or DDL.
+
+    Treated as immutable: a stage that changes an event makes a new one (``dataclasses.replace``). It is
+    not a frozen dataclass only because building a frozen one (every field set through
+    ``object.__setattr__``) cost a tenth of reading an event from the stream.
+
+    ``document`` is the full document when known (insert, replace, snapshot read, and updates
+    opened with updateLookup), ``before`` the pre-image when the stream asked for one; ``key`` is the
+    change stream's documentKey (``{"_id": ...}``, plus the shard key on sharded collections).
+    ``ddl`` holds the DDL event's details (operationDescription).
+    """
+
+    op: Op
+    ns: Namespace
+    key: Mapping[str, Any] | None = None
+    document: Mapping[str, Any] | None = None
+    update: UpdateDescription | None = None
+    ddl: Mapping[str, Any] | None = None
+    to: Namespace | None = None  # rename target
+    position: Position | None = None
+    wall_time_ms: int | None = None
+    txn: Transaction | None = None
+    before: Mapping[str, Any] | None = None  # fullDocumentBeforeChange, when pre-images are on
+    rs: str | None = None  # the replica set (shard) whose change stream reported the event
+    origin: Namespace | None = None  # the source namespace, when --rename gave ``ns`` another name
+    uuid: bytes | None = None  # the collectionUUID: which incarnation of the namespace the event is about
+
+    @property
+    def change_time(self) -> Timestamp | None:
+        """When the change happened (its cluster time); None for a snapshot read, whose position is the
+        snapshot's read time, not a change's."""
+        pos = self.position
+        return None if pos is None or self.op is Op.READ else pos.cluster_time
+
+    @property
+    def document_key(self) -> Mapping[str, Any]:
+        """The filter that selects this event's document."""
+        if self.key is not None:
+            return self.key
+        if self.document is not None:
+            return {"_id": self.document["_id"]}
+        raise ValueError(f"{self.op.value} event on {self.ns} has no document key")
+
+
+def ts_to_json(ts: Timestamp | None) -> dict[str, int] | None:
+    return None if ts is None else {"t": ts.time, "i": ts.inc}
+
+
+def ts_from_json(data: Any) -> Timestamp | None:
+    if data is None:
+        return None
+    return Timestamp(int(data["t"]), int(data["i"]))
+
+
+@dataclass(frozen=True)
+class CollectionSpec:
+    """A collection or view as the source's catalog describes it: what a sink needs to recreate it.
+
+    ``options`` are listCollections' options (create's options); ``indexes`` are listIndexes' specs
+    without the server-assigned ``v``/``ns``.
+    """
+
+    ns: Namespace
+    kind: str  # "collection" | "view" | "timeseries"
+    options: Mapping[str, Any]
+    indexes: tuple[Mapping[str, Any], ...] = ()
+
+    @property
+    def is_view(self) -> bool:
+        return self.kind == "view"

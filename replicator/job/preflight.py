@@ -1,0 +1,67 @@
+"""What a run checks before its first write: that the target is not the source (or, for a copy within one
+deployment, that nothing is written over the source), and what ties a checkpoint to its source and target."""
+
+from __future__ import annotations
+
+import os
+
+from replicator.errors import ConfigError
+from replicator.settings.config import Settings
+from replicator.settings.selection import check_copy_within
+from replicator.settings.uri import host_set, is_mongo_uri, redact
+from replicator.sinks.base import Sink
+from replicator.sinks.registry import scheme_of
+from replicator.source import catalog
+from replicator.source.connection import Client, ServerInfo, deployment_identity
+
+
+def same_deployment(source: ServerInfo, sink: Sink, settings: Settings) -> bool:
+    """Is the target the source's own deployment? The host-name check misses aliases (a DNS name and its
+    IP): compare the servers' identities too."""
+    target = getattr(sink, "server", None)
+    if not isinstance(target, ServerInfo):
+        return False
+    if target.process_id and target.process_id == source.process_id:
+        return True
+    if target.deployment_id and target.deployment_id == source.deployment_id:
+        return True
+    return bool(host_set(settings.source) & host_set(settings.target))
+
+
+async def refuse_same_server(
+    client: Client, source: ServerInfo, sink: Sink, settings: Settings, *, first_run: bool
+) -> None:
+    """A target that is the source's deployment is refused, unless ``--rename`` makes it a copy within
+    it; then no selected namespace may be written over a namespace of the source (see
+    :func:`~replicator.settings.selection.check_copy_within`). After the first run, the copies exist in the
+    deployment too: they are this checkpoint's own, not the source's."""
+    if not same_deployment(source, sink, settings):
+        return
+    if not settings.rename:
+        raise ConfigError(f"target {redact(settings.target)} is the source server; replicate to a different server")
+    selected = [spec.ns for spec in await catalog.describe(client, settings.selection)]
+    existing = await catalog.list_namespaces(client) if first_run else []
+    check_copy_within(selected, existing, settings.selection, settings.renamer)
+
+
+def source_name(info: ServerInfo, uri: str) -> str:
+    """The checkpoint's ``source`` field: the replica set name, else the host list. Every ``rs0`` looks alike
+    by it, so it only serves older checkpoints, which carry nothing else (see CheckpointStore.claim)."""
+    if info.set_name:
+        return f"rs:{info.set_name}"
+    return "hosts:" + ",".join(sorted(host_set(uri)))
+
+
+def target_identity(sink: Sink, settings: Settings) -> str | None:
+    """What ties a checkpoint to its target: a MongoDB target's deployment identity (None until ``start()``
+    has probed its server); for an event sink, its redacted URI (a file's absolute path) and topic prefix."""
+    target = settings.target
+    if is_mongo_uri(target):
+        server = getattr(sink, "server", None)
+        return deployment_identity(server, target) if isinstance(server, ServerInfo) else None
+    scheme = scheme_of(target)
+    if scheme == "stdout":
+        target = "stdout"
+    elif scheme == "jsonl":
+        target = "jsonl:" + os.path.abspath(os.path.expanduser(target[len("jsonl:") :]))
+    return f"{redact(target)}#{settings.topic_prefix}"

@@ -1,0 +1,98 @@
+"""What a running job listens to besides its work: SIGINT/SIGTERM (stop and save), SIGUSR1 (dump its tasks),
+and the metrics endpoint with tail --control's POST /commit."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from replicator import __version__
+from replicator.errors import ConfigError
+from replicator.settings.config import Settings
+from replicator.settings.uri import redact
+
+if TYPE_CHECKING:
+    from replicator.observe.metrics import Metrics
+
+
+def check_control(settings: Settings) -> None:
+    if settings.metrics_port is None:
+        raise ConfigError("--control answers POST /commit on the metrics port: give --metrics-port too")
+    if settings.metrics_host not in ("127.0.0.1", "::1", "localhost"):
+        raise ConfigError(
+            f"--control answers POST /commit on loopback only: --metrics-host {settings.metrics_host} is not"
+        )
+
+
+def commit_hook(metrics: Any, stop: asyncio.Event, asked: list[bool]) -> Any:
+    """POST /commit: when canCommit holds, stop the tail (it saves its checkpoint) and cut over after."""
+    from replicator.observe.migration import can_commit
+
+    def commit(block_writes: bool) -> str | None:
+        if asked:
+            return "a cutover is under way already"
+        facts = metrics.facts()
+        if not can_commit(facts):
+            return "canCommit is false: see GET /progress (the snapshot, the lag, or the verifier is not there yet)"
+        asked.append(block_writes)
+        metrics.set_state("committing")
+        stop.set()
+        return None
+
+    return commit
+
+
+def stop_on_signals() -> asyncio.Event:
+    """SIGINT/SIGTERM set the returned event: the run flushes, saves the checkpoint and returns. A second
+    signal cancels the run at once (the checkpoint is still consistent)."""
+    stop = asyncio.Event()
+    task = asyncio.current_task()
+
+    def on_signal() -> None:
+        if stop.is_set() and task is not None:
+            task.cancel()
+        stop.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
+    return stop
+
+
+def dump_tasks() -> None:
+    """SIGUSR1: what each of the run's tasks is waiting on, on stderr (a run that seems stuck)."""
+    import io
+
+    out = io.StringIO()
+    for task in asyncio.all_tasks():
+        task.print_stack(limit=12, file=out)
+    sys.stderr.write(f"mcdc: {len(asyncio.all_tasks())} tasks\n{out.getvalue()}")
+    sys.stderr.flush()
+
+
+@contextlib.asynccontextmanager
+async def served_metrics(settings: Settings) -> AsyncIterator[Metrics | None]:
+    """The run's metrics, served on --metrics-port while it lasts; None without the flag."""
+    if settings.metrics_port is None:
+        yield None
+        return
+    from replicator.observe.metrics import Metrics, serve
+
+    metrics = Metrics()
+    metrics.set_info(version=__version__, source=redact(settings.source), target=redact(settings.target))
+    try:
+        server = await serve(metrics, settings.metrics_port, settings.metrics_host)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port}: {exc.strerror}"
+        ) from None
+    try:
+        yield metrics
+    finally:
+        server.close()
+        await server.wait_closed()

@@ -1,0 +1,177 @@
+"""``mcdc status``: what a checkpoint says, and how far behind the source it is."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bson.timestamp import Timestamp
+
+from replicator.checking.sweep_state import verification_of
+from replicator.checkpoint.store import CheckpointStore
+from replicator.errors import ConfigError
+from replicator.events import ts_to_json
+from replicator.observe.migration import COMMITTED, STATES, STOPPED, Facts, progress_document
+from replicator.settings.config import Settings
+from replicator.source.changestream import current_time
+from replicator.source.connection import make_client, probe
+from replicator.source.partitions import Partition
+
+
+def _iso(epoch_s: float | None) -> str | None:
+    if epoch_s is None:
+        return None
+    return datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+async def checkpoint_status(path: Path, source: str | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
+    """Position, age, lag, state and snapshot of a checkpoint.
+
+    The lag is the one the replay recorded at its last save (0 when it had caught up), with when that was:
+    a checkpoint no mcdc runs on is not falling behind by the clock, it is where it stopped. A checkpoint
+    without one (written before mcdc recorded it, or still in its snapshot) is measured as before: its
+    position against the source's latest operation time (``source``), else against this machine's clock."""
+    store = CheckpointStore(path)
+    cp = store.load()
+    if cp is None:
+        raise ConfigError(f"no checkpoint at {path}")
+    now = time.time()
+    running = store.in_use()
+    position_time: Timestamp | None = cp.position.cluster_time
+    lag, against = cp.lag_s, "last save"
+    if lag is None:
+        source_time: Timestamp | None = None
+        if source is not None:
+            client = make_client(source, timeout_s=timeout_s)
+            try:
+                await probe(client, source, "source")
+                source_time = await current_time(client)
+            finally:
+                await client.close()
+        reference = source_time.time if source_time is not None else now
+        lag = max(0.0, reference - position_time.time) if position_time else None
+        against = "source" if source_time is not None else "local clock"
+    plan = [Partition.from_json(p) for p in cp.snapshot.plan]
+    snapshot_done = cp.snapshot.status in ("done", "none")
+    facts = Facts(
+        state=COMMITTED if cp.cutover is not None else _running_state(cp.snapshot.status) if running else STOPPED,
+        snapshot_done=snapshot_done,
+        lag_s=lag,
+        events_applied=None,  # a checkpoint does not count them
+        estimated_documents=None,
+        copied_documents=None,
+        # the embedded verifier's place, as its last run left it (stopped: "phase" says so)
+        verification=None if cp.verifier is None else verification_of(cp.verifier),
+    )
+    return {
+        **progress_document(facts),
+        "checkpoint": str(path),
+        "running": running,
+        "source": cp.source_id,
+        # None in a checkpoint written before mcdc recorded them: the next run fills them in
+        "source_identity": cp.source_identity,
+        "target_identity": cp.target_identity,
+        "position": {
+            "cluster_time": ts_to_json(position_time),
+            "time": _iso(position_time.time) if position_time else None,
+            "has_resume_token": cp.position.resume_token is not None,
+        },
+        "updated_at": _iso(cp.updated_at),
+        "age_s": round(now - cp.updated_at, 3),
+        "lag_s": None if lag is None else round(lag, 3),
+        "lag_measured_against": against,
+        "snapshot": {
+            "status": cp.snapshot.status,
+            "partitions_done": len(cp.snapshot.done),
+            "partitions_total": len(plan),
+            "collections_total": len({p.ns for p in plan}),
+            "collections_remaining": len({p.ns for p in plan if p.id not in cp.snapshot.done}),
+        },
+    }
+
+
+def _running_state(snapshot: str) -> str:
+    """What a run holding the checkpoint is doing, as far as its file tells."""
+    return STATES["snapshot"] if snapshot in ("in_progress", "copied") else STATES["streaming"]
+
+
+async def status(settings: Settings) -> dict[str, Any]:
+    """``mcdc status``: the status of --checkpoint, else of the default checkpoint of --source and --target
+    (the one sync, catch-up and tail use without --checkpoint)."""
+    if settings.checkpoint is None and not (settings.source and settings.target):
+        raise ConfigError(
+            "which checkpoint? pass --checkpoint PATH, or --source and --target (or a --config naming them) "
+            "to read the default one"
+        )
+    path = settings.checkpoint_path()
+    if settings.checkpoint is None and not path.exists():
+        path = _other_selection(settings, path)
+    return await checkpoint_status(path, settings.source or None, settings.connect_timeout_s)
+
+
+def _other_selection(settings: Settings, path: Path) -> Path:
+    """The one default checkpoint of this source and target when it copies another selection than the
+    options say (a migration of --include ..., asked about with --source and --target alone)."""
+    found = settings.pair_checkpoints()
+    if len(found) == 1:
+        return found[0][0]
+    if not found:
+        raise ConfigError(
+            f"no checkpoint at {path}, the default one of this source and target "
+            "(pass --checkpoint if the run was given one)"
+        )
+    migrations = "; ".join(f"{p} ({_flags(copies)})" for p, copies in found)
+    raise ConfigError(
+        f"this source and target have {len(found)} migrations: {migrations}; pass --checkpoint, or the "
+        "--include (and other selection options) of the one to read"
+    )
+
+
+def _flags(copies: dict[str, list[str]]) -> str:
+    if not copies:
+        return "everything"
+    return " ".join(f"--{name.replace('_', '-')} {value}" for name, values in copies.items() for value in values)
+
+
+def status_lines(status: dict[str, Any]) -> list[str]:
+    snap = status["snapshot"]
+    progress = status["progress"]
+    unknown = "- (not recorded yet: the next run records it)"
+    commit = "yes" if progress["canCommit"] else "no"
+    lines = [
+        f"checkpoint {status['checkpoint']}",
+        f"state      {progress['state']}: {progress['info']} (canCommit: {commit})",
+        f"source     {status['source_identity'] or status['source']}",
+        f"target     {status['target_identity'] or unknown}",
+        f"position   {status['position']['time'] or '-'} ({_shown_ts(status['position']['cluster_time'])})",
+        f"lag        {_lag(status)}",
+        f"updated    {status['updated_at']} ({status['age_s']:.1f} s ago)",
+        f"snapshot   {snap['status']}: {snap['partitions_done']}/{snap['partitions_total']} partitions, "
+        f"{snap['collections_remaining']}/{snap['collections_total']} collections remaining",
+    ]
+    v = progress["verification"]
+    if v["phase"] != "off":  # a tail --verify ran on it
+        current = v["currentPass"]
+        lines.append(
+            f"verify     {v['passes']} passes ({v['cleanPasses']} clean in a row), {v['mismatches']} mismatches, "
+            f"{v['rechecking']} to re-check; the pass under way: {current['namespacesDone']} namespaces, "
+            f"{current['scannedDocuments']:,} documents"
+        )
+    return lines
+
+
+def _lag(status: dict[str, Any]) -> str:
+    lag = status["lag_s"]
+    if lag is None:
+        return "-"
+    if status["lag_measured_against"] != "last save":
+        return f"{lag:.1f} s (against the {status['lag_measured_against']})"
+    caught_up = " (caught up)" if lag == 0 else ""
+    return f"{lag:.1f} s{caught_up} at its last save, {status['age_s']:.1f} s ago"
+
+
+def _shown_ts(data: dict[str, int] | None) -> str:
+    """A cluster time as --start-at takes it back: SECONDS,INCREMENT."""
+    return "no time" if data is None else f"{data['t']},{data['i']}"
