@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 from bson.timestamp import Timestamp
 
-from replicator.engines.asyncio.pipeline import replay
 from replicator.events import ChangeEvent, Namespace, Op, Position
 from replicator.observe.progress import LogReporter
+from replicator.replay.loop import replay
 from replicator.replay.stage import ReplayStage
 from replicator.settings.selection import Renamer, Selection, make_transform
 from replicator.sinks.memory import MemorySink
@@ -105,7 +105,7 @@ async def test_slow_sink_bounds_read_ahead() -> None:
 
 async def test_snapshot_failure_surfaces_as_the_error_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     """A failed write stops the copy with that error (not an ExceptionGroup the CLI cannot print)."""
-    import replicator.engines.asyncio.pipeline as pipeline
+    import replicator.snapshot.copy as pipeline
     from replicator.source.partitions import ALL, Partition
 
     async def fake_read(client: object, part: Partition, **_: int) -> AsyncIterator[list[dict[str, int]]]:
@@ -162,7 +162,7 @@ async def test_batches_waiting_behind_a_slow_sink_are_written_as_one_up_to_the_l
 async def test_read_ahead_with_joins_loses_nothing_and_keeps_the_order(seed: int) -> None:
     import random
 
-    from replicator.engines.asyncio.pipeline import read_ahead
+    from replicator.source.pump import read_ahead
 
     rng = random.Random(seed)
     items = [[i] for i in range(200)]

@@ -12,10 +12,10 @@ import pytest
 
 from replicator.bsonkit.extjson import from_jsonable, to_jsonable
 from replicator.checkpoint.store import Checkpoint, SnapshotProgress
-from replicator.engines.asyncio.pipeline import CopyLimits, CopyResult, copy_partitions
 from replicator.events import ChangeEvent, Namespace
 from replicator.observe.progress import LogReporter
 from replicator.sinks.memory import MemorySink
+from replicator.snapshot.copy import CopyLimits, CopyResult, copy_partitions
 from replicator.snapshot.watermark import SavePace, Watermark
 from replicator.source.partitions import ALL, Partition, Resume
 
@@ -95,7 +95,7 @@ class _OutOfOrder(MemorySink):
 async def _copy(
     monkeypatch: pytest.MonkeyPatch, sink: MemorySink, ids: _Ids, resume: dict[str, Resume], result: CopyResult
 ) -> list[Any]:
-    import replicator.engines.asyncio.pipeline as pipeline
+    import replicator.snapshot.copy as pipeline
 
     monkeypatch.setattr(pipeline, "read_partition", ids)
     points: list[Any] = []
@@ -141,7 +141,7 @@ async def test_copy_reports_the_low_watermark_and_a_retry_goes_on_after_it(monke
 
 
 async def test_a_partition_that_cannot_resume_reports_no_progress(monkeypatch: pytest.MonkeyPatch) -> None:
-    import replicator.engines.asyncio.pipeline as pipeline
+    import replicator.snapshot.copy as pipeline
 
     ids = _Ids(50)
     monkeypatch.setattr(pipeline, "read_partition", ids)
@@ -181,7 +181,7 @@ def test_resume_points_and_drop_target_survive_the_checkpoint_file() -> None:
 
 async def test_a_failed_progress_save_fails_the_copy(monkeypatch: pytest.MonkeyPatch) -> None:
     """A checkpoint that cannot be written stops the copy, even when it is the last batch's."""
-    import replicator.engines.asyncio.pipeline as pipeline
+    import replicator.snapshot.copy as pipeline
     from replicator.errors import CheckpointError
 
     monkeypatch.setattr(pipeline, "read_partition", _Ids(30))

@@ -380,9 +380,9 @@ def test_a_snapshot_task_settles_a_unique_key_conflict_from_the_source(source_ur
     key under another document (copied earlier, changed on the source since): the task reads both from
     the source, as the asyncio engine's copy does, instead of failing the snapshot. Found by soak seed 8101.
     (The task's code, run in this process: no Spark needed.)"""
-    from replicator.engines.asyncio.pipeline import CopyLimits
     from replicator.engines.spark import tasks
     from replicator.events import Namespace
+    from replicator.snapshot.copy import CopyLimits
     from replicator.source.partitions import Partition
 
     with pymongo.MongoClient(source_uri) as source, pymongo.MongoClient(target_uri) as target:

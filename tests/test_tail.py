@@ -347,7 +347,7 @@ async def test_warns_when_the_checkpoint_nears_the_end_of_the_oplog(
     session's source is every earlier test's writes: on a source of its own (0.5 s, not 30 s in the suite)."""
     from bson.timestamp import Timestamp
 
-    import replicator.engines.asyncio.streaming as streaming
+    import replicator.replay.streaming as streaming
     from replicator.checkpoint.store import Checkpoint, CheckpointStore
     from replicator.events import Position
     from replicator.observe.progress import LogReporter

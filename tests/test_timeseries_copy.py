@@ -22,13 +22,13 @@ import pytest
 from bson.raw_bson import RawBSONDocument
 from pymongo.errors import AutoReconnect, OperationFailure
 
-from replicator.engines.asyncio.pipeline import CopyLimits, copy_partitions
 from replicator.errors import SinkError
 from replicator.events import Namespace
 from replicator.observe.progress import LogReporter
 from replicator.settings.config import resolve
 from replicator.settings.selection import Scope, Selection
 from replicator.sinks.mongo import MongoSink
+from replicator.snapshot.copy import CopyLimits, copy_partitions
 from replicator.source.connection import ServerInfo
 from replicator.source.partitions import ALL, TIME, Partition, Resume, plan_timeseries, time_ranges
 
@@ -121,7 +121,7 @@ def fake_sink(
 
 def fake_source(monkeypatch: pytest.MonkeyPatch, docs: list[bytes]) -> None:
     """read_partition over ``docs``, selecting each partition's documents by its query, as the server would."""
-    import replicator.engines.asyncio.pipeline as pipeline
+    import replicator.snapshot.copy as pipeline
 
     async def read(
         client: object, part: Partition, *, batch_docs: int, batch_bytes: int, after: Resume | None = None

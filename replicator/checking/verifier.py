@@ -39,12 +39,11 @@ from replicator.checking.verify import (
     namespace_differences,
 )
 from replicator.checkpoint.store import Checkpoint
-from replicator.engines.asyncio.pipeline import Throttle
 from replicator.events import ChangeEvent, CollectionSpec, Namespace
 from replicator.observe.metrics import Metrics
 from replicator.observe.migration import COMMIT_LAG_S, Verification
 from replicator.observe.progress import Reporter, lag_seconds
-from replicator.observe.tally import duration, plural
+from replicator.observe.tally import Throttle, duration, plural
 from replicator.settings.config import Settings
 from replicator.settings.fields import FieldRules
 from replicator.settings.selection import Selection, rename_spec

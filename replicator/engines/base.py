@@ -4,23 +4,20 @@ compares ranges its own way, through the same stages."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Protocol
 
 from replicator.checking.verify import RangeDiffer
-from replicator.checkpoint.store import Checkpoint, CheckpointStore
-from replicator.engines.asyncio.pipeline import Copier
-from replicator.observe.metrics import Metrics
-from replicator.observe.progress import Reporter
+from replicator.checkpoint.store import Checkpoint
 from replicator.observe.summary import Summary
 from replicator.replay.stage import Apply, ReplayStage
 from replicator.settings.config import Settings
 from replicator.sinks.base import Sink
+from replicator.snapshot.copy import Copier
 from replicator.source.topology import Reader, StreamTopology
 
 
 class Engine(Protocol):
-    #: copies snapshot partitions (:func:`replicator.engines.asyncio.pipeline.copy_partitions`'s signature)
+    #: copies snapshot partitions (:func:`replicator.snapshot.copy.copy_partitions`'s signature)
     copier: Copier
 
     async def start(self) -> None:
@@ -41,21 +38,3 @@ class Engine(Protocol):
 
     async def close(self) -> None:
         """Stop what :meth:`start` started."""
-
-
-def open_engine(
-    settings: Settings,
-    store: CheckpointStore,
-    reporter: Reporter,
-    *,
-    stop: asyncio.Event | None = None,
-    metrics: Metrics | None = None,
-) -> Engine:
-    """The engine ``--engine`` names (Spark's modules are imported only when it is asked for)."""
-    if settings.engine == "spark":
-        from replicator.engines.spark.engine import SparkEngine
-
-        return SparkEngine(settings, store, reporter, stop=stop, metrics=metrics)
-    from replicator.engines.asyncio.engine import AsyncioEngine
-
-    return AsyncioEngine(settings, store, reporter, stop=stop, metrics=metrics)

@@ -13,7 +13,6 @@ from pymongo.errors import PyMongoError
 
 from replicator.bsonkit.extjson import from_jsonable, to_jsonable
 from replicator.checkpoint.store import Checkpoint, CheckpointStore
-from replicator.engines.asyncio.pipeline import CopyLimits, CopyResult
 from replicator.engines.base import Engine
 from replicator.events import Namespace
 from replicator.events.positions import snapshot_position
@@ -25,6 +24,7 @@ from replicator.settings.config import Settings
 from replicator.settings.fields import FieldRules
 from replicator.settings.selection import rename_spec
 from replicator.sinks.base import Sink
+from replicator.snapshot.copy import CopyLimits, CopyResult
 from replicator.snapshot.watermark import SavePace
 from replicator.source import catalog
 from replicator.source.connection import Client

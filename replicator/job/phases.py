@@ -27,11 +27,10 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from replicator.checkpoint.store import Checkpoint, CheckpointStore, SnapshotProgress
-from replicator.engines.asyncio.pipeline import Transform
-from replicator.engines.base import open_engine
 from replicator.errors import ConfigError, HistoryLost, TopologyError
 from replicator.events import ChangeEvent, Op, Position
 from replicator.job.copy import SnapshotCopy
+from replicator.job.engines import open_engine
 from replicator.job.preflight import refuse_same_server, source_name
 from replicator.job.startup import check_recorded, check_selection, claim, reach
 from replicator.observe.metrics import Metrics
@@ -41,7 +40,7 @@ from replicator.observe.tally import format_ts, listing, plural
 from replicator.replay.ddl_window import DdlWindow, Resync
 from replicator.replay.recorded import Recorded, narrowed, widened
 from replicator.replay.resync import Copied, Resyncer
-from replicator.replay.stage import ReplayStage
+from replicator.replay.stage import ReplayStage, Transform
 from replicator.settings.config import Settings, parse_start_at
 from replicator.settings.fields import FieldRules
 from replicator.settings.selection import make_transform, rename_spec, renamed_into_selection

@@ -255,3 +255,18 @@ class ReplayTally:
         applied = f"{plural(self.events, 'event')} applied in {duration(elapsed, precise=True)}"
         rate = average(self.events, elapsed)
         return f"{applied}, {format_rate(rate)} events/s" if self.events and rate is not None else applied
+
+
+class Throttle:
+    """True at most once per ``every_s`` seconds (checkpoint saves during a fast replay)."""
+
+    def __init__(self, every_s: float) -> None:
+        self._every = every_s
+        self._last = 0.0
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if now - self._last >= self._every:
+            self._last = now
+            return True
+        return False

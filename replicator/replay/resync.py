@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 from bson.timestamp import Timestamp
 
-from replicator.engines.asyncio.pipeline import CopyLimits, copy_partitions
 from replicator.events import ChangeEvent, Namespace, Op
 from replicator.events.positions import snapshot_position
 from replicator.observe.progress import Reporter
@@ -25,6 +24,7 @@ from replicator.settings.config import Settings
 from replicator.settings.fields import FieldRules
 from replicator.settings.selection import rename_spec
 from replicator.sinks.base import Sink
+from replicator.snapshot.copy import CopyLimits, copy_partitions
 from replicator.source import catalog
 from replicator.source.changestream import current_time
 from replicator.source.connection import Client

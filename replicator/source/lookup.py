@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from replicator.events import Namespace
@@ -10,11 +10,14 @@ from replicator.events.normalize import snapshot_read
 from replicator.settings.config import Settings
 from replicator.settings.fields import FieldRules
 from replicator.settings.selection import Scope, make_transform
-from replicator.sinks.base import SourceLookup
 from replicator.source.connection import Client
 
+#: documents of a target namespace by ``_id``, read from the source: the shape a sink's ``attach_source``
+#: takes (:data:`replicator.sinks.base.SourceLookup`; structural, so the source does not import the sinks)
+Lookup = Callable[[Namespace, Sequence[Any]], Awaitable[list[Mapping[str, Any]]]]
 
-def source_lookup(client: Client, settings: Settings) -> SourceLookup:
+
+def source_lookup(client: Client, settings: Settings) -> Lookup:
     """A :data:`~replicator.sinks.base.SourceLookup` on ``client``: the target namespace is mapped back
     to its source through the run's selection and renames, and each document read goes through the same
     filter/rename stage as the stream's events (field rules included). The driver's sink and each Spark

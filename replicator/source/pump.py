@@ -1,12 +1,14 @@
 """Small asyncio pieces shared by the readers: a task that drains an async iterator into a bounded
-queue, a get that raises that task's error instead of waiting forever, and a stop that ends such tasks
-for sure."""
+queue, a get that raises that task's error instead of waiting forever, a stop that ends such tasks
+for sure, and :func:`read_ahead`, which reads a source ahead of its consumer through them."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any, TypeVar, cast
+
+T = TypeVar("T")
 
 #: Put after an iterator's last item.
 DONE = object()
@@ -45,3 +47,33 @@ async def stop_pumps(tasks: Iterable[asyncio.Task[None]], queues: Iterable[async
     for task in tasks:  # collect their errors: nobody reads them
         if not task.cancelled():
             task.exception()
+
+
+async def read_ahead(
+    source: AsyncIterator[T], maxsize: int, join: Callable[[T, T], T | None] | None = None
+) -> AsyncIterator[T]:
+    """Iterate ``source`` from a separate task through a queue of ``maxsize`` items: reading overlaps the
+    consumer's writes, and runs ahead of them by at most ``maxsize`` items (backpressure). The source's
+    error is raised here; leaving the loop early cancels the reading task. ``join(a, b)``: items already
+    waiting in the queue are joined to the one taken while it returns them as one (None: not these)."""
+    queue: asyncio.Queue[object] = asyncio.Queue(maxsize=max(maxsize, 1))
+    producer = asyncio.create_task(pump(source, queue))
+    held: object | None = None  # taken from the queue, not joinable to the item before it
+    try:
+        while True:
+            item = held if held is not None else await get_or_raise(queue, producer)
+            held = None
+            if item is DONE:
+                break
+            while join is not None and not queue.empty():
+                after = queue.get_nowait()
+                both = join(cast(T, item), cast(T, after)) if after is not DONE else None
+                if both is None:
+                    held = after
+                    break
+                item = both
+            yield cast(T, item)
+        await producer
+    finally:
+        if not producer.done():
+            await stop_pumps([producer], [queue])

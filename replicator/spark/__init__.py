@@ -5,8 +5,8 @@ source of Spark's Auto CDC (SCD type 1 and 2 tables)."""
 from __future__ import annotations
 
 from replicator.events import rows
-from replicator.spark.auto_cdc import auto_cdc_source, tolerate_observed_metrics
 from replicator.spark_datasource import SCHEMA, MongoChanges, event_from_row, register
+from replicator.spark_datasource.auto_cdc import auto_cdc_source, tolerate_observed_metrics
 
 __all__ = [
     "SCHEMA",

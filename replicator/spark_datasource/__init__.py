@@ -26,8 +26,8 @@ __all__ = ["SCHEMA", "MongoChanges", "event_from_row", "register"]
 
 def register(spark: Any) -> None:
     """Make ``format("mcdc")`` available in ``spark``'s session (on Spark Connect, a pipeline's run then
-    ends cleanly too: :func:`replicator.spark.auto_cdc.tolerate_observed_metrics`)."""
-    from replicator.spark.auto_cdc import tolerate_observed_metrics
+    ends cleanly too: :func:`replicator.spark_datasource.auto_cdc.tolerate_observed_metrics`)."""
+    from replicator.spark_datasource.auto_cdc import tolerate_observed_metrics
 
     spark.dataSource.register(MongoChanges)
     tolerate_observed_metrics(spark)

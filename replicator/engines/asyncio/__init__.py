@@ -1,7 +1,4 @@
-"""The embedded default engine: the whole pipeline in one process on asyncio.
-
-* :mod:`.pipeline`: the snapshot's workers (partitions copied at once, batches in flight bounded) and
-  the replay's read-ahead queue;
-* :mod:`.streaming`: the replay's acknowledgements (a batch's position saved once the sink acked it);
-* :mod:`.engine`: what the job drives (:class:`replicator.engines.base.Engine`).
-"""
+"""The embedded default engine: the whole pipeline in one process on asyncio (:mod:`.engine`). Its loops
+are the driver's (:mod:`replicator.engines.driver`), the snapshot copy's (:mod:`replicator.snapshot.copy`)
+and the replay's (:mod:`replicator.replay.loop`, :mod:`replicator.replay.streaming`), which the Spark
+engine's driver runs too."""

@@ -8,13 +8,13 @@ import asyncio
 from typing import Any
 
 from replicator.checking.verify import RangeDiffer
-from replicator.engines.asyncio.engine import AsyncioEngine
+from replicator.engines.driver import Driver
 from replicator.replay.stage import Apply
 from replicator.settings.config import Settings
 from replicator.sinks.base import Sink
 
 
-class SparkEngine(AsyncioEngine):
+class SparkEngine(Driver):
     """The replay reads the stream once, on the driver, as the asyncio engine does (same reader, retries
     and acknowledgements); only its writes run as Spark tasks."""
 
@@ -29,7 +29,7 @@ class SparkEngine(AsyncioEngine):
         if self._before is None:
             self.reporter.info(f"starting Spark ({self.s.spark_master})")
         self.spark = await asyncio.to_thread(session, self.s)
-        self.copier = SparkCopier(self.s, self.spark)  # the asyncio engine's until now
+        self.copier = SparkCopier(self.s, self.spark)  # the driver's own until now
 
     def batch_events(self) -> int:
         """About ``--max-batch-size`` events per task: a Spark job per batch costs its scheduling."""

@@ -18,7 +18,6 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from replicator.engines.asyncio.pipeline import CopyLimits, CopyResult, begin
 from replicator.engines.spark import tasks
 from replicator.engines.spark.failures import failing_in_one_line
 from replicator.events import Namespace, Position
@@ -26,6 +25,7 @@ from replicator.observe.progress import Reporter
 from replicator.settings.config import Settings
 from replicator.settings.fields import FieldRules
 from replicator.sinks.base import Sink
+from replicator.snapshot.copy import CopyLimits, CopyResult, begin
 from replicator.source.connection import Client
 from replicator.source.partitions import Partition, Resume
 
@@ -34,7 +34,7 @@ JOB_GROUP = "mcdc-snapshot"
 
 
 class SparkCopier:
-    """A drop-in for :func:`replicator.engines.asyncio.pipeline.copy_partitions` that runs each partition as a
+    """A drop-in for :func:`replicator.snapshot.copy.copy_partitions` that runs each partition as a
     Spark task."""
 
     def __init__(self, settings: Settings, spark: Any) -> None:

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from replicator.checking.verify import DocumentDiff, diff_partition
-from replicator.engines.asyncio.pipeline import CopyLimits, copy_partitions
 from replicator.errors import McdcError, ServerUnavailable, SinkUnavailable
 from replicator.events import ChangeEvent, Namespace, Position
 from replicator.observe.tally import CollectionProgress
@@ -19,6 +18,7 @@ from replicator.settings.config import Settings
 from replicator.settings.fields import FieldRules
 from replicator.settings.uri import redact
 from replicator.sinks.registry import open_sink
+from replicator.snapshot.copy import CopyLimits, copy_partitions
 from replicator.source.connection import make_client
 from replicator.source.lookup import source_lookup
 from replicator.source.partitions import Partition, Resume

@@ -18,11 +18,11 @@ from collections.abc import Sequence
 from bson.timestamp import Timestamp
 
 from replicator.checkpoint.store import Checkpoint, CheckpointStore
-from replicator.engines.asyncio.pipeline import ReplayResult, Throttle, replay
 from replicator.events import ChangeEvent
 from replicator.observe.metrics import Metrics
 from replicator.observe.progress import Reporter
-from replicator.observe.tally import duration
+from replicator.observe.tally import Throttle, duration
+from replicator.replay.loop import ReplayResult, replay
 from replicator.replay.stage import ReplayStage
 from replicator.settings.config import Settings
 from replicator.source.changestream import Batch, ChangeStreamReader, current_time, oplog_window

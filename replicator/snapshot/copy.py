@@ -1,49 +1,26 @@
-"""The loop: bounded queues between readers and the sink, workers, and checkpointing after acks.
-
-Two flows, both ``source -> normalize -> transform -> sink -> checkpoint``:
-
-* :func:`copy_partitions` copies snapshot partitions with ``workers`` concurrent workers. Each worker
-  reads one partition ahead into a queue of ``queue_batches`` batches, so memory is bounded by
-  workers x queue_batches x batch_bytes whatever the collection size. A partition is marked done only
-  after the sink acknowledged its last batch. One whose documents cannot be written twice over themselves
-  (a time-series collection's) is recorded as begun before its first write, and copied again only after
-  its range is deleted from the target.
-* :func:`replay` reads the change stream ahead into a bounded queue (a slow sink slows the reader) and
-  applies batches in order, moving the checkpoint to a batch's position only after the sink acked it.
-"""
+"""Copying snapshot partitions into a sink, as both engines do (the Spark engine runs it for one partition
+in each task): ``workers`` concurrent workers, each reading one partition ahead into a queue of
+``queue_batches`` batches, so memory is bounded by workers x queue_batches x batch_bytes whatever the
+collection size. A partition is marked done only after the sink acknowledged its last batch. One whose
+documents cannot be written twice over themselves (a time-series collection's) is recorded as begun before
+its first write, and copied again only after its range is deleted from the target."""
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Protocol, TypeVar, cast
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from bson.timestamp import Timestamp
-
-from replicator.checkpoint.store import advance
-from replicator.events import ChangeEvent, Namespace, Position
-from replicator.observe.progress import Reporter, lag_seconds
-from replicator.replay.stage import ReplayStage
-from replicator.replay.stage import Transform as Transform  # re-exported: the engines' stage type
+from replicator.events import Namespace, Position
+from replicator.observe.progress import Reporter
 from replicator.settings.fields import FieldEditor, FieldRules
 from replicator.sinks.base import Sink
 from replicator.snapshot.watermark import Watermark
-from replicator.source.batching import joined
-from replicator.source.changestream import Batch
 from replicator.source.connection import Client
 from replicator.source.partitions import Partition, Resume
-from replicator.source.pump import DONE, get_or_raise, pump, stop_pumps
+from replicator.source.pump import read_ahead
 from replicator.source.snapshot import read_partition
-
-T = TypeVar("T")
-
-
-class BatchSource(Protocol):
-    """Anything that yields change batches up to a cluster time (a change stream reader, a test fake)."""
-
-    def batches(self, *, until: Timestamp | None = None) -> AsyncIterator[Batch]: ...
 
 
 @dataclass(frozen=True)
@@ -202,117 +179,3 @@ async def _copy_one(
             task.cancel()
         await asyncio.gather(*in_flight, return_exceptions=True)
     return written
-
-
-async def read_ahead(
-    source: AsyncIterator[T], maxsize: int, join: Callable[[T, T], T | None] | None = None
-) -> AsyncIterator[T]:
-    """Iterate ``source`` from a separate task through a queue of ``maxsize`` items: reading overlaps the
-    consumer's writes, and runs ahead of them by at most ``maxsize`` items (backpressure). The source's
-    error is raised here; leaving the loop early cancels the reading task. ``join(a, b)``: items already
-    waiting in the queue are joined to the one taken while it returns them as one (None: not these)."""
-    queue: asyncio.Queue[object] = asyncio.Queue(maxsize=max(maxsize, 1))
-    producer = asyncio.create_task(pump(source, queue))
-    held: object | None = None  # taken from the queue, not joinable to the item before it
-    try:
-        while True:
-            item = held if held is not None else await get_or_raise(queue, producer)
-            held = None
-            if item is DONE:
-                break
-            while join is not None and not queue.empty():
-                after = queue.get_nowait()
-                both = join(cast(T, item), cast(T, after)) if after is not DONE else None
-                if both is None:
-                    held = after
-                    break
-                item = both
-            yield cast(T, item)
-        await producer
-    finally:
-        if not producer.done():
-            await stop_pumps([producer], [queue])
-
-
-@dataclass
-class ReplayResult:
-    events: int = 0
-    batches: int = 0
-    last_time: Timestamp | None = None
-
-
-async def replay(
-    reader: BatchSource,
-    stage: ReplayStage,
-    *,
-    until: Timestamp | None,
-    on_ack: Callable[[Batch, Sequence[ChangeEvent]], Awaitable[None]],
-    reporter: Reporter,
-    queue_batches: int,
-    stop: asyncio.Event | None = None,
-    result: ReplayResult | None = None,
-    join_up_to: int = 0,
-) -> ReplayResult:
-    """Apply change batches in order until the stream passed ``until``, or ``stop`` is set (None and
-    None: until cancelled). Counts go into ``result`` as batches are acknowledged, so a caller that
-    retries after an error keeps them.
-
-    Each batch goes through ``stage`` (checks, DDL window, transform, sink); ``on_ack(batch, applied
-    events)`` runs once the batch may be acknowledged. While namespaces wait to be copied again (the
-    stage's DDL window), batches are applied but not acknowledged; the copy runs once the stream is
-    caught up (or passed the window, or ends), and the last batch is acknowledged then. Batches that wait
-    in the read-ahead queue are written as one, up to ``join_up_to`` events (0: never)."""
-    result = result if result is not None else ReplayResult()
-    owed: tuple[Batch, list[ChangeEvent]] | None = None  # applied, not acknowledged yet
-
-    def join(first: Batch, then: Batch) -> Batch | None:
-        return joined(first, then, join_up_to)
-
-    async for batch in read_ahead(reader.batches(until=until), queue_batches, join if join_up_to else None):
-        written = await stage.write(batch.events)
-        events = written.events
-        if owed is not None:  # acknowledged with the batches applied before it: their position carries on
-            batch = carried(owed[0], batch)
-        ackable = written.ackable or (batch.caught_up and await stage.settle())
-        result.events += len(events)
-        result.batches += 1
-        if batch.events and batch.events[-1].position is not None:
-            result.last_time = batch.events[-1].position.cluster_time or result.last_time
-        # a batch without events is the server saying "nothing more": caught up, no lag
-        reporter.replay_advance(len(events), lag_seconds(result.last_time) if batch.events else 0.0)
-        if batch.position or batch.shard_positions:
-            applied = events if owed is None else [*owed[1], *events]
-            if ackable:
-                await on_ack(batch, applied)
-                owed = None
-            else:
-                owed = (batch, applied)
-        if stop is not None and stop.is_set():
-            break
-    if owed is not None and not (stop is not None and stop.is_set()) and await stage.settle():
-        await on_ack(*owed)
-    return result
-
-
-def carried(first: Batch, then: Batch) -> Batch:
-    """``then`` as acknowledged together with ``first`` before it: where ``then`` brings no cluster time (an
-    idle poll's post-batch token), the position keeps ``first``'s (its last event's), as each shard's does."""
-    shards = dict(first.shard_positions or {})
-    for name, position in (then.shard_positions or {}).items():
-        shards[name] = advance(shards.get(name), position)
-    return replace(then, position=advance(first.position, then.position), shard_positions=shards if shards else None)
-
-
-class Throttle:
-    """True at most once per ``every_s`` seconds (checkpoint saves during a fast replay)."""
-
-    def __init__(self, every_s: float) -> None:
-        self._every = every_s
-        self._last = 0.0
-
-    def __call__(self) -> bool:
-        now = time.monotonic()
-        if now - self._last >= self._every:
-            self._last = now
-            return True
-        return False
