@@ -28,9 +28,10 @@ from replicator.job.run_control import check_control, commit_hook, served_metric
 from replicator.observe.logs import setup_logging
 from replicator.observe.progress import make_reporter
 from replicator.observe.summary import Summary
-from replicator.settings.config import Settings, resolve
+from replicator.settings.config import Settings
 from replicator.settings.flags import CONFIG, EXIT_CODES_HELP, PanelCommand, epilog, parameter, shown
 from replicator.settings.options import for_command
+from replicator.settings.resolve import resolve
 from replicator.settings.uri import redact
 from replicator.sinks.registry import scheme_of
 from replicator.source.connection import server_message

@@ -139,7 +139,8 @@ from replicator.checkpoint.store import CheckpointStore
 from replicator.cli import GC_THRESHOLDS
 from replicator.events import ChangeEvent, Namespace
 from replicator.events.normalize import normalize_change
-from replicator.settings.config import Settings, resolve
+from replicator.settings.config import Settings
+from replicator.settings.resolve import resolve
 from replicator.sinks.envelope import Encoder, EnvelopeOptions, Message
 from replicator.sinks.kafka import KafkaSink
 from replicator.sinks.kafka_options import producer_config

@@ -70,7 +70,7 @@ def _rows(uri: str, settings_options: dict[str, str]) -> tuple[list[dict[str, An
     a snapshot read and the change stream after it (no Spark needed); and how many changes there were."""
     from replicator.events.positions import Numbering, snapshot_position
     from replicator.events.rows import NAMES, snapshot_row
-    from replicator.settings.config import settings_from_strings
+    from replicator.settings.resolve import settings_from_strings
     from replicator.spark_datasource.stream import row_of
 
     s = settings_from_strings({"source": uri, "extended-json": "relaxed", **settings_options}, command="status")

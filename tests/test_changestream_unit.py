@@ -134,7 +134,7 @@ class SyncClient(FakeClient):
 
 def test_the_spark_data_sources_reader_splits_on_demand_too() -> None:
     pytest.importorskip("pyspark")
-    from replicator.settings.config import resolve
+    from replicator.settings.resolve import resolve
     from replicator.spark_datasource.changes import RawChangeStream
 
     last_part = {"_id": token(4), "splitEvent": {"fragment": 2, "of": 2}, "fullDocument": {"_id": 3, "big": 1}}

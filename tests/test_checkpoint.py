@@ -320,7 +320,7 @@ def test_deployment_identity_prefers_the_servers_own_id() -> None:
 
 def test_event_target_identity_is_the_redacted_uri_and_topic_prefix(tmp_path: Path) -> None:
     from replicator.job.preflight import target_identity
-    from replicator.settings.config import resolve
+    from replicator.settings.resolve import resolve
     from replicator.sinks.registry import open_sink
 
     def identity(target: str, **flags: object) -> str | None:

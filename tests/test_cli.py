@@ -21,8 +21,9 @@ import replicator
 from replicator import __version__
 from replicator.checkpoint.store import Checkpoint, CheckpointStore
 from replicator.cli import app
-from replicator.settings.config import Settings, field_kind, settings_from_strings
+from replicator.settings.config import Settings
 from replicator.settings.options import BY_ENV, for_command
+from replicator.settings.resolve import field_kind, settings_from_strings
 from tests.test_config import SAMPLE
 
 runner = CliRunner()

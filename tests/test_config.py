@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from replicator.errors import ConfigError
-from replicator.settings.config import Settings, resolve, settings_from_strings, settings_to_strings
+from replicator.settings.config import Settings
 from replicator.settings.options import BY_NAME, OPTIONS, for_command
+from replicator.settings.resolve import resolve, settings_from_strings, settings_to_strings
 from replicator.settings.uri import redact
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

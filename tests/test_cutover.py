@@ -416,7 +416,7 @@ def test_status_with_source_and_target_alone_finds_the_one_migration_of_that_pai
 
     from replicator.checkpoint.store import Checkpoint, CheckpointStore
     from replicator.replay.recorded import Recorded
-    from replicator.settings.config import resolve
+    from replicator.settings.resolve import resolve
 
     env = dict(os.environ)  # the test's own state directory (conftest): the default checkpoints go there
     pair = {"source": "mongodb://a.example/", "target": "mongodb://b.example/"}

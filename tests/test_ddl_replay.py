@@ -17,7 +17,7 @@ import pytest
 
 from replicator.job.phases import SyncJob
 from replicator.observe.progress import LogReporter
-from replicator.settings.config import resolve
+from replicator.settings.resolve import resolve
 from tests.support.compare import assert_identical
 
 pytestmark = pytest.mark.integration

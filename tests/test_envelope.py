@@ -16,7 +16,7 @@ from replicator.bsonkit.extjson import CANONICAL
 from replicator.errors import ConfigError
 from replicator.events import ChangeEvent, Namespace, Op
 from replicator.events.normalize import normalize_change, snapshot_read
-from replicator.settings.config import resolve
+from replicator.settings.resolve import resolve
 from replicator.sinks.envelope import Encoder, EnvelopeOptions, Message, transaction_id
 from replicator.sinks.kafka_options import producer_config
 from replicator.sinks.topics import TopicNamer, avro_name

@@ -126,7 +126,7 @@ async def test_verify_compares_the_source_as_the_field_rules_want_it(
     source_uri: str, target_uri: str, tmp_path: Path
 ) -> None:
     from replicator.checking.verify import verify
-    from replicator.settings.config import resolve
+    from replicator.settings.resolve import resolve
 
     _load(source_uri)
     await run_job(source_uri, target_uri, tmp_path / "cp.json", **RULES)

@@ -13,7 +13,7 @@ import pytest
 from aiokafka import errors as kafka_errors
 
 from replicator.errors import ConfigError, SinkError, SinkUnavailable
-from replicator.settings.config import resolve
+from replicator.settings.resolve import resolve
 from replicator.sinks.kafka import KafkaSink, describe_error
 from replicator.sinks.kafka_options import producer_config
 from replicator.source.retry import is_retryable

@@ -11,7 +11,7 @@ from bson.timestamp import Timestamp
 
 from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op, Position
 from replicator.events.normalize import snapshot_read
-from replicator.settings.config import resolve
+from replicator.settings.resolve import resolve
 from replicator.sinks.lake.sink import LakeSink
 from tests.support.lake import duplicate_changes, read_table
 

@@ -14,7 +14,8 @@ import pytest
 
 from replicator.events import CollectionSpec, Namespace
 from replicator.events.normalize import snapshot_read
-from replicator.settings.config import Settings, resolve
+from replicator.settings.config import Settings
+from replicator.settings.resolve import resolve
 from replicator.sinks.lines import LineSink
 from tests.support.corpus import load_corpus
 from tests.support.rebuild import assert_same, rebuild_lines, server_docs

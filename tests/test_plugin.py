@@ -32,7 +32,7 @@ from replicator.bsonkit.extjson import CANONICAL
 from replicator.errors import ConfigError, SinkError
 from replicator.events import ChangeEvent, Namespace, Op
 from replicator.events.normalize import snapshot_read
-from replicator.settings.config import resolve
+from replicator.settings.resolve import resolve
 from replicator.sinks.base import Sink
 from replicator.sinks.registry import open_sink
 

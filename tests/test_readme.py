@@ -22,7 +22,7 @@ from pathlib import Path
 import pymongo
 import pytest
 
-from replicator.settings.config import resolve
+from replicator.settings.resolve import resolve
 from tests.support.kafka import KafkaBroker
 from tests.support.servers import drop_user_databases, free_port
 

@@ -95,7 +95,7 @@ async def test_a_shard_added_while_tailing_is_followed(
 
     import replicator.job.phases as sync_module
     from replicator.observe.progress import LogReporter
-    from replicator.settings.config import resolve
+    from replicator.settings.resolve import resolve
     from replicator.source.shards import Shard
 
     listed = [Shard("shardA", source_uri, source_uri)]
@@ -164,7 +164,7 @@ async def test_a_shard_removed_while_mcdc_was_down_is_read_to_its_end(
 
     from replicator.job.phases import SyncJob
     from replicator.observe.progress import LogReporter
-    from replicator.settings.config import resolve
+    from replicator.settings.resolve import resolve
     from replicator.source.shards import Shard
 
     listed = [Shard("shardA", source_uri, source_uri), Shard("shardB", second_shard, second_shard)]
@@ -209,7 +209,7 @@ async def test_a_shard_added_during_the_snapshot_is_followed_from_before_it(
     from replicator.job.phases import SyncJob
     from replicator.observe.progress import LogReporter
     from replicator.observe.tally import CollectionProgress
-    from replicator.settings.config import resolve
+    from replicator.settings.resolve import resolve
     from replicator.source.shards import Shard
 
     listed = [Shard("shardA", source_uri, source_uri)]

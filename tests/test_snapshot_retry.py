@@ -207,7 +207,7 @@ def _job(
     """An in-process SyncJob and, for it, a ``sink_class`` (a MongoSink with failures injected)."""
     from replicator.job.phases import SyncJob
     from replicator.observe.progress import LogReporter
-    from replicator.settings.config import resolve
+    from replicator.settings.resolve import resolve
     from replicator.settings.selection import Scope
 
     settings = resolve({"source": source, "target": target, "checkpoint": cp, "retry_initial_s": 0.01, **flags}, env={})

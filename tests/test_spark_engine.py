@@ -20,7 +20,7 @@ import pytest
 from replicator.engines.spark.snapshot import JOB_GROUP
 from replicator.job.phases import SyncJob
 from replicator.observe.progress import LogReporter
-from replicator.settings.config import resolve
+from replicator.settings.resolve import resolve
 from tests.support.compare import assert_identical
 from tests.support.corpus import load_bulk, load_corpus
 from tests.support.workload import two_shard_workload

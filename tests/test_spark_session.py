@@ -14,7 +14,7 @@ import typer
 
 from replicator.engines.spark import session
 from replicator.errors import ConfigError, McdcError
-from replicator.settings.config import resolve
+from replicator.settings.resolve import resolve
 
 
 @pytest.mark.parametrize(

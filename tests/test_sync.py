@@ -15,7 +15,7 @@ import pytest
 from replicator.job.phases import SyncJob
 from replicator.observe.progress import LogReporter
 from replicator.observe.tally import CollectionProgress
-from replicator.settings.config import resolve
+from replicator.settings.resolve import resolve
 from tests.support.compare import assert_identical
 from tests.support.corpus import load_bulk, load_corpus
 from tests.support.servers import Clients

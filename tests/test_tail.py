@@ -352,7 +352,7 @@ async def test_warns_when_the_checkpoint_nears_the_end_of_the_oplog(
     from replicator.events import Position
     from replicator.observe.progress import LogReporter
     from replicator.replay.stage import ReplayStage
-    from replicator.settings.config import resolve
+    from replicator.settings.resolve import resolve
     from replicator.settings.selection import Renamer, Selection, make_transform
     from replicator.sinks.memory import MemorySink
     from replicator.source.changestream import ChangeStreamReader, oplog_window

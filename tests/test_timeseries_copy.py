@@ -25,7 +25,7 @@ from pymongo.errors import AutoReconnect, OperationFailure
 from replicator.errors import SinkError
 from replicator.events import Namespace
 from replicator.observe.progress import LogReporter
-from replicator.settings.config import resolve
+from replicator.settings.resolve import resolve
 from replicator.settings.selection import Scope, Selection
 from replicator.sinks.mongo import MongoSink
 from replicator.snapshot.copy import CopyLimits, copy_partitions

@@ -24,7 +24,8 @@ from replicator.checking.verify import (
     verify,
 )
 from replicator.events import CollectionSpec, Namespace
-from replicator.settings.config import Settings, resolve
+from replicator.settings.config import Settings
+from replicator.settings.resolve import resolve
 from replicator.source.connection import RAW_CODEC
 
 

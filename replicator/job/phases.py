@@ -22,28 +22,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import replace
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from replicator.checkpoint.store import Checkpoint, CheckpointStore, SnapshotProgress
 from replicator.errors import ConfigError, HistoryLost, TopologyError
-from replicator.events import ChangeEvent, Op, Position
+from replicator.events import Position
 from replicator.job.copy import SnapshotCopy
 from replicator.job.engines import open_engine
 from replicator.job.preflight import refuse_same_server, source_name
+from replicator.job.replay import Replay
 from replicator.job.startup import check_recorded, check_selection, claim, reach
 from replicator.observe.metrics import Metrics
 from replicator.observe.progress import Reporter
 from replicator.observe.summary import Summary
 from replicator.observe.tally import format_ts, listing, plural
-from replicator.replay.ddl_window import DdlWindow, Resync
-from replicator.replay.recorded import Recorded, narrowed, widened
-from replicator.replay.resync import Copied, Resyncer
-from replicator.replay.stage import ReplayStage, Transform
+from replicator.replay.recorded import Recorded
 from replicator.settings.config import Settings, parse_start_at
 from replicator.settings.fields import FieldRules
-from replicator.settings.selection import make_transform, rename_spec, renamed_into_selection
+from replicator.settings.selection import rename_spec
 from replicator.settings.uri import is_mongo_uri, redact
 from replicator.sinks.base import Sink
 from replicator.sinks.registry import open_sink
@@ -85,13 +82,14 @@ class SyncJob:
         self.engine = open_engine(settings, self.store, reporter, stop=stop, metrics=metrics)
         self._resnapshot = False  # a new snapshot is due whatever the checkpoint says (history lost)
         self._started_snapshot = False  # this run planned the snapshot it copies
-        self._window: DdlWindow | None = None  # the replay's DDL window, kept across its phases
-        self._recopied = Copied()  # what namespaces copied again during the replay wrote
         self.summary = Summary(
             command=command,
             source=redact(settings.source),
             target=redact(settings.target),
             checkpoint=str(self.store.path),
+        )
+        self._replay = Replay(
+            settings, self.store, self.engine, reporter, self.summary, fields=self._fields, metrics=metrics
         )
         self._copy = SnapshotCopy(
             settings, self.store, reporter, self.engine, retrier=self._retrier, summary=self.summary,
@@ -173,8 +171,8 @@ class SyncJob:
             self.reporter.warn("--snapshot-only: writes made to the source during the copy are not replayed")
         # a bounded run stops at the first empty poll: a short await keeps its tail short
         await_ms = 1000 if self.command == "tail" else 200
-        self._client = client
         self._topology = StreamTopology(s, self.reporter, client)
+        self._replay.bind(client, self._topology)
         reader = await self._topology.reader(info, max_await_ms=await_ms, cp=cp)
         try:
             while True:
@@ -186,8 +184,8 @@ class SyncJob:
                     if self.metrics is not None and cp.snapshot.status in ("done", "none"):
                         self.metrics.snapshot_done()
                     if not s.snapshot_only:
-                        await self._follow_selection(client, sink, cp)
-                        await self._replay(reader, sink, cp, snapshot_window=False, follow=self.command == "tail")
+                        await self._replay.follow_selection(client, sink, cp)
+                        await self._replay.run(reader, sink, cp, snapshot_window=False, follow=self.command == "tail")
                     break
                 except HistoryLost as exc:
                     if s.on_history_lost != "resnapshot":
@@ -200,10 +198,10 @@ class SyncJob:
             else:
                 await reader.close()
         self.summary.position = cp.position.cluster_time if cp is not None else None
-        self.summary.documents += self._recopied.documents
-        self.summary.snapshot_s += self._recopied.seconds
-        self.summary.recopied = sorted(self._recopied.recopied)
-        self.summary.reconciled = sorted(self._recopied.reconciled - self._recopied.recopied)
+        self.summary.documents += self._replay.recopied.documents
+        self.summary.snapshot_s += self._replay.recopied.seconds
+        self.summary.recopied = sorted(self._replay.recopied.recopied)
+        self.summary.reconciled = sorted(self._replay.recopied.reconciled - self._replay.recopied.recopied)
 
     def _stopped(self) -> bool:
         return self.stop is not None and self.stop.is_set()
@@ -242,7 +240,7 @@ class SyncJob:
         if cp.snapshot.status != "copied":
             return
         if not s.snapshot_only:
-            await self._replay(reader, sink, cp, snapshot_window=True)
+            await self._replay.run(reader, sink, cp, snapshot_window=True)
             if self._stopped():
                 return  # the window is not replayed to its end: the next run goes on with it
         specs = [rename_spec(x, s.renamer) for x in await catalog.describe(client, s.selection)]
@@ -328,96 +326,3 @@ class SyncJob:
         """A checkpoint that starts here, recording the selection and rules its copies follow."""
         hosts = dict(self._topology.hosts)
         return Checkpoint(identity, recorded=Recorded.of(self.s).to_json(), shard_hosts=hosts, **fields)
-
-    async def _follow_selection(self, client: Client, sink: Sink, cp: Checkpoint) -> None:
-        """A run whose selection differs from the one the checkpoint recorded: namespaces it adds are copied
-        from the source before the replay (their earlier changes were never replicated), namespaces it
-        leaves are no longer followed; both are said. Then the checkpoint records this run's."""
-        now = Recorded.of(self.s)
-        saved = Recorded.from_json(cp.recorded) if cp.recorded is not None else now
-        if saved != now:
-            namespaces = await catalog.list_namespaces(client)
-            left = narrowed(saved, self.s.selection, namespaces)
-            if left:
-                self.reporter.warn(
-                    f"the selection no longer includes {listing(left, 20)}: not followed from now on (their copies "
-                    "on the target stay as they are)"
-                )
-            added = widened(saved, self.s.selection, namespaces)
-            if added:
-                self.reporter.info(f"the selection now includes {listing(added, 20)}: copying them from the source")
-                copied, at = await self._resyncer(sink)(Resync(data=set(added)))
-                if self._window is not None:
-                    self._window.copied(copied, at)
-        if cp.recorded != now.to_json():
-            cp.recorded = now.to_json()
-            self.store.save(cp)
-
-    async def _replay(
-        self, reader: Reader, sink: Sink, cp: Checkpoint, *, snapshot_window: bool, follow: bool = False
-    ) -> None:
-        """Replay from the checkpoint up to the source's current time (``follow``: until stopped).
-
-        In the snapshot window (changes made while the copy ran), index DDL waits for the index build at
-        the end. Into a sink that holds state, DDL the target may be ahead of is settled by copying its
-        namespaces again (see ddl_window; the snapshot's window is such a stretch: the copy is newer than
-        its events). Into an event sink, a collection renamed into the selection is copied from the
-        source (its earlier changes were never replicated), as is, in the window, one renamed within it
-        (the snapshot may have listed it under its old name and read nothing)."""
-        transform = make_transform(
-            self.s.selection, self.s.renamer, skip_index_ddl=snapshot_window, fields=self._fields
-        )
-        stage = self._stage(sink, transform, snapshot_window=snapshot_window)
-        self.reporter.replay_begin()
-        started = time.monotonic()
-        async with self._verifying(stage, cp, follow=follow):
-            try:
-                await self.engine.replay(reader, self._topology, cp, stage, self.summary, follow=follow)
-            finally:
-                self.summary.replay_s += time.monotonic() - started
-        self.reporter.replay_end()
-
-    @contextlib.asynccontextmanager
-    async def _verifying(self, stage: ReplayStage, cp: Checkpoint, *, follow: bool) -> AsyncIterator[None]:
-        """tail --verify: the embedded verifier runs beside the replay (as the stage's observer), from
-        its place in the checkpoint."""
-        if not (follow and self.s.verify):
-            yield
-            return
-        from replicator.checking.verifier import RECHECK_CAPACITY, EmbeddedVerifier
-
-        target = make_client(self.s.target, timeout_s=self.s.connect_timeout_s, io_timeout_s=self.s.io_timeout_s)
-        differ, at_once = self.engine.differ(replace(self.s, verify_sample=RECHECK_CAPACITY))
-        verifier = EmbeddedVerifier(
-            self.s, self._client, target, cp, self.reporter, metrics=self.metrics, differ=differ, ranges_at_once=at_once
-        )
-        stage.observer = verifier
-        task = asyncio.create_task(verifier.run())
-        try:
-            yield
-        finally:
-            await verifier.stop(task)
-            stage.observer = None
-            await target.close()
-
-    def _stage(self, sink: Sink, transform: Transform, *, snapshot_window: bool) -> ReplayStage:
-        """The stages of a replayed batch for this sink (shared by both engines)."""
-        resync = self._resyncer(sink)
-        apply = self.engine.apply_with(sink)
-        if sink.holds_state:
-            if self._window is None:
-                self._window = DdlWindow(self.s.selection)
-            return ReplayStage(sink, transform, client=self._client, window=self._window, resync=resync, apply=apply)
-
-        async def recopy_renamed(events: Sequence[ChangeEvent]) -> None:
-            for event in events:
-                if event.op is not Op.RENAME or event.to is None:
-                    continue
-                copy = snapshot_window and self.s.selection(event.to)
-                if copy or renamed_into_selection(event, self.s.selection):
-                    await resync.copy(event.to)
-
-        return ReplayStage(sink, transform, client=self._client, after_write=recopy_renamed, apply=apply)
-
-    def _resyncer(self, sink: Sink) -> Resyncer:
-        return Resyncer(self._client, sink, self.s, self.reporter, fields=self._fields, copied=self._recopied)

@@ -12,8 +12,9 @@ import typer
 from typer.core import TyperCommand
 
 from replicator.errors import EXIT_UNAVAILABLE
-from replicator.settings.config import Settings, field_kind
+from replicator.settings.config import Settings
 from replicator.settings.options import BY_FIELD, ENV_CONFIG, PANELS, Option
+from replicator.settings.resolve import field_kind
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Settings)}
 _METAVARS = {int: "INTEGER", float: "NUMBER", str: "TEXT", Path: "PATH", tuple: "TEXT"}
@@ -34,7 +35,7 @@ CONFIG = inspect.Parameter(
 
 
 def parameter(option: Option, command: str) -> inspect.Parameter:
-    """One typer option of ``mcdc COMMAND``. Values stay text: config.resolve parses flags, MCDC_*
+    """One typer option of ``mcdc COMMAND``. Values stay text: resolve.resolve parses flags, MCDC_*
     variables and the config file alike, so a bad value reads the same whichever way it came."""
     kind = field_kind(option.field)
     names = [option.flag, *option.aliases, *([option.short] if option.short else [])]

@@ -8,7 +8,8 @@ import os
 from collections.abc import Iterator, Mapping
 
 from replicator.errors import ConfigError
-from replicator.settings.config import Settings, settings_from_strings
+from replicator.settings.config import Settings
+from replicator.settings.resolve import settings_from_strings
 
 #: Options Spark itself hands to every data source, not ours to check.
 SPARK_OWN = frozenset({"path", "checkpointlocation"})

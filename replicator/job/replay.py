@@ -1,0 +1,161 @@
+"""The replay phases of a job: a batch's stage for the run's sink (the DDL window and the copies made
+again, or renames into the selection for an event sink), the embedded verifier beside it (tail --verify),
+and the copies a widened selection needs before the replay. The engine runs the replay itself."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+
+from replicator.checkpoint.store import Checkpoint, CheckpointStore
+from replicator.engines.base import Engine
+from replicator.events import ChangeEvent, Op
+from replicator.observe.metrics import Metrics
+from replicator.observe.progress import Reporter
+from replicator.observe.summary import Summary
+from replicator.observe.tally import listing
+from replicator.replay.ddl_window import DdlWindow, Resync
+from replicator.replay.recorded import Recorded, narrowed, widened
+from replicator.replay.resync import Copied, Resyncer
+from replicator.replay.stage import ReplayStage, Transform
+from replicator.settings.config import Settings
+from replicator.settings.fields import FieldRules
+from replicator.settings.selection import make_transform, renamed_into_selection
+from replicator.sinks.base import Sink
+from replicator.source import catalog
+from replicator.source.connection import Client, make_client
+from replicator.source.topology import Reader, StreamTopology
+
+
+class Replay:
+    """A job's replays, from the snapshot's window to the end of the run: one DDL window kept across them,
+    and the namespaces they copied again (:attr:`recopied`, for the summary)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: CheckpointStore,
+        engine: Engine,
+        reporter: Reporter,
+        summary: Summary,
+        *,
+        fields: FieldRules,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self._s = settings
+        self._store = store
+        self._engine = engine
+        self._reporter = reporter
+        self._summary = summary
+        self._fields = fields
+        self._metrics = metrics
+        self._window: DdlWindow | None = None  # the replay's DDL window, kept across its phases
+        self.recopied = Copied()  # what namespaces copied again during the replay wrote
+
+    def bind(self, client: Client, topology: StreamTopology) -> None:
+        """The run's source client and streams, once they are open."""
+        self._client = client
+        self._topology = topology
+
+    async def follow_selection(self, client: Client, sink: Sink, cp: Checkpoint) -> None:
+        """A run whose selection differs from the one the checkpoint recorded: namespaces it adds are copied
+        from the source before the replay (their earlier changes were never replicated), namespaces it
+        leaves are no longer followed; both are said. Then the checkpoint records this run's."""
+        now = Recorded.of(self._s)
+        saved = Recorded.from_json(cp.recorded) if cp.recorded is not None else now
+        if saved != now:
+            namespaces = await catalog.list_namespaces(client)
+            left = narrowed(saved, self._s.selection, namespaces)
+            if left:
+                self._reporter.warn(
+                    f"the selection no longer includes {listing(left, 20)}: not followed from now on (their copies "
+                    "on the target stay as they are)"
+                )
+            added = widened(saved, self._s.selection, namespaces)
+            if added:
+                self._reporter.info(f"the selection now includes {listing(added, 20)}: copying them from the source")
+                copied, at = await self._resyncer(sink)(Resync(data=set(added)))
+                if self._window is not None:
+                    self._window.copied(copied, at)
+        if cp.recorded != now.to_json():
+            cp.recorded = now.to_json()
+            self._store.save(cp)
+
+    async def run(
+        self, reader: Reader, sink: Sink, cp: Checkpoint, *, snapshot_window: bool, follow: bool = False
+    ) -> None:
+        """Replay from the checkpoint up to the source's current time (``follow``: until stopped).
+
+        In the snapshot window (changes made while the copy ran), index DDL waits for the index build at
+        the end. Into a sink that holds state, DDL the target may be ahead of is settled by copying its
+        namespaces again (see ddl_window; the snapshot's window is such a stretch: the copy is newer than
+        its events). Into an event sink, a collection renamed into the selection is copied from the
+        source (its earlier changes were never replicated), as is, in the window, one renamed within it
+        (the snapshot may have listed it under its old name and read nothing)."""
+        transform = make_transform(
+            self._s.selection, self._s.renamer, skip_index_ddl=snapshot_window, fields=self._fields
+        )
+        stage = self._stage(sink, transform, snapshot_window=snapshot_window)
+        self._reporter.replay_begin()
+        started = time.monotonic()
+        async with self._verifying(stage, cp, follow=follow):
+            try:
+                await self._engine.replay(reader, self._topology, cp, stage, self._summary, follow=follow)
+            finally:
+                self._summary.replay_s += time.monotonic() - started
+        self._reporter.replay_end()
+
+    @contextlib.asynccontextmanager
+    async def _verifying(self, stage: ReplayStage, cp: Checkpoint, *, follow: bool) -> AsyncIterator[None]:
+        """tail --verify: the embedded verifier runs beside the replay (as the stage's observer), from
+        its place in the checkpoint."""
+        if not (follow and self._s.verify):
+            yield
+            return
+        from replicator.checking.verifier import RECHECK_CAPACITY, EmbeddedVerifier
+
+        target = make_client(self._s.target, timeout_s=self._s.connect_timeout_s, io_timeout_s=self._s.io_timeout_s)
+        differ, at_once = self._engine.differ(replace(self._s, verify_sample=RECHECK_CAPACITY))
+        verifier = EmbeddedVerifier(
+            self._s,
+            self._client,
+            target,
+            cp,
+            self._reporter,
+            metrics=self._metrics,
+            differ=differ,
+            ranges_at_once=at_once,
+        )
+        stage.observer = verifier
+        task = asyncio.create_task(verifier.run())
+        try:
+            yield
+        finally:
+            await verifier.stop(task)
+            stage.observer = None
+            await target.close()
+
+    def _stage(self, sink: Sink, transform: Transform, *, snapshot_window: bool) -> ReplayStage:
+        """The stages of a replayed batch for this sink (shared by both engines)."""
+        resync = self._resyncer(sink)
+        apply = self._engine.apply_with(sink)
+        if sink.holds_state:
+            if self._window is None:
+                self._window = DdlWindow(self._s.selection)
+            return ReplayStage(sink, transform, client=self._client, window=self._window, resync=resync, apply=apply)
+
+        async def recopy_renamed(events: Sequence[ChangeEvent]) -> None:
+            for event in events:
+                if event.op is not Op.RENAME or event.to is None:
+                    continue
+                copy = snapshot_window and self._s.selection(event.to)
+                if copy or renamed_into_selection(event, self._s.selection):
+                    await resync.copy(event.to)
+
+        return ReplayStage(sink, transform, client=self._client, after_write=recopy_renamed, apply=apply)
+
+    def _resyncer(self, sink: Sink) -> Resyncer:
+        return Resyncer(self._client, sink, self._s, self._reporter, fields=self._fields, copied=self.recopied)
