@@ -41,8 +41,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import harness
 import pymongo
-from _local import BenchError, add_server_options, bench_setup, code_version, heading, mcdc, print_verdicts, run_bench
 from bson import Int64
 
 from tests.support.corpus import load_bulk
@@ -105,14 +105,14 @@ def _cpu_of(argv: Sequence[str], *, cwd: Path | None = None) -> tuple[float, flo
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
-        raise BenchError(f"{' '.join(argv[:4])} ... exited {done.returncode}: {done.stderr[-2000:]}")
+        raise harness.BenchError(f"{' '.join(argv[:4])} ... exited {done.returncode}: {done.stderr[-2000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return cpu, wall, done.stderr[-2000:]
 
 
 def _start_costs(repeat: int = 3) -> dict[str, float]:
     """CPU seconds to start: mcdc (its imports and --version), and a Python importing pymongo."""
-    mcdc_start = min(_cpu_of(mcdc("--version"))[0] for _ in range(repeat))
+    mcdc_start = min(_cpu_of(harness.mcdc("--version"))[0] for _ in range(repeat))
     plain_start = min(_cpu_of([sys.executable, "-c", "import pymongo, bson.raw_bson"])[0] for _ in range(repeat))
     return {"mcdc": mcdc_start, "plain": plain_start}
 
@@ -154,7 +154,7 @@ def _same(source: str, target: str, db: str, coll: str) -> None:
         want = sorted(d["_id"] for d in src[DB][coll].find({}, {"_id": 1}))
         got = sorted(d["_id"] for d in dst[db][coll].find({}, {"_id": 1}))
     if want != got:
-        raise BenchError(f"{db}.{coll} on the target has {len(got):,} documents, the source {len(want):,}")
+        raise harness.BenchError(f"{db}.{coll} on the target has {len(got):,} documents, the source {len(want):,}")
 
 
 #: mcdc's command line run under cProfile timing CPU, not wall time (time.process_time): a wait for the
@@ -229,8 +229,8 @@ class Contenders:
 
     def _mcdc(self, command: str, coll: str) -> list[str]:
         cp = self.workdir / f"cp-{coll}.json"
-        return mcdc(command, "-s", self.source, "-t", self.target, "-c", str(cp), "--include", rf"bench\.{coll}",
-                    "--no-progress", *self.extra)  # fmt: skip
+        return harness.mcdc(command, "-s", self.source, "-t", self.target, "-c", str(cp), "--include",
+                            rf"bench\.{coll}", "--no-progress", *self.extra)  # fmt: skip
 
     def copy(self, coll: str) -> dict[str, tuple[float, float, str]]:
         plain = _cpu_of([sys.executable, "-c", PLAIN_COPY, self.source, self.target, PLAIN, coll, DB])
@@ -258,27 +258,29 @@ def _marginal(
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     small_docs, small_events = args.docs // 10, args.events // 10
-    with bench_setup("bench_cpu.py", args, "mcdc-bench-cpu-") as (workdir, source, target, server):
-        heading("Process start")
+    with harness.bench_setup("bench_cpu.py", args, "mcdc-bench-cpu-") as (workdir, source, target, server):
+        harness.heading("Process start")
         start = _start_costs()
         print(f"mcdc --version: {start['mcdc']:.2f} s CPU; python -c 'import pymongo': {start['plain']:.2f} s")
 
-        heading(f"Loading {args.docs:,} and {small_docs:,} documents")
+        harness.heading(f"Loading {args.docs:,} and {small_docs:,} documents")
         _load(source, {COLL: args.docs, SMALL: small_docs})
         with connect(target) as client:
             client.drop_database(DB)
             client.drop_database(PLAIN)
         runs = Contenders(source, target, workdir, args.mcdc_arg)
 
-        heading("Copy: the plain client, then mcdc sync, of the small collection and of the big one")
+        harness.heading("Copy: the plain client, then mcdc sync, of the small collection and of the big one")
         copy_small, copy_big = runs.copy(SMALL), runs.copy(COLL)
-        heading(f"Replay: {small_events:,}, then {args.events:,} writes, each replayed by the plain loop and mcdc")
+        harness.heading(
+            f"Replay: {small_events:,}, then {args.events:,} writes, each replayed by the plain loop and mcdc"
+        )
         replay_small = runs.replay(COLL, small_events, seed=1)
         replay_big = runs.replay(COLL, args.events, seed=2)
 
         profile: dict[str, dict[str, float]] = {}
         if args.profile:
-            heading("Profiles: mcdc sync and catch-up of the big collection once more, under cProfile")
+            harness.heading("Profiles: mcdc sync and catch-up of the big collection once more, under cProfile")
             with connect(target) as client:
                 client.drop_database(DB)
             profiled = Contenders(source, target, workdir / "profiled", args.mcdc_arg)
@@ -291,7 +293,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     per_event = _marginal(replay_big, replay_small, args.events - small_events)
     return {
         "server": server,
-        "code": code_version(),
+        "code": harness.code_version(),
         "docs": [small_docs, args.docs],
         "events": [small_events, args.events],
         "start_cpu_s": start,
@@ -313,7 +315,7 @@ def _pair(runs: dict[str, tuple[float, float, str]]) -> dict[str, Any]:
 
 
 def report(data: dict[str, Any]) -> None:
-    heading("Results")
+    harness.heading("Results")
     print(f"server: {data['server']}; code: {data['code']}")
     start, steady, r = data["start_cpu_s"], data["steady_us"], data["ratios"]
     print(f"start (CPU): mcdc {start['mcdc']:.2f} s, a plain client {start['plain']:.2f} s")
@@ -337,7 +339,7 @@ def report(data: dict[str, Any]) -> None:
         print(f"profile of {run} (own time under cProfile, by stage):")
         for stage, seconds in stages.items():
             print(f"  {stage:<34} {seconds:7.2f} s  {100 * seconds / total:5.1f}%")
-    print_verdicts(
+    harness.print_verdicts(
         {
             f"steady CPU per document <= {DOC_RATIO}x the plain copy's": r["cpu_per_doc"] <= DOC_RATIO,
             f"steady CPU per event <= {EVENT_RATIO}x the plain replay's": r["cpu_per_event"] <= EVENT_RATIO,
@@ -348,13 +350,11 @@ def report(data: dict[str, Any]) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--docs", type=int, default=200_000, help="documents copied")
-    parser.add_argument("--events", type=int, default=50_000, help="writes replayed")
+    parser = harness.parser(__doc__)
+    harness.size_options(parser, docs=(200_000, "documents copied"), events=(50_000, "writes replayed"))
     parser.add_argument("--profile", action="store_true", help="also profile mcdc's copy and replay by stage")
-    add_server_options(parser, "an extra argument for mcdc sync and catch-up (repeatable)")
-    args = parser.parse_args()
-    return run_bench("bench_cpu.py", lambda: bench(args), report, args.json)
+    harness.add_server_options(parser, "an extra argument for mcdc sync and catch-up (repeatable)")
+    return harness.main("bench_cpu.py", parser, None, bench, report)
 
 
 if __name__ == "__main__":

@@ -109,21 +109,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import bson
+import harness
 import orjson
 import psutil
 import pymongo
-from _local import (
-    BenchError,
-    code_version,
-    heading,
-    local_kafka,
-    local_servers,
-    mcdc,
-    print_verdicts,
-    run_bench,
-    show,
-    work_dir,
-)
 from bson import json_util
 from bson.int64 import Int64
 from bson.objectid import ObjectId
@@ -351,7 +340,7 @@ def normalize_all(raws: Sequence[bytes]) -> list[ChangeEvent]:
     events = [normalize_change(RawBSONDocument(raw, RAW_CODEC)) for raw in raws]
     kept = [event for event in events if event is not None]
     if len(kept) != len(raws):
-        raise BenchError("normalize_change dropped a data event")
+        raise harness.BenchError("normalize_change dropped a data event")
     return kept
 
 
@@ -603,7 +592,7 @@ async def delivery(
                 wall, sent = await _timed_raw(bootstrap, _retopic(encoded, prefix), topic)
             on_broker = await _count_and_delete(bootstrap, topic)
             if sent != records or on_broker != records + 1:  # + the warm-up record
-                raise BenchError(
+                raise harness.BenchError(
                     f"{kind}: {sent:,} records sent and {on_broker:,} on {topic}, expected {records:,} (+1 warm-up)"
                 )
             run = DeliveryRun(kind, rep, topic, len(raws), sent, round(wall, 3), round(_per_s(len(raws), wall)))
@@ -658,7 +647,7 @@ def make_backlog(uri: str, ops: Sequence[Op]) -> float:
                 result = coll.bulk_write(writes, ordered=True)
                 kinds = Counter(op.kind for op in ops[i:j])
                 if (result.modified_count, result.deleted_count) != (kinds["update"], kinds["delete"]):
-                    raise BenchError(
+                    raise harness.BenchError(
                         f"the backlog's bulk_write did not change what it should: {result.bulk_api_result}"
                     )
             i = j
@@ -669,13 +658,13 @@ def make_backlog(uri: str, ops: Sequence[Op]) -> float:
 
 
 def sync_argv(source: str, checkpoint: Path) -> list[str]:
-    return mcdc("sync", "--source", source, "--target", "stdout", "--checkpoint", str(checkpoint),
-                "--include", INCLUDE, "--no-progress")  # fmt: skip
+    return harness.mcdc("sync", "--source", source, "--target", "stdout", "--checkpoint", str(checkpoint),
+                        "--include", INCLUDE, "--no-progress")  # fmt: skip
 
 
 def catch_up_argv(source: str, checkpoint: Path) -> list[str]:
-    return mcdc("catch-up", "--source", source, "--target", "stdout", "--checkpoint", str(checkpoint),
-                "--include", INCLUDE, "--no-progress", "--json")  # fmt: skip
+    return harness.mcdc("catch-up", "--source", source, "--target", "stdout", "--checkpoint", str(checkpoint),
+                        "--include", INCLUDE, "--no-progress", "--json")  # fmt: skip
 
 
 def _run_timed(argv: Sequence[str], out_path: Path, err_path: Path, timeout: float, what: str) -> tuple[float, float]:
@@ -690,7 +679,7 @@ def _run_timed(argv: Sequence[str], out_path: Path, err_path: Path, timeout: flo
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-            raise BenchError(f"{what} did not finish within {timeout:.0f} s") from None
+            raise harness.BenchError(f"{what} did not finish within {timeout:.0f} s") from None
         except BaseException:
             proc.kill()
             proc.wait()
@@ -698,7 +687,7 @@ def _run_timed(argv: Sequence[str], out_path: Path, err_path: Path, timeout: flo
         wall = time.perf_counter() - started
         after = resource.getrusage(resource.RUSAGE_CHILDREN)  # only this child was reaped meanwhile
     if code != 0:
-        raise BenchError(f"{what} exited {code}:\n{err_path.read_text(errors='replace')[-3000:]}")
+        raise harness.BenchError(f"{what} exited {code}:\n{err_path.read_text(errors='replace')[-3000:]}")
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
@@ -743,7 +732,7 @@ def _bare_report(err_path: Path) -> tuple[dict[str, int], float | None]:
         said = orjson.loads(lines[-1])
         return {k: int(v) for k, v in said["seen"].items()}, float(said["elapsed_s"])
     except (IndexError, orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
-        raise BenchError(f"a bare loop ended without its report on stderr: {lines[-5:]}") from None
+        raise harness.BenchError(f"a bare loop ended without its report on stderr: {lines[-5:]}") from None
 
 
 def _summary_elapsed(err_path: Path) -> float | None:
@@ -760,14 +749,14 @@ def _bare_start(checkpoint: Path) -> str:
     """The checkpoint's position as keyword arguments of watch(), canonical extended JSON."""
     saved = CheckpointStore(checkpoint).load()
     if saved is None:
-        raise BenchError(f"mcdc sync wrote no checkpoint at {checkpoint}")
+        raise harness.BenchError(f"mcdc sync wrote no checkpoint at {checkpoint}")
     position = saved.position
     if position.resume_token is not None:
         start: dict[str, Any] = {"resume_after": position.resume_token}
     elif position.cluster_time is not None:
         start = {"start_at_operation_time": position.cluster_time}
     else:
-        raise BenchError(f"the checkpoint {checkpoint} holds no stream position")
+        raise harness.BenchError(f"the checkpoint {checkpoint} holds no stream position")
     return json_util.dumps(start, json_options=json_util.CANONICAL_JSON_OPTIONS)
 
 
@@ -783,7 +772,7 @@ def drain(source: str, workdir: Path, ops: Sequence[Op], repeat: int, server: ps
         client.drop_database(DB)
         client[DB].create_collection(COLL)
     argv = sync_argv(source, checkpoint)
-    print(f"$ {show(argv)} > /dev/null")
+    print(f"$ {harness.show(argv)} > /dev/null")
     sync_s, _ = _run_timed(argv, Path(os.devnull), workdir / "sync.err", 300, "mcdc sync")
     start = _bare_start(checkpoint)
     saved = workdir / "drain.json.saved"
@@ -795,10 +784,10 @@ def drain(source: str, workdir: Path, ops: Sequence[Op], repeat: int, server: ps
     runs: list[DrainRun] = []
     mcdc_argv = catch_up_argv(source, checkpoint)
     bare_args = [source, start, DB, str(len(ops))]
-    commands = {"mcdc": show(mcdc_argv) + " > FILE"}
+    commands = {"mcdc": harness.show(mcdc_argv) + " > FILE"}
     for kind, (name, _) in BARE_LOOPS.items():
         commands[kind] = (
-            show(["python", "-c", name, *bare_args]) + f" > /dev/null  ({name}: drain.bare_loops in --json)"
+            harness.show(["python", "-c", name, *bare_args]) + f" > /dev/null  ({name}: drain.bare_loops in --json)"
         )
     for rep in range(1, repeat + 1):
         shift = (rep - 1) % len(DRAIN_KINDS)  # each contender first, second and third in turn
@@ -824,7 +813,7 @@ def drain(source: str, workdir: Path, ops: Sequence[Op], repeat: int, server: ps
                 lines, want, said = None, mix, "no output"
             server_after = _cpu(server)
             if counted != want:
-                raise BenchError(f"{kind} counted these data events: {counted}, expected {want}")
+                raise harness.BenchError(f"{kind} counted these data events: {counted}, expected {want}")
             server_cpu = None if server_before is None or server_after is None else server_after - server_before
             run = DrainRun(
                 kind, rep, round(wall, 3), round(_per_s(len(ops), wall)), inner, round(cpu, 2),
@@ -871,7 +860,7 @@ def figures(parts: dict[str, Any], args: argparse.Namespace, command: str, serve
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "aiokafka": importlib.metadata.version("aiokafka"),
-        "mcdc_code": code_version(),
+        "mcdc_code": harness.code_version(),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "events": parts["events"],
     }
@@ -940,7 +929,7 @@ def _print_cpu(title: str, c: dict[str, Any]) -> None:
 
 def print_report(data: dict[str, Any]) -> None:
     ev = data["events"]
-    heading("Results")
+    harness.heading("Results")
     print(data["note"])
     print(f"{data['cpus']} CPUs, Python {data['python']}, aiokafka {data['aiokafka']}; mcdc code: {data['mcdc_code']}")
     print(f"in-process parts run with mcdc's GC thresholds {GC_THRESHOLDS} (python -m replicator.cli sets them)")
@@ -1016,7 +1005,7 @@ def print_report(data: dict[str, Any]) -> None:
             "CPU = the process's user + system; server CPU = the local source server's meanwhile)"
         )
     print()
-    print_verdicts(data["targets"], data["commands"])
+    harness.print_verdicts(data["targets"], data["commands"])
 
 
 # -- main ---------------------------------------------------------------------------------------------------
@@ -1030,16 +1019,16 @@ def bench(args: argparse.Namespace, command: str) -> dict[str, Any]:
     parts: dict[str, Any] = {"events": events}
     server = broker = "not used"
     with ExitStack() as stack:
-        workdir = stack.enter_context(work_dir(args.logdir, "mcdc-bench-kafka-"))
+        workdir = stack.enter_context(harness.work_dir(args.logdir, "mcdc-bench-kafka-"))
         if not args.skip_delivery:
             if args.bootstrap:
                 bootstrap, broker = args.bootstrap, f"the Kafka broker at {args.bootstrap}"
             else:
-                heading("Starting a local noida-db Kafka-protocol broker")
-                bootstrap = stack.enter_context(local_kafka(workdir / "kafka"))
+                harness.heading("Starting a local noida-db Kafka-protocol broker")
+                bootstrap = stack.enter_context(harness.local_kafka(workdir / "kafka"))
                 broker = f"noida-db {importlib.metadata.version('noida-db')} (a small Kafka-protocol server)"
             print(f"bootstrap: {bootstrap}")
-            heading(
+            harness.heading(
                 f"Part 1: delivery of {len(raws):,} events into Kafka, batches of {args.batch:,}, "
                 f"{args.repeat} repeat(s) in alternating order"
             )
@@ -1053,7 +1042,7 @@ def bench(args: argparse.Namespace, command: str) -> dict[str, Any]:
             }
         if not args.skip_cpu:
             large_n = min(len(ops), max(LARGE_MIN_EVENTS, len(ops) // 10))
-            heading(
+            harness.heading(
                 f"Part 2: CPU of normalize + encode, best of {args.cpu_rounds} rounds over {len(raws):,} events of "
                 f"small documents, then {large_n:,} of large ones"
             )
@@ -1072,12 +1061,12 @@ def bench(args: argparse.Namespace, command: str) -> dict[str, Any]:
             if args.source:
                 source, server = args.source, "the given MongoDB"
             else:
-                heading("Starting local SecantusDB servers")
-                pair = stack.enter_context(local_servers(workdir / "servers"))
+                harness.heading("Starting local SecantusDB servers")
+                pair = stack.enter_context(harness.local_servers(workdir / "servers"))
                 source = pair.source_uri
                 server = f"SecantusDB {importlib.metadata.version('SecantusDB')}, a Python server"
             print(f"source: {source}")
-            heading(
+            harness.heading(
                 f"Part 3: drain of a backlog of {len(ops):,} change events, {args.repeat} repeat(s) in rotating order"
             )
             parts["drain"] = drain(source, workdir, ops, args.repeat, None if args.source else _local_server(source))
@@ -1085,8 +1074,8 @@ def bench(args: argparse.Namespace, command: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--events", type=int, default=50_000, help="change events (default 50000)")
+    parser = harness.parser(__doc__)
+    harness.size_options(parser, events=(50_000, "change events"))
     parser.add_argument("--repeat", type=int, default=3, help="timed runs of each contender (default 3)")
     parser.add_argument("--batch", type=int, default=1_000, help="events per write/send batch (default 1000)")
     parser.add_argument("--cpu-rounds", type=int, default=5, help="rounds of part 2, the best counts (default 5)")
@@ -1097,12 +1086,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-drain", action="store_true", help="skip part 3 (drain of a backlog)")
     parser.add_argument("--logdir", type=Path, help="keep outputs and the checkpoint here (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
-    args = parser.parse_args(argv)
-    if args.events < 2 or args.repeat < 1 or args.batch < 1 or args.cpu_rounds < 1:
-        parser.error("--events must be at least 2; --repeat, --batch and --cpu-rounds at least 1")
+    parser.error_if(
+        lambda a: a.events < 2 or a.repeat < 1 or a.batch < 1 or a.cpu_rounds < 1,
+        "--events must be at least 2; --repeat, --batch and --cpu-rounds at least 1",
+    )
     gc.set_threshold(*GC_THRESHOLDS)  # the in-process parts run with the GC settings of mcdc's CLI
-    command = show(["python", "scripts/bench_kafka.py", *(sys.argv[1:] if argv is None else argv)])
-    return run_bench("bench_kafka", lambda: bench(args, command), print_report, args.json)
+    command = harness.show(["python", "scripts/bench_kafka.py", *(sys.argv[1:] if argv is None else argv)])
+    return harness.main("bench_kafka", parser, argv, lambda parsed: bench(parsed, command), print_report)
 
 
 if __name__ == "__main__":

@@ -39,20 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import bson
+import harness
 import pymongo
-from _local import (
-    BenchError,
-    add_server_options,
-    bench_setup,
-    code_version,
-    heading,
-    mcdc,
-    print_verdicts,
-    run_bench,
-    show,
-    sigterm_as_interrupt,
-)
-from bench_sync import COLL, DB, INCLUDE, load_and_warm
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
@@ -62,6 +50,7 @@ from replicator.events.normalize import snapshot_read
 from replicator.sinks.lake.fold import fold
 from replicator.sinks.lake.tables import change_table, state_table
 
+DB, COLL, INCLUDE = harness.DB, harness.COLL, harness.INCLUDE  # the shared bench collection
 SNAPSHOT_TARGET = 0.7
 EVENTS_TARGET = 5_000
 
@@ -105,7 +94,7 @@ def stream_read(uri: str, after: dict[str, int], events: int) -> float:
                 if stream.try_next() is not None:
                     seen += 1
                 elif time.perf_counter() - started > 600:
-                    raise BenchError(f"the bare change stream read {seen:,} events in 600 s, not {events:,}")
+                    raise harness.BenchError(f"the bare change stream read {seen:,} events in 600 s, not {events:,}")
     return time.perf_counter() - started
 
 
@@ -116,7 +105,7 @@ def run(argv: list[str], logdir: Path, name: str) -> tuple[dict[str, Any], float
     wall = time.perf_counter() - started
     (logdir / f"{name}.err").write_bytes(done.stderr)
     if done.returncode != 0:
-        raise BenchError(f"{name} exited {done.returncode}:\n{done.stderr.decode(errors='replace')[-3000:]}")
+        raise harness.BenchError(f"{name} exited {done.returncode}:\n{done.stderr.decode(errors='replace')[-3000:]}")
     return json.loads(done.stdout), wall
 
 
@@ -143,23 +132,22 @@ def check_state(uri: str, root: Path, docs: int) -> None:
     with pymongo.MongoClient(uri) as client:
         expected = next(client[DB][COLL].aggregate([{"$group": {"_id": None, "v": {"$sum": "$v"}}}]), {"v": 0})["v"]
     if table.num_rows != docs or total != expected:
-        raise BenchError(
+        raise harness.BenchError(
             f"the state table holds {table.num_rows:,} rows, sum of v {total}; the source {docs:,}, {expected}"
         )
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
-    with bench_setup("bench_lake", args, "mcdc-bench-lake-") as (workdir, source, _target, server):
-        load_and_warm(source, args.docs, args.doc_size)
-        commands = {"bench": show([sys.executable, *sys.argv])}
+    with harness.bench_setup("bench_lake", args, "mcdc-bench-lake-", load=True) as (workdir, source, _target, server):
+        commands = {"bench": harness.show([sys.executable, *sys.argv])}
 
-        heading("Step 1: the source's read rate (pymongo, raw BSON, one cursor)")
+        harness.heading("Step 1: the source's read rate (pymongo, raw BSON, one cursor)")
         docs, scan_s = source_scan(source)
         if len(docs) != args.docs:
-            raise BenchError(f"read {len(docs):,} documents, not {args.docs:,}")
+            raise harness.BenchError(f"read {len(docs):,} documents, not {args.docs:,}")
         print(f"{scan_s:.2f} s, {_per_s(len(docs), scan_s):,.0f} docs/s")
 
-        heading("Step 2: write_deltalake of the same rows, prepared in memory")
+        harness.heading("Step 2: write_deltalake of the same rows, prepared in memory")
         plain = workdir / "plain"
         build_s, write_s = deltalake_write(docs, plain)
         del docs
@@ -169,33 +157,33 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             f"a plain copy (the read, the rows, the write, one after another): {_per_s(args.docs, plain_s):,.0f} docs/s"
         )
 
-        heading("Step 3: mcdc sync into Delta tables")
+        harness.heading("Step 3: mcdc sync into Delta tables")
         lake, cp = workdir / "lake", workdir / "cp.json"
-        argv = mcdc("sync", "-s", source, "-t", f"delta:{lake}", "-c", str(cp), "--include", INCLUDE,
-                    "--no-progress", "--json", *args.mcdc_arg)  # fmt: skip
-        print(f"$ {show(argv)}")
-        commands["sync"] = show(argv)
+        argv = harness.mcdc("sync", "-s", source, "-t", f"delta:{lake}", "-c", str(cp), "--include", INCLUDE,
+                            "--no-progress", "--json", *args.mcdc_arg)  # fmt: skip
+        print(f"$ {harness.show(argv)}")
+        commands["sync"] = harness.show(argv)
         synced, sync_wall = run(argv, workdir, "sync")
         if int(synced["documents"]) != args.docs:
-            raise BenchError(f"mcdc copied {synced['documents']:,} documents, not {args.docs:,}")
+            raise harness.BenchError(f"mcdc copied {synced['documents']:,} documents, not {args.docs:,}")
         sync_s = float(synced["elapsed_s"])
         check_state(source, lake, args.docs)
         print(f"{sync_s:.2f} s by its summary ({sync_wall:.2f} s wall), {_per_s(args.docs, sync_s):,.0f} docs/s")
 
-        heading(f"Step 4: {args.events:,} updates on the source, then mcdc catch-up into the same tables")
+        harness.heading(f"Step 4: {args.events:,} updates on the source, then mcdc catch-up into the same tables")
         made_s = make_events(source, args.docs, args.events)
         print(f"made in {made_s:.1f} s")
         stream_s = stream_read(source, synced["position"], args.events)
         stream_rate = _per_s(args.events, stream_s)
         print(f"a bare pymongo change stream reads them in {stream_s:.2f} s, {stream_rate:,.0f} events/s")
         shutil.copyfile(cp, workdir / "cp-after-sync.json")
-        argv = mcdc("catch-up", "-s", source, "-t", f"delta:{lake}", "-c", str(cp), "--include", INCLUDE,
-                    "--no-progress", "--json", *args.mcdc_arg)  # fmt: skip
-        print(f"$ {show(argv)}")
-        commands["catch-up"] = show(argv)
+        argv = harness.mcdc("catch-up", "-s", source, "-t", f"delta:{lake}", "-c", str(cp), "--include", INCLUDE,
+                            "--no-progress", "--json", *args.mcdc_arg)  # fmt: skip
+        print(f"$ {harness.show(argv)}")
+        commands["catch-up"] = harness.show(argv)
         caught, catch_wall = run(argv, workdir, "catch-up")
         if int(caught["events"]) < args.events:
-            raise BenchError(f"catch-up replayed {caught['events']:,} events, not {args.events:,}")
+            raise harness.BenchError(f"catch-up replayed {caught['events']:,} events, not {args.events:,}")
         check_state(source, lake, args.docs)
         replay_s = float(caught["replay_s"])
         events_per_s = _per_s(int(caught["events"]), replay_s)
@@ -203,7 +191,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
         ratio = _per_s(args.docs, sync_s) / _per_s(args.docs, write_s)
         return {
-            "code": code_version(),
+            "code": harness.code_version(),
             "server": server,
             "docs": args.docs,
             "doc_size": args.doc_size,
@@ -227,7 +215,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_report(data: dict[str, Any]) -> None:
-    heading("Results")
+    harness.heading("Results")
     print(f"{data['docs']:,} documents of ~{data['doc_size']} bytes, {data['events']:,} events; {data['server']}")
     print(f"code: {data['code']}")
     print(f"source scan (one cursor)      {data['source_scan_docs_per_s']:>10,} docs/s")
@@ -240,20 +228,17 @@ def print_report(data: dict[str, Any]) -> None:
     print(f"bare change stream (pymongo)  {data['bare_stream_events_per_s']:>10,} events/s")
     print(f"mcdc catch-up -> delta        {data['replay_events_per_s']:>10,} events/s")
     print(f"  ratio catch-up / bare stream    {data['ratio_replay_vs_bare_stream']:>6.2f}")
-    print_verdicts(data["targets"], data["commands"])
+    harness.print_verdicts(data["targets"], data["commands"])
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--docs", type=int, default=100_000, help="documents to copy (default 100000)")
-    parser.add_argument("--doc-size", type=int, default=200, help="approximate BSON bytes per document (default 200)")
-    parser.add_argument("--events", type=int, default=20_000, help="update events to replay (default 20000)")
-    add_server_options(parser, "one more argument for every mcdc command (repeatable)")
-    args = parser.parse_args(argv)
-    if args.docs < 1 or args.events < 1:
-        parser.error("--docs and --events must be at least 1")
-    sigterm_as_interrupt()
-    return run_bench("bench_lake", lambda: bench(args), print_report, args.json)
+    parser = harness.parser(__doc__)
+    harness.size_options(
+        parser, docs=(100_000, "documents to copy"), doc_size=200, events=(20_000, "update events to replay")
+    )
+    harness.add_server_options(parser, "one more argument for every mcdc command (repeatable)")
+    parser.error_if(lambda a: a.docs < 1 or a.events < 1, "--docs and --events must be at least 1")
+    return harness.main("bench_lake", parser, argv, bench, print_report)
 
 
 if __name__ == "__main__":

@@ -37,34 +37,22 @@ import platform
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import harness
 import orjson
 import psutil
-from _local import (
-    BenchError,
-    add_server_options,
-    bench_setup,
-    code_version,
-    heading,
-    mcdc,
-    print_verdicts,
-    run_bench,
-    show,
-)
-from bench_sync import COLL, DB, _check_target, _reset_target, load_and_warm
 from bench_tail import EVENTS, compare, make_backlog
 
+DB = harness.DB  # the shared bench database
 ENGINES = ("asyncio", "spark")
 RATIO_TARGET = 0.8  # the snapshot's, process start included
 TAIL_RATIO_TARGET = 1.0  # the catch-up's, process start included
 RSS_TARGET_MB = 300.0
-SAMPLE_S = 0.05
 RUN_TIMEOUT_S = 3600.0
 _MB = 1024 * 1024
 
@@ -87,7 +75,8 @@ class Memory:
     total_mb: float = 0.0
 
 
-def _sample(proc: psutil.Process, peak: Memory) -> None:
+def _sample(proc: psutil.Process, peak: Memory) -> int:
+    """Take one sample into ``peak``; the total RSS in bytes."""
     driver = jvm = workers = 0
     with suppress(psutil.Error):
         driver = proc.memory_info().rss
@@ -102,6 +91,7 @@ def _sample(proc: psutil.Process, peak: Memory) -> None:
     peak.jvm_mb = max(peak.jvm_mb, round(jvm / _MB, 1))
     peak.python_workers_mb = max(peak.python_workers_mb, round(workers / _MB, 1))
     peak.total_mb = max(peak.total_mb, round((driver + jvm + workers) / _MB, 1))
+    return driver + jvm + workers
 
 
 @dataclass
@@ -149,41 +139,20 @@ def engine_options(engine: str, master: str) -> list[str]:
 
 def timed(argv: list[str], part: str, engine: str, logdir: Path) -> Run:
     """Run one mcdc command with --json, sampling memory; the summary gives the counts and phase times."""
-    out_path, err_path = logdir / f"{part}-{engine}.out", logdir / f"{part}-{engine}.err"
     peak = Memory()
-    with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        started = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
-        try:
-            watched = psutil.Process(proc.pid)
-            deadline = started + RUN_TIMEOUT_S
-            while True:
-                _sample(watched, peak)
-                try:
-                    proc.wait(SAMPLE_S)
-                    break
-                except subprocess.TimeoutExpired:
-                    if time.perf_counter() > deadline:
-                        raise BenchError(f"{part} on {engine} did not finish in {RUN_TIMEOUT_S:.0f} s") from None
-        finally:
-            if proc.poll() is None:  # Ctrl-C or an error here: do not leave mcdc running
-                proc.terminate()
-                proc.wait()
-        wall = time.perf_counter() - started
-    if proc.returncode != 0:
-        tail = err_path.read_text(errors="replace")[-3000:]
-        raise BenchError(f"{part} on {engine}: mcdc exited {proc.returncode}:\n{tail}")
-    summary = orjson.loads(out_path.read_bytes())
+    done = harness.run_measured(
+        argv,
+        f"{part}-{engine}",
+        logdir,
+        what=f"{part} on {engine}: mcdc",
+        timeout=RUN_TIMEOUT_S,
+        sample=lambda proc: _sample(proc, peak),
+    )
+    summary = orjson.loads(done.stdout)
     count = int(summary["documents" if part == "snapshot" else "events"])
     work = float(summary["snapshot_s" if part == "snapshot" else "replay_s"])
     replay = float(summary["replay_s"])
-    return Run(part, engine, count, round(wall, 3), float(summary["elapsed_s"]), work, replay, peak)
-
-
-def _fresh(path: Path) -> Path:
-    for stale in path.parent.glob(f"{path.name}*"):  # mcdc falls back to <name>.backup
-        stale.unlink()
-    return path
+    return Run(part, engine, count, round(done.wall_s, 3), float(summary["elapsed_s"]), work, replay, peak)
 
 
 # -- the two parts ------------------------------------------------------------------------------------------
@@ -194,20 +163,21 @@ def snapshot_runs(
 ) -> list[Run]:
     runs = []
     for engine in ENGINES:
-        heading(f"Snapshot: mcdc sync --engine {engine}")
-        _reset_target(target)
-        checkpoint = _fresh(workdir / f"snapshot-{engine}.json")
-        argv = mcdc(
-            "sync", "--source", source, "--target", target, "--include", rf"{DB}\.{COLL}",
+        harness.heading(f"Snapshot: mcdc sync --engine {engine}")
+        harness.reset_target(target)
+        checkpoint = harness.fresh_checkpoint(workdir, f"snapshot-{engine}.json")
+        argv = harness.mcdc(
+            "sync", "--source", source, "--target", target, "--include", harness.INCLUDE,
             "--checkpoint", str(checkpoint), "--no-progress", "--json",
             *engine_options(engine, args.spark_master), *args.mcdc_arg,
         )  # fmt: skip
-        commands[f"snapshot {engine}"] = show(argv)
-        print(f"$ {show(argv)}", flush=True)
+        commands[f"snapshot {engine}"] = harness.show(argv)
         run = timed(argv, "snapshot", engine, workdir)
-        _check_target(target, args.docs, f"sync --engine {engine}")
+        harness.check_target(target, args.docs, f"sync --engine {engine}")
         if run.count != args.docs:
-            raise BenchError(f"sync --engine {engine} reported {run.count:,} documents copied, not {args.docs:,}")
+            raise harness.BenchError(
+                f"sync --engine {engine} reported {run.count:,} documents copied, not {args.docs:,}"
+            )
         print(f"{run.wall_s:.2f} s wall, snapshot_s {run.work_s:.2f}, driver peak RSS {run.memory.driver_mb} MB")
         runs.append(run)
     return runs
@@ -217,7 +187,7 @@ def tail_runs(
     source: str, target: str, args: argparse.Namespace, workdir: Path, commands: dict[str, str]
 ) -> tuple[list[Run], dict[str, str]]:
     """The backlog replayed by each engine from copies of one checkpoint; engines skipped, with why."""
-    heading(f"Tail: a checkpoint, then a backlog of {args.events:,} change events on {DB}.{EVENTS}")
+    harness.heading(f"Tail: a checkpoint, then a backlog of {args.events:,} change events on {DB}.{EVENTS}")
     from tests.support.servers import connect
 
     for uri in (source, target):
@@ -225,14 +195,16 @@ def tail_runs(
             client.drop_database(DB)
     with connect(source) as client:  # --include must match a namespace: an empty one, kept by the backlog
         client[DB].create_collection(EVENTS)
-    base = _fresh(workdir / "tail-base.json")
+    base = harness.fresh_checkpoint(workdir, "tail-base.json")
     include = ["--include", rf"{DB}\.{EVENTS}", "--no-progress", "--json", *args.mcdc_arg]
-    first = mcdc("sync", "--source", source, "--target", target, "--checkpoint", str(base), "--snapshot", "never",
-                 *include)  # fmt: skip
+    first = harness.mcdc("sync", "--source", source, "--target", target, "--checkpoint", str(base),
+                         "--snapshot", "never", *include)  # fmt: skip
     done = subprocess.run(first, capture_output=True, check=False)
     if done.returncode != 0:
-        raise BenchError(f"the base checkpoint's catch-up exited {done.returncode}:\n{done.stderr.decode()[-3000:]}")
-    commands["tail checkpoint"] = show(first)
+        raise harness.BenchError(
+            f"the base checkpoint's catch-up exited {done.returncode}:\n{done.stderr.decode()[-3000:]}"
+        )
+    commands["tail checkpoint"] = harness.show(first)
     # no drop in the backlog: DDL after the checkpoint would be settled by copying bench.events again
     # (the DDL window), and this measures the replay of document events
     backlog = make_backlog(source, args.events, drop=False)
@@ -244,18 +216,17 @@ def tail_runs(
             skipped[engine] = "no Spark replay in this checkout (replicator/engines/spark/)"
             print(f"catch-up --engine spark: skipped, {skipped[engine]}")
             continue
-        heading(f"Tail: mcdc catch-up --engine {engine} from a copy of the checkpoint")
-        _reset_target(target)
-        checkpoint = _fresh(workdir / f"tail-{engine}.json")
+        harness.heading(f"Tail: mcdc catch-up --engine {engine} from a copy of the checkpoint")
+        harness.reset_target(target)
+        checkpoint = harness.fresh_checkpoint(workdir, f"tail-{engine}.json")
         shutil.copyfile(base, checkpoint)
-        argv = mcdc("catch-up", "--source", source, "--target", target, "--checkpoint", str(checkpoint),
-                    *engine_options(engine, args.spark_master), *include)  # fmt: skip
-        commands[f"tail {engine}"] = show(argv)
-        print(f"$ {show(argv)}", flush=True)
+        argv = harness.mcdc("catch-up", "--source", source, "--target", target, "--checkpoint", str(checkpoint),
+                            *engine_options(engine, args.spark_master), *include)  # fmt: skip
+        commands[f"tail {engine}"] = harness.show(argv)
         run = timed(argv, "tail", engine, workdir)
         diff = compare(source, target, EVENTS)
         if not diff.identical:
-            raise BenchError(f"catch-up --engine {engine} left the target {diff.text()}")
+            raise harness.BenchError(f"catch-up --engine {engine} left the target {diff.text()}")
         print(f"{run.wall_s:.2f} s wall, replay_s {run.work_s:.2f}, {run.count:,} events; target {diff.text()}")
         runs.append(run)
     return runs, skipped
@@ -297,7 +268,7 @@ def figures(
         "spark_master": args.spark_master,
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
-        "mcdc_code": code_version(),
+        "mcdc_code": harness.code_version(),
         "snapshot": [r.to_json() for r in snapshot],
         "tail": [r.to_json() for r in tail],
         "tail_skipped": skipped,
@@ -312,7 +283,7 @@ def figures(
 
 
 def print_report(data: dict[str, Any]) -> None:
-    heading(
+    harness.heading(
         f"Results: {data['docs']:,} documents of ~{data['doc_size']} bytes and {data['events']:,} change events, "
         f"measured on {data['server']}"
     )
@@ -337,34 +308,31 @@ def print_report(data: dict[str, Any]) -> None:
         print(f"ratio spark/asyncio events/s {data['ratio_events_per_s_with_start']:.2f} with start, "
               f"{data['ratio_events_per_s']:.2f} without (replay_s)")  # fmt: skip
     print(f"spark start overhead         {data['spark_start_overhead_s']:.2f} s   (start s, spark - asyncio)")
-    print_verdicts(data["targets"], data["commands"])
+    harness.print_verdicts(data["targets"], data["commands"])
 
 
 # -- main ---------------------------------------------------------------------------------------------------
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
-    with bench_setup("bench_spark", args, "mcdc-bench-run-") as (workdir, source, target, server):
-        commands = {"bench": show([sys.executable, *sys.argv])}
-        load_and_warm(source, args.docs, args.doc_size)
+    with harness.bench_setup("bench_spark", args, "mcdc-bench-run-", load=True) as (workdir, source, target, server):
+        commands = {"bench": harness.show([sys.executable, *sys.argv])}
         snapshot = snapshot_runs(source, target, args, workdir, commands)
         tail, skipped = tail_runs(source, target, args, workdir, commands)
         return figures(snapshot, tail, skipped, args, server, commands)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--docs", type=int, default=500_000, help="documents to copy (default 500000)")
-    parser.add_argument("--doc-size", type=int, default=300, help="approximate BSON bytes per document (default 300)")
-    parser.add_argument("--events", type=int, default=50_000, help="change events in the tail backlog (default 50000)")
+    parser = harness.parser(__doc__)
+    harness.size_options(
+        parser, docs=(500_000, "documents to copy"), doc_size=300, events=(50_000, "change events in the tail backlog")
+    )
     parser.add_argument(
         "--spark-master", default="local[2]", help="--spark-master of the Spark runs (default local[2])"
     )
-    add_server_options(parser, "one more argument for every mcdc command (repeatable), e.g. --mcdc-arg=--workers=2")
-    args = parser.parse_args(argv)
-    if args.docs < 1 or args.events < 2:
-        parser.error("--docs must be at least 1 and --events at least 2")
-    return run_bench("bench_spark", lambda: bench(args), print_report, args.json)
+    harness.add_server_options(parser)
+    parser.error_if(lambda a: a.docs < 1 or a.events < 2, "--docs must be at least 1 and --events at least 2")
+    return harness.main("bench_spark", parser, argv, bench, print_report)
 
 
 if __name__ == "__main__":

@@ -59,20 +59,9 @@ from types import TracebackType
 from typing import Any, cast
 
 import bson
+import harness
 import psutil
 import pymongo
-from _local import (
-    BenchError,
-    add_server_options,
-    bench_setup,
-    code_version,
-    heading,
-    mcdc,
-    print_verdicts,
-    run_bench,
-    show,
-    tree_rss,
-)
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 from pymongo import DeleteOne, ReplaceOne, UpdateOne
@@ -81,7 +70,7 @@ from pymongo.collection import Collection
 from tests.support.compare import RAW
 from tests.support.servers import connect
 
-DB = "bench"
+DB = harness.DB  # the bench database, dropped by harness.reset_target
 EVENTS = "events"
 LAG = "lag"
 WARMUP = "warmup"
@@ -94,7 +83,6 @@ NAIVE_BATCH = 2000  # the article's BatchSize
 RATIO_TARGET = 10.0
 P99_TARGET_S = 1.0
 RSS_GROWTH_TARGET_MB = 20.0
-SAMPLE_S = 0.05  # RSS sampling period
 POLL_S = 0.05  # target polling period while waiting for a replay to finish
 RSS_WINDOW_S = 1.0  # RSS "at the start" / "at the end": the median over this long
 STOP_TIMEOUT_S = 30.0  # SIGTERM -> exit
@@ -207,7 +195,7 @@ def make_backlog(uri: str, events: int, seed: int = 0, *, drop: bool = True) -> 
                     round_mix["update"] + round_mix["replace"],
                     round_mix["delete"],
                 ):
-                    raise BenchError(
+                    raise harness.BenchError(
                         f"the backlog's bulk_write did not change what it should: {result.bulk_api_result}"
                     )
                 mix.update(round_mix)
@@ -217,7 +205,7 @@ def make_backlog(uri: str, events: int, seed: int = 0, *, drop: bool = True) -> 
         build_s = time.perf_counter() - started
         backlog = Backlog(start, sum(mix.values()), dict(mix), len(state), sum(state.values()), round(build_s, 2))
         if _fingerprint(coll) != (backlog.docs, backlog.v_sum):
-            raise BenchError(f"the source's {DB}.{EVENTS} does not hold what the backlog wrote")
+            raise harness.BenchError(f"the source's {DB}.{EVENTS} does not hold what the backlog wrote")
     return backlog
 
 
@@ -262,11 +250,6 @@ def compare(source: str, target: str, coll: str) -> Diff:
     return Diff(len(want), len(want.keys() - got.keys()), len(got.keys() - want.keys()), changed)
 
 
-def _reset_target(uri: str) -> None:
-    with connect(uri) as client:
-        client.drop_database(DB)
-
-
 # -- the naive replay (the baseline) -----------------------------------------------------------------------
 
 
@@ -303,7 +286,9 @@ def naive_replay(source: str, target: str, backlog: Backlog, timeout: float) -> 
                 change = stream.try_next()
                 now = time.perf_counter()
                 if now > deadline:
-                    raise BenchError(f"the naive replay did not reach the marker in {timeout:.0f} s ({seen:,} events)")
+                    raise harness.BenchError(
+                        f"the naive replay did not reach the marker in {timeout:.0f} s ({seen:,} events)"
+                    )
                 if now > report_at:
                     print(f"  {seen:>8,} / {backlog.events:,} events  ({_per_s(seen, now - started):,.0f}/s)")
                     report_at = now + 5.0
@@ -332,7 +317,7 @@ def naive_replay(source: str, target: str, backlog: Backlog, timeout: float) -> 
 
 def tail_argv(source: str, target: str, checkpoint: Path, *options: str) -> list[str]:
     """The mcdc tail command the benchmark runs (``options``: --start-at / --snapshot and --mcdc-arg's)."""
-    return mcdc(
+    return harness.mcdc(
         "tail",
         "--source", source,
         "--target", target,
@@ -344,15 +329,11 @@ def tail_argv(source: str, target: str, checkpoint: Path, *options: str) -> list
 
 def check_tail_exists() -> None:
     """Fail early, before the long baseline, when this checkout has no ``mcdc tail``."""
-    probe = subprocess.run(mcdc("tail", "--help"), capture_output=True, text=True, check=False)
+    probe = subprocess.run(harness.mcdc("tail", "--help"), capture_output=True, text=True, check=False)
     if probe.returncode != 0:
-        raise BenchError(f"`{show(mcdc('tail', '--help'))}` failed: no mcdc tail here?\n{probe.stderr[-1000:]}")
-
-
-def _fresh_checkpoint(workdir: Path, name: str) -> Path:
-    for stale in workdir.glob(f"{name}*"):  # mcdc keeps <name>.backup beside it
-        stale.unlink()
-    return workdir / name
+        raise harness.BenchError(
+            f"`{harness.show(harness.mcdc('tail', '--help'))}` failed: no mcdc tail here?\n{probe.stderr[-1000:]}"
+        )
 
 
 class Tail:
@@ -371,7 +352,7 @@ class Tail:
         self._sampler = threading.Thread(target=self._sample, name=f"rss-{name}", daemon=True)
 
     def __enter__(self) -> Tail:
-        print(f"$ {show(self.argv)}", flush=True)
+        print(f"$ {harness.show(self.argv)}", flush=True)
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
             self.started = time.perf_counter()
             self._proc = subprocess.Popen(self.argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
@@ -394,10 +375,10 @@ class Tail:
         except psutil.Error:
             return
         while not self._stop_sampling.is_set():
-            rss = tree_rss(watched)
+            rss = harness.tree_rss(watched)
             if rss:
                 self.samples.append((time.perf_counter(), rss))
-            self._stop_sampling.wait(SAMPLE_S)
+            self._stop_sampling.wait(harness.SAMPLE_S)
 
     def stderr_tail(self, size: int = 3000) -> str:
         return self.err_path.read_text(errors="replace")[-size:]
@@ -407,7 +388,7 @@ class Tail:
         assert self._proc is not None
         code = self._proc.poll()
         if code is not None:
-            raise BenchError(f"mcdc tail exited {code} before it was stopped:\n{self.stderr_tail()}")
+            raise harness.BenchError(f"mcdc tail exited {code} before it was stopped:\n{self.stderr_tail()}")
 
     def stop(self) -> tuple[int | None, float]:
         """SIGTERM, then wait: (exit code or None when it had to be killed, seconds it took to exit)."""
@@ -472,8 +453,8 @@ def mcdc_replay(
     The finish is the moment the marker was seen when the state matched at the first look after it (the
     marker is the last event), else the start of the first look that matched.
     """
-    _reset_target(target)
-    checkpoint = _fresh_checkpoint(workdir, "tail-backlog.json")
+    harness.reset_target(target)
+    checkpoint = harness.fresh_checkpoint(workdir, "tail-backlog.json")
     start_at = f"{backlog.start.time},{backlog.start.inc}"
     argv = tail_argv(source, target, checkpoint, "--start-at", start_at, *extra)
     want = (backlog.docs, backlog.v_sum)
@@ -486,7 +467,7 @@ def mcdc_replay(
             tail.check_alive()
             now = time.perf_counter()
             if now - tail.started > timeout:
-                raise BenchError(f"mcdc tail did not reach the source's final state in {timeout:.0f} s")
+                raise harness.BenchError(f"mcdc tail did not reach the source's final state in {timeout:.0f} s")
             if now > report_at:
                 print(f"  {now - tail.started:5.1f} s: {coll.estimated_document_count():,} documents on the target")
                 report_at = now + 5.0
@@ -573,7 +554,7 @@ class _Arrivals(threading.Thread):
         self._halt.set()
         self.join()
         if self.error is not None:
-            raise BenchError(f"the change stream on the target failed: {self.error!r}")
+            raise harness.BenchError(f"the change stream on the target failed: {self.error!r}")
 
 
 def _wait_until_tailing(source: Client, target: Client, tail: Tail, checkpoint: Path) -> float:
@@ -583,13 +564,13 @@ def _wait_until_tailing(source: Client, target: Client, tail: Tail, checkpoint: 
     while not checkpoint.exists():
         tail.check_alive()
         if time.perf_counter() - tail.started > WARMUP_TIMEOUT_S:
-            raise BenchError(f"mcdc tail wrote no checkpoint within {WARMUP_TIMEOUT_S:.0f} s")
+            raise harness.BenchError(f"mcdc tail wrote no checkpoint within {WARMUP_TIMEOUT_S:.0f} s")
         time.sleep(POLL_S)
     source[DB][WARMUP].insert_one({"_id": 0, "at": time.time()})
     while target[DB][WARMUP].find_one({}, {"_id": 1}) is None:
         tail.check_alive()
         if time.perf_counter() - tail.started > WARMUP_TIMEOUT_S:
-            raise BenchError(f"the warm-up document did not reach the target within {WARMUP_TIMEOUT_S:.0f} s")
+            raise harness.BenchError(f"the warm-up document did not reach the target within {WARMUP_TIMEOUT_S:.0f} s")
         time.sleep(0.02)
     return time.perf_counter() - tail.started
 
@@ -647,11 +628,11 @@ def _percentile(ordered: Sequence[float], q: float) -> float:
 
 def measure_lag(source: str, target: str, workdir: Path, rate: float, duration: float, extra: Sequence[str]) -> Lag:
     """``mcdc tail --snapshot never`` into a wiped target while one thread writes at a steady rate."""
-    _reset_target(target)
+    harness.reset_target(target)
     with connect(source) as src:
         src[DB][LAG].drop()
         src[DB][WARMUP].drop()
-    checkpoint = _fresh_checkpoint(workdir, "tail-lag.json")
+    checkpoint = harness.fresh_checkpoint(workdir, "tail-lag.json")
     argv = tail_argv(source, target, checkpoint, "--snapshot", "never", *extra)
     total = max(1, round(rate * duration))
     sent: dict[int, tuple[int, float]] = {}
@@ -720,7 +701,7 @@ def figures(
         "note": "measured on " + server + ": ratios within one run are what count",
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
-        "mcdc_code": code_version(),
+        "mcdc_code": harness.code_version(),
         "backlog": {**asdict(backlog), "start": [backlog.start.time, backlog.start.inc]},
         "naive": asdict(naive),
         "mcdc": asdict(tool),
@@ -744,7 +725,7 @@ def figures(
 
 def print_report(data: dict[str, Any]) -> None:
     backlog, naive, tool, lag = data["backlog"], data["naive"], data["mcdc"], data["lag"]
-    heading(f"Results, measured on {data['server']}: ratios within one run are what count")
+    harness.heading(f"Results, measured on {data['server']}: ratios within one run are what count")
     print(f"{data['cpus']} CPUs, Python {data['python']}; mcdc code: {data['mcdc_code']}")
     mix = ", ".join(f"{count:,} {kind}" for kind, count in backlog["mix"].items())
     print(f"backlog: {backlog['events']:,} events on {DB}.{EVENTS} ({mix}); {backlog['docs']:,} documents left")
@@ -777,7 +758,7 @@ def print_report(data: dict[str, Any]) -> None:
     )
     print(f"mcdc tail on SIGTERM: exit {lag['exit_code']} after {lag['stop_s']:.2f} s")
     print()
-    print_verdicts(data["targets"], data["commands"])
+    harness.print_verdicts(data["targets"], data["commands"])
 
 
 # -- main ---------------------------------------------------------------------------------------------------
@@ -785,51 +766,56 @@ def print_report(data: dict[str, Any]) -> None:
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     check_tail_exists()
-    with bench_setup("bench_tail", args, "mcdc-bench-tail-") as (workdir, source, target, server):
-        heading(f"Phase 1: a backlog of {args.events:,} change events on {DB}.{EVENTS}")
+    with harness.bench_setup("bench_tail", args, "mcdc-bench-tail-") as (workdir, source, target, server):
+        harness.heading(f"Phase 1: a backlog of {args.events:,} change events on {DB}.{EVENTS}")
         backlog = make_backlog(source, args.events)
         start = f"{backlog.start.time},{backlog.start.inc}"
         print(f"made in {backlog.build_s:.1f} s after the source's operation time {start}: {backlog.mix}")
 
-        heading("Phase 1a: naive replay (watch + one replace_one/delete_one per event, as in the article)")
-        _reset_target(target)
+        harness.heading("Phase 1a: naive replay (watch + one replace_one/delete_one per event, as in the article)")
+        harness.reset_target(target)
         naive = naive_replay(source, target, backlog, timeout=max(600.0, args.events / 10))
         diff = compare(source, target, EVENTS)
         naive.diff = {**asdict(diff), "identical": diff.identical, "text": diff.text()}
         print(f"{naive.wall_s:.2f} s, {naive.events_per_s:,} events/s; target {diff.text()}")
 
-        heading("Phase 1b: mcdc tail --start-at the same operation time, fresh checkpoint, wiped target")
+        harness.heading("Phase 1b: mcdc tail --start-at the same operation time, fresh checkpoint, wiped target")
         tool = mcdc_replay(source, target, backlog, workdir, args.mcdc_arg, timeout=max(120.0, 3 * naive.wall_s))
         diff = compare(source, target, EVENTS)
         tool.diff = {**asdict(diff), "identical": diff.identical, "text": diff.text()}
         print(f"{tool.wall_s:.2f} s, {tool.events_per_s:,} events/s; target {diff.text()}; exit {tool.exit_code}")
 
-        heading(
+        harness.heading(
             f"Phase 2+3: lag and RSS at {args.rate:g} writes/s for {args.duration:g} s (mcdc tail --snapshot never)"
         )
         lag = measure_lag(source, target, workdir, args.rate, args.duration, args.mcdc_arg)
         print(f"p50 {lag.p50_ms} ms, p99 {lag.p99_ms} ms, max {lag.max_ms} ms; RSS growth {lag.rss_growth_mb:+.1f} MB")
 
         commands = {
-            "bench": show([sys.executable, *sys.argv]),
+            "bench": harness.show([sys.executable, *sys.argv]),
             "naive": f"in-process pymongo: watch(full_document='updateLookup', start_at_operation_time=T, "
             f"batch_size={NAIVE_BATCH}) -> replace_one(upsert=True) / delete_one per event, w:1, retryWrites=false",
-            "mcdc (backlog)": show(tail_argv(source, target, workdir / "tail-backlog.json", "--start-at", "T,I")),
-            "mcdc (lag)": show(tail_argv(source, target, workdir / "tail-lag.json", "--snapshot", "never")),
+            "mcdc (backlog)": harness.show(
+                tail_argv(source, target, workdir / "tail-backlog.json", "--start-at", "T,I")
+            ),
+            "mcdc (lag)": harness.show(tail_argv(source, target, workdir / "tail-lag.json", "--snapshot", "never")),
         }
         return figures(backlog, naive, tool, lag, args, server, commands)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--events", type=int, default=30_000, help="change events in the backlog (default 30000)")
+    parser = harness.parser(__doc__)
+    harness.size_options(parser, events=(30_000, "change events in the backlog"))
     parser.add_argument("--rate", type=float, default=200.0, help="writes per second in the lag phase (default 200)")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of writes in the lag phase (default 20)")
-    add_server_options(parser, "one more argument for both mcdc tail runs (repeatable), e.g. --mcdc-arg=--verbose")
-    args = parser.parse_args(argv)
-    if args.events < 2 or args.rate <= 0 or args.duration <= 0:
-        parser.error("--events must be at least 2, --rate and --duration positive")
-    return run_bench("bench_tail", lambda: bench(args), print_report, args.json)
+    harness.add_server_options(
+        parser, "one more argument for both mcdc tail runs (repeatable), e.g. --mcdc-arg=--verbose"
+    )
+    parser.error_if(
+        lambda a: a.events < 2 or a.rate <= 0 or a.duration <= 0,
+        "--events must be at least 2, --rate and --duration positive",
+    )
+    return harness.main("bench_tail", parser, argv, bench, print_report)
 
 
 if __name__ == "__main__":

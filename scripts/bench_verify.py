@@ -70,7 +70,6 @@ import random
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
@@ -79,29 +78,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+import harness
 import orjson
-import psutil
-from _local import (
-    BenchError,
-    add_server_options,
-    bench_setup,
-    code_version,
-    heading,
-    mcdc,
-    print_verdicts,
-    run_bench,
-    show,
-    sigterm_as_interrupt,
-    tree_rss,
-)
-from bench_sync import COLL, DB, INCLUDE, _check_target, _reset_target, load_and_warm, mcdc_argv, run_mcdc
-from bench_tail import Tail, _fingerprint, _fresh_checkpoint, _writer, tail_argv
+from bench_sync import mcdc_argv, run_mcdc
+from bench_tail import Tail, _fingerprint, _writer, tail_argv
 from bson.raw_bson import RawBSONDocument
 from pymongo import UpdateOne
 
 from tests.support.compare import RAW
 from tests.support.servers import connect, free_port
 
+DB, COLL, INCLUDE = harness.DB, harness.COLL, harness.INCLUDE  # the shared bench collection
 RSS_TARGET_MB = 300.0
 SLOWDOWN_TARGET = 0.20
 RUN_IDS = 100  # consecutive _ids updated in a run of the backlog
@@ -112,7 +99,6 @@ WARM_UP, NO_VERIFY, WITH_VERIFY, NO_VERIFY_AGAIN = "warm-up", "no verify", "veri
 REPLAYS = (WARM_UP, NO_VERIFY, WITH_VERIFY, NO_VERIFY_AGAIN)
 #: the embedded verifier's options: one pass after another, with no pause
 VERIFY = ("--verify", "--verify-interval", "0")
-SAMPLE_S = 0.05  # RSS sampling period of mcdc verify
 POLL_S = 0.05  # /progress polling period
 REPORT_S = 5.0
 SHOWN_PASS_LINES = 4
@@ -188,49 +174,22 @@ def two_cursors(source: str, target: str) -> Scan:
     )
 
 
-def _run(argv: list[str], name: str, logdir: Path) -> tuple[float, bytes, int]:
-    """Run one mcdc command to its end, sampling its tree's RSS: (wall s, stdout, peak RSS bytes)."""
-    out_path, err_path = logdir / f"{name}.out", logdir / f"{name}.err"
-    peak = 0
-    print(f"$ {show(argv)}", flush=True)
-    with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        started = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
-        try:
-            watched = psutil.Process(proc.pid)
-            while True:
-                peak = max(peak, tree_rss(watched))
-                try:
-                    proc.wait(SAMPLE_S)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-        finally:
-            if proc.poll() is None:  # Ctrl-C or an error here: do not leave mcdc running
-                proc.terminate()
-                proc.wait()
-        wall = time.perf_counter() - started
-    if proc.returncode != 0:
-        raise BenchError(f"{name} exited {proc.returncode}:\n{err_path.read_text(errors='replace')[-3000:]}")
-    return wall, out_path.read_bytes(), peak
-
-
 def mcdc_verify(source: str, target: str, docs: int, logdir: Path, extra: Sequence[str]) -> tuple[Scan, list[str]]:
     """``mcdc verify --json`` of bench.docs; exit 1 (differences) fails the step: the target must be identical."""
-    argv = mcdc("verify", "--source", source, "--target", target, "--include", INCLUDE, "--json", *extra)
-    wall, out, peak = _run(argv, "verify", logdir)
-    report = orjson.loads(out)
+    argv = harness.mcdc("verify", "--source", source, "--target", target, "--include", INCLUDE, "--json", *extra)
+    done = harness.run_measured(argv, "verify", logdir)
+    report = orjson.loads(done.stdout)
     compared, elapsed = int(report["documents"]), float(report["elapsed_s"])
     if compared != docs:
-        raise BenchError(f"mcdc verify compared {compared:,} documents, not {docs:,}")
+        raise harness.BenchError(f"mcdc verify compared {compared:,} documents, not {docs:,}")
     scan = Scan(
         "mcdc verify",
         compared,
-        round(wall, 3),
-        _per_s(compared, wall),
+        round(done.wall_s, 3),
+        _per_s(compared, done.wall_s),
         own_s=elapsed,
         own_docs_per_s=_per_s(compared, elapsed),
-        peak_rss_mb=_mb(peak),
+        peak_rss_mb=_mb(done.peak_rss),
     )
     return scan, argv
 
@@ -263,7 +222,7 @@ def _watch(
         tail.check_alive()
         if asked - tail.started > timeout:
             last = say(answers[-1][1]) if answers else "no answer from /progress"
-            raise BenchError(f"mcdc tail did not get there in {timeout:.0f} s: {last}")
+            raise harness.BenchError(f"mcdc tail did not get there in {timeout:.0f} s: {last}")
         if asked > report_at and answers:
             print(f"  {asked - tail.started:6.1f} s: {say(answers[-1][1])}", flush=True)
             report_at = asked + REPORT_S
@@ -301,7 +260,7 @@ def embedded_pass(
     source: str, target: str, base: Path, docs: int, workdir: Path, extra: Sequence[str]
 ) -> tuple[Scan, dict[str, Any], list[str]]:
     """``mcdc tail --verify`` on the synced checkpoint: its first pass timed from /progress, its peak RSS."""
-    checkpoint = _fresh_checkpoint(workdir, "tail-verify-pass.json")
+    checkpoint = harness.fresh_checkpoint(workdir, "tail-verify-pass.json")
     shutil.copyfile(base, checkpoint)
     port = free_port()
     argv = tail_argv(source, target, checkpoint, "--include", INCLUDE, "--metrics-port", str(port), *VERIFY, *extra)
@@ -313,7 +272,7 @@ def embedded_pass(
     v = end["verification"]
     compared = _completed(v)
     if compared != docs:
-        raise BenchError(f"the embedded verifier's first pass compared {compared:,} documents, not {docs:,}")
+        raise harness.BenchError(f"the embedded verifier's first pass compared {compared:,} documents, not {docs:,}")
     own = end_at - first_at
     counted = compared - int(first["verification"]["scannedDocuments"])  # what the first answer showed done
     wall = end_at - tail.started
@@ -373,12 +332,14 @@ def make_backlog(uri: str, docs: int, events: int, seed: int = 0) -> Backlog:
         for at in range(0, events, BULK):
             chunk = [UpdateOne({"_id": _id}, {"$inc": {"v": 1}}) for _id in ids[at : at + BULK]]
             if coll.bulk_write(chunk).modified_count != len(chunk):
-                raise BenchError(f"a backlog bulk_write did not update each of its {len(chunk)} documents")
+                raise harness.BenchError(f"a backlog bulk_write did not update each of its {len(chunk)} documents")
         build_s = time.perf_counter() - started
         backlog = Backlog(events, runs, singles, docs, events, round(build_s, 2))
         found = _fingerprint(coll)
         if found != (docs, events):
-            raise BenchError(f"the source's {DB}.{COLL} holds (documents, sum of v) {found}, not {(docs, events)}")
+            raise harness.BenchError(
+                f"the source's {DB}.{COLL} holds (documents, sum of v) {found}, not {(docs, events)}"
+            )
     return backlog
 
 
@@ -451,7 +412,9 @@ def without_backlog(uri: str, docs: int) -> int:
         changed = coll.update_many({"v": {"$exists": True}}, {"$unset": {"v": ""}}).modified_count
         found = _fingerprint(coll)
     if found != (docs, 0):
-        raise BenchError(f"{DB}.{COLL} without the backlog holds (documents, sum of v) {found}, not {(docs, 0)}")
+        raise harness.BenchError(
+            f"{DB}.{COLL} without the backlog holds (documents, sum of v) {found}, not {(docs, 0)}"
+        )
     return changed
 
 
@@ -461,7 +424,7 @@ def replay(
     """Tail the backlog from a fresh copy of ``base`` (``kind`` WITH_VERIFY: with the verifier, followed
     after the replay by :func:`_settle`), timed by /progress; then the target's count and sum of v are checked."""
     name = f"tail-replay-{kind.replace(' ', '-')}"
-    checkpoint = _fresh_checkpoint(workdir, f"{name}.json")
+    checkpoint = harness.fresh_checkpoint(workdir, f"{name}.json")
     shutil.copyfile(base, checkpoint)
     port = free_port()
     verify = VERIFY if kind == WITH_VERIFY else ()
@@ -499,7 +462,7 @@ def replay(
     with connect(target) as client:
         found = _fingerprint(client[DB][COLL])
     if found != (backlog.docs, backlog.v_sum):
-        raise BenchError(
+        raise harness.BenchError(
             f"after the {kind} replay the target holds (documents, sum of v) {found}, "
             f"not {(backlog.docs, backlog.v_sum)}"
         )
@@ -535,7 +498,7 @@ def figures(
         "doc_size": args.doc_size,
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
-        "mcdc_code": code_version(),
+        "mcdc_code": harness.code_version(),
         "sync": sync,
         "scans": [asdict(s) for s in scans],
         "embedded": embedded,
@@ -586,7 +549,7 @@ def _print_settling(after: dict[str, Any]) -> None:
 
 def print_report(data: dict[str, Any]) -> None:
     backlog = data["backlog"]
-    heading(f"Results: {data['docs']:,} documents of ~{data['doc_size']} bytes, measured on {data['server']}")
+    harness.heading(f"Results: {data['docs']:,} documents of ~{data['doc_size']} bytes, measured on {data['server']}")
     print(f"{data['cpus']} CPUs, Python {data['python']}; mcdc code: {data['mcdc_code']}")
     sync = data["sync"]
     print(
@@ -645,52 +608,55 @@ def print_report(data: dict[str, Any]) -> None:
     exits = [embedded["exit_code"]] + [r["exit_code"] for r in data["replays"]]
     if any(code != 0 for code in exits):
         print(f"note: mcdc tail exit codes on SIGTERM: {exits} (0 expected)")
-    print_verdicts(data["targets"], data["commands"])
+    harness.print_verdicts(data["targets"], data["commands"])
 
 
 # -- main -------------------------------------------------------------------------------------------------------
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
-    with bench_setup("bench_verify", args, "mcdc-bench-verify-") as (workdir, source, target, server):
-        commands = {"bench": show([sys.executable, *sys.argv])}
-        load_and_warm(source, args.docs, args.doc_size)
+    setup = harness.bench_setup("bench_verify", args, "mcdc-bench-verify-", load=True)
+    with setup as (workdir, source, target, server):
+        commands = {"bench": harness.show([sys.executable, *sys.argv])}
         if args.source:  # a load reused from an earlier run holds that run's backlog
             print(f"an earlier backlog taken out of the source: {without_backlog(source, args.docs):,} documents")
 
-        heading("Step 1: mcdc sync into the wiped target (the checkpoint every tail starts from)")
-        _reset_target(target)
-        synced = _fresh_checkpoint(workdir, "sync.json")
+        harness.heading("Step 1: mcdc sync into the wiped target (the checkpoint every tail starts from)")
+        harness.reset_target(target)
+        synced = harness.fresh_checkpoint(workdir, "sync.json")
         argv = mcdc_argv(source, target, synced, 4, args.mcdc_arg)
-        print(f"$ {show(argv)}", flush=True)
         run = run_mcdc(argv, args.docs, 1, workdir)
-        _check_target(target, args.docs, "mcdc sync")
-        base = _fresh_checkpoint(workdir, "base.json")
+        harness.check_target(target, args.docs, "mcdc sync")
+        base = harness.fresh_checkpoint(workdir, "base.json")
         shutil.copyfile(synced, base)
-        commands["sync"] = show(argv)
+        commands["sync"] = harness.show(argv)
         sync = {"wall_s": run.wall_s, "docs_per_s": run.docs_per_s, "peak_rss_mb": run.peak_rss_mb}
         print(f"{run.wall_s:.2f} s, {run.docs_per_s:,} docs/s")
 
-        heading("Step 2: two pymongo cursors (raw BSON, sorted by _id), merged and compared byte for byte")
+        harness.heading("Step 2: two pymongo cursors (raw BSON, sorted by _id), merged and compared byte for byte")
         cursors = two_cursors(source, target)
         if cursors.differences or cursors.docs != args.docs:
-            raise BenchError(f"the two cursors compared {cursors.docs:,} documents after mcdc sync: {cursors.note}")
+            raise harness.BenchError(
+                f"the two cursors compared {cursors.docs:,} documents after mcdc sync: {cursors.note}"
+            )
         print(f"{cursors.wall_s:.2f} s, {cursors.docs_per_s:,} docs/s")
 
-        heading("Step 3: mcdc verify")
+        harness.heading("Step 3: mcdc verify")
         verify, argv = mcdc_verify(source, target, args.docs, workdir, args.mcdc_arg)
-        commands["verify"] = show(argv)
+        commands["verify"] = harness.show(argv)
         print(f"{verify.wall_s:.2f} s wall ({verify.own_s} s by its elapsed_s), {verify.docs_per_s:,} docs/s")
 
-        heading("Step 4: one pass of the embedded verifier (mcdc tail --verify, nothing to replay)")
+        harness.heading("Step 4: one pass of the embedded verifier (mcdc tail --verify, nothing to replay)")
         tail, embedded, argv = embedded_pass(source, target, base, args.docs, workdir, args.mcdc_arg)
-        commands["tail --verify (pass)"] = show(argv)
+        commands["tail --verify (pass)"] = harness.show(argv)
         print(
             f"pass 1: {tail.own_s:.2f} s by /progress, {tail.own_docs_per_s:,} docs/s; peak RSS {tail.peak_rss_mb} MB"
         )
         print(f"its log: {tail.note or '(no pass line found)'}")
 
-        heading(f"Step 5: a backlog of {args.events:,} updates on {DB}.{COLL}, replayed without and with --verify")
+        harness.heading(
+            f"Step 5: a backlog of {args.events:,} updates on {DB}.{COLL}, replayed without and with --verify"
+        )
         backlog = make_backlog(source, args.docs, args.events)
         print(
             f"made in {backlog.build_s:.1f} s: {backlog.runs:,} runs of up to {RUN_IDS} consecutive _ids, "
@@ -698,10 +664,10 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         )
         replays: list[Replay] = []
         for kind in REPLAYS:
-            heading(f"Step 5: replay of the backlog from a copy of the checkpoint: {kind}")
+            harness.heading(f"Step 5: replay of the backlog from a copy of the checkpoint: {kind}")
             print(f"target put back as the sync left it: {without_backlog(target, args.docs):,} documents changed")
             done, argv = replay(source, target, base, backlog, kind, workdir, args.mcdc_arg)
-            commands[f"tail ({kind})"] = show(argv)
+            commands[f"tail ({kind})"] = harness.show(argv)
             print(
                 f"{done.steady_s:.2f} s from the first events applied, {done.events_per_s:,} events/s "
                 f"({done.wall_s:.2f} s from start); peak RSS {done.peak_rss_mb} MB"
@@ -711,16 +677,13 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--docs", type=int, default=500_000, help="documents to compare (default 500000)")
-    parser.add_argument("--doc-size", type=int, default=200, help="approximate BSON bytes per document (default 200)")
-    parser.add_argument("--events", type=int, default=20_000, help="update events in the backlog (default 20000)")
-    add_server_options(parser, "one more argument for every mcdc command (repeatable), e.g. --mcdc-arg=--workers=2")
-    args = parser.parse_args(argv)
-    if args.docs < 1 or args.events < 1:
-        parser.error("--docs and --events must be at least 1")
-    sigterm_as_interrupt()
-    return run_bench("bench_verify", lambda: bench(args), print_report, args.json)
+    parser = harness.parser(__doc__)
+    harness.size_options(
+        parser, docs=(500_000, "documents to compare"), doc_size=200, events=(20_000, "update events in the backlog")
+    )
+    harness.add_server_options(parser)
+    parser.error_if(lambda a: a.docs < 1 or a.events < 1, "--docs and --events must be at least 1")
+    return harness.main("bench_verify", parser, argv, bench, print_report)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from _local import REPO_ROOT, heading, local_servers, mcdc, show
+import harness
 
 from tests.support.corpus import load_bulk, load_corpus
 from tests.support.servers import ServerPair, connect
@@ -39,7 +39,7 @@ def _fresh_workdir(path: Path) -> None:
 
 def _run(argv: list[str]) -> int:
     """Run one mcdc command with its output on the terminal; return its exit code."""
-    print(f"$ {show(argv)}", flush=True)
+    print(f"$ {harness.show(argv)}", flush=True)
     started = time.monotonic()
     code = subprocess.run(argv, check=False).returncode
     print(f"(exit {code}, {time.monotonic() - started:.1f} s)", flush=True)
@@ -77,29 +77,29 @@ def demo(workdir: Path, orders: int) -> int:
     """The whole tour; returns mcdc verify's exit code (or the first failing command's)."""
     _fresh_workdir(workdir)
     checkpoint = workdir / "checkpoint.json"
-    heading(f"Starting two local SecantusDB servers under {workdir}")
-    with local_servers(workdir / "servers") as pair:
+    harness.heading(f"Starting two local SecantusDB servers under {workdir}")
+    with harness.local_servers(workdir / "servers") as pair:
         print(f"  source: {pair.source_uri}\n  target: {pair.target_uri}")
-        heading("Loading sample data into the source")
+        harness.heading("Loading sample data into the source")
         _load(pair, orders)
         uris = ["--source", pair.source_uri, "--target", pair.target_uri]
 
-        heading("mcdc sync: snapshot every collection, then replay what changed meanwhile")
-        code = _run(mcdc("sync", *uris, "--checkpoint", str(checkpoint)))
+        harness.heading("mcdc sync: snapshot every collection, then replay what changed meanwhile")
+        code = _run(harness.mcdc("sync", *uris, "--checkpoint", str(checkpoint)))
         if code != 0:
             return code
 
-        heading("Writing to the source after the sync")
+        harness.heading("Writing to the source after the sync")
         _write_on_source(pair, orders)
 
-        heading("mcdc catch-up: replay those changes from the checkpoint")
-        code = _run(mcdc("catch-up", *uris, "--checkpoint", str(checkpoint)))
+        harness.heading("mcdc catch-up: replay those changes from the checkpoint")
+        code = _run(harness.mcdc("catch-up", *uris, "--checkpoint", str(checkpoint)))
         if code != 0:
             return code
 
-        heading("mcdc verify: compare source and target document by document")
-        code = _run(mcdc("verify", *uris))
-        heading("Stopping the servers")
+        harness.heading("mcdc verify: compare source and target document by document")
+        code = _run(harness.mcdc("verify", *uris))
+        harness.heading("Stopping the servers")
     print("identical: the target is a byte-exact copy of the source" if code == 0 else f"verify exited {code}")
     return code
 
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workdir",
         type=Path,
-        default=REPO_ROOT / ".mcdc-demo",
+        default=harness.REPO_ROOT / ".mcdc-demo",
         help="servers' data, logs and the checkpoint; wiped at start (default: .mcdc-demo/ in the repository)",
     )
     parser.add_argument("--orders", type=int, default=ORDERS, help=f"documents in shop.orders (default {ORDERS})")

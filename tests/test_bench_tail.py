@@ -33,7 +33,7 @@ def test_bench_tail_small_run_prints_a_ratio_and_p99() -> None:
 
 
 def _bench_tail(monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.syspath_prepend(str(REPO_ROOT / "scripts"))  # where the script finds its _local helpers
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "scripts"))  # where the script finds its harness
     return importlib.import_module("bench_tail")
 
 
