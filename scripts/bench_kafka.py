@@ -130,10 +130,10 @@ from replicator.events import ChangeEvent, Namespace
 from replicator.events.normalize import normalize_change
 from replicator.settings.config import Settings
 from replicator.settings.resolve import resolve
-from replicator.sinks.envelope import Encoder, EnvelopeOptions, Message
-from replicator.sinks.kafka import KafkaSink
-from replicator.sinks.kafka_options import producer_config
-from replicator.sinks.topics import TopicNamer
+from replicator.sinks.kafka.options import producer_config
+from replicator.sinks.kafka.sink import KafkaSink
+from replicator.sinks.records.envelope import Encoder, EnvelopeOptions, Message
+from replicator.sinks.records.topics import TopicNamer
 from replicator.source.connection import RAW_CODEC
 
 DB = "bench_kafka"

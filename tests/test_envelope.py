@@ -17,9 +17,9 @@ from replicator.errors import ConfigError
 from replicator.events import ChangeEvent, Namespace, Op
 from replicator.events.normalize import normalize_change, snapshot_read
 from replicator.settings.resolve import resolve
-from replicator.sinks.envelope import Encoder, EnvelopeOptions, Message, transaction_id
-from replicator.sinks.kafka_options import producer_config
-from replicator.sinks.topics import TopicNamer, avro_name
+from replicator.sinks.kafka.options import producer_config
+from replicator.sinks.records.envelope import Encoder, EnvelopeOptions, Message, transaction_id
+from replicator.sinks.records.topics import TopicNamer, avro_name
 
 NOW = 1_800_000_000.123
 LSID = {"id": bson.Binary(bytes(range(16)), 4), "uid": bson.Binary(b"\x00" * 32, 0)}
@@ -321,8 +321,8 @@ def test_partitioner_matches_kafkas_default() -> None:
 
     from aiokafka.partitioner import DefaultPartitioner, murmur2
 
-    from replicator.sinks.partitioner import murmur2 as fast_murmur2
-    from replicator.sinks.partitioner import partition
+    from replicator.sinks.kafka.partitioner import murmur2 as fast_murmur2
+    from replicator.sinks.kafka.partitioner import partition
 
     rng = random.Random(7)
     reference = DefaultPartitioner()

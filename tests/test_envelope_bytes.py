@@ -29,9 +29,9 @@ from bson.timestamp import Timestamp
 from replicator.bsonkit import rawbson
 from replicator.events import ChangeEvent, normalize
 from replicator.settings.fields import FieldRules, transform_fields
-from replicator.sinks.envelope import Encoder, EnvelopeOptions, Message
-from replicator.sinks.templates import MARKERS, json_string
-from replicator.sinks.topics import TopicNamer
+from replicator.sinks.records.envelope import Encoder, EnvelopeOptions, Message
+from replicator.sinks.records.templates import MARKERS, json_string
+from replicator.sinks.records.topics import TopicNamer
 from replicator.source.connection import RAW_CODEC
 from tests.support.corpus import bson_corpus_documents
 

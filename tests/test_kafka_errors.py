@@ -14,8 +14,8 @@ from aiokafka import errors as kafka_errors
 
 from replicator.errors import ConfigError, SinkError, SinkUnavailable
 from replicator.settings.resolve import resolve
-from replicator.sinks.kafka import KafkaSink, describe_error
-from replicator.sinks.kafka_options import producer_config
+from replicator.sinks.kafka.options import producer_config
+from replicator.sinks.kafka.sink import KafkaSink, describe_error
 from replicator.source.retry import is_retryable
 from tests.support.servers import free_port
 

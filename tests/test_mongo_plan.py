@@ -8,7 +8,7 @@ from pymongo import UpdateOne
 
 from replicator.events import ChangeEvent, Namespace, Op, UpdateDescription
 from replicator.events.update_ops import update_document, update_steps
-from replicator.sinks.mongo_plan import literal_ops, write_ops
+from replicator.sinks.mongo.plan import literal_ops, write_ops
 
 NS = Namespace("d", "c")
 

@@ -14,9 +14,9 @@ from bson.raw_bson import RawBSONDocument
 
 from replicator.bsonkit.extjson import CANONICAL
 from replicator.events import ChangeEvent, Namespace, Op, UpdateDescription
-from replicator.sinks.envelope import Encoder, EnvelopeOptions
-from replicator.sinks.mongo import MongoSink
-from replicator.sinks.topics import TopicNamer
+from replicator.sinks.mongo.sink import MongoSink
+from replicator.sinks.records.envelope import Encoder, EnvelopeOptions
+from replicator.sinks.records.topics import TopicNamer
 
 pytestmark = pytest.mark.integration
 NS = Namespace("plandb", "c")

@@ -11,7 +11,7 @@ from bson import Int64
 from bson.raw_bson import RawBSONDocument
 
 from replicator.events import ChangeEvent, Namespace, Op, Transaction, UpdateDescription
-from replicator.sinks.mongo import MongoSink
+from replicator.sinks.mongo.sink import MongoSink
 
 pytestmark = pytest.mark.integration
 NS = Namespace("sinkdb", "c")
@@ -149,7 +149,7 @@ def test_only_a_deployment_without_transactions_turns_them_off() -> None:
     member or mongos" form says the target has no transactions."""
     from pymongo.errors import OperationFailure
 
-    from replicator.sinks.mongo import no_transactions
+    from replicator.sinks.mongo.sink import no_transactions
 
     standalone = OperationFailure("Transaction numbers are only allowed on a replica set member or mongos", code=20)
     assert no_transactions(standalone)

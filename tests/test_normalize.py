@@ -12,8 +12,8 @@ from pymongo import DeleteOne, ReplaceOne, UpdateOne
 
 from replicator.events import ChangeEvent, Namespace, Op, Transaction
 from replicator.events.normalize import OPERATION_TYPES, normalize_change
-from replicator.sinks.mongo import _segments
-from replicator.sinks.mongo_plan import write_ops
+from replicator.sinks.mongo.plan import write_ops
+from replicator.sinks.mongo.sink import _segments
 from replicator.source.changestream import token_timestamp
 
 
@@ -126,7 +126,7 @@ def test_resume_token_time() -> None:
 
 def test_coalesce_keeps_each_documents_order() -> None:
     from replicator.events import UpdateDescription
-    from replicator.sinks.mongo_plan import coalesce
+    from replicator.sinks.mongo.plan import coalesce
 
     ns = Namespace("d", "c")
 
@@ -151,7 +151,7 @@ def test_coalesce_keeps_each_documents_order() -> None:
 def test_deltas_of_different_documents_keep_the_sources_order() -> None:
     """A unique key moved from one document to another (A->tmp, B->a, A->b) is freed before it is taken."""
     from replicator.events import UpdateDescription
-    from replicator.sinks.mongo_plan import coalesce
+    from replicator.sinks.mongo.plan import coalesce
 
     ns = Namespace("d", "c")
 
@@ -166,7 +166,7 @@ def test_deltas_of_different_documents_keep_the_sources_order() -> None:
 
 def test_literal_ops_carry_dollar_prefixed_fields() -> None:
     from replicator.events import UpdateDescription
-    from replicator.sinks.mongo_plan import literal_ops
+    from replicator.sinks.mongo.plan import literal_ops
 
     ns = Namespace("d", "c")
     doc = {"_id": 1, "$price": 3}
@@ -181,7 +181,7 @@ def test_literal_ops_carry_dollar_prefixed_fields() -> None:
 
 
 def test_duplicate_key_errors_name_the_index_and_key() -> None:
-    from replicator.sinks.mongo_plan import duplicate_key
+    from replicator.sinks.mongo.plan import duplicate_key
 
     error = {
         "code": 11000, "keyPattern": {"email": 1}, "keyValue": {"email": "b@x"},

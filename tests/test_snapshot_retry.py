@@ -226,7 +226,7 @@ async def test_a_snapshot_failed_while_preparing_still_drops_what_it_had_not_pre
 
     import replicator.job.phases
     from replicator.errors import ServerUnavailable
-    from replicator.sinks.mongo import MongoSink
+    from replicator.sinks.mongo.sink import MongoSink
 
     with pymongo.MongoClient(source_uri) as client:
         for name in ("a", "b"):
@@ -272,7 +272,7 @@ async def test_a_stop_during_the_backoff_ends_the_run_at_once(
     from pymongo.errors import AutoReconnect
 
     import replicator.job.phases
-    from replicator.sinks.mongo import MongoSink
+    from replicator.sinks.mongo.sink import MongoSink
 
     with pymongo.MongoClient(source_uri) as client:
         client.stop.c.insert_many([{"_id": i} for i in range(100)])
@@ -345,7 +345,7 @@ async def test_a_time_series_partition_copied_again_holds_each_measurement_once(
 
     import replicator.job.phases
     from replicator.errors import ServerUnavailable
-    from replicator.sinks.mongo import MongoSink
+    from replicator.sinks.mongo.sink import MongoSink
 
     start = datetime.datetime(2024, 1, 1)
     with pymongo.MongoClient(source_uri) as client:

@@ -27,7 +27,7 @@ from replicator.events import Namespace
 from replicator.observe.progress import LogReporter
 from replicator.settings.resolve import resolve
 from replicator.settings.selection import Scope, Selection
-from replicator.sinks.mongo import MongoSink
+from replicator.sinks.mongo.sink import MongoSink
 from replicator.snapshot.copy import CopyLimits, copy_partitions
 from replicator.source.connection import ServerInfo
 from replicator.source.partitions import ALL, TIME, Partition, Resume, plan_timeseries, time_ranges

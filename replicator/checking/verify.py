@@ -28,7 +28,7 @@ from replicator.settings.config import Settings
 from replicator.settings.fields import FieldEditor, FieldRules
 from replicator.settings.selection import Selection, rename_spec
 from replicator.settings.uri import is_mongo_uri, redact
-from replicator.sinks.mongo_schema import same_index
+from replicator.sinks.mongo.schema import same_index
 from replicator.source import catalog
 from replicator.source.connection import DICT_CODEC, Client, make_client, probe
 from replicator.source.partitions import Partition, plan_collection, with_catch_all

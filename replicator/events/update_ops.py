@@ -1,7 +1,7 @@
 """A change event's delta (UpdateDescription) as MongoDB update operators. Pure: no I/O.
 
 The one builder behind every writer of a delta as MongoDB updates: the MongoDB write plan
-(``sinks/mongo_plan``) sends its steps, the Debezium legacy envelope (``sinks/envelope``) carries them
+(``sinks/mongo/plan``) sends its steps, the Debezium legacy envelope (``sinks/records/envelope``) carries them
 as its ``patch``.
 
 MongoDB refuses an update document in which one path is a prefix of another (ConflictingUpdateOperators),
@@ -15,7 +15,7 @@ it becomes one ``$set`` of it, so the common ``$push`` with ``$slice`` stays one
 
 Paths are taken as the change stream reports them: a field name holding a dot is indistinguishable from
 a path there. Top-level ``$``-prefixed field names cannot be written by operators at all; the MongoDB
-sink sets those with ``$setField`` (``mongo_plan.literal_ops``).
+sink sets those with ``$setField`` (``sinks.mongo.plan.literal_ops``).
 """
 
 from __future__ import annotations

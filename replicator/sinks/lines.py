@@ -36,7 +36,7 @@ from replicator.errors import ConfigError, OutputClosed, SinkError, SinkUnavaila
 from replicator.events import ChangeEvent, CollectionSpec, Namespace
 from replicator.settings.config import Settings
 from replicator.sinks.base import Sink
-from replicator.sinks.envelope import Encoder, Message
+from replicator.sinks.records.envelope import Encoder, Message
 
 log = logging.getLogger("mcdc.sinks.lines")
 

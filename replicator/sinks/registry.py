@@ -32,7 +32,7 @@ def open_sink(settings: Settings) -> Sink:
     scheme = scheme_of(uri)
     if scheme in ("mongodb", "mongodb+srv"):
         from replicator.settings.selection import Scope
-        from replicator.sinks.mongo import MongoSink
+        from replicator.sinks.mongo.sink import MongoSink
 
         scope = Scope(settings.selection, settings.renamer)
         return MongoSink(uri, timeout_s=settings.connect_timeout_s, scope=scope, io_timeout_s=settings.io_timeout_s)
@@ -41,7 +41,7 @@ def open_sink(settings: Settings) -> Sink:
 
         return MemorySink()
     if scheme == "kafka":
-        from replicator.sinks.kafka import KafkaSink
+        from replicator.sinks.kafka.sink import KafkaSink
 
         return KafkaSink(uri, settings)
     if scheme in ("delta", "iceberg"):

@@ -12,7 +12,7 @@ from bson.timestamp import Timestamp
 
 from replicator import __version__
 from replicator.events import ChangeEvent, Namespace, Op
-from replicator.sinks.plain import transaction_id
+from replicator.sinks.records.plain import transaction_id
 
 
 class SourceBlocks:

@@ -39,9 +39,9 @@ from replicator.events import ChangeEvent
 from replicator.settings.config import Settings
 from replicator.settings.uri import kafka_bootstrap, redact
 from replicator.sinks.base import Sink
-from replicator.sinks.envelope import Encoder, Message
-from replicator.sinks.kafka_options import producer_config
-from replicator.sinks.partitioner import partition
+from replicator.sinks.kafka.options import producer_config
+from replicator.sinks.kafka.partitioner import partition
+from replicator.sinks.records.envelope import Encoder, Message
 
 log = logging.getLogger("mcdc.sinks.kafka")
 

@@ -3,12 +3,12 @@
 Every write is idempotent, so re-delivering events after a crash converges to the same state:
 inserts and replaces are upserts by documentKey, updates replace with the full document when the stream
 looked it up (else apply the delta), deletes delete by documentKey, and DDL tolerates "already done".
-The plan (which writes) is :mod:`.mongo_plan`'s; this module sends it.
+The plan (which writes) is :mod:`.plan`'s; this module sends it.
 
 Unique secondary indexes: the fast path reorders writes across documents (see ``coalesce``), and a
 looked-up full document or a re-applied event after a crash can hold a key that the target still gives
 to another document. On such a conflict the namespace's batch is applied again in source order, and a
-write that still collides is settled as the source has it (:mod:`.mongo_unique`); the settled documents'
+write that still collides is settled as the source has it (:mod:`.unique`); the settled documents'
 later events in the batch are older than that settlement, so they are skipped.
 """
 
@@ -31,7 +31,7 @@ from replicator.errors import SinkError, SinkUnavailable
 from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op, Position
 from replicator.settings.selection import Scope
 from replicator.sinks.base import Sink, SourceLookup
-from replicator.sinks.mongo_plan import (
+from replicator.sinks.mongo.plan import (
     DOLLAR_PREFIXED,
     DUPLICATE_KEY,
     STALE_DELTA_CODES,
@@ -44,8 +44,8 @@ from replicator.sinks.mongo_plan import (
     plan,
     stale_delta,
 )
-from replicator.sinks.mongo_schema import MongoSchema
-from replicator.sinks.mongo_unique import settle
+from replicator.sinks.mongo.schema import MongoSchema
+from replicator.sinks.mongo.unique import settle
 from replicator.source.connection import ServerInfo, make_client, probe, server_message
 from replicator.source.retry import is_retryable
 
@@ -219,7 +219,7 @@ class MongoSink(Sink):
 
     async def _apply_in_order(self, ns: Namespace, events: Sequence[ChangeEvent]) -> None:
         """Every write in source order; a write that collides on a unique key is settled from the source
-        (mongo_unique.settle), and the settled documents' remaining writes in the batch are skipped."""
+        (unique.settle), and the settled documents' remaining writes in the batch are skipped."""
         todo = plan(events)
         settled: set[bytes] = set()
         while todo:

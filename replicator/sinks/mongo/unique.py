@@ -18,7 +18,7 @@ from pymongo.errors import BulkWriteError
 from replicator.errors import SinkError
 from replicator.events import ChangeEvent, Namespace
 from replicator.sinks.base import SourceLookup
-from replicator.sinks.mongo_plan import DuplicateKey, duplicate_key, id_bytes
+from replicator.sinks.mongo.plan import DuplicateKey, duplicate_key, id_bytes
 from replicator.source.connection import Client
 
 log = logging.getLogger("mcdc.sink.mongo")

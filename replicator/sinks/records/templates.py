@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from replicator.sinks import connect_schema
+from replicator.sinks.records import connect_schema
 
 _dumps = orjson.dumps
 NULL = b"null"

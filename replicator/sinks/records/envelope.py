@@ -40,11 +40,20 @@ from replicator.bsonkit.extjson import to_json_value
 from replicator.events import ChangeEvent, Namespace, Op, Transaction, UpdateDescription
 from replicator.events.update_ops import update_document, update_steps
 from replicator.settings.config import Settings
-from replicator.sinks import connect_schema
-from replicator.sinks.plain import plain_event, transaction_id
-from replicator.sinks.source_block import SourceBlocks, source_ts
-from replicator.sinks.templates import MARKERS, NULL, Parts, cut, debezium_template, debezium_value, json_string, number
-from replicator.sinks.topics import TopicNamer
+from replicator.sinks.records import connect_schema
+from replicator.sinks.records.plain import plain_event, transaction_id
+from replicator.sinks.records.source_block import SourceBlocks, source_ts
+from replicator.sinks.records.templates import (
+    MARKERS,
+    NULL,
+    Parts,
+    cut,
+    debezium_template,
+    debezium_value,
+    json_string,
+    number,
+)
+from replicator.sinks.records.topics import TopicNamer
 
 _DATA_OPS = frozenset({Op.READ, Op.INSERT, Op.UPDATE, Op.REPLACE, Op.DELETE})
 #: Debezium's op letter for each data op (a replace is an update whose after is the whole document).
