@@ -121,3 +121,26 @@ def test_bench_cpu_small_run_prints_the_steady_cpu_ratios() -> None:
     assert all(isinstance(data["ratios"][k], float) for k in ("cpu_per_doc", "cpu_per_event", "replay_rate"))
     assert data["replay"]["big"]["mcdc"]["cpu_s"] > 0 and data["copy"]["big"]["plain"]["cpu_s"] > 0
     assert "steady CPU per doc" in done.stdout and "steady CPU per event <= 1.3x" in done.stdout
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_bench_cpu_profile_stages_name_files_that_exist(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench_cpu --profile sums CPU by stage from each file's path: a path the tree no longer has (a module
+    moved) would send its time to "other mcdc" without a word."""
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.syspath_prepend(str(root / "scripts"))
+    import bench_cpu
+
+    files = [p.relative_to(root).as_posix() for p in (root / "replicator").rglob("*.py")]
+    stale = [
+        part for part, _ in bench_cpu.STAGES if part.startswith("replicator/") and not any(part in f for f in files)
+    ]
+    assert not stale, f"bench_cpu.STAGES names paths that no file has: {stale}"
+    hot = (
+        "events/normalize.py",
+        "replay/stage.py",
+        "replay/ddl_window.py",
+        "settings/selection.py",
+        "sinks/mongo/plan.py",
+    )
+    assert all(bench_cpu.stage_of(f"/x/replicator/{f}") != "other mcdc" for f in hot)
