@@ -140,7 +140,16 @@ NOT_APPLICABLE = {
 }
 ROOT = Path(replicator.__file__).parent
 #: The code each command runs: modules, and the functions of cli.py on its way.
-_NOT_THE_JOB = ("cli.py", "config.py", "options.py", "verify.py", "status.py", "cutover.py", "devserver.py")
+_NOT_THE_JOB = (
+    "cli.py",
+    "config.py",
+    "resolve.py",
+    "options.py",
+    "verify.py",
+    "status.py",
+    "cutover.py",
+    "devserver.py",
+)
 READERS = {
     "job": (
         [p for p in ROOT.rglob("*.py") if p.name not in _NOT_THE_JOB],

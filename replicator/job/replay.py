@@ -45,7 +45,7 @@ class Replay:
         fields: FieldRules,
         metrics: Metrics | None = None,
     ) -> None:
-        self._s = settings
+        self.s = settings
         self._store = store
         self._engine = engine
         self._reporter = reporter
@@ -64,17 +64,17 @@ class Replay:
         """A run whose selection differs from the one the checkpoint recorded: namespaces it adds are copied
         from the source before the replay (their earlier changes were never replicated), namespaces it
         leaves are no longer followed; both are said. Then the checkpoint records this run's."""
-        now = Recorded.of(self._s)
+        now = Recorded.of(self.s)
         saved = Recorded.from_json(cp.recorded) if cp.recorded is not None else now
         if saved != now:
             namespaces = await catalog.list_namespaces(client)
-            left = narrowed(saved, self._s.selection, namespaces)
+            left = narrowed(saved, self.s.selection, namespaces)
             if left:
                 self._reporter.warn(
                     f"the selection no longer includes {listing(left, 20)}: not followed from now on (their copies "
                     "on the target stay as they are)"
                 )
-            added = widened(saved, self._s.selection, namespaces)
+            added = widened(saved, self.s.selection, namespaces)
             if added:
                 self._reporter.info(f"the selection now includes {listing(added, 20)}: copying them from the source")
                 copied, at = await self._resyncer(sink)(Resync(data=set(added)))
@@ -96,7 +96,7 @@ class Replay:
         source (its earlier changes were never replicated), as is, in the window, one renamed within it
         (the snapshot may have listed it under its old name and read nothing)."""
         transform = make_transform(
-            self._s.selection, self._s.renamer, skip_index_ddl=snapshot_window, fields=self._fields
+            self.s.selection, self.s.renamer, skip_index_ddl=snapshot_window, fields=self._fields
         )
         stage = self._stage(sink, transform, snapshot_window=snapshot_window)
         self._reporter.replay_begin()
@@ -112,15 +112,15 @@ class Replay:
     async def _verifying(self, stage: ReplayStage, cp: Checkpoint, *, follow: bool) -> AsyncIterator[None]:
         """tail --verify: the embedded verifier runs beside the replay (as the stage's observer), from
         its place in the checkpoint."""
-        if not (follow and self._s.verify):
+        if not (follow and self.s.verify):
             yield
             return
         from replicator.checking.verifier import RECHECK_CAPACITY, EmbeddedVerifier
 
-        target = make_client(self._s.target, timeout_s=self._s.connect_timeout_s, io_timeout_s=self._s.io_timeout_s)
-        differ, at_once = self._engine.differ(replace(self._s, verify_sample=RECHECK_CAPACITY))
+        target = make_client(self.s.target, timeout_s=self.s.connect_timeout_s, io_timeout_s=self.s.io_timeout_s)
+        differ, at_once = self._engine.differ(replace(self.s, verify_sample=RECHECK_CAPACITY))
         verifier = EmbeddedVerifier(
-            self._s,
+            self.s,
             self._client,
             target,
             cp,
@@ -144,18 +144,18 @@ class Replay:
         apply = self._engine.apply_with(sink)
         if sink.holds_state:
             if self._window is None:
-                self._window = DdlWindow(self._s.selection)
+                self._window = DdlWindow(self.s.selection)
             return ReplayStage(sink, transform, client=self._client, window=self._window, resync=resync, apply=apply)
 
         async def recopy_renamed(events: Sequence[ChangeEvent]) -> None:
             for event in events:
                 if event.op is not Op.RENAME or event.to is None:
                     continue
-                copy = snapshot_window and self._s.selection(event.to)
-                if copy or renamed_into_selection(event, self._s.selection):
+                copy = snapshot_window and self.s.selection(event.to)
+                if copy or renamed_into_selection(event, self.s.selection):
                     await resync.copy(event.to)
 
         return ReplayStage(sink, transform, client=self._client, after_write=recopy_renamed, apply=apply)
 
     def _resyncer(self, sink: Sink) -> Resyncer:
-        return Resyncer(self._client, sink, self._s, self._reporter, fields=self._fields, copied=self.recopied)
+        return Resyncer(self._client, sink, self.s, self._reporter, fields=self._fields, copied=self.recopied)
