@@ -138,8 +138,8 @@ def _events(source: str, coll_name: str, count: int, seed: int) -> None:
             kind = (n % 999) // 333
             if kind == 0 or not ids:
                 ops.append(pymongo.InsertOne({"_id": Int64(10**12 + seed * 10**9 + n), "v": n, "s": "x" * 40}))
-            elif kind == 1:
-                ops.append(pymongo.UpdateOne({"_id": rng.choice(ids)}, {"$set": {"v": n}}))
+            elif kind == 1:  # a value no earlier run set: never a no-op, which would send no event
+                ops.append(pymongo.UpdateOne({"_id": rng.choice(ids)}, {"$set": {"v": seed * 10**9 + n}}))
             else:
                 ops.append(pymongo.DeleteOne({"_id": ids.pop(rng.randrange(len(ids)))}))
             if len(ops) == 1000:
