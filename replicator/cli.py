@@ -125,6 +125,7 @@ def _run(make: Callable[[], Awaitable[T]]) -> T:
     is removed after a run that succeeded, and kept after one that did not."""
     from replicator.engines.spark.session import drop_console_log
 
+    gc.freeze()  # what the imports made lives as long as the process: no collection need walk it again
     try:
         result: T = asyncio.run(make())  # type: ignore[arg-type]
     except OutputClosed:

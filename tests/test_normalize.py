@@ -343,3 +343,17 @@ def test_a_wrapped_document_is_the_raw_document_its_constructor_makes() -> None:
     assert dict(wrapped) == dict(made) and repr(wrapped) == repr(made)
     assert wrapped["a"] == made["a"] and list(wrapped) == ["_id", "a", "s"]
     assert pickle.loads(pickle.dumps(wrapped)) == made and bson.encode(wrapped) == data
+
+
+def test_a_raw_documents_truth_is_read_from_its_length_without_decoding_it() -> None:
+    """pymongo's ReplaceOne asks ``if replacement`` of every replacement: RawBSONDocument answered from
+    ``__len__``, which decodes every field. A RawDocument answers from its bytes, and stays undecoded."""
+    from pymongo.common import validate_ok_for_replace
+
+    from replicator.bsonkit.rawbson import wrap
+
+    empty, doc = wrap(bson.encode({})), wrap(bson.encode({"_id": 1, "a": {"b": 2}}))
+    assert bool(doc) is True and bool(empty) is False
+    validate_ok_for_replace(doc)  # what ReplaceOne's add_replace asks of every replacement
+    assert doc._RawBSONDocument__inflated_doc is None  # type: ignore[attr-defined]
+    assert bson.decode(doc.raw) == {"_id": 1, "a": {"b": 2}}

@@ -31,10 +31,16 @@ class RawDocument(RawBSONDocument):
 
     def __getitem__(self, name: str) -> Any:
         if name == "_id":
-            data = self.raw
+            data = self._RawBSONDocument__raw  # type: ignore[attr-defined]
             if data[4] == DOCUMENT and data[5:9] == b"_id\x00":
-                return RawDocument(bytes(data[9 : 9 + int.from_bytes(data[9:13], "little")]), RAW_CODEC)
+                return wrap(data[9 : 9 + int.from_bytes(data[9:13], "little")])
         return super().__getitem__(name)
+
+    def __bool__(self) -> bool:
+        """Not empty: said from the bytes' length (an empty document is 5 bytes). RawBSONDocument has no
+        ``__bool__``, so truth fell to ``__len__``, which decodes every field: pymongo's ReplaceOne asks
+        ``if replacement`` of every replacement it sends."""
+        return len(self._RawBSONDocument__raw) > 5  # type: ignore[attr-defined]
 
 
 #: What :func:`top_level` leaves a sub-document (or an array's document) as: a ``slice`` whose ``start`` is

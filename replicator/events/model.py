@@ -52,9 +52,12 @@ class Namespace:
         return f"{self.db}.{self.coll}" if self.coll is not None else self.db
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Position:
     """A point in the source's change stream: a resume token when known, else an operation time.
+
+    Treated as immutable (hashable, compared by value): not a frozen dataclass only because every
+    event builds one, and a frozen one's constructor cost three times as much.
 
     An event's position also says where it sits among events of the same cluster time (a transaction's
     events share one, and two shards can stamp the same one): ``index`` is its place among its stream's
@@ -84,9 +87,9 @@ class Transaction:
         return raw, self.txn_number
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class UpdateDescription:
-    """A delta update as the change stream reports it."""
+    """A delta update as the change stream reports it. Treated as immutable, as Position is."""
 
     updated_fields: Mapping[str, Any]
     removed_fields: tuple[str, ...] = ()

@@ -16,7 +16,6 @@ from typing import Any
 import bson
 
 from replicator.bsonkit import rawbson
-from replicator.bsonkit.rawbson import RawDocument
 from replicator.errors import UnknownChange, quoted
 from replicator.events import ChangeEvent, Namespace, Op, Position, Transaction, UpdateDescription
 
@@ -109,11 +108,12 @@ def from_top_level(
         if to_doc is not None:
             to = Namespace(to_doc["db"], to_doc["coll"])
     txn = None
+    wrap = rawbson.wrap
     lsid, number = get("lsid"), get("txnNumber")
     if lsid is not None and number is not None:
-        txn = Transaction(RawDocument(lsid.start, rawbson.RAW_CODEC), int(number))
+        txn = Transaction(wrap(lsid.start), int(number))
     wall, uuid = get("wallTime"), get("collectionUUID")
-    key, document, wrap = get("documentKey"), get("fullDocument"), rawbson.wrap  # (wrapped inline: every event)
+    key, document = get("documentKey"), get("fullDocument")  # (wrapped inline: every event)
     # positional, in ChangeEvent's field order: a keyword call of 13 fields costs more, once per event
     return ChangeEvent(
         op,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from replicator.errors import ConfigError, quoted
 from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op
@@ -263,8 +264,30 @@ def make_transform(
     the end of a snapshot), bound renames to the selection (see :func:`bound_rename`), apply the field
     rules (named by source namespace), then rename."""
     edit = transform_fields(fields) if fields else None
+    # a document event's fate depends on its namespace alone: kept or not, and the target namespace it goes
+    # to (the namespace itself where --rename leaves it), worked out once per namespace
+    targets: dict[Namespace, Namespace | None] = {}
+
+    def target_of(ns: Namespace) -> Namespace | None:
+        if len(targets) >= _MEMO_MOST:
+            targets.clear()
+        target = None
+        if selection(ns) and not (renamer and renamer.shadowed(ns)):
+            target = renamer(ns) if renamer else ns
+        targets[ns] = target
+        return target
 
     def transform(event: ChangeEvent) -> ChangeEvent | None:
+        if event.op in DOCUMENT_OPS:
+            ns = event.ns
+            target = targets.get(ns, _UNKNOWN)
+            if target is _UNKNOWN:
+                target = target_of(ns)
+            if target is None:
+                return None
+            if edit is not None:
+                event = edit(event)
+            return event if target == ns else replace(event, ns=target, origin=ns)
         if not keep_event(event, selection) or (renamer and renamer.shadowed(event.ns)):
             return None
         if skip_index_ddl and event.op in INDEX_DDL:
@@ -275,3 +298,10 @@ def make_transform(
         return rename_event(event, renamer) if renamer else event
 
     return transform
+
+
+#: the ops of events about one document (a rename or DDL goes the general way)
+DOCUMENT_OPS = frozenset({Op.READ, Op.INSERT, Op.UPDATE, Op.REPLACE, Op.DELETE})
+_UNKNOWN: Any = object()
+#: namespaces remembered by one transform before it starts again (the distinct ones of a deployment)
+_MEMO_MOST = 10_000

@@ -330,12 +330,16 @@ async def _replies(stream: AsyncChangeStream[Any], most: int) -> AsyncIterator[R
             yield Reply([], token=stream.resume_token, poll_started=poll_started)
             continue
         docs = [raw]
-        try:
-            while len(docs) < most and not _drained(stream) and (raw := await _next(stream)) is not None:
-                docs.append(raw)
-        except _TooLarge:  # what came before the event over 16 MB is handed out first
-            yield Reply(docs, drained=True)
-            raise
+        buffered = _take_buffered(stream, most - 1)
+        if buffered is not None:
+            docs.extend(buffered)
+        else:
+            try:
+                while len(docs) < most and not _drained(stream) and (raw := await _next(stream)) is not None:
+                    docs.append(raw)
+            except _TooLarge:  # what came before the event over 16 MB is handed out first
+                yield Reply(docs, drained=True)
+                raise
         yield Reply(docs, drained=_drained(stream))
         if raw is None:  # a driver without the internal buffer: the poll found nothing after these
             yield Reply([], token=stream.resume_token, poll_started=poll_started)
@@ -352,6 +356,39 @@ async def _next(stream: AsyncChangeStream[Any]) -> Any:
         if exc.code in _TOO_LARGE_CODES:
             raise _TooLarge from None
         raise _history_error(exc, None) or exc from None
+
+
+def _take_buffered(stream: AsyncChangeStream[Any], most: int) -> list[Any] | None:
+    """Up to ``most`` events of the server's last reply that the driver holds (no I/O), taken in one go and
+    left as ``try_next`` leaves the stream after handing them out one by one: its resume token is the last
+    one's ``_id``, or the reply's post-batch token once the reply is drained. ``try_next`` per event cost a
+    few coroutines and a read of every event's ``_id``: a tenth of mcdc's CPU per replayed event. None on a
+    driver that does not show these (then events are read one by one)."""
+    cursor: Any = getattr(stream, "_cursor", None)
+    data = getattr(cursor, "_data", None)
+    if data is None or not all(hasattr(stream, name) for name in _STATE) or not hasattr(cursor, "alive"):
+        return None
+    if most >= len(data):
+        docs = list(data)
+        data.clear()
+    else:
+        docs = [data.popleft() for _ in range(most)]
+    if not docs:
+        return docs
+    token = docs[-1]["_id"]
+    if not data and cursor._post_batch_resume_token:
+        token = cursor._post_batch_resume_token
+    stream._uses_start_after = False
+    stream._uses_resume_after = True
+    stream._resume_token = token
+    stream._start_at_operation_time = None
+    if not cursor.alive:
+        stream._closed = True
+    return docs
+
+
+#: the change stream's state that try_next keeps, and _take_buffered keeps as it does (pymongo 4.x)
+_STATE = ("_resume_token", "_uses_start_after", "_uses_resume_after", "_start_at_operation_time", "_closed")
 
 
 def _drained(stream: AsyncChangeStream[Any]) -> bool:

@@ -37,9 +37,12 @@ def keep_own_lookups(events: Sequence[ChangeEvent], uuids: Uuids) -> list[Change
     """The events, with the looked-up document dropped from each update whose collection name now
     belongs to another collection (``uuids``: from :func:`collection_uuids`, read after the batch)."""
     out = list(events)
+    update = Op.UPDATE
     for i, event in enumerate(out):
-        own = event.uuid is None or event.ns not in uuids or uuids[event.ns] == event.uuid
-        if event.op is Op.UPDATE and event.document is not None and event.update is not None and not own:
+        if event.op is not update or event.document is None or event.update is None or event.uuid is None:
+            continue
+        now = uuids.get(event.ns, event.uuid)
+        if now != event.uuid:
             out[i] = replace(event, document=None)
     return out
 

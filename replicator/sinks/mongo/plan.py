@@ -21,6 +21,7 @@ import bson
 from bson.raw_bson import RawBSONDocument
 from pymongo import DeleteOne, ReplaceOne, UpdateOne
 
+from replicator.bsonkit.rawbson import RawDocument, raw_of
 from replicator.events import ChangeEvent, Op, UpdateDescription
 from replicator.events.update_ops import update_steps
 
@@ -98,22 +99,29 @@ def coalesce(events: Sequence[ChangeEvent]) -> tuple[list[Planned], list[Planned
     source's order across documents (a unique secondary key moved from one document to another is
     freed before it is taken, as on the source).
     """
-    keys = [key_bytes(event.document_key) for event in events]
-    by_key: dict[bytes, list[ChangeEvent]] = {}
-    for key, event in zip(keys, events, strict=True):
-        by_key.setdefault(key, []).append(event)
+    keys: list[bytes] = []
+    last: dict[bytes, ChangeEvent] = {}  # each document's last event, in the order documents first appear
+    delta: set[bytes] = set()  # the documents with a delta update
+    delete = Op.DELETE
+    for event in events:
+        key = event.key
+        kb = raw_of(key) if type(key) is RawDocument else key_bytes(event.document_key)
+        keys.append(kb)
+        last[kb] = event
+        if event.document is None and event.op is not delete:
+            delta.add(kb)
     deletes: list[Planned] = []
     replaces: list[Planned] = []
-    ordered: set[bytes] = set()
-    for key, evs in by_key.items():
-        if all(e.op is Op.DELETE or e.document is not None for e in evs):
-            last = evs[-1]
-            (deletes if last.op is Op.DELETE else replaces).extend((last, op) for op in write_ops(last))
-        else:
-            ordered.add(key)
-    if not ordered:
+    for kb, event in last.items():
+        if kb in delta:
+            continue
+        if event.op is delete:
+            deletes.append((event, DeleteOne(event.document_key)))
+        else:  # its full document: what write_ops makes of it
+            replaces.append((event, ReplaceOne(event.document_key, event.document, upsert=True)))
+    if not delta:
         return deletes, replaces, []
-    return deletes, replaces, plan([e for key, e in zip(keys, events, strict=True) if key in ordered])
+    return deletes, replaces, plan([e for kb, e in zip(keys, events, strict=True) if kb in delta])
 
 
 def key_bytes(key: Any) -> bytes:
