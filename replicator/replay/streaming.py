@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from bson.timestamp import Timestamp
+from pymongo.errors import PyMongoError
 
 from replicator.checkpoint.store import Checkpoint, CheckpointStore
 from replicator.events import ChangeEvent
@@ -65,6 +66,7 @@ class StreamApplier:
         self._save = Throttle(1.0)
         self._window_check = Throttle(300.0)
         self._window_check()  # the first check runs when the stream opens
+        self._window_task: asyncio.Task[None] | None = None
         self._stage: ReplayStage | None = None
 
     @property
@@ -77,11 +79,24 @@ class StreamApplier:
         is set when neither is given. Returns what was applied."""
         result = ReplayResult()
         self._stage = stage
+        try:
+            await self._replay(stage, result, until, to_now=to_now)
+            stopped = self.stop is not None and self.stop.is_set()
+            if self._window_task is not None and not stopped:  # its warning, if any, before the run ends
+                await self._window_task
+        finally:
+            if self._window_task is not None and not self._window_task.done():
+                self._window_task.cancel()
+        self.store.save(self.cp)
+        return result
+
+    async def _replay(self, stage: ReplayStage, result: ReplayResult, until: Timestamp | None, *, to_now: bool) -> None:
+        """Open the stream at the checkpoint and replay; after a retryable failure, wait and open it again."""
         while True:
             try:
                 if to_now and until is None:
                     until = await current_time(self.reader.client)
-                await self._check_oplog_window()
+                self._check_window_beside()
                 await stage.opened()
                 if isinstance(self.reader, MergedReader):
                     await self.reader.open(self.cp.shards, self.cp.position)
@@ -99,8 +114,6 @@ class StreamApplier:
                     break
             finally:
                 await self.reader.close()
-        self.store.save(self.cp)
-        return result
 
     async def _ack(self, batch: Batch, events: Sequence[ChangeEvent]) -> None:
         self._retrier.progress()
@@ -115,7 +128,19 @@ class StreamApplier:
         if self._save():
             self.store.save(self.cp)
         if self._window_check():
+            self._check_window_beside()
+
+    def _check_window_beside(self) -> None:
+        """Check the oplog window beside the replay, not before it: the check only warns, and some servers
+        take seconds to find the oldest entry of a large oplog."""
+        if self._window_task is None or self._window_task.done():
+            self._window_task = asyncio.create_task(self._check_quietly())
+
+    async def _check_quietly(self) -> None:
+        try:
             await self._check_oplog_window()
+        except PyMongoError as exc:  # the replay meets an outage of the source itself, and retries
+            log.debug("could not read the source's oplog window: %s", exc)
 
     async def _check_oplog_window(self) -> None:
         """Warn while the checkpoint can still be saved: its position is close to falling off the oplog."""
