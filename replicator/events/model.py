@@ -33,6 +33,10 @@ class Op(enum.StrEnum):
     # a stream that can no longer go on (collection/database stream only)
     INVALIDATE = "invalidate"
 
+    #: hashed as its value, in C: Enum's own hash is a Python call (of its name), and every event's op is
+    #: looked up in a set or two; a member equals its value, so they now hash alike too
+    __hash__ = str.__hash__
+
     @property
     def is_ddl(self) -> bool:
         return self in _DDL

@@ -17,6 +17,7 @@ import bson
 from bson.timestamp import Timestamp
 
 from replicator.bsonkit import rawbson
+from replicator.bsonkit.rawbson import RawDocument, raw_of
 from replicator.events import ChangeEvent, Position
 from replicator.events.normalize import from_top_level, normalize_change
 from replicator.events.positions import Numbering
@@ -122,7 +123,7 @@ class BatchAssembler:
         if event is None:
             return False
         events = self._events
-        ts = event.position.cluster_time if event.position else None
+        ts = event.position.cluster_time if event.position is not None else None
         if self._until is not None and ts is not None and ts > self._until:
             if events and events[-1].txn is not None and event.txn == events[-1].txn:
                 events.append(event)  # finish the transaction we are in
@@ -142,7 +143,7 @@ class BatchAssembler:
         top level decoded once (rawbson.top_level), a whole event marked as fragment 1 of 1 included. Every
         whole event is numbered within its cluster time, skipped ones too (so is every event the Spark data
         source reads: both count the same events)."""
-        data = getattr(raw, "raw", None)
+        data = raw_of(raw) if type(raw) is RawDocument else getattr(raw, "raw", None)
         top = rawbson.top_level(data) if type(data) is bytes else None
         if top is not None:
             split = top.get("splitEvent")
