@@ -3,6 +3,7 @@ real server, which write concern each command carried; without a server, what th
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -16,7 +17,7 @@ from pymongo.server_type import SERVER_TYPE
 
 from replicator.errors import SinkUnavailable
 from replicator.events import ChangeEvent, Namespace, Op, UpdateDescription
-from replicator.sinks.mongo.durable import Durability, barrier_applies, writer
+from replicator.sinks.mongo.durable import APPLIED, Durability, barrier_applies, writer
 from replicator.sinks.mongo.sink import MongoSink
 
 A, B = Namespace("durabledb", "a"), Namespace("durabledb", "b")
@@ -137,13 +138,13 @@ class FakeDb:
     def __getitem__(self, name: str) -> FakeCollection:
         return FakeCollection(self.client, name)
 
-    def get_collection(self, name: str, **_: Any) -> FakeCollection:
-        return FakeCollection(self.client, name)
+    def get_collection(self, name: str, write_concern: Any = None) -> FakeCollection:
+        return FakeCollection(self.client, name, write_concern)
 
 
 class FakeCollection:
-    def __init__(self, client: FakeClient, name: str) -> None:
-        self.client, self.name = client, name
+    def __init__(self, client: FakeClient, name: str, concern: Any = None) -> None:
+        self.client, self.name, self.concern = client, name, concern
 
     async def delete_one(self, where: Any) -> None:
         self.client.barriers.append((self.name, where))
@@ -198,3 +199,38 @@ def test_no_barrier_where_the_driver_cannot_tell_a_restart() -> None:
     durability = Durability(FakeClient(server(SERVER_TYPE.Standalone, ("h", 1), process=None)))  # type: ignore[arg-type]
     durability.enable("mongodb://h/", "standalone")
     assert not durability.enabled
+
+
+async def test_batches_written_at_once_by_several_tasks_each_end_with_their_own_barrier(fake: FakeClient) -> None:
+    """A snapshot's copy workers write batches through one sink at once: each task's batch is its own."""
+    durability = Durability(fake)  # type: ignore[arg-type]
+    durability.enable("mongodb://h/", "replicaset")
+    first_wrote, second_began = asyncio.Event(), asyncio.Event()
+
+    async def first() -> None:
+        durability.begin()
+        durability.collection(A)
+        first_wrote.set()
+        await second_began.wait()  # the other task begins its batch between this one's write and barrier
+        await durability.settle()
+
+    async def second() -> None:
+        await first_wrote.wait()
+        durability.begin()
+        second_began.set()
+        durability.collection(B)
+        await durability.settle()
+
+    await asyncio.gather(asyncio.create_task(first()), asyncio.create_task(second()))
+    assert sorted(fake.barriers) == [("a", NOTHING), ("b", NOTHING)]
+
+
+def test_a_write_outside_a_batch_keeps_the_durable_write_concern(fake: FakeClient) -> None:
+    durability = Durability(fake)  # type: ignore[arg-type]
+    durability.enable("mongodb://h/", "replicaset")
+    assert durability.enabled
+    outside: Any = durability.collection(A)
+    assert outside.concern is None  # the client's own collection: its durable write concern
+    durability.begin()
+    inside: Any = durability.collection(A)
+    assert inside.concern is APPLIED

@@ -28,6 +28,8 @@ Transactions commit with the durable write concern as before, and DDL keeps it.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 from pymongo.asynchronous.collection import AsyncCollection
@@ -66,17 +68,29 @@ def writer(servers: Iterable[Any]) -> Writer | None:
     return None
 
 
+@dataclass
+class _Batch:
+    """One batch's writes before its barrier: the writable server at the first, the last namespace written."""
+
+    writer: Writer | None = None
+    pending: Namespace | None = None
+
+
+#: the batch being written by this task (its document writes go to tasks of their own, which share it): a
+#: sink's snapshot copies write batches from several tasks at once, each with its own barrier
+_BATCH: ContextVar[_Batch | None] = ContextVar("mcdc_durable_batch", default=None)
+
+
 class Durability:
     """One MongoSink's barriers: the collections its batches write with ``w: 1`` and the barrier that ends a
-    batch. ``enabled`` False: every write keeps the client's write concern and :meth:`settle` does nothing."""
+    batch. ``enabled`` False, or a write outside :meth:`begin` .. :meth:`settle`: every write keeps the
+    client's durable write concern, and :meth:`settle` does nothing."""
 
     def __init__(self, client: Client) -> None:
         self._client = client
         self.enabled = False
         self._applied: dict[Namespace, AsyncCollection[Any]] = {}
         self._durable: dict[Namespace, AsyncCollection[Any]] = {}
-        self._writer: Writer | None = None
-        self._pending: Namespace | None = None  # the last namespace written since the last barrier
         self._refused: set[Namespace] = set()  # where a barrier cannot be sent (see settle)
 
     def enable(self, uri: str, kind: str) -> None:
@@ -88,33 +102,35 @@ class Durability:
         return writer(self._client.topology_description.server_descriptions().values())
 
     def begin(self) -> None:
-        """A batch begins: the next write notes the writable server again."""
-        self._pending = None
+        """A batch begins in this task: its writes go with ``w: 1`` until :meth:`settle`."""
+        _BATCH.set(_Batch())
 
     def collection(self, ns: Namespace) -> AsyncCollection[Any]:
         """The collection a batch's document writes to ``ns`` go to (``w: 1`` before a barrier, when enabled);
         the first of a batch notes the writable server."""
-        if not self.enabled or ns in self._refused:
+        batch = _BATCH.get()
+        if batch is None or not self.enabled or ns in self._refused:
             coll = self._durable.get(ns)
             if coll is None:
                 coll = self._durable[ns] = self._client[ns.db][ns.coll or ""]
             return coll
-        if self._pending is None:
-            self._writer = self._current()
-        self._pending = ns
+        if batch.pending is None:
+            batch.writer = self._current()
+        batch.pending = ns
         coll = self._applied.get(ns)
         if coll is None:
             coll = self._applied[ns] = self._client[ns.db].get_collection(ns.coll or "", write_concern=APPLIED)
         return coll
 
     async def settle(self) -> None:
-        """The barrier after a batch's ``w: 1`` writes (none sent: nothing to do). Raises SinkUnavailable
-        (the batch is written again) when the writable server changed since the first of them, or where
-        the barrier was refused (that namespace's writes keep the durable write concern from then on)."""
-        ns, self._pending = self._pending, None
-        if ns is None:
+        """The barrier after this task's batch's ``w: 1`` writes (none sent: nothing to do). Raises
+        SinkUnavailable (the batch is written again) when the writable server changed since the first of
+        them, or where the barrier was refused (that namespace's writes keep the durable write concern from
+        then on)."""
+        batch = _BATCH.get()
+        if batch is None or batch.pending is None:
             return
-        before = self._writer
+        ns, batch.pending = batch.pending, None
         try:
             await self._client[ns.db][ns.coll or ""].delete_one(_NOTHING)
         except OperationFailure as exc:
@@ -123,7 +139,7 @@ class Durability:
             self._refused.add(ns)  # e.g. a time-series collection before 7.0: no delete by _id
             raise SinkUnavailable(f"{ns}: the target refused a write that waits for durability; writing the "
                                   "batch again with a durable write concern on each write") from None  # fmt: skip
-        if before is None or self._current() != before:
+        if batch.writer is None or self._current() != batch.writer:
             raise SinkUnavailable(
                 "the target's primary changed (or restarted) while a batch was written: writing it again"
             )
