@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,6 +20,8 @@ from replicator.errors import SinkUnavailable
 from replicator.events import ChangeEvent, Namespace, Op, UpdateDescription
 from replicator.sinks.mongo.durable import APPLIED, Durability, barrier_applies, writer
 from replicator.sinks.mongo.sink import MongoSink
+from replicator.source.retry import is_retryable
+from tests.support.servers import LocalServer, external_uris
 
 A, B = Namespace("durabledb", "a"), Namespace("durabledb", "b")
 NOTHING: dict[str, Any] = {"_id": {"$in": []}}
@@ -234,3 +237,33 @@ def test_a_write_outside_a_batch_keeps_the_durable_write_concern(fake: FakeClien
     durability.begin()
     inside: Any = durability.collection(A)
     assert inside.concern is APPLIED
+
+
+@pytest.mark.integration
+async def test_a_target_restarted_between_a_batchs_writes_and_its_barrier_has_the_batch_written_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The w:1 writes a restarted server had not journaled may be gone while the barrier succeeds on the new
+    process: write() must fail (retryably: the batch is written again), never return as if it were durable."""
+    if external_uris() is not None:
+        pytest.skip("restarts a server of its own")
+    server = LocalServer(tmp_path / "target")
+    server.start()
+    settle = Durability.settle
+
+    async def restart_first(self: Durability) -> None:
+        await asyncio.to_thread(server.restart)  # after the batch's w:1 writes, before its barrier
+        await settle(self)
+
+    try:
+        async with MongoSink(server.uri) as sink:
+            monkeypatch.setattr(Durability, "settle", restart_first)
+            with pytest.raises(Exception) as raised:
+                await sink.write(batch())
+            assert is_retryable(raised.value), raised.value
+            monkeypatch.setattr(Durability, "settle", settle)
+            await sink.write(batch())  # written again on the new process: durable this time
+        with pymongo.MongoClient[dict[str, Any]](server.uri) as client:
+            assert list(client.durabledb.a.find()) == [{"_id": 1, "v": 1}]
+    finally:
+        server.kill()
