@@ -362,8 +362,8 @@ def _take_buffered(stream: AsyncChangeStream[Any], most: int) -> list[Any] | Non
     """Up to ``most`` events of the server's last reply that the driver holds (no I/O), taken in one go and
     left as ``try_next`` leaves the stream after handing them out one by one: its resume token is the last
     one's ``_id``, or the reply's post-batch token once the reply is drained. ``try_next`` per event cost a
-    few coroutines and a read of every event's ``_id``: a tenth of mcdc's CPU per replayed event. None on a
-    driver that does not show these (then events are read one by one)."""
+    few coroutines and a read of every event's ``_id``. None on a driver that does not show these (then
+    events are read one by one)."""
     cursor: Any = getattr(stream, "_cursor", None)
     data = getattr(cursor, "_data", None)
     if data is None or not all(hasattr(stream, name) for name in _STATE) or not hasattr(cursor, "alive"):
