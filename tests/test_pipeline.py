@@ -51,7 +51,7 @@ async def test_replay_acks_in_order_after_the_sink() -> None:
 
     result = await replay(
         FakeStream([[0, 1], [2], [3, 4, 5]]), _stage(sink), until=None,
-        on_ack=ack, reporter=LogReporter(), queue_batches=1,
+        on_ack=ack, reporter=LogReporter(), queue_events=1,
     )  # fmt: skip
     assert [e.document_key["_id"] for e in sink.events] == [0, 1, 2, 3, 4, 5]
     assert [p.cluster_time for p in acked] == [Timestamp(1000, 1), Timestamp(1000, 2), Timestamp(1000, 5)]
@@ -74,7 +74,7 @@ async def test_a_failed_write_is_never_acked() -> None:
     with pytest.raises(ConnectionError):
         await replay(
             FakeStream([[0], [1], [2]]), _stage(sink), until=None,
-            on_ack=ack, reporter=LogReporter(), queue_batches=1,
+            on_ack=ack, reporter=LogReporter(), queue_events=1,
         )  # fmt: skip
     assert [p.cluster_time for p in acked] == [Timestamp(1000, 0)]
 
@@ -94,13 +94,71 @@ async def test_slow_sink_bounds_read_ahead() -> None:
 
     task = asyncio.create_task(
         replay(stream, _stage(Slow()), until=None, on_ack=ack,
-               reporter=LogReporter(), queue_batches=2)
+               reporter=LogReporter(), queue_events=2)
     )  # fmt: skip
     await asyncio.sleep(0.05)
     assert stream.read <= 4  # one being written, two queued, one waiting to be queued
     gate.set()
     result = await task
     assert result.events == 50
+
+
+async def test_the_replays_read_ahead_is_bounded_in_events_not_batches() -> None:
+    """--max-queue-size counts events: batches of 3 events with room for 7 queue two of them, and the reader
+    holds a third waiting for room (one more is being written)."""
+    gate = asyncio.Event()
+
+    class Slow(MemorySink):
+        async def write(self, batch: Sequence[ChangeEvent]) -> None:
+            await gate.wait()
+            await super().write(batch)
+
+    stream = FakeStream([[3 * i, 3 * i + 1, 3 * i + 2] for i in range(20)])
+
+    async def ack(batch: Batch, events: object) -> None:
+        pass
+
+    task = asyncio.create_task(
+        replay(stream, _stage(Slow()), until=None, on_ack=ack, reporter=LogReporter(), queue_events=7)
+    )
+    for _ in range(100):  # the reader runs until the queue is full
+        await asyncio.sleep(0)
+    assert stream.read == 4  # one being written, two queued (6 events of 7), one waiting for room
+    gate.set()
+    result = await task
+    assert result.events == 60
+
+
+@pytest.mark.parametrize("seed", range(5))
+async def test_a_weighed_read_ahead_keeps_order_and_never_holds_more_than_its_bound(seed: int) -> None:
+    import random
+
+    from replicator.source.pump import read_ahead
+
+    rng = random.Random(seed)
+    items = [[i] * rng.randint(1, 5) for i in range(100)]
+    most = rng.randint(1, 12)
+    read: list[int] = []
+
+    async def source() -> AsyncIterator[list[int]]:
+        for item in items:
+            read.append(len(item))
+            if rng.random() < 0.3:
+                await asyncio.sleep(0)
+            yield item
+
+    got: list[list[int]] = []
+    taken = 0
+    async for item in read_ahead(source(), most, weigh=len):
+        got.append(item)
+        taken += len(item)
+        # what the reader has read but not handed out: the queue (at most ``most``, or one item) and the
+        # one item waiting for room
+        waiting = sum(read) - taken
+        assert waiting <= max(most, 5) + 5, (waiting, most)
+        for _ in range(rng.randint(0, 3)):
+            await asyncio.sleep(0)
+    assert got == items
 
 
 async def test_snapshot_failure_surfaces_as_the_error_itself(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -151,7 +209,7 @@ async def test_batches_waiting_behind_a_slow_sink_are_written_as_one_up_to_the_l
 
     result = await replay(
         FakeStream([[0], [1, 2], [3], [4, 5, 6], [7], [8]]), _stage(sink), until=None,
-        on_ack=ack, reporter=LogReporter(), queue_batches=8, join_up_to=4,
+        on_ack=ack, reporter=LogReporter(), queue_events=8, join_up_to=4,
     )  # fmt: skip
     assert [e.document_key["_id"] for e in sink.events] == list(range(9))  # in order, each once
     assert len(sizes) < 6 and max(sizes) <= 4, sizes  # joined, never past the limit

@@ -40,7 +40,7 @@ async def replay(
     until: Timestamp | None,
     on_ack: Callable[[Batch, Sequence[ChangeEvent]], Awaitable[None]],
     reporter: Reporter,
-    queue_batches: int,
+    queue_events: int,
     stop: asyncio.Event | None = None,
     result: ReplayResult | None = None,
     join_up_to: int = 0,
@@ -52,15 +52,17 @@ async def replay(
     Each batch goes through ``stage`` (checks, DDL window, transform, sink); ``on_ack(batch, applied
     events)`` runs once the batch may be acknowledged. While namespaces wait to be copied again (the
     stage's DDL window), batches are applied but not acknowledged; the copy runs once the stream is
-    caught up (or passed the window, or ends), and the last batch is acknowledged then. Batches that wait
-    in the read-ahead queue are written as one, up to ``join_up_to`` events (0: never)."""
+    caught up (or passed the window, or ends), and the last batch is acknowledged then. The read-ahead
+    queue holds up to ``queue_events`` events; batches that wait in it are written as one, up to
+    ``join_up_to`` events (0: never)."""
     result = result if result is not None else ReplayResult()
     owed: tuple[Batch, list[ChangeEvent]] | None = None  # applied, not acknowledged yet
 
     def join(first: Batch, then: Batch) -> Batch | None:
         return joined(first, then, join_up_to)
 
-    async for batch in read_ahead(reader.batches(until=until), queue_batches, join if join_up_to else None):
+    batches = read_ahead(reader.batches(until=until), queue_events, join if join_up_to else None, weigh=_weight)
+    async for batch in batches:
         written = await stage.write(batch.events)
         events = written.events
         if owed is not None:  # acknowledged with the batches applied before it: their position carries on
@@ -84,6 +86,11 @@ async def replay(
     if owed is not None and not (stop is not None and stop.is_set()) and await stage.settle():
         await on_ack(*owed)
     return result
+
+
+def _weight(batch: Batch) -> int:
+    """A batch's share of the read-ahead queue: its events (an idle poll's empty batch counts one)."""
+    return len(batch.events) or 1
 
 
 def carried(first: Batch, then: Batch) -> Batch:

@@ -61,8 +61,9 @@ class StreamApplier:
         self.stop = stop
         self.metrics = metrics
         self._retrier = Retrier.of(settings, reporter, stop=stop, metrics=metrics)
-        self.queue_batches = max(settings.max_queue_events // settings.replay_batch, 1)
         self.join_up_to = join_up_to or settings.replay_batch
+        # the events read ahead: enough to fill the largest write the replay joins
+        self.queue_events = max(settings.max_queue_events, self.join_up_to)
         self._save = Throttle(1.0)
         self._window_check = Throttle(300.0)
         self._window_check()  # the first check runs when the stream opens
@@ -104,7 +105,7 @@ class StreamApplier:
                     await self.reader.open(self.cp.position)
                 await replay(
                     self.reader, stage, until=until, on_ack=self._ack, reporter=self.reporter,
-                    queue_batches=self.queue_batches, stop=self.stop, result=result, join_up_to=self.join_up_to,
+                    queue_events=self.queue_events, stop=self.stop, result=result, join_up_to=self.join_up_to,
                 )  # fmt: skip
                 break
             except Exception as exc:

@@ -49,24 +49,68 @@ async def stop_pumps(tasks: Iterable[asyncio.Task[None]], queues: Iterable[async
             task.exception()
 
 
+class _Room:
+    """How much a weighed read-ahead queue holds: the reader waits for room, the consumer makes it."""
+
+    def __init__(self, most: int) -> None:
+        self.most = max(most, 1)
+        self.held = 0
+        self._freed = asyncio.Event()
+
+    async def take(self, weight: int) -> None:
+        """Wait until ``weight`` more fits (an empty queue takes any one item, however heavy)."""
+        while self.held and self.held + weight > self.most:
+            self._freed.clear()
+            await self._freed.wait()
+        self.held += weight
+
+    def free(self, weight: int) -> None:
+        self.held -= weight
+        self._freed.set()
+
+
+async def _pump_weighed(
+    source: AsyncIterator[Any], queue: asyncio.Queue[object], room: _Room, weigh: Callable[[Any], int]
+) -> None:
+    async for item in source:
+        await room.take(weigh(item))
+        queue.put_nowait(item)
+    queue.put_nowait(DONE)
+
+
 async def read_ahead(
-    source: AsyncIterator[T], maxsize: int, join: Callable[[T, T], T | None] | None = None
+    source: AsyncIterator[T],
+    maxsize: int,
+    join: Callable[[T, T], T | None] | None = None,
+    *,
+    weigh: Callable[[T], int] | None = None,
 ) -> AsyncIterator[T]:
     """Iterate ``source`` from a separate task through a queue of ``maxsize`` items: reading overlaps the
     consumer's writes, and runs ahead of them by at most ``maxsize`` items (backpressure). The source's
     error is raised here; leaving the loop early cancels the reading task. ``join(a, b)``: items already
-    waiting in the queue are joined to the one taken while it returns them as one (None: not these)."""
-    queue: asyncio.Queue[object] = asyncio.Queue(maxsize=max(maxsize, 1))
-    producer = asyncio.create_task(pump(source, queue))
+    waiting in the queue are joined to the one taken while it returns them as one (None: not these).
+    ``weigh(item)``: the queue holds items up to ``maxsize`` of their total weight instead (and always one)."""
+    room = _Room(maxsize) if weigh is not None else None
+    queue: asyncio.Queue[object] = asyncio.Queue(maxsize=0 if room is not None else max(maxsize, 1))
+    if room is not None and weigh is not None:
+        producer = asyncio.create_task(_pump_weighed(source, queue, room, weigh))
+    else:
+        producer = asyncio.create_task(pump(source, queue))
+
+    def taken(item: object) -> object:
+        if room is not None and weigh is not None and item is not DONE:
+            room.free(weigh(cast(T, item)))
+        return item
+
     held: object | None = None  # taken from the queue, not joinable to the item before it
     try:
         while True:
-            item = held if held is not None else await get_or_raise(queue, producer)
+            item = held if held is not None else taken(await get_or_raise(queue, producer))
             held = None
             if item is DONE:
                 break
             while join is not None and not queue.empty():
-                after = queue.get_nowait()
+                after = taken(queue.get_nowait())
                 both = join(cast(T, item), cast(T, after)) if after is not DONE else None
                 if both is None:
                     held = after
