@@ -11,6 +11,7 @@ import pymongo
 import pytest
 from bson import json_util
 from bson.raw_bson import RawBSONDocument
+from pymongo import monitoring
 
 from replicator.bsonkit.extjson import CANONICAL
 from replicator.events import ChangeEvent, Namespace, Op, UpdateDescription
@@ -67,3 +68,52 @@ def test_the_legacy_patch_replays_deltas_with_truncated_arrays(target_uri: str) 
             for step in patch if isinstance(patch, list) else [patch]:  # a list: updates to apply in order
                 coll.update_one(filt, step)
             assert coll.find_one({"_id": before["_id"]}) == after
+
+
+class _Writes(monitoring.CommandListener):
+    """The write commands sent to the plandb database, but the batch's durable barrier (a delete that matches
+    nothing): (command name, ordered, the number of statements)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, bool, int]] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.database_name == "plandb" and event.command_name in ("update", "delete"):
+            statements = event.command.get("updates") or event.command.get("deletes") or []
+            if statements and statements[0].get("q") == {"_id": {"$in": []}}:
+                return
+            self.seen.append((event.command_name, bool(event.command.get("ordered", True)), len(statements)))
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+async def test_a_document_deleted_later_in_the_batch_frees_its_unique_key_before_anything_is_written(
+    target_uri: str,
+) -> None:
+    """Its delta update is not replayed: its delete goes first, with the other deletes, and the document that
+    takes its unique key is written in the same unordered command as the other replacements."""
+    with pymongo.MongoClient(target_uri) as client:
+        client.plandb.c.create_index("email", unique=True)
+        client.plandb.c.insert_many([{"_id": 1, "email": "a"}, {"_id": 3, "v": 0}])
+    listener = _Writes()
+    monitoring.register(listener)
+    try:
+        async with MongoSink(target_uri) as sink:
+            await sink.write([
+                ChangeEvent(Op.UPDATE, NS, key=raw({"_id": 1}), update=UpdateDescription({"email": "tmp"})),
+                ChangeEvent(Op.DELETE, NS, key=raw({"_id": 1})),
+                ChangeEvent(Op.INSERT, NS, key=raw({"_id": 2}), document=raw({"_id": 2, "email": "a"})),
+                ChangeEvent(Op.UPDATE, NS, key=raw({"_id": 3}), update=UpdateDescription({"v": 1})),
+            ])  # fmt: skip
+    finally:
+        monitoring._LISTENERS.command_listeners.remove(listener)
+    with pymongo.MongoClient(target_uri) as client:
+        assert list(client.plandb.c.find().sort("_id", 1)) == [{"_id": 2, "email": "a"}, {"_id": 3, "v": 1}]
+    writes = listener.seen
+    assert ("delete", False, 1) in writes and ("update", False, 1) in writes  # document 1's delete, document 2
+    assert ("update", True, 1) in writes  # document 3's delta, alone in the ordered sequence
+    assert not [seen for seen in writes if seen[0] == "delete" and seen[1]], writes  # no delete kept in order

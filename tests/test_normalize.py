@@ -148,6 +148,31 @@ def test_coalesce_keeps_each_documents_order() -> None:
     assert [type(op) for _, op in sequences] == [UpdateOne, ReplaceOne]
 
 
+def test_a_document_deleted_at_the_end_of_the_batch_is_only_deleted_delta_updates_or_not() -> None:
+    """Its updates cannot matter: the deletes go first. A document re-inserted after its delete keeps them."""
+    from replicator.events import UpdateDescription
+    from replicator.sinks.mongo.plan import coalesce
+
+    ns = Namespace("d", "c")
+
+    def delta(i: int) -> ChangeEvent:
+        return ChangeEvent(Op.UPDATE, ns, key={"_id": i}, update=UpdateDescription({"v": i}))
+
+    def delete(i: int) -> ChangeEvent:
+        return ChangeEvent(Op.DELETE, ns, key={"_id": i})
+
+    events = [
+        delta(1), delta(2), delete(1),
+        delta(3), delete(3), ChangeEvent(Op.INSERT, ns, key={"_id": 3}, document={"_id": 3}),
+    ]  # fmt: skip
+    deletes, replaces, sequence = coalesce(events)
+    assert [op._filter for _, op in deletes] == [{"_id": 1}]  # type: ignore[union-attr]
+    assert replaces == []
+    assert [(type(op), op._filter) for _, op in sequence] == [  # type: ignore[union-attr]
+        (UpdateOne, {"_id": 2}), (UpdateOne, {"_id": 3}), (DeleteOne, {"_id": 3}), (ReplaceOne, {"_id": 3}),
+    ]  # fmt: skip
+
+
 def test_deltas_of_different_documents_keep_the_sources_order() -> None:
     """A unique key moved from one document to another (A->tmp, B->a, A->b) is freed before it is taken."""
     from replicator.events import UpdateDescription

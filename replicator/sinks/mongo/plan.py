@@ -94,10 +94,12 @@ def coalesce(events: Sequence[ChangeEvent]) -> tuple[list[Planned], list[Planned
     """One namespace's document events as (deletes, replacements, ordered sequence).
 
     A document whose events in the batch all carry their full document or delete it ends in the state
-    of its last event: one write replaces them all. Those writes touch different documents, so they go
-    unordered, one command per kind. The documents with a delta update keep every write, in the
-    source's order across documents (a unique secondary key moved from one document to another is
-    freed before it is taken, as on the source).
+    of its last event: one write replaces them all. So does a document whose last event deletes it, delta
+    updates before it or not: the deletes go first, so what those updates took (a unique key) is freed
+    before anything is written. Those writes touch different documents, so they go unordered, one command
+    per kind. The other documents with a delta update keep every write, in the source's order across
+    documents (a unique secondary key moved from one document to another is freed before it is taken, as
+    on the source).
     """
     keys: list[bytes] = []
     last: dict[bytes, ChangeEvent] = {}  # each document's last event, in the order documents first appear
@@ -114,7 +116,9 @@ def coalesce(events: Sequence[ChangeEvent]) -> tuple[list[Planned], list[Planned
     replaces: list[Planned] = []
     for kb, event in last.items():
         if kb in delta:
-            continue
+            if event.op is not delete:
+                continue
+            delta.discard(kb)
         if event.op is delete:
             deletes.append((event, DeleteOne(event.document_key)))
         else:  # its full document: what write_ops makes of it
