@@ -62,8 +62,9 @@ class StreamApplier:
         self.metrics = metrics
         self._retrier = Retrier.of(settings, reporter, stop=stop, metrics=metrics)
         self.join_up_to = join_up_to or settings.replay_batch
-        # the events read ahead: enough to fill the largest write the replay joins
-        self.queue_events = max(settings.max_queue_events, self.join_up_to)
+        # --max-queue-size bounds memory, whatever the join: it also bounds how many events a joined write
+        # can gather (a Spark job's, on a large cluster)
+        self.queue_events = settings.max_queue_events
         self._save = Throttle(1.0)
         self._window_check = Throttle(300.0)
         self._window_check()  # the first check runs when the stream opens
