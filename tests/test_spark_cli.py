@@ -291,3 +291,60 @@ def test_a_spark_sync_into_iceberg_commits_the_tasks_files_on_the_driver(source_
     changes = read_table("iceberg", root, "changes", "work", "a")
     assert changes is not None and changes.num_rows == 400
     assert list((root / "work" / "a" / "data").glob("mcdc-*.parquet"))  # the tasks' own files, committed
+
+
+def test_a_spark_that_cannot_start_is_a_one_line_error_before_anything_is_copied(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    """A master Spark cannot launch on fails mcdc's start, in one line naming Spark's log (it was a traceback)."""
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.insert_many([{"_id": i} for i in range(10)])
+    argv = [
+        sys.executable, "-m", "replicator.cli", "sync", "-s", source_uri, "-t", target_uri,
+        "-c", str(tmp_path / "cp.json"), "--engine", "spark", "--spark-master", "nowhere://at-all", "--no-progress",
+    ]  # fmt: skip
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("mcdc: error: starting Spark failed on Spark: "), done.stderr
+    assert last.endswith(f" (Spark's log: {next(tmp_path.glob('mcdc-spark-*.log'))})"), last
+    with pymongo.MongoClient(target_uri) as client:
+        assert client.db.c.estimated_document_count() == 0
+
+
+def test_a_spark_tail_replays_from_the_driver_while_its_session_starts_then_through_spark(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    """The session starts beside the run: the backlog the tail opens on is replayed as it comes (from the
+    driver while the session is not up), and what follows once it is up, by Spark's tasks. Both converge."""
+    cp, log = tmp_path / "cp.json", tmp_path / "stderr.log"
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.insert_many([{"_id": i, "v": 0} for i in range(100)])
+    first = subprocess.run(
+        [sys.executable, "-m", "replicator.cli", "sync", "-s", source_uri, "-t", target_uri, "-c", str(cp),
+         "--no-progress"], capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    random_workload(source_uri, rounds=200, seed=21, ddl=False)  # the backlog
+    with log.open("w") as err:
+        proc = subprocess.Popen(_spark_cli("tail", "-s", source_uri, "-t", target_uri, "-c", str(cp)),
+                                stdout=subprocess.DEVNULL, stderr=err, text=True)  # fmt: skip
+    try:
+        _until(proc, _identical(source_uri, target_uri), "the backlog replayed")
+        assert "starting Spark (local[2]); the replay writes from here until it is up" in log.read_text()
+        round_ = 0
+        while "Spark is up: the replay's writes go to its tasks" not in log.read_text():  # writes, until one
+            round_ += 1  # batch finds the session up
+            with pymongo.MongoClient(source_uri) as client:
+                client.db.c.update_one({"_id": round_ % 100}, {"$inc": {"v": 1}})
+            _until(proc, _identical(source_uri, target_uri), "a write replayed")
+        random_workload(source_uri, rounds=200, seed=22, ddl=False)  # written by Spark's tasks
+        _until(proc, _identical(source_uri, target_uri), "convergence on Spark")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, log.read_text()
+        assert "Traceback" not in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

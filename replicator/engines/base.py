@@ -33,7 +33,7 @@ class Engine(Protocol):
     def apply_with(self, sink: Sink) -> Apply:
         """How the replay writes a transformed batch into ``sink`` and waits for its acknowledgement."""
 
-    def differ(self, settings: Settings) -> tuple[RangeDiffer | None, int]:
+    async def differ(self, settings: Settings) -> tuple[RangeDiffer | None, int]:
         """How the embedded verifier compares ranges (None: in this process), and how many at once."""
 
     async def close(self) -> None:

@@ -79,7 +79,7 @@ class Driver:
     def apply_with(self, sink: Sink) -> Apply:
         return sink.write
 
-    def differ(self, settings: Settings) -> tuple[RangeDiffer | None, int]:
+    async def differ(self, settings: Settings) -> tuple[RangeDiffer | None, int]:
         return None, 1
 
     async def close(self) -> None:

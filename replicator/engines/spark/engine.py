@@ -1,65 +1,109 @@
 """The Spark engine as the job drives it: snapshot partitions as Spark tasks (:mod:`.snapshot`), the
 replay's writes as Spark tasks (:mod:`.apply`), the embedded verifier's ranges as tasks (:mod:`.verify`).
-The session is started here, or spark-submit's is used (and then left running)."""
+The session is started here, or spark-submit's is used (and then left running).
+
+A session this run starts comes up beside the run: its JVM takes seconds to start (tens on a cluster that
+allocates executors), and the replay does not wait for it. Until it is up, the replay's batches are written
+from this process, as the asyncio engine writes them; the snapshot, the verifier and the first batch after
+it is up wait for it."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from replicator.checking.verify import RangeDiffer
 from replicator.engines.driver import Driver
+from replicator.events import ChangeEvent
 from replicator.replay.stage import Apply
 from replicator.settings.config import Settings
 from replicator.sinks.base import Sink
-
-#: Sink batches (``--max-batch-size`` events) a task of the replay writes at once. A Spark job costs about
-#: 0.2 s to schedule, ship and collect on a local master, whatever its size: 4 batches a task make it a
-#: small share of the job (a 20,000-event backlog on local[2] and the test servers: jobs of 1,800 events
-#: took 0.7-0.9 s each, jobs of 8,000 events 2.5-3.1 s).
-TASK_BATCHES = 4
 
 
 class SparkEngine(Driver):
     """The replay reads the stream once, on the driver, as the asyncio engine does (same reader, retries
     and acknowledgements); only its writes run as Spark tasks."""
 
-    spark: Any = None  # the SparkSession, once started
+    spark: Any = None  # the SparkSession, once up
     _before: Any = None  # the session that ran before this job (spark-submit's): not stopped
+    _starting: asyncio.Task[Any] | None = None  # the session this run starts, coming up
 
     async def start(self) -> None:
-        from replicator.engines.spark.session import existing, session
+        from replicator.engines.spark.session import active_session, check_java, create, launch
+
+        self.copier = self._copy
+        self._before = active_session(self.s)
+        if self._before is not None:  # spark-submit's (or a test's): up already
+            self.spark = self._before
+            return
+        await asyncio.to_thread(check_java)
+        self.reporter.info(f"starting Spark ({self.s.spark_master}); the replay writes from here until it is up")
+        # the JVM first, holding this process's stderr while it is launched; the session on it comes up beside
+        # the run (the longer part: 3.9 s of 5.7 on a busy local[2])
+        await _started(asyncio.ensure_future(asyncio.to_thread(launch, self.s)))
+        self._starting = asyncio.create_task(asyncio.to_thread(create, self.s))
+
+    def starting(self) -> bool:
+        """Whether the session is still coming up (the replay then writes from this process)."""
+        return self.spark is None and self._starting is not None and not self._starting.done()
+
+    async def ready(self) -> Any:
+        """The session, once up; raises what stopped it from starting, in one line."""
+        if self.spark is None:
+            assert self._starting is not None, "start() first"
+            self.spark = await _started(self._starting)
+            self.reporter.info("Spark is up: the replay's writes go to its tasks")
+        return self.spark
+
+    async def _copy(self, *args: Any, **kwargs: Any) -> int:
+        """The snapshot's partitions as Spark tasks, once the session is up (see :mod:`.snapshot`)."""
         from replicator.engines.spark.snapshot import SparkCopier
 
-        self._before = existing()
-        if self._before is None:
-            self.reporter.info(f"starting Spark ({self.s.spark_master})")
-        self.spark = await asyncio.to_thread(session, self.s)
-        self.copier = SparkCopier(self.s, self.spark)  # the driver's own until now
+        return await SparkCopier(self.s, await self.ready())(*args, **kwargs)
 
     def batch_events(self) -> int:
-        """About ``TASK_BATCHES`` x ``--max-batch-size`` events per task, when that many wait to be written:
-        a Spark job per batch costs its scheduling."""
-        return self.s.replay_batch * self.partitions() * TASK_BATCHES
+        """As many events as wait in the read-ahead (``--max-queue-size``): a Spark job per batch costs
+        about 0.2 s whatever its size (a 20,000-event backlog on local[2] and the test servers: jobs of
+        1,800 events took 0.7-0.9 s each, jobs of 8,000 events 2.5-3.1 s)."""
+        return max(self.s.replay_batch, self.s.max_queue_events)
 
     def partitions(self) -> int:
         """The tasks a replayed batch is spread over (--replay-partitions, else the cluster's cores)."""
         return self.s.replay_partitions or max(1, int(self.spark.sparkContext.defaultParallelism))
 
     def apply_with(self, sink: Sink) -> Apply:
-        """Each batch spread over Spark tasks that write from the executors (see :mod:`.apply`)."""
+        """Each batch spread over Spark tasks that write from the executors (see :mod:`.apply`); from this
+        process while the session comes up."""
         from replicator.engines.spark.apply import SparkApply
 
-        return SparkApply(self.s, self.spark, sink, partitions=self.partitions())
+        async def apply(events: Sequence[ChangeEvent]) -> None:
+            if self.starting() or sink.spreads is None:
+                await sink.write(events)
+                return
+            spark = await self.ready()
+            await SparkApply(self.s, spark, sink, partitions=self.partitions())(events)
 
-    def differ(self, settings: Settings) -> tuple[RangeDiffer | None, int]:
+        return apply
+
+    async def differ(self, settings: Settings) -> tuple[RangeDiffer | None, int]:
         """The ranges hashed as Spark tasks, a few at once."""
         from replicator.engines.spark.verify import SparkDiffer
 
-        return SparkDiffer(settings, self.spark), int(self.spark.sparkContext.defaultParallelism)
+        spark = await self.ready()
+        return SparkDiffer(settings, spark), int(spark.sparkContext.defaultParallelism)
 
     async def close(self) -> None:
-        if self.spark is not None:
-            from replicator.engines.spark.session import stop_owned
+        from replicator.engines.spark.session import stop_owned
 
+        if self.spark is None and self._starting is not None:  # the run ended before its session was up:
+            self.spark = await _started(self._starting)  # stopped once up; a failed start fails the run
+        if self.spark is not None:
             await asyncio.to_thread(stop_owned, self.spark, self._before)
+
+
+async def _started(starting: asyncio.Future[Any]) -> Any:
+    from replicator.engines.spark.failures import failing_in_one_line
+
+    with failing_in_one_line("starting Spark"):
+        return await starting

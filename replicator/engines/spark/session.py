@@ -98,20 +98,44 @@ def spark_conf(settings: Settings) -> dict[str, str]:
 def session(settings: Settings) -> Any:
     """The active SparkSession (under spark-submit, or a test's), else a new one on --spark-master (see
     :func:`owned`)."""
+    active = active_session(settings)
+    if active is not None:
+        return active
+    check_java()
+    launch(settings)
+    return create(settings)
+
+
+def active_session(settings: Settings) -> Any:
+    """The session this process runs already (spark-submit's, a test's), or None; PySpark checked first."""
     require_pyspark()
     from pyspark.sql import SparkSession
 
     quiet_py4j(settings)
-    active = SparkSession.getActiveSession() or existing()
-    if active is not None:
-        return active
-    check_java()
+    return SparkSession.getActiveSession() or existing()
+
+
+def launch(settings: Settings) -> None:
+    """Start the JVM of the session :func:`create` makes next: the part of its start that needs this process's
+    stderr (given to the log file, see :func:`_console_to_log`), since the JVM inherits it as it is launched."""
+    from pyspark import SparkConf, SparkContext
+
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors import this mcdc
+    conf = SparkConf().setMaster(master_url(settings.spark_master)).setAppName("mcdc")
+    for key, value in spark_conf(settings).items():
+        conf.set(key, value)
+    with _console_to_log(settings.verbose):
+        SparkContext._ensure_initialized(conf=conf)  # the JVM is started with these settings
+
+
+def create(settings: Settings) -> Any:
+    """The SparkSession, on the JVM :func:`launch` started (or on one it starts now, with stderr as it is)."""
+    from pyspark.sql import SparkSession
+
     builder = SparkSession.builder.master(master_url(settings.spark_master)).appName("mcdc")
     for key, value in spark_conf(settings).items():
         builder = builder.config(key, value)
-    with _console_to_log(settings.verbose):
-        spark = builder.getOrCreate()
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("INFO" if settings.verbose else "ERROR")
     return spark
 
