@@ -82,3 +82,18 @@ async def test_a_run_that_ended_before_its_session_was_up_still_fails_when_it_co
     starting.set_exception(Py4JError("Java gateway process exited"))
     with pytest.raises(McdcError, match="starting Spark failed on Spark"):
         await engine.close()
+
+
+def test_a_python_worker_that_cannot_start_is_left_for_the_runs_own_first_job_to_report() -> None:
+    """The session comes up with its workers started by a job that does nothing; that job's failure (an
+    executor's Python missing) is not the start's: the run's first job fails with its own message."""
+    from replicator.engines.spark.engine import _come_up
+
+    class Context:
+        defaultParallelism = 2
+
+        def parallelize(self, data: object, slices: int) -> Any:
+            raise RuntimeError("Cannot run program no-python")
+
+    spark = SimpleNamespace(sparkContext=Context())
+    assert _come_up(Settings(source="mongodb://s", target="mongodb://t"), lambda s: spark) is spark

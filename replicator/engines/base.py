@@ -23,6 +23,9 @@ class Engine(Protocol):
     async def start(self) -> None:
         """Start what the engine runs on; called once every check of the run has passed."""
 
+    async def ready(self) -> object:
+        """Wait until what :meth:`start` started can take work (a Spark session comes up beside the run)."""
+
     async def replay(
         self, reader: Reader, topology: StreamTopology, cp: Checkpoint, stage: ReplayStage, summary: Summary,
         *, follow: bool,

@@ -46,6 +46,9 @@ class Driver:
     async def start(self) -> None:
         return None
 
+    async def ready(self) -> object:
+        return None
+
     async def replay(
         self, reader: Reader, topology: StreamTopology, cp: Checkpoint, stage: ReplayStage, summary: Summary,
         *, follow: bool,

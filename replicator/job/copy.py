@@ -125,6 +125,7 @@ class SnapshotCopy:
             self.metrics.set_state("snapshot")
 
         copied = CopyResult()
+        await self.engine.ready()  # a Spark session coming up beside the run is its start, not the copy's time
         started_at = time.monotonic()
         try:
             await self.engine.copier(

@@ -5,6 +5,7 @@ Tasks open their own connections: nothing but settings and their unit of work cr
 from __future__ import annotations
 
 import asyncio
+import os
 import pickle
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -190,6 +191,11 @@ async def _apply(task: ApplyTask) -> None:
         await sink.close()
         if client is not None:
             await client.close()
+
+
+def warm(_: int) -> int:
+    """Nothing: a task that starts its Python worker, which imports this module (and mcdc with it) to run it."""
+    return os.getpid()
 
 
 def _pickles(exc: BaseException) -> bool:
