@@ -334,7 +334,7 @@ def test_a_spark_tail_replays_from_the_driver_while_its_session_starts_then_thro
         _until(proc, _identical(source_uri, target_uri), "the backlog replayed")
         assert "starting Spark (local[2]); the replay writes from here until it is up" in log.read_text()
         round_ = 0
-        while "Spark is up: the replay's writes go to its tasks" not in log.read_text():  # writes, until one
+        while "Spark is up: its tasks take the writes from here" not in log.read_text():  # writes, until one
             round_ += 1  # batch finds the session up
             with pymongo.MongoClient(source_uri) as client:
                 client.db.c.update_one({"_id": round_ % 100}, {"$inc": {"v": 1}})

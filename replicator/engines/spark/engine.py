@@ -4,8 +4,7 @@ The session is started here, or spark-submit's is used (and then left running).
 
 A session this run starts comes up beside the run: its JVM takes seconds to start (tens on a cluster that
 allocates executors), and the replay does not wait for it. Until it is up, the replay's batches are written
-from this process, as the asyncio engine writes them; the snapshot, the verifier and the first batch after
-it is up wait for it."""
+from this process, as the asyncio engine writes them. The snapshot and the verifier wait for it."""
 
 from __future__ import annotations
 
@@ -56,7 +55,7 @@ class SparkEngine(Driver):
         if self.spark is None:
             assert self._starting is not None, "start() first"
             self.spark = await _started(self._starting)
-            self.reporter.info("Spark is up: the replay's writes go to its tasks")
+            self.reporter.info("Spark is up: its tasks take the writes from here")
         return self.spark
 
     async def _copy(self, *args: Any, **kwargs: Any) -> int:
