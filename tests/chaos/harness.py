@@ -11,7 +11,8 @@ Delta Lake / Iceberg tables under the plan's work directory), and a list of step
 it reads events long after they happened), SIGSTOP/SIGCONT or a restart of the source or the target (not
 a lake, which has no server), a broker restart, and restoring an older copy of the checkpoint
 (what a lost save amounts to). Every plan begins with a sync (or the tail's own snapshot) under
-concurrent writes.
+concurrent writes. A catch-up's fault strikes a random moment into it; on Spark, half of the time, one
+in the seconds its session comes up while the driver writes the batches.
 
 For a lake target, "identical" means: each selected source collection's state table holds its documents
 as raw BSON, byte for byte; no state table of a collection the source does not have (dropped, renamed
@@ -339,7 +340,7 @@ class Runner:
         tail = self.plan.mode == "tail"
         if not tail:  # the fault strikes a catch-up while it runs
             self._proc = self._spawn("catch-up")
-            time.sleep(self.rng.uniform(0.0, 1.0))
+            self._into_the_run(self._proc)
         if verb in ("kill", "restore"):
             self._kill()
             if verb == "restore" and self.copies.versions:
@@ -370,12 +371,21 @@ class Runner:
         if self._proc.wait(120) != 0 and must_exit_0:
             self.fail(f"mcdc exited with {self._proc.returncode} on SIGTERM")
 
-    def _wait_started(self, proc: subprocess.Popen[bytes]) -> None:
+    def _wait_started(self, proc: subprocess.Popen[bytes], line: bytes = b" mcdc") -> None:
         deadline = time.monotonic() + START_S
-        while proc.poll() is None and b" mcdc" not in self._logs[-1].read_bytes():
+        while proc.poll() is None and line not in self._logs[-1].read_bytes():
             if time.monotonic() > deadline:
-                self.fail(f"mcdc logged nothing within {START_S:.0f} s of its start")
+                self.fail(f"mcdc logged no {line.decode().strip()!r} within {START_S:.0f} s of its start")
             time.sleep(0.05)
+
+    def _into_the_run(self, proc: subprocess.Popen[bytes]) -> None:
+        """A random moment into a run. On Spark, half of the time, one in the seconds after its "starting
+        Spark" line, while its session comes up and the driver writes the batches meanwhile."""
+        if self.plan.engine == "spark" and self.rng.random() < 0.5:
+            self._wait_started(proc, b"starting Spark")
+            time.sleep(self.rng.uniform(0.0, 3.0))
+        else:
+            time.sleep(self.rng.uniform(0.0, 1.0))
 
     def _server_fault(self, verb: str, which: str) -> None:
         server = {"source": self.servers.source, "target": self.servers.target, "broker": self.servers.broker}[which]
