@@ -29,9 +29,18 @@ class RawDocument(RawBSONDocument):
 
     __slots__ = ()
 
+    def __init__(self, bson_bytes: bytes | memoryview, codec_options: CodecOptions[Any] | None = None) -> None:
+        """RawBSONDocument's fields, set without its checks: the C decoder, which makes nearly all of these
+        (every document a snapshot copies), hands over a document's bytes once it has checked their size
+        and end, and mcdc's own calls pass bytes that bson encoded. The checks (the codec's class, the size
+        in Python) cost twice the rest of decoding a small document."""
+        self._RawBSONDocument__raw: bytes = bson_bytes  # type: ignore[assignment]  # memoryview: never here
+        self._RawBSONDocument__inflated_doc = None
+        self._RawBSONDocument__codec_options = RAW_CODEC if codec_options is None else codec_options
+
     def __getitem__(self, name: str) -> Any:
         if name == "_id":
-            data = self._RawBSONDocument__raw  # type: ignore[attr-defined]
+            data = self._RawBSONDocument__raw
             if data[4] == DOCUMENT and data[5:9] == b"_id\x00":
                 return wrap(data[9 : 9 + int.from_bytes(data[9:13], "little")])
         return super().__getitem__(name)
@@ -40,7 +49,7 @@ class RawDocument(RawBSONDocument):
         """Not empty: said from the bytes' length (an empty document is 5 bytes). RawBSONDocument has no
         ``__bool__``, so truth fell to ``__len__``, which decodes every field: pymongo's ReplaceOne asks
         ``if replacement`` of every replacement it sends."""
-        return len(self._RawBSONDocument__raw) > 5  # type: ignore[attr-defined]
+        return len(self._RawBSONDocument__raw) > 5
 
 
 #: What :func:`top_level` leaves a sub-document (or an array's document) as: a ``slice`` whose ``start`` is

@@ -32,6 +32,7 @@ from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op, Positi
 from replicator.settings.selection import Scope
 from replicator.sinks.base import Sink, SourceLookup
 from replicator.sinks.mongo.durable import Durability
+from replicator.sinks.mongo.inserts import insert_unordered
 from replicator.sinks.mongo.plan import (
     DOLLAR_PREFIXED,
     DUPLICATE_KEY,
@@ -356,7 +357,7 @@ class MongoSink(Sink):
         after a crash) is replaced instead, so the target holds the newer copy."""
         coll = self._client[ns.db][ns.coll or ""]
         try:
-            await coll.insert_many(docs, ordered=False, bypass_document_validation=True)  # type: ignore[arg-type]
+            await insert_unordered(coll, docs)
         except BulkWriteError as exc:
             errors = exc.details.get("writeErrors", [])
             if any(err.get("code") != DUPLICATE_KEY for err in errors):
