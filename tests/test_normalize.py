@@ -140,8 +140,8 @@ def test_coalesce_keeps_each_documents_order() -> None:
         ChangeEvent(Op.DELETE, ns, key={"_id": 5}), ChangeEvent(Op.INSERT, ns, key={"_id": 5}, document={"_id": 5}),
     ]  # fmt: skip
     deletes, replaces, sequences = coalesce(events)
-    assert [op._filter for _, op in deletes] == [{"_id": 1}, {"_id": 4}]  # type: ignore[union-attr]
-    assert [(op._filter, op._doc) for _, op in replaces] == [  # type: ignore[union-attr]
+    assert [event.document_key for event in deletes] == [{"_id": 1}, {"_id": 4}]
+    assert [(event.document_key, event.document) for event in replaces] == [
         ({"_id": 2}, {"_id": 2, "v": 2}), ({"_id": 5}, {"_id": 5}),
     ]  # fmt: skip
     # a delta keeps the document's whole sequence, in order
@@ -166,7 +166,7 @@ def test_a_document_deleted_at_the_end_of_the_batch_is_only_deleted_delta_update
         delta(3), delete(3), ChangeEvent(Op.INSERT, ns, key={"_id": 3}, document={"_id": 3}),
     ]  # fmt: skip
     deletes, replaces, sequence = coalesce(events)
-    assert [op._filter for _, op in deletes] == [{"_id": 1}]  # type: ignore[union-attr]
+    assert [event.document_key for event in deletes] == [{"_id": 1}]
     assert replaces == []
     assert [(type(op), op._filter) for _, op in sequence] == [  # type: ignore[union-attr]
         (UpdateOne, {"_id": 2}), (UpdateOne, {"_id": 3}), (DeleteOne, {"_id": 3}), (ReplaceOne, {"_id": 3}),

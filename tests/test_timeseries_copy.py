@@ -15,12 +15,14 @@ import itertools
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import bson
 import pytest
 from bson.raw_bson import RawBSONDocument
 from pymongo.errors import AutoReconnect, OperationFailure
+from pymongo.write_concern import WriteConcern
 
 from replicator.errors import SinkError
 from replicator.events import Namespace
@@ -64,7 +66,25 @@ class FakeTimeseries:
         self.inserts = 0
         self.deletes: list[dict[str, Any]] = []
 
-    async def insert_many(self, docs: list[RawBSONDocument], **_: Any) -> None:
+    name = NS.coll
+    write_concern = WriteConcern()
+
+    @property
+    def database(self) -> Any:
+        """Where the sink sends its insert commands (sinks/mongo/commands); no other command."""
+        fake = self
+
+        class Database:
+            client = SimpleNamespace(topology_description=SimpleNamespace(server_descriptions=dict))
+
+            async def command(self, command: Mapping[str, Any], **_: Any) -> dict[str, Any]:
+                assert "insert" in command, f"the copy sent {dict(command)} to a time-series collection"
+                await fake.insert(command["documents"])
+                return {"n": len(command["documents"]), "ok": 1.0}
+
+        return Database()
+
+    async def insert(self, docs: list[RawBSONDocument]) -> None:
         self.inserts += 1
         self.docs.extend(bytes(doc.raw) for doc in docs)  # a repeated _id is just another measurement
         if self.inserts == self.fail_insert:

@@ -90,8 +90,10 @@ def plan(events: Sequence[ChangeEvent]) -> list[Planned]:
     return [(event, op) for event in events for op in write_ops(event)]
 
 
-def coalesce(events: Sequence[ChangeEvent]) -> tuple[list[Planned], list[Planned], list[Planned]]:
-    """One namespace's document events as (deletes, replacements, ordered sequence).
+def coalesce(events: Sequence[ChangeEvent]) -> tuple[list[ChangeEvent], list[ChangeEvent], list[Planned]]:
+    """One namespace's document events as (deletes, replacements, ordered sequence): the events whose
+    document is deleted by its key, those whose full document replaces it (upserted by its key), and the
+    writes of the others.
 
     A document whose events in the batch all carry their full document or delete it ends in the state
     of its last event: one write replaces them all. So does a document whose last event deletes it, delta
@@ -112,17 +114,14 @@ def coalesce(events: Sequence[ChangeEvent]) -> tuple[list[Planned], list[Planned
         last[kb] = event
         if event.document is None and event.op is not delete:
             delta.add(kb)
-    deletes: list[Planned] = []
-    replaces: list[Planned] = []
+    deletes: list[ChangeEvent] = []
+    replaces: list[ChangeEvent] = []  # each with its full document: what write_ops makes a ReplaceOne of
     for kb, event in last.items():
         if kb in delta:
             if event.op is not delete:
                 continue
             delta.discard(kb)
-        if event.op is delete:
-            deletes.append((event, DeleteOne(event.document_key)))
-        else:  # its full document: what write_ops makes of it
-            replaces.append((event, ReplaceOne(event.document_key, event.document, upsert=True)))
+        (deletes if event.op is delete else replaces).append(event)
     if not delta:
         return deletes, replaces, []
     return deletes, replaces, plan([e for kb, e in zip(keys, events, strict=True) if kb in delta])

@@ -21,8 +21,6 @@ from collections.abc import Coroutine, Mapping, Sequence
 from functools import partial
 from typing import Any
 
-from bson.raw_bson import RawBSONDocument
-from pymongo import ReplaceOne
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.errors import BulkWriteError, OperationFailure
 
@@ -31,8 +29,8 @@ from replicator.errors import SinkError, SinkUnavailable
 from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op, Position
 from replicator.settings.selection import Scope
 from replicator.sinks.base import Sink, SourceLookup
+from replicator.sinks.mongo.commands import UnorderedWrites, delete_unordered, insert_unordered, replace_unordered
 from replicator.sinks.mongo.durable import Durability
-from replicator.sinks.mongo.inserts import insert_unordered
 from replicator.sinks.mongo.plan import (
     DOLLAR_PREFIXED,
     DUPLICATE_KEY,
@@ -215,9 +213,10 @@ class MongoSink(Sink):
         keys the replacements may take. A unique-key conflict switches to :meth:`_apply_in_order`."""
         deletes, replaces, sequence = coalesce(events)
         try:
-            for group in (deletes, replaces):
-                if group:
-                    await self._unordered(ns, group)
+            if deletes:
+                await self._unordered(ns, deletes, delete_unordered)
+            if replaces:
+                await self._unordered(ns, replaces, replace_unordered)
             if sequence:
                 await self._ordered(ns, sequence)
         except _Conflict as conflict:
@@ -239,16 +238,16 @@ class MongoSink(Sink):
                 )
                 todo = [p for p in conflict.rest if id_bytes(p[0].document_key) not in settled]
 
-    async def _unordered(self, ns: Namespace, group: list[Planned]) -> None:
-        """Writes to different documents, in one unordered command."""
+    async def _unordered(self, ns: Namespace, group: list[ChangeEvent], send: UnorderedWrites) -> None:
+        """Writes to different documents (deletes, or replacements), in one unordered command."""
         coll = self._durability.collection(ns)
         try:
-            await coll.bulk_write([op for _, op in group], ordered=False, bypass_document_validation=True)
+            await send(coll, group)
         except BulkWriteError as exc:
             errors = exc.details.get("writeErrors", [])
             retry: list[Planned] = []
             for error in errors:
-                event = group[int(error["index"])][0]
+                event = group[int(error["index"])]
                 dup = duplicate_key(error)
                 if dup is not None:
                     raise _Conflict(dup, event, []) from None
@@ -362,15 +361,11 @@ class MongoSink(Sink):
             errors = exc.details.get("writeErrors", [])
             if any(err.get("code") != DUPLICATE_KEY for err in errors):
                 raise
-            retry: list[Planned] = []
-            for error in errors:
-                doc = docs[int(error["index"])]
-                event = ChangeEvent(Op.READ, ns, document=doc)
-                retry.append((event, ReplaceOne({"_id": _id_of(doc)}, doc, upsert=True)))
+            retry = [ChangeEvent(Op.READ, ns, document=docs[int(error["index"])]) for error in errors]
             try:
-                await self._unordered(ns, retry)
+                await self._unordered(ns, retry, replace_unordered)
             except _Conflict:  # a unique index already built (a collection copied after the snapshot)
-                await self._apply_in_order(ns, [event for event, _ in retry])
+                await self._apply_in_order(ns, retry)
 
 
 def _write_error_code(exc: OperationFailure) -> int | None:
@@ -379,7 +374,3 @@ def _write_error_code(exc: OperationFailure) -> int | None:
         code = errors[0].get("code")
         return int(code) if code is not None else None
     return exc.code
-
-
-def _id_of(doc: Any) -> Any:
-    return doc["_id"] if isinstance(doc, RawBSONDocument) else doc.get("_id")

@@ -1,6 +1,6 @@
-"""Snapshot inserts as insert commands of raw documents (sinks/mongo/inserts): how a batch is cut into
-commands, and, against the server, that it lands byte for byte, reports its write errors as insert_many
-does, and keeps the write concern."""
+"""Unordered writes as commands of their statements (sinks/mongo/commands): how a batch is cut into
+commands, and, against the server, that they land byte for byte, report their write errors as insert_many
+and bulk_write do, and keep the write concern."""
 
 from __future__ import annotations
 
@@ -17,7 +17,10 @@ from pymongo.errors import BulkWriteError
 from pymongo.write_concern import WriteConcern
 
 from replicator.bsonkit.rawbson import RAW_CODEC, RawDocument
-from replicator.sinks.mongo.inserts import chunks, insert_unordered
+from replicator.events import ChangeEvent, Namespace, Op
+from replicator.sinks.mongo.commands import chunks, delete_unordered, insert_unordered, replace_unordered
+
+NS = Namespace("insdb", "rep")
 
 
 def test_a_batch_is_cut_at_the_count_and_at_the_bytes_a_bigger_document_alone() -> None:
@@ -54,7 +57,7 @@ class _Inserts(monitoring.CommandListener):
         self.commands: list[dict[str, Any]] = []
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
-        if event.command_name == "insert":
+        if event.command_name in ("insert", "update", "delete"):
             self.commands.append(dict(event.command))
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
@@ -107,3 +110,37 @@ async def test_write_errors_are_raised_with_their_index_in_the_batch_once_the_re
     with pymongo.MongoClient(target_uri) as client:
         got = {doc["_id"]: len(doc.get("big", "")) for doc in client.insdb.dups.find()}
     assert got == {0: 5, 1: 0, 2: 5, 3: 3, 4: 5}  # the old 1 and 3 kept, the others inserted
+
+
+def _event(op: Op, doc: dict[str, Any]) -> ChangeEvent:
+    key = _raw({"_id": doc["_id"]})
+    return ChangeEvent(op, NS, key=key, document=None if op is Op.DELETE else _raw(doc))
+
+
+@pytest.mark.integration
+async def test_replacements_upsert_and_deletes_delete_by_key_as_bulk_write_does(target_uri: str) -> None:
+    """The statements bulk_write sends for ReplaceOne(key, doc, upsert=True) and DeleteOne(key): a
+    replacement lands byte for byte whether its document was there or not, a delete of a missing document
+    is no error, and a write error comes with its index (a unique key another document holds)."""
+    with pymongo.MongoClient(target_uri) as client:
+        client.insdb.rep.create_index("email", unique=True, sparse=True)
+        client.insdb.rep.insert_many([{"_id": 1, "old": True}, {"_id": 2}, {"_id": 9, "email": "taken"}])
+    replaced = [{"_id": 1, "z": {"b": 1, "a": 2}, "n": None}, {"_id": 3, "new": [1.5, "x"]}]
+    listener = _Inserts()
+    async with AsyncMongoClient(target_uri, event_listeners=[listener]) as client:
+        coll = client.insdb.get_collection("rep", write_concern=WriteConcern(w=1))
+        await delete_unordered(coll, [_event(Op.DELETE, {"_id": 2}), _event(Op.DELETE, {"_id": 7})])
+        await replace_unordered(coll, [_event(Op.UPDATE, doc) for doc in replaced])
+        with pytest.raises(BulkWriteError) as raised:
+            await replace_unordered(
+                coll, [_event(Op.INSERT, {"_id": 4}), _event(Op.INSERT, {"_id": 5, "email": "taken"})]
+            )
+    assert [(error["index"], error["code"]) for error in raised.value.details["writeErrors"]] == [(1, 11000)]
+    assert raised.value.details["nUpserted"] == 1
+    with pymongo.MongoClient(target_uri, document_class=RawBSONDocument) as client:
+        got = {doc["_id"]: doc.raw for doc in client.insdb.rep.find()}
+    assert got == {1: bson.encode(replaced[0]), 3: bson.encode(replaced[1]), 4: bson.encode({"_id": 4}),
+                   9: bson.encode({"_id": 9, "email": "taken"})}  # fmt: skip
+    updates = [command for command in listener.commands if command.get("update") == "rep"]
+    assert updates and all(command["writeConcern"] == {"w": 1} for command in updates)
+    assert updates[0]["updates"][0].keys() == {"q", "u", "upsert"}
