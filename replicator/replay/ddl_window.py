@@ -85,14 +85,17 @@ class DdlWindow:
         Marked DDL is left out (the copy stands for it), and so are document events of namespaces waiting
         to be copied."""
         out: list[ChangeEvent] = []
+        waiting = bool(self._todo)  # nothing waits (nearly always): a document event is applied as it is
         for i, event in enumerate(events):
-            ts = _time(event)
-            if self._todo and (self._due is None or (ts is not None and ts > self._due)):
-                return out, list(events[i:])
+            if waiting:
+                ts = _time(event)
+                if self._due is None or (ts is not None and ts > self._due):
+                    return out, list(events[i:])
             if event.op.is_ddl:
-                if self._replayable(event, ts):
+                if self._replayable(event, _time(event)):
                     out.append(event)
-            elif not self._waiting(event.ns):
+                waiting = bool(self._todo)
+            elif not waiting or not self._waiting(event.ns):
                 out.append(event)
         return out, None
 
