@@ -1,7 +1,7 @@
 """Benchmark: mcdc's own CPU per document (sync) and per event (catch-up into MongoDB), against plain pymongo
 clients doing the same work, on the same two servers, in one run.
 
-    python scripts/bench_cpu.py [--docs 200000] [--events 50000] [--profile] [--json]
+    python scripts/bench_cpu.py [--docs 200000] [--events 50000] [--repeat 3] [--profile] [--json]
 
 On a real mongod, mcdc's throughput per process is bound by its own CPU, not the server's: so this measures
 CPU (user + system, of each contender's own process, from its start to its exit), not only wall time.
@@ -20,9 +20,12 @@ Each contender runs as a process of its own; its CPU is its ``RUSAGE_CHILDREN`` 
 start to exit). The **steady** CPU per document (per event) is the difference between the big run and the
 small one, divided by the documents (events) between them: what each more document costs, the start and
 every fixed cost of a run (connecting, planning, index builds, the last checkpoint) left out, for both
-contenders alike. The start is printed apart. With ``--profile``, mcdc's copy and replay of the big sizes run
-once more under cProfile (timing CPU, not waits) and their CPU is summed by stage (read and decode, plan
-and write, checkpoint, progress, the DDL window and lookup checks, the event loop, the driver).
+contenders alike. The start is printed apart. Each size is copied and replayed ``--repeat`` times (the copies
+first, each into emptied targets; then the replays, each of new writes): every repeat's ratios are printed,
+and the verdicts take their median, since one difference of two runs on a busy machine can move by a third.
+With ``--profile``, mcdc's copy and replay of the big sizes run once more under cProfile (timing CPU, not
+waits) and their CPU is summed by stage (read and decode, plan and write, checkpoint, progress, the DDL
+window and lookup checks, the event loop, the driver).
 
 Figures on the local test server (SecantusDB) measure mcdc's CPU as they would on mongod; wall times there
 are mostly the server's. Exits 0 whatever the ratios say: it is a measurement (1 when a run fails).
@@ -34,6 +37,7 @@ import argparse
 import pstats
 import random
 import resource
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -233,6 +237,14 @@ class Contenders:
         return harness.mcdc(command, "-s", self.source, "-t", self.target, "-c", str(cp), "--include",
                             rf"bench\.{coll}", "--no-progress", *self.extra)  # fmt: skip
 
+    def clear_copies(self) -> None:
+        """Before a copy again: both targets dropped, mcdc's checkpoints removed."""
+        with connect(self.target) as client:
+            client.drop_database(DB)
+            client.drop_database(PLAIN)
+        for checkpoint in self.workdir.glob("cp-*"):
+            checkpoint.unlink()
+
     def copy(self, coll: str) -> dict[str, tuple[float, float, str]]:
         plain = _cpu_of([sys.executable, "-c", PLAIN_COPY, self.source, self.target, PLAIN, coll, DB])
         return {"plain": plain, "mcdc": _cpu_of(self._mcdc("sync", coll))}
@@ -275,13 +287,19 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             client.drop_database(PLAIN)
         runs = Contenders(source, target, workdir, args.mcdc_arg)
 
-        harness.heading("Copy: the plain client, then mcdc sync, of the small collection and of the big one")
-        copy_small, copy_big = runs.copy(SMALL), runs.copy(COLL)
-        harness.heading(
-            f"Replay: {small_events:,}, then {args.events:,} writes, each replayed by the plain loop and mcdc"
-        )
-        replay_small = runs.replay(COLL, small_events, seed=1)
-        replay_big = runs.replay(COLL, args.events, seed=2)
+        repeats: list[dict[str, Any]] = [{} for _ in range(args.repeat)]
+        for number, repeat in enumerate(repeats, 1):
+            harness.heading(f"Copy {number}/{args.repeat}: the plain client, then mcdc sync, small then big")
+            if number > 1:
+                runs.clear_copies()
+            repeat["copy"] = {"small": runs.copy(SMALL), "big": runs.copy(COLL)}
+        for number, repeat in enumerate(repeats, 1):
+            harness.heading(
+                f"Replay {number}/{args.repeat}: {small_events:,}, then {args.events:,} writes, each replayed by "
+                "the plain loop and mcdc"
+            )
+            small = runs.replay(COLL, small_events, seed=2 * number - 1)
+            repeat["replay"] = {"small": small, "big": runs.replay(COLL, args.events, seed=2 * number)}
 
         profile: dict[str, dict[str, float]] = {}
         if args.profile:
@@ -291,27 +309,44 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             profiled = Contenders(source, target, workdir / "profiled", args.mcdc_arg)
             (workdir / "profiled").mkdir(exist_ok=True)
             profile["sync"] = _profile(profiled._mcdc("sync", COLL), workdir / "sync.prof")
-            _events(source, COLL, args.events, seed=3)
+            _events(source, COLL, args.events, seed=2 * args.repeat + 1)
             profile["catch-up"] = _profile(profiled._mcdc("catch-up", COLL), workdir / "catch-up.prof")
 
-    per_doc = _marginal(copy_big, copy_small, args.docs - small_docs)
-    per_event = _marginal(replay_big, replay_small, args.events - small_events)
+    runs_data = [_steady(repeat, args.docs - small_docs, args.events - small_events) for repeat in repeats]
     return {
         "server": server,
         "code": harness.code_version(),
         "docs": [small_docs, args.docs],
         "events": [small_events, args.events],
         "start_cpu_s": start,
-        "copy": {"small": _pair(copy_small), "big": _pair(copy_big)},
-        "replay": {"small": _pair(replay_small), "big": _pair(replay_big)},
+        "repeats": runs_data,
+        # the median of the repeats, each figure on its own (the one of the median ratio may differ)
+        "steady_us": {
+            per: {who: statistics.median(run["steady_us"][per][who] for run in runs_data) for who in ("mcdc", "plain")}
+            for per in ("per_doc", "per_event")
+        },
+        "ratios": {
+            ratio: statistics.median(run["ratios"][ratio] for run in runs_data) for ratio in runs_data[0]["ratios"]
+        },
+        "profile": profile,
+        "commands": {"sync": " ".join(runs._mcdc("sync", COLL)), "catch-up": " ".join(runs._mcdc("catch-up", COLL))},
+    }
+
+
+def _steady(repeat: dict[str, Any], docs: int, events: int) -> dict[str, Any]:
+    """One repeat's runs, steady figures and ratios."""
+    copy, replay = repeat["copy"], repeat["replay"]
+    per_doc = _marginal(copy["big"], copy["small"], docs)
+    per_event = _marginal(replay["big"], replay["small"], events)
+    return {
+        "copy": {size: _pair(runs) for size, runs in copy.items()},
+        "replay": {size: _pair(runs) for size, runs in replay.items()},
         "steady_us": {"per_doc": per_doc, "per_event": per_event},
         "ratios": {
             "cpu_per_doc": per_doc["mcdc"] / per_doc["plain"],
             "cpu_per_event": per_event["mcdc"] / per_event["plain"],
-            "replay_rate": replay_big["plain"][1] / replay_big["mcdc"][1],
+            "replay_rate": replay["big"]["plain"][1] / replay["big"]["mcdc"][1],
         },
-        "profile": profile,
-        "commands": {"sync": " ".join(runs._mcdc("sync", COLL)), "catch-up": " ".join(runs._mcdc("catch-up", COLL))},
     }
 
 
@@ -324,20 +359,30 @@ def report(data: dict[str, Any]) -> None:
     print(f"server: {data['server']}; code: {data['code']}")
     start, steady, r = data["start_cpu_s"], data["steady_us"], data["ratios"]
     print(f"start (CPU): mcdc {start['mcdc']:.2f} s, a plain client {start['plain']:.2f} s")
-    for what, unit, sizes in (("copy", "doc", data["docs"]), ("replay", "event", data["events"])):
-        for size, n in zip(("small", "big"), sizes, strict=True):
-            m, p = data[what][size]["mcdc"], data[what][size]["plain"]
+    for number, run in enumerate(data["repeats"], 1):
+        print(f"repeat {number}:")
+        for what, unit, sizes in (("copy", "doc", data["docs"]), ("replay", "event", data["events"])):
+            for size, n in zip(("small", "big"), sizes, strict=True):
+                m, p = run[what][size]["mcdc"], run[what][size]["plain"]
+                print(
+                    f"  {what:<6} {n:>9,} {unit}s: mcdc {m['cpu_s']:6.2f} s CPU in {m['wall_s']:6.1f} s, "
+                    f"plain {p['cpu_s']:6.2f} s CPU in {p['wall_s']:6.1f} s"
+                )
+            per = run["steady_us"][f"per_{unit}"]
             print(
-                f"{what:<6} {n:>9,} {unit}s: mcdc {m['cpu_s']:6.2f} s CPU in {m['wall_s']:6.1f} s, "
-                f"plain {p['cpu_s']:6.2f} s CPU in {p['wall_s']:6.1f} s"
+                f"    steady CPU per {unit} (between the two sizes): mcdc {per['mcdc']:.1f} us, "
+                f"plain {per['plain']:.1f} us"
             )
+        rr = run["ratios"]
+        print(f"  ratios: per document {rr['cpu_per_doc']:.2f}x, per event {rr['cpu_per_event']:.2f}x, "
+              f"replay rate {rr['replay_rate']:.2f}x")  # fmt: skip
+    repeats = len(data["repeats"])
+    for unit in ("doc", "event"):
         per = steady[f"per_{unit}"]
-        print(
-            f"  steady CPU per {unit} (between the two sizes): mcdc {per['mcdc']:.1f} us, plain {per['plain']:.1f} us"
-        )
+        print(f"median of {repeats}: steady CPU per {unit}: mcdc {per['mcdc']:.1f} us, plain {per['plain']:.1f} us")
     print(
-        f"ratios (mcdc / plain): CPU per document {r['cpu_per_doc']:.2f}x, CPU per event {r['cpu_per_event']:.2f}x; "
-        f"replay rate {r['replay_rate']:.2f}x the plain loop's"
+        f"ratios (mcdc / plain, the median of {repeats}): CPU per document {r['cpu_per_doc']:.2f}x, CPU per event "
+        f"{r['cpu_per_event']:.2f}x; replay rate {r['replay_rate']:.2f}x the plain loop's"
     )
     for run, stages in data["profile"].items():
         total = sum(stages.values()) or 1.0
@@ -358,6 +403,9 @@ def main() -> int:
     parser = harness.parser(__doc__)
     harness.size_options(parser, docs=(200_000, "documents copied"), events=(50_000, "writes replayed"))
     parser.add_argument("--profile", action="store_true", help="also profile mcdc's copy and replay by stage")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="copies and replays of each size, each pair's ratio, then their median"
+    )
     harness.add_server_options(parser, "an extra argument for mcdc sync and catch-up (repeatable)")
     return harness.main("bench_cpu.py", parser, None, bench, report)
 
