@@ -76,6 +76,28 @@ def test_update_with_transaction_keeps_raw_values() -> None:
     assert event.position is not None and event.position.cluster_time == Timestamp(100, 2)
 
 
+def test_an_update_description_is_decoded_when_a_stage_first_reads_it() -> None:
+    """The MongoDB sink applies an update's looked-up document and never reads its delta: normalizing
+    leaves the description as bytes; read, it is the description the decoded mapping gives, and it
+    compares and pickles as one."""
+    import pickle
+
+    from replicator.events import UpdateDescription
+    from replicator.events.normalize import _from_mapping
+
+    desc = {"updatedFields": {"a": 1}, "removedFields": ["b"], "truncatedArrays": [{"field": "c", "newSize": 1}]}
+    data = bson.encode({**BASE, "operationType": "update", "documentKey": {"_id": 1}, "updateDescription": desc})
+    event = normalize_change(RawBSONDocument(data))
+    assert event is not None and event.update is not None
+    assert event.update._parts is None  # not decoded yet
+    eager = UpdateDescription(RawBSONDocument(bson.encode({"a": 1})), ("b",), (("c", 1),))
+    assert event.update == eager
+    assert event.update.removed_fields == ("b",) and event.update.truncated_arrays == (("c", 1),)
+    assert pickle.loads(pickle.dumps(event.update)) == eager
+    decoded = _from_mapping(RawBSONDocument(data), None)
+    assert decoded is not None and decoded.update == event.update
+
+
 def test_rename_target() -> None:
     event = normalize_change(raw({**BASE, "operationType": "rename", "to": {"db": "shop", "coll": "old"}}))
     assert event is not None and event.to == Namespace("shop", "old")
@@ -382,3 +404,27 @@ def test_a_raw_documents_truth_is_read_from_its_length_without_decoding_it() -> 
     validate_ok_for_replace(doc)  # what ReplaceOne's add_replace asks of every replacement
     assert doc._RawBSONDocument__inflated_doc is None  # type: ignore[attr-defined]
     assert bson.decode(doc.raw) == {"_id": 1, "a": {"b": 2}}
+
+
+def test_a_timestamps_parts_read_in_c_order_as_the_timestamps_do() -> None:
+    """The catch-up's ``until`` test compares ``ts_parts`` tuples: they are ``(time, inc)`` and order
+    as Timestamp's own comparisons do (a pymongo that renamed the slots fails here, not in a replay)."""
+    from replicator.bsonkit.rawbson import ts_parts
+
+    stamps = [Timestamp(5, 6), Timestamp(5, 7), Timestamp(6, 0), Timestamp(2**32 - 1, 2**32 - 1), Timestamp(0, 0)]
+    assert ts_parts(Timestamp(5, 6)) == (5, 6)
+    for a in stamps:
+        for b in stamps:
+            assert (ts_parts(a) > ts_parts(b)) == (a > b) and (ts_parts(a) == ts_parts(b)) == (a == b)
+
+
+def test_events_are_grouped_by_namespace_in_order_equal_namespaces_together() -> None:
+    """by_namespace groups by value: runs of one Namespace object, and equal objects made apart."""
+    from replicator.events import by_namespace
+
+    a, b, a_again = Namespace("d", "a"), Namespace("d", "b"), Namespace("d", "a")
+    events = [ChangeEvent(Op.DELETE, ns, key={"_id": i}) for i, ns in enumerate([a, a, b, a_again, b, a])]
+    groups = by_namespace(events)
+    assert list(groups) == [a, b]
+    assert [e.key["_id"] for e in groups[a] if e.key] == [0, 1, 3, 5]
+    assert [e.key["_id"] for e in groups[b] if e.key] == [2, 4]

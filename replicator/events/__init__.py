@@ -11,6 +11,7 @@ from replicator.events.model import (
     Position,
     Transaction,
     UpdateDescription,
+    by_namespace,
     ts_from_json,
     ts_to_json,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "Position",
     "Transaction",
     "UpdateDescription",
+    "by_namespace",
     "ts_from_json",
     "ts_to_json",
 ]

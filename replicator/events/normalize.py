@@ -18,6 +18,7 @@ import bson
 from replicator.bsonkit import rawbson
 from replicator.errors import UnknownChange, quoted
 from replicator.events import ChangeEvent, Namespace, Op, Position, Transaction, UpdateDescription
+from replicator.events.model import UpdateParts
 
 #: One table maps change-stream operation types to ops.
 OPERATION_TYPES: dict[str, Op] = {
@@ -98,7 +99,7 @@ def from_top_level(
     ns = _namespace_of(ns_span.start) if ns_span is not None else Namespace("")
     update = None
     if op is Op.UPDATE and (desc := get("updateDescription")) is not None:
-        update = _update(rawbson.top_level(desc.start) or {})
+        update = _RawUpdate(desc.start)
     ddl = doc(get("operationDescription"))
     to = None
     if op is Op.RENAME:
@@ -141,14 +142,30 @@ def _uuid(value: Any) -> bytes | None:
     return bytes(raw if raw is not None else value)
 
 
-def _update(desc: dict[str, Any]) -> UpdateDescription:
+class _RawUpdate(UpdateDescription):
+    """An updateDescription kept as its bytes until a stage reads a part (then decoded once)."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: bytes) -> None:  # the parent's parts are set on first use
+        self._raw = raw
+        self._parts = None
+
+    def parts(self) -> UpdateParts:
+        parts = self._parts
+        if parts is None:
+            parts = self._parts = _update_parts(rawbson.top_level(self._raw) or {})
+        return parts
+
+
+def _update_parts(desc: dict[str, Any]) -> UpdateParts:
     """An updateDescription's fields as top_level gives them: updatedFields kept as its bytes, the
     documents of truncatedArrays decoded."""
-    truncated = desc.get("truncatedArrays") or ()
-    return UpdateDescription(
-        updated_fields=rawbson.document(desc.get("updatedFields")) or {},
-        removed_fields=tuple(desc.get("removedFields") or ()),
-        truncated_arrays=tuple((t["field"], int(t["newSize"])) for t in (rawbson.decoded(span) for span in truncated)),
+    truncated = desc.get("truncatedArrays")
+    return (
+        rawbson.document(desc.get("updatedFields")) or {},
+        tuple(desc.get("removedFields") or ()),
+        tuple((t["field"], int(t["newSize"])) for t in map(rawbson.decoded, truncated)) if truncated else (),
     )
 
 

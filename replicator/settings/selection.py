@@ -277,17 +277,25 @@ def make_transform(
         targets[ns] = target
         return target
 
+    # the last namespace seen and its target: a run of events of one Namespace object (the stream reader
+    # makes one per namespace) is not hashed again, Namespace's hash and == being Python calls
+    last: list[Any] = [None, None]
+
     def transform(event: ChangeEvent) -> ChangeEvent | None:
         if event.op in DOCUMENT_OPS:
             ns = event.ns
-            target = targets.get(ns, _UNKNOWN)
-            if target is _UNKNOWN:
-                target = target_of(ns)
+            if ns is last[0]:
+                target = last[1]
+            else:
+                target = targets.get(ns, _UNKNOWN)
+                if target is _UNKNOWN:
+                    target = target_of(ns)
+                last[0], last[1] = ns, target
             if target is None:
                 return None
             if edit is not None:
                 event = edit(event)
-            return event if target == ns else replace(event, ns=target, origin=ns)
+            return event if target is ns or target == ns else replace(event, ns=target, origin=ns)
         if not keep_event(event, selection) or (renamer and renamer.shadowed(event.ns)):
             return None
         if skip_index_ddl and event.op in INDEX_DDL:

@@ -17,7 +17,7 @@ import bson
 from bson.timestamp import Timestamp
 
 from replicator.bsonkit import rawbson
-from replicator.bsonkit.rawbson import RawDocument, raw_of
+from replicator.bsonkit.rawbson import RawDocument, raw_of, ts_parts
 from replicator.events import ChangeEvent, Position
 from replicator.events.normalize import from_top_level, normalize_change
 from replicator.events.positions import Numbering
@@ -99,6 +99,7 @@ class BatchAssembler:
         stamped on every event's position."""
         self._batch_size = batch_size
         self._until = until
+        self._until_parts = ts_parts(until) if until is not None else (0, 0)
         self._rs = rs
         self._shard = shard
         self._fragments = fragments if fragments is not None else Fragments()
@@ -124,7 +125,7 @@ class BatchAssembler:
             return False
         events = self._events
         ts = event.position.cluster_time if event.position is not None else None
-        if self._until is not None and ts is not None and ts > self._until:
+        if self._until is not None and ts is not None and ts_parts(ts) > self._until_parts:
             if events and events[-1].txn is not None and event.txn == events[-1].txn:
                 events.append(event)  # finish the transaction we are in
                 return False

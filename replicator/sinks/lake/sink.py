@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 
 from replicator.errors import ConfigError, SinkError, SinkUnavailable
-from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op
+from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op, by_namespace
 from replicator.events.positions import Mark, advanced, stamp_of
 from replicator.settings.config import Settings
 from replicator.settings.selection import Scope
@@ -243,10 +243,7 @@ class LakeSink(Sink):
     async def _copied(self, batch: Sequence[ChangeEvent]) -> None:
         """Snapshot reads: appended to both tables of their collection (on a Spark executor that stages, only
         written as data files, for the driver to commit)."""
-        by_ns: dict[Namespace, list[ChangeEvent]] = {}
-        for event in batch:
-            by_ns.setdefault(event.ns, []).append(event)
-        for ns, events in by_ns.items():
+        for ns, events in by_namespace(batch).items():
             state_rows, change_rows = snapshot_tables(ns, events)
             rows = {TableRef("changes", ns): change_rows, TableRef("state", ns): state_rows}
             if self._staging:
@@ -274,10 +271,7 @@ class LakeSink(Sink):
             await self._commit(self.backend.rewrite, ref, column, keys, rows, ref.kind == "changes")
 
     async def _documents(self, events: Sequence[ChangeEvent], *, state: bool = True) -> None:
-        by_ns: dict[Namespace, list[ChangeEvent]] = {}
-        for event in events:
-            by_ns.setdefault(event.ns, []).append(event)
-        await asyncio.gather(*(self._namespace(ns, evs, state=state) for ns, evs in by_ns.items()))
+        await asyncio.gather(*(self._namespace(ns, evs, state=state) for ns, evs in by_namespace(events).items()))
 
     async def _namespace(self, ns: Namespace, events: Sequence[ChangeEvent], *, state: bool) -> None:
         writes = [self._changes(TableRef("changes", ns), events)]

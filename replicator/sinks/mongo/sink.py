@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import defaultdict
 from collections.abc import Coroutine, Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -26,7 +25,7 @@ from pymongo.errors import BulkWriteError, OperationFailure
 
 from replicator.bsonkit.extjson import dumps_str
 from replicator.errors import SinkError, SinkUnavailable
-from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op, Position
+from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op, Position, by_namespace
 from replicator.settings.selection import Scope
 from replicator.sinks.base import Sink, SourceLookup
 from replicator.sinks.mongo.commands import UnorderedWrites, delete_unordered, insert_unordered, replace_unordered
@@ -226,10 +225,7 @@ class MongoSink(Sink):
 
     async def _apply(self, events: Sequence[ChangeEvent]) -> None:
         """Apply document events: namespaces in parallel, each namespace's events in order."""
-        by_ns: dict[Namespace, list[ChangeEvent]] = defaultdict(list)
-        for event in events:
-            by_ns[event.ns].append(event)
-        await asyncio.gather(*(self._apply_namespace(ns, evs) for ns, evs in by_ns.items()))
+        await asyncio.gather(*(self._apply_namespace(ns, evs) for ns, evs in by_namespace(events).items()))
 
     async def _apply_namespace(self, ns: Namespace, events: Sequence[ChangeEvent]) -> None:
         """The fast path: coalesced writes (see :func:`coalesce`), deletes first since they free unique
@@ -359,10 +355,7 @@ class MongoSink(Sink):
     ) -> None:
         """A transaction's writes, each namespace in order (one session runs one operation at a time);
         ``literal``: every write in the form of :func:`literal_ops`."""
-        by_ns: dict[Namespace, list[ChangeEvent]] = defaultdict(list)
-        for event in events:
-            by_ns[event.ns].append(event)
-        for ns, evs in by_ns.items():
+        for ns, evs in by_namespace(events).items():
             todo = [(e, op) for e in evs for op in literal_ops(e)] if literal else plan(evs)
             if todo:
                 await self._ordered(ns, todo, session)
