@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 from bson.timestamp import Timestamp
 
+from replicator.bsonkit.rawbson import ts_parts
 from replicator.events import ChangeEvent, Position
 
 #: ``n`` of a snapshot's rows: before any event of the same cluster time.
@@ -67,7 +68,9 @@ class Numbering:
     is the next index), or a time to start at (its events are numbered from 0)."""
 
     def __init__(self, start: Position | None = None) -> None:
-        self._ts: Timestamp | None = start.cluster_time if start is not None else None
+        ts = start.cluster_time if start is not None else None
+        # the time as its (time, inc), compared in C: Timestamp's == is a Python call, once an event
+        self._ts: tuple[int, int] | None = ts_parts(ts) if ts is not None else None
         index = start.index if start is not None else None
         self._n = index if index is not None else -1
 
@@ -75,10 +78,11 @@ class Numbering:
         """The index of the next event read, at cluster time ``ts``."""
         if ts is None:
             return None
-        if ts == self._ts:
+        parts = ts_parts(ts)
+        if parts == self._ts:
             self._n += 1
         else:
-            self._ts, self._n = ts, 0
+            self._ts, self._n = parts, 0
         return self._n
 
 
