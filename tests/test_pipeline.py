@@ -241,3 +241,22 @@ async def test_read_ahead_with_joins_loses_nothing_and_keeps_the_order(seed: int
             await asyncio.sleep(rng.random() / 500)
     assert [i for item in got for i in item] == list(range(200))
     assert max(len(item) for item in got) <= 7 and len(got) < 200  # joined, within the limit
+
+
+async def test_a_replay_that_fails_stops_its_read_ahead_at_once() -> None:
+    """The read-ahead task ends with the replay that failed, not when its generator is garbage-collected
+    (asyncio then reports "Task was destroyed but it is pending!")."""
+
+    class Fail(MemorySink):
+        async def write(self, batch: Sequence[ChangeEvent]) -> None:
+            raise ConnectionError("target went away")
+
+    async def ack(batch: Batch, events: object) -> None:
+        pass
+
+    with pytest.raises(ConnectionError):
+        await replay(
+            FakeStream([[i] for i in range(50)]), _stage(Fail()), until=None,
+            on_ack=ack, reporter=LogReporter(), queue_events=4,
+        )  # fmt: skip
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()] == []

@@ -225,3 +225,46 @@ async def test_a_partition_is_read_in_batches_bounded_by_documents_and_bytes(sou
                 assert [d["_id"] for d in next(b for b in batches if any(d["_id"] == 30 for d in b))] == [30]
     finally:
         await client.close()
+
+
+async def test_several_failed_writes_of_a_partition_are_all_retrieved(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every write in flight fails: the copy raises one of them, and none is left for asyncio to report
+    as "Task exception was never retrieved"."""
+    import gc
+
+    import replicator.snapshot.copy as pipeline
+
+    monkeypatch.setattr(pipeline, "read_partition", _Ids(100))
+    reported: list[str] = []
+    asyncio.get_running_loop().set_exception_handler(lambda loop, context: reported.append(context["message"]))
+    started = asyncio.Event()
+    writes = 0
+
+    class Fails(MemorySink):
+        async def write_copy(self, ns: Namespace, docs: Sequence[Any], at: Any = None) -> None:
+            nonlocal writes
+            writes += 1
+            if writes == 3:
+                started.set()
+            await started.wait()  # three writes in flight, then they all fail at once
+            raise ConnectionError("target went away")
+
+    async def done(part: Partition, docs: int) -> None:
+        pass
+
+    async def copy() -> str:
+        limits = CopyLimits(workers=3, batch_docs=10, batch_bytes=1 << 20, queue_batches=2)
+        try:
+            await copy_partitions(
+                None, Fails(), [Partition(NS, 0, ALL)], limits=limits, rename=lambda ns: ns,  # type: ignore[arg-type]
+                on_done=done, reporter=LogReporter(),
+            )  # fmt: skip
+        except ConnectionError as exc:
+            return str(exc)  # not the exception: its frames would keep the failed writes alive
+        return "copied"
+
+    assert await copy() == "target went away"
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()] == []  # nor reads
+    gc.collect()
+    await asyncio.sleep(0)
+    assert reported == []

@@ -5,6 +5,7 @@ moves to a batch's position only after the sink acknowledged it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -56,12 +57,28 @@ async def replay(
     queue holds up to ``queue_events`` events; batches that wait in it are written as one, up to
     ``join_up_to`` events (0: never)."""
     result = result if result is not None else ReplayResult()
-    owed: tuple[Batch, list[ChangeEvent]] | None = None  # applied, not acknowledged yet
 
     def join(first: Batch, then: Batch) -> Batch | None:
         return joined(first, then, join_up_to)
 
-    batches = read_ahead(reader.batches(until=until), queue_events, join if join_up_to else None, weigh=_weight)
+    ahead = read_ahead(reader.batches(until=until), queue_events, join if join_up_to else None, weigh=_weight)
+    async with contextlib.aclosing(ahead) as batches:  # closed on failure too, not by the garbage collector
+        owed = await _apply(batches, stage, on_ack, reporter, stop, result)
+    if owed is not None and not (stop is not None and stop.is_set()) and await stage.settle():
+        await on_ack(*owed)
+    return result
+
+
+async def _apply(
+    batches: AsyncIterator[Batch],
+    stage: ReplayStage,
+    on_ack: Callable[[Batch, Sequence[ChangeEvent]], Awaitable[None]],
+    reporter: Reporter,
+    stop: asyncio.Event | None,
+    result: ReplayResult,
+) -> tuple[Batch, list[ChangeEvent]] | None:
+    """Apply ``batches`` (see :func:`replay`); what was applied and not acknowledged at the end."""
+    owed: tuple[Batch, list[ChangeEvent]] | None = None  # applied, not acknowledged yet
     async for batch in batches:
         written = await stage.write(batch.events)
         events = written.events
@@ -83,9 +100,7 @@ async def replay(
                 owed = (batch, applied)
         if stop is not None and stop.is_set():
             break
-    if owed is not None and not (stop is not None and stop.is_set()) and await stage.settle():
-        await on_ack(*owed)
-    return result
+    return owed
 
 
 def _weight(batch: Batch) -> int:

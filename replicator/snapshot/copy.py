@@ -8,6 +8,7 @@ its first write, and copied again only after its range is deleted from the targe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -163,16 +164,22 @@ async def _copy_one(
         while in_flight and max(len(in_flight), acked.pending if acked is not None else 0) >= until_below:
             done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
             in_flight.difference_update(done)
+            for task in done:  # every failure retrieved, not only the one raised
+                if not task.cancelled():
+                    task.exception()
             for task in done:
                 task.result()  # a failed write fails the partition
 
     batches = read_partition(client, part, batch_docs=limits.batch_docs, batch_bytes=limits.batch_bytes, after=after)
     try:
-        async for docs in read_ahead(batches, limits.queue_batches):
-            await settle(most)
-            await slots.acquire()
-            number = acked.sent(docs[-1]["_id"]) if acked is not None else 0
-            in_flight.add(asyncio.create_task(write(docs, number)))
+        # closed as the copy ends, failed or not: a read-ahead left to the garbage collector keeps its reading
+        # task (and what it holds) alive until then
+        async with contextlib.aclosing(read_ahead(batches, limits.queue_batches)) as ahead:
+            async for docs in ahead:
+                await settle(most)
+                await slots.acquire()
+                number = acked.sent(docs[-1]["_id"]) if acked is not None else 0
+                in_flight.add(asyncio.create_task(write(docs, number)))
         await settle(1)
     finally:
         for task in in_flight:

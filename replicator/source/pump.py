@@ -5,7 +5,7 @@ for sure, and :func:`read_ahead`, which reads a source ahead of its consumer thr
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
@@ -84,10 +84,12 @@ async def read_ahead(
     join: Callable[[T, T], T | None] | None = None,
     *,
     weigh: Callable[[T], int] | None = None,
-) -> AsyncIterator[T]:
+) -> AsyncGenerator[T, None]:
     """Iterate ``source`` from a separate task through a queue of ``maxsize`` items: reading overlaps the
     consumer's writes, and runs ahead of them by at most ``maxsize`` items (backpressure). The source's
-    error is raised here; leaving the loop early cancels the reading task. ``join(a, b)``: items already
+    error is raised here; closing the generator cancels the reading task (a consumer that may leave its loop by an
+    exception closes it with ``contextlib.aclosing``: the garbage collector would keep the task alive until it
+    finalized the generator, and asyncio then reports a task destroyed while pending). ``join(a, b)``: items already
     waiting in the queue are joined to the one taken while it returns them as one (None: not these).
     ``weigh(item)``: the queue holds items up to ``maxsize`` of their total weight instead (and always one)."""
     room = _Room(maxsize) if weigh is not None else None
