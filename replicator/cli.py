@@ -23,6 +23,7 @@ from pymongo.errors import ConnectionFailure, PyMongoError
 from replicator import __version__
 from replicator.errors import EXIT_UNAVAILABLE, McdcError, OutputClosed, VerifyMismatch
 from replicator.job import devserver
+from replicator.job.migrations import followed
 from replicator.job.phases import SyncJob
 from replicator.job.run_control import check_control, commit_hook, served_metrics, stop_on_signals
 from replicator.observe.logs import setup_logging
@@ -168,7 +169,8 @@ def _replicate(command: str, settings: Settings) -> None:
             if control and metrics is not None and stop is not None:
                 metrics.commit = commit_hook(metrics, stop, asked)
             try:
-                summary = await SyncJob(settings, reporter, command=command, stop=stop, metrics=metrics).run()
+                run = followed(settings, command)  # a way back follows the selection its checkpoint recorded
+                summary = await SyncJob(run, reporter, command=command, stop=stop, metrics=metrics).run()
                 if not asked:
                     return summary, None
                 from replicator.job.cutover import cutover as run_cutover

@@ -88,6 +88,10 @@ class Checkpoint:
     #: in a reverse checkpoint, set by the cutover that wrote it: the forward checkpoint (its file) and the
     #: position written, so that no other migration's cutover replaces it, nor this one's once it moved on
     reverse_of: dict[str, Any] | None = None
+    #: target namespaces this migration wrote that its recorded selection does not cover: the copies a
+    #: widened selection began (until it is recorded) and those a narrowed one left on the target. A later
+    #: widening may copy over them; target data of any other namespace it refuses to replace
+    owned: set[str] = field(default_factory=set)
 
     def acknowledge(
         self, position: Position, shard_positions: Mapping[str, Position] | None = None, *, applied: bool = True
@@ -120,6 +124,7 @@ class Checkpoint:
             "verifier": self.verifier,
             "reverse_of": self.reverse_of,
             "lag_s": self.lag_s,
+            "owned": sorted(self.owned),
             "snapshot": {
                 "status": self.snapshot.status,
                 "plan": self.snapshot.plan,
@@ -151,6 +156,7 @@ class Checkpoint:
             verifier=dict(data["verifier"]) if data.get("verifier") is not None else None,
             reverse_of=dict(data["reverse_of"]) if data.get("reverse_of") is not None else None,
             lag_s=float(data["lag_s"]) if data.get("lag_s") is not None else None,
+            owned={str(ns) for ns in data.get("owned") or ()},
             snapshot=SnapshotProgress(
                 status=str(snap.get("status", "none")),
                 plan=list(snap.get("plan") or []),
@@ -257,6 +263,11 @@ class CheckpointStore:
                 )
         self._owner = (source, target)
 
+    @property
+    def owner(self) -> tuple[str, str] | None:
+        """The (source, target) identities :meth:`claim` took, None before."""
+        return self._owner
+
     def save(self, checkpoint: Checkpoint) -> None:
         checkpoint.updated_at = time.time()
         if self._owner is not None:
@@ -268,7 +279,7 @@ class CheckpointStore:
             real.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                _write_all(fd, payload)
+                write_all(fd, payload)
                 os.fsync(fd)
                 _verify(fd, payload)
             finally:
@@ -276,7 +287,7 @@ class CheckpointStore:
             if real.exists():
                 self._keep_backup()
             os.replace(tmp, real)
-            _fsync_dir(real.parent)
+            fsync_dir(real.parent)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink()
@@ -373,7 +384,7 @@ def _roles(identities: dict[str, str | None], roles: list[str]) -> str:
     return " and ".join(f"{role} {quoted(identities[role])}" for role in roles)
 
 
-def _write_all(fd: int, payload: bytes) -> None:
+def write_all(fd: int, payload: bytes) -> None:
     """Write every byte: a write may take only part of them (a nearly full disk, a file size limit)."""
     view = memoryview(payload)
     while view:
@@ -394,7 +405,7 @@ def _verify(fd: int, payload: bytes) -> None:
         raise OSError(errno.EIO, "the file read back differs from what was written")
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

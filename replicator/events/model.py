@@ -55,6 +55,12 @@ class Namespace:
     def __str__(self) -> str:
         return f"{self.db}.{self.coll}" if self.coll is not None else self.db
 
+    @classmethod
+    def parse(cls, text: str) -> Namespace:
+        """``db.coll`` (the collection's name may hold dots) or ``db``: what :meth:`__str__` wrote."""
+        db, dot, coll = text.partition(".")
+        return cls(db, coll if dot else None)
+
 
 @dataclass(slots=True, unsafe_hash=True)
 class Position:

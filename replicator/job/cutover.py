@@ -18,6 +18,7 @@ mongosync's ``/commit`` and reverse sync are the model. The order matters:
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,14 +34,17 @@ from replicator.checking.verify import VerifyReport, verify
 from replicator.checkpoint.store import Checkpoint, CheckpointStore, SnapshotProgress
 from replicator.errors import CheckpointLocked, ConfigError, CutoverRefused, SourceNotQuiet
 from replicator.events import Position, ts_from_json, ts_to_json
+from replicator.job.migrations import followed, record_way_back
 from replicator.job.phases import SyncJob
 from replicator.job.preflight import source_name
 from replicator.observe.progress import Reporter
 from replicator.observe.tally import format_ts, listing, plural
+from replicator.replay.recorded import Recorded
 from replicator.settings.config import Settings
 from replicator.settings.uri import is_mongo_uri, redact
 from replicator.source.changestream import current_time
 from replicator.source.connection import DICT_CODEC, Client, deployment_identity, make_client, probe
+from replicator.source.partitions import Partition
 
 #: what a cutover that compared only the changes since the embedded verifier's last clean pass verified
 CHANGES_ONLY = "changes since the verifier's last clean pass"
@@ -86,6 +90,7 @@ async def cutover(settings: Settings, reporter: Reporter) -> CutoverResult:
     """The steps of the module's docstring; raises CutoverRefused (exit 1) or SourceNotQuiet (exit 5)."""
     if not is_mongo_uri(settings.target):
         raise ConfigError(f"cutover moves to a MongoDB target: --target {redact(settings.target)} is not mongodb://")
+    settings = followed(settings, "cutover")  # the migration's own selection, when none is given
     store = CheckpointStore(settings.checkpoint_path())
     if store.in_use():
         raise CheckpointLocked(
@@ -196,9 +201,10 @@ async def block_writes(client: Client) -> None:
 
 
 async def _write_reverse(settings: Settings, cp: Checkpoint, forward: CheckpointStore) -> Path:
-    """The reverse checkpoint: source and target swapped, at the target's current time, snapshot done. One
-    this migration's cutover wrote before and a reverse run moved on since is kept as it is; another
-    migration's is never replaced (:func:`_may_write_reverse`)."""
+    """The reverse checkpoint: source and target swapped, at the target's current time, snapshot done,
+    recording the migration's selection reversed (which the way back follows). One this migration's cutover
+    wrote before and a reverse run moved on since is kept as it is; another migration's is never replaced
+    (:func:`_may_write_reverse`)."""
     back = reversed_settings(settings)
     path = back.checkpoint_path()
     target = make_client(settings.target, timeout_s=settings.connect_timeout_s)
@@ -217,6 +223,7 @@ async def _write_reverse(settings: Settings, cp: Checkpoint, forward: Checkpoint
         source_identity=deployment_identity(info, settings.target),
         target_identity=cp.source_identity,
         reverse_of={"checkpoint": str(forward.real), "position": ts_to_json(start)},
+        recorded=Recorded.of(back).to_json(),
     )
     store = CheckpointStore(path)
     with store.locked():
@@ -226,6 +233,9 @@ async def _write_reverse(settings: Settings, cp: Checkpoint, forward: Checkpoint
             raise ConfigError(refusal)
         if existing is None or not _moved(existing):
             store.save(reverse)
+    if reverse.source_identity and reverse.target_identity:  # the old side's namespaces have a writer again
+        written = {Partition.from_json(p).ns for p in cp.snapshot.plan}
+        record_way_back(path, back, source=reverse.source_identity, target=reverse.target_identity, targets=written)
     return path
 
 
@@ -258,19 +268,21 @@ def _moved(cp: Checkpoint) -> bool:
 
 
 def reversed_settings(settings: Settings) -> Settings:
-    """The settings of the way back: source and target swapped, at --reverse-checkpoint."""
-    return dataclasses.replace(
+    """The settings of the way back: source and target swapped, at --reverse-checkpoint, selecting what the
+    migration wrote (its selection reversed: see Recorded.way_back)."""
+    swapped = dataclasses.replace(
         settings, source=settings.target, target=settings.source, checkpoint=settings.reverse_checkpoint
     )
+    return Recorded.of(settings).way_back().applied(swapped)
 
 
 def reverse_command(settings: Settings, path: Path) -> str:
-    """The command a person runs to carry the new side's writes back (renames inverted)."""
+    """The command a person runs to carry the new side's writes back: the way back's checkpoint and its
+    selection options (what a selection through renames cannot say, the checkpoint records)."""
     parts = ["mcdc tail", f'--source "{redact(settings.target)}"', f'--target "{redact(settings.source)}"']
-    parts.append(f"--checkpoint {path}")
-    for rule in settings.rename:
-        old, _, new = rule.partition("=")
-        parts.append(f"--rename '{new}={old}'")
+    parts.append(f"--checkpoint {shlex.quote(str(path))}")
+    for name, values in Recorded.of(settings).way_back().options.items():
+        parts += [f"--{name.replace('_', '-')} {shlex.quote(value)}" for value in values]
     return " ".join(parts)
 
 

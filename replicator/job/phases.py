@@ -30,6 +30,7 @@ from replicator.errors import ConfigError, HistoryLost, TopologyError
 from replicator.events import Position
 from replicator.job.copy import SnapshotCopy
 from replicator.job.engines import open_engine
+from replicator.job.migrations import hold_targets
 from replicator.job.preflight import refuse_same_server, source_name
 from replicator.job.replay import Replay
 from replicator.job.startup import check_recorded, check_selection, claim, reach
@@ -124,7 +125,7 @@ class SyncJob:
                             "migration"
                         )
                     check_recorded(self.s, cp, str(self.store.path))
-                    await check_selection(
+                    namespaces = await check_selection(
                         client, self.s, self._fields, self.reporter, command=self.command, first_run=cp is None
                     )
                     # an event sink's identity needs no I/O: claim before start() opens (or trims) its file
@@ -137,6 +138,9 @@ class SyncJob:
                     await refuse_same_server(client, info, sink, self.s, first_run=cp is None)
                     if not claimed:  # a MongoDB target, known now that start() probed it; nothing written yet
                         claim(self.store, self.s, info, sink, cp, started=True)
+                    assert self.store.owner is not None
+                    source_id, target_id = self.store.owner
+                    hold_targets(self.store, self.s, source=source_id, target=target_id, namespaces=namespaces)
                     await self.engine.start()  # after every check: a mistake costs no JVM start
                     await self._run(client, info, sink, cp)
                 finally:
@@ -296,8 +300,8 @@ class SyncJob:
         busy = await sink.existing([t.ns for t in targets if not t.is_view])
         if busy and not drop:
             raise ConfigError(
-                f"the target already holds data in {listing(busy, 5)}; pass --drop-target to replace it, "
-                "or --snapshot never to only replay changes"
+                f"the target already holds data in {listing(busy, 5)}: pass --drop-target to replace it with the "
+                "source's copy, or leave it out of the selection (--include, --exclude)"
             )
         plan = await plan_specs(client, specs, s.partition_docs, split=s.split, split_time=sink.deletes_time_ranges)
         cp = self._new_checkpoint(

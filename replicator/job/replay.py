@@ -12,7 +12,9 @@ from dataclasses import replace
 
 from replicator.checkpoint.store import Checkpoint, CheckpointStore
 from replicator.engines.base import Engine
-from replicator.events import ChangeEvent, Op
+from replicator.errors import ConfigError
+from replicator.events import ChangeEvent, Namespace, Op
+from replicator.job.migrations import own
 from replicator.observe.metrics import Metrics
 from replicator.observe.progress import Reporter
 from replicator.observe.summary import Summary
@@ -23,7 +25,7 @@ from replicator.replay.resync import Copied, Resyncer
 from replicator.replay.stage import ReplayStage, Transform
 from replicator.settings.config import Settings
 from replicator.settings.fields import FieldRules
-from replicator.settings.selection import make_transform, renamed_into_selection
+from replicator.settings.selection import Scope, make_transform, renamed_into_selection
 from replicator.sinks.base import Sink
 from replicator.source import catalog
 from replicator.source.connection import Client, make_client
@@ -63,7 +65,10 @@ class Replay:
     async def follow_selection(self, client: Client, sink: Sink, cp: Checkpoint) -> None:
         """A run whose selection differs from the one the checkpoint recorded: namespaces it adds are copied
         from the source before the replay (their earlier changes were never replicated), namespaces it
-        leaves are no longer followed; both are said. Then the checkpoint records this run's."""
+        leaves are no longer followed; both are said. Then the checkpoint records this run's.
+
+        A namespace added whose target holds data this migration did not write is refused, as a first
+        snapshot refuses it (``--drop-target`` replaces it)."""
         now = Recorded.of(self.s)
         saved = Recorded.from_json(cp.recorded) if cp.recorded is not None else now
         if saved != now:
@@ -74,15 +79,39 @@ class Replay:
                     f"the selection no longer includes {listing(left, 20)}: not followed from now on (their copies "
                     "on the target stay as they are)"
                 )
+                cp.owned |= {str(self.s.renamer(ns)) for ns in left}  # renames never change on a checkpoint
             added = widened(saved, self.s.selection, namespaces)
             if added:
+                targets = [self.s.renamer(ns) for ns in added]
+                await self._refuse_foreign(sink, cp, targets)
                 self._reporter.info(f"the selection now includes {listing(added, 20)}: copying them from the source")
+                # before the first write: a copy killed halfway, or undone by an older checkpoint restored, is
+                # this migration's own (the registry remembers what an older checkpoint does not)
+                own(self._store, targets)
+                cp.owned |= set(map(str, targets))
+                self._store.save(cp)
                 copied, at = await self._resyncer(sink)(Resync(data=set(added)))
                 if self._window is not None:
                     self._window.copied(copied, at)
         if cp.recorded != now.to_json():
             cp.recorded = now.to_json()
+            scope = Scope(self.s.selection, self.s.renamer)
+            cp.owned = {ns for ns in cp.owned if not scope(Namespace.parse(ns))}  # followed again: no longer outside
             self._store.save(cp)
+
+    async def _refuse_foreign(self, sink: Sink, cp: Checkpoint, targets: Sequence[Namespace]) -> None:
+        """Refuse to copy over data in these target namespaces (a widened selection's) that this migration
+        never wrote."""
+        if self.s.drop_target:
+            return
+        ours = cp.owned | own(self._store, ())
+        busy = await sink.existing([ns for ns in targets if str(ns) not in ours])
+        if busy:
+            raise ConfigError(
+                f"the target already holds data in {listing([str(ns) for ns in busy], 5)}, which this run's "
+                f"selection adds to checkpoint {self._store.path}'s: pass --drop-target to replace it with the "
+                "source's copy, or leave it out of the selection"
+            )
 
     async def run(
         self, reader: Reader, sink: Sink, cp: Checkpoint, *, snapshot_window: bool, follow: bool = False

@@ -8,6 +8,7 @@ from typing import TypeVar
 
 from replicator.checkpoint.store import Checkpoint, CheckpointStore
 from replicator.errors import ConfigError, ServerUnavailable
+from replicator.events import Namespace
 from replicator.job.preflight import source_name, target_identity
 from replicator.observe.progress import Reporter
 from replicator.observe.summary import Summary
@@ -37,12 +38,12 @@ def check_recorded(settings: Settings, cp: Checkpoint | None, path: str) -> None
 
 async def check_selection(
     client: Client, settings: Settings, fields: FieldRules, reporter: Reporter, *, command: str, first_run: bool
-) -> None:
+) -> list[Namespace]:
     """A first run whose --include matches nothing on the source is a mistake: refused before anything
     is written. Otherwise a selection that matches nothing is worth a warning (sync and tail): the
     source may be empty yet, or its namespaces dropped since the last run. Two selected namespaces that
     --rename maps onto one target namespace, and a field rule that names an _id, are refused on every
-    run."""
+    run. Returns the source's namespaces."""
     namespaces = await catalog.list_namespaces(client)
     check_collisions([ns for ns in namespaces if settings.selection(ns)], settings.renamer)
     fields.check([ns for ns in namespaces if settings.selection(ns)])
@@ -51,6 +52,7 @@ async def check_selection(
         raise ConfigError(problem)
     if problem is not None and command != "catch-up":
         reporter.warn(problem)
+    return namespaces
 
 
 def claim(

@@ -13,6 +13,7 @@ from replicator.checking.sweep_state import verification_of
 from replicator.checkpoint.store import CheckpointStore
 from replicator.errors import ConfigError
 from replicator.events import ts_to_json
+from replicator.job.migrations import find_migration
 from replicator.observe.migration import COMMITTED, STATES, STOPPED, Facts, progress_document
 from replicator.settings.config import Settings
 from replicator.source.changestream import current_time
@@ -107,32 +108,8 @@ async def status(settings: Settings) -> dict[str, Any]:
         )
     path = settings.checkpoint_path()
     if settings.checkpoint is None and not path.exists():
-        path = _other_selection(settings, path)
+        path = find_migration(settings, path)
     return await checkpoint_status(path, settings.source or None, settings.connect_timeout_s)
-
-
-def _other_selection(settings: Settings, path: Path) -> Path:
-    """The one default checkpoint of this source and target when it copies another selection than the
-    options say (a migration of --include ..., asked about with --source and --target alone)."""
-    found = settings.pair_checkpoints()
-    if len(found) == 1:
-        return found[0][0]
-    if not found:
-        raise ConfigError(
-            f"no checkpoint at {path}, the default one of this source and target "
-            "(pass --checkpoint if the run was given one)"
-        )
-    migrations = "; ".join(f"{p} ({_flags(copies)})" for p, copies in found)
-    raise ConfigError(
-        f"this source and target have {len(found)} migrations: {migrations}; pass --checkpoint, or the "
-        "--include (and other selection options) of the one to read"
-    )
-
-
-def _flags(copies: dict[str, list[str]]) -> str:
-    if not copies:
-        return "everything"
-    return " ".join(f"--{name.replace('_', '-')} {value}" for name, values in copies.items() for value in values)
 
 
 def status_lines(status: dict[str, Any]) -> list[str]:

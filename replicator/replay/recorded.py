@@ -16,44 +16,117 @@ would otherwise go on silently from there:
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from replicator.events import Namespace
-from replicator.settings.selection import Selection
+from replicator.settings.selection import Image, Renamer, Scope, Selection
+
+S = TypeVar("S")
 
 
 @dataclass(frozen=True)
 class Recorded:
-    """The selection, renames and field rules a checkpoint's target copies were made with."""
+    """The selection, renames and field rules a checkpoint's target copies were made with.
+
+    ``image_of``: in the checkpoint of a way back (written by ``mcdc cutover``), the migration it reverses,
+    when that migration renamed namespaces: the way back then selects what that migration wrote (an
+    :class:`~replicator.settings.selection.Image`), which no ``--include`` pattern can say in general."""
 
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     rename: tuple[str, ...] = ()
     field_exclude: tuple[str, ...] = ()
     field_rename: tuple[str, ...] = ()
+    image_of: Recorded | None = None
 
     @classmethod
     def of(cls, settings: Any) -> Recorded:
         """From a run's Settings."""
-        return cls(*(tuple(getattr(settings, name)) for name in _FIELDS))
+        selection = settings.selection
+        image = cls.from_json(json.loads(selection.origin)) if isinstance(selection, Image) else None
+        return cls(**{name: tuple(getattr(settings, name)) for name in FIELDS}, image_of=image)
 
-    def to_json(self) -> dict[str, list[str]]:
-        return {name.replace("_", "-"): list(getattr(self, name)) for name in _FIELDS}
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {name.replace("_", "-"): list(getattr(self, name)) for name in FIELDS}
+        if self.image_of is not None:
+            data[_IMAGE] = self.image_of.to_json()
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Recorded:
-        return cls(*(tuple(str(v) for v in data.get(name.replace("_", "-")) or ()) for name in _FIELDS))
+        image = data.get(_IMAGE)
+        return cls(
+            **{name: tuple(str(v) for v in data.get(name.replace("_", "-")) or ()) for name in FIELDS},
+            image_of=cls.from_json(image) if isinstance(image, Mapping) else None,
+        )
 
     @property
     def selection(self) -> Selection:
-        return Selection.from_patterns(self.include, self.exclude)
+        if self.image_of is None:
+            return Selection.from_patterns(self.include, self.exclude)
+        forward = self.image_of
+        origin = json.dumps(forward.to_json(), sort_keys=True)
+        return Image(of=Scope(forward.selection, Renamer.from_rules(forward.rename)), origin=origin)
+
+    @property
+    def options(self) -> dict[str, tuple[str, ...]]:
+        """The options a run gives to follow exactly this (as the Settings fields they set)."""
+        return {name: getattr(self, name) for name in FIELDS}
+
+    def same_options(self, other: Recorded) -> bool:
+        """Do both give the same options (in any order)? What an image is of is not an option."""
+        return all(sorted(getattr(self, name)) == sorted(getattr(other, name)) for name in FIELDS)
+
+    def way_back(self) -> Recorded:
+        """What the way back of a migration made with this selects: the namespaces it wrote, under their
+        source names again (renames and field renames inverted). Without renames that is the same
+        ``--include``/``--exclude``; with them, the image of this selection. A field this migration
+        excluded is not on the new side: there is nothing to exclude on the way back."""
+        renames = tuple(f"{new}={old}" for old, _, new in (rule.partition("=") for rule in self.rename))
+        fields = tuple(_reverse_field_rename(rule, Renamer.from_rules(self.rename)) for rule in self.field_rename)
+        if not self.rename and self.image_of is None:
+            return Recorded(self.include, self.exclude, field_rename=fields)
+        return Recorded(rename=renames, field_rename=fields, image_of=self)
+
+    def applied(self, settings: S) -> S:
+        """``settings`` with exactly this selection, these renames and field rules."""
+        return dataclasses.replace(
+            settings,  # type: ignore[type-var]
+            **self.options,
+            selection=self.selection,
+            renamer=Renamer.from_rules(self.rename),
+        )
 
 
-_FIELDS = ("include", "exclude", "rename", "field_exclude", "field_rename")
+#: the options a checkpoint records (the Settings fields they set)
+FIELDS = ("include", "exclude", "rename", "field_exclude", "field_rename")
+#: the key of :attr:`Recorded.image_of` in the JSON
+_IMAGE = "image-of"
 #: the options whose change cannot be followed without a new snapshot, with their flags
 _REWRITING = {"rename": "--rename", "field_exclude": "--field-exclude", "field_rename": "--field-rename"}
+
+
+def _reverse_field_rename(rule: str, renamer: Renamer) -> str:
+    """``db.coll.path.old=new`` of a migration, as its way back names it: ``db2.coll2.path.new=old``, where
+    the migration wrote ``db.coll`` to ``db2.coll2`` (a database given with ``*`` keeps its pattern; a plain
+    one goes through a database rename)."""
+    target, sep, new = rule.partition("=")
+    if not sep:
+        target, _, new = rule.rpartition(":")  # Debezium's path:newname
+    db, _, rest = target.strip().partition(".")
+    parts = rest.split(".")  # the collection's name (it may hold dots), then the path to the field
+    old = parts.pop()
+    for size in range(len(parts), 0, -1):
+        hit = renamer.collections.get((db, ".".join(parts[:size])))
+        if hit is not None:
+            return ".".join([*hit, *parts[size:], new.strip()]) + "=" + old
+    if "*" not in db:
+        db = renamer.databases.get(db, db)
+    return ".".join([db, *parts, new.strip()]) + "=" + old
 
 
 def refused_change(saved: Recorded, now: Recorded, checkpoint: str) -> str | None:

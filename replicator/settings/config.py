@@ -11,11 +11,12 @@ import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from bson.timestamp import Timestamp
 
 from replicator.errors import ConfigError, quoted
-from replicator.settings.selection import Renamer, Selection
+from replicator.settings.selection import Image, Renamer, Selection
 from replicator.settings.uri import host_set, is_mongo_uri, redact
 
 _log = logging.getLogger("mcdc.config")
@@ -38,6 +39,11 @@ def parse_start_at(text: str) -> Timestamp:
         when = when.replace(tzinfo=UTC)
     # increment 1: the first operation of that second (increments start at 1)
     return Timestamp(int(when.timestamp()), 1)
+
+
+def state_dir() -> Path:
+    """Where mcdc keeps its state by default: the default checkpoints and the migrations of each target."""
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "mcdc"
 
 
 @dataclass(frozen=True)
@@ -129,7 +135,7 @@ class Settings:
         pair of servers keep their own positions and ways back."""
         if self.checkpoint is not None:
             return self.checkpoint
-        base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "mcdc"
+        base = state_dir()
         # "-" is another spelling of stdout: one checkpoint (a file made under "-" before is still found)
         spellings = ("stdout", "-") if self.target in ("stdout", "-") else (self.target,)
         paths = [base / f"checkpoint-{self._digest(target)}.json" for target in spellings]
@@ -157,8 +163,7 @@ class Settings:
                 recorded = json.loads(path.read_text()).get("recorded") or {}
             except (OSError, ValueError, AttributeError):
                 continue
-            copies = {name: sorted(recorded.get(name.replace("_", "-")) or ()) for name in _COPIES}
-            copies = {name: values for name, values in copies.items() if values}
+            copies = _recorded_copies(recorded)
             spellings = ("stdout", "-") if self.target in ("stdout", "-") else (self.target,)
             names = {self._digest(t, copies=copies) for t in spellings}
             names |= {self._digest(t, pair_only=True) for t in spellings}  # a pair's one, made before
@@ -169,11 +174,25 @@ class Settings:
 
 #: The options that decide what a migration copies (recorded.Recorded's): part of its default checkpoint.
 _COPIES = ("include", "exclude", "rename", "field_exclude", "field_rename")
+#: a way back's record of the migration whose image it selects (replay.recorded.Recorded's JSON key)
+_IMAGE = "image-of"
 
 
 def _copied(s: Settings) -> dict[str, list[str]]:
-    """What ``s`` copies, where it is not everything as it is (order does not matter)."""
-    return {name: sorted(getattr(s, name)) for name in _COPIES if getattr(s, name)}
+    """What ``s`` copies, where it is not everything as it is (order does not matter): a way back's image of
+    its migration's selection too."""
+    copies = {name: sorted(getattr(s, name)) for name in _COPIES if getattr(s, name)}
+    if isinstance(s.selection, Image):
+        copies[_IMAGE] = [s.selection.origin]
+    return copies
+
+
+def _recorded_copies(recorded: dict[str, Any]) -> dict[str, list[str]]:
+    """What a checkpoint's ``recorded`` selection copies, as :func:`_copied` says it."""
+    copies = {name: sorted(recorded.get(name.replace("_", "-")) or ()) for name in _COPIES}
+    if isinstance(recorded.get(_IMAGE), dict):
+        copies[_IMAGE] = [json.dumps(recorded[_IMAGE], sort_keys=True)]
+    return {name: values for name, values in copies.items() if values}
 
 
 def _copies(path: Path, s: Settings) -> bool:
@@ -184,5 +203,4 @@ def _copies(path: Path, s: Settings) -> bool:
         return False
     if recorded is None:
         return not _copied(s)
-    saved = {name: sorted(recorded.get(name.replace("_", "-")) or ()) for name in _COPIES}
-    return {name: values for name, values in saved.items() if values} == _copied(s)
+    return _recorded_copies(recorded) == _copied(s)

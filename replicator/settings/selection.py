@@ -12,6 +12,10 @@ from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op
 from replicator.settings.fields import FieldRules, transform_fields
 
 SYSTEM_DATABASES = frozenset({"admin", "local", "config"})
+#: a punctuation character escaped in a regular expression (``\\.``): the character itself
+_ESCAPED = re.compile(r"\\([^A-Za-z0-9])")
+#: what makes a pattern more than one name (outside an escape; an unescaped dot matches itself too)
+_SPECIAL = frozenset("\\^$*+?{}[]|()")
 
 
 def _compile(patterns: Iterable[str], flag: str) -> tuple[re.Pattern[str], ...]:
@@ -43,6 +47,18 @@ class Selection:
     def database(self, db: str) -> bool:
         """Could any collection of this database be selected? (cheap pre-filter for listings)"""
         return db not in SYSTEM_DATABASES
+
+    def named(self) -> list[Namespace]:
+        """The namespaces the ``include`` patterns name literally (``a\\.x`` names ``a.x``): selected as soon
+        as they exist, whether or not they do yet."""
+        out = []
+        for pattern in self.include:
+            if _SPECIAL & set(_ESCAPED.sub("", pattern.pattern)):
+                continue
+            db, dot, coll = _ESCAPED.sub(r"\1", pattern.pattern).partition(".")
+            if dot and db and coll and pattern.fullmatch(f"{db}.{coll}") and self(Namespace(db, coll)):
+                out.append(Namespace(db, coll))
+        return out
 
     def __call__(self, ns: Namespace) -> bool:
         if ns.db in SYSTEM_DATABASES:
@@ -135,6 +151,15 @@ class Scope:
     def __call__(self, target: Namespace) -> bool:
         return self.source_of(target) is not None
 
+    def mapped(self, namespaces: Iterable[Namespace]) -> set[Namespace]:
+        """The target namespaces these source namespaces, and those the ``--include`` patterns name (which
+        may not exist yet), are written to."""
+        out = set()
+        for ns in [*namespaces, *self.selection.named()]:
+            if ns.coll is not None and self.selection(ns) and not self.renamer.shadowed(ns):
+                out.add(self.renamer(ns))
+        return out
+
     def outside(self, event: ChangeEvent) -> Namespace | None:
         """The target namespace a DDL event would touch that is not ours, if any (a dropDatabase touches only
         what :meth:`database_drops` names)."""
@@ -159,6 +184,37 @@ class Scope:
                     out.append(target)
                     break
         return out
+
+
+@dataclass(frozen=True)
+class Image(Selection):
+    """The target namespaces a migration writes, as the selection of a run that reads them: its way back,
+    whose source is that migration's target. A namespace is selected when the migration maps a namespace
+    of its selection onto it (``of``, its :class:`Scope`), whether or not that one exists.
+
+    ``origin`` is the migration's own selection options as JSON, which the way back's checkpoint records."""
+
+    of: Scope = field(default_factory=Scope)
+    origin: str = ""
+
+    def __call__(self, ns: Namespace) -> bool:
+        if ns.db in SYSTEM_DATABASES:
+            return False
+        if ns.coll is None:  # database-wide event: kept when any collection could be (as Selection does)
+            return True
+        return not ns.coll.startswith("system.") and self.of(ns)
+
+    def named(self) -> list[Namespace]:
+        return [self.of.renamer(ns) for ns in self.of.selection.named()]
+
+
+def shared_targets(
+    mine: Scope, my_targets: Iterable[Namespace], theirs: Scope, their_targets: Iterable[Namespace]
+) -> list[Namespace]:
+    """The target namespaces two migrations would both write: those each maps (``*_targets``, from
+    :meth:`Scope.mapped`) that the other's selection and renames map onto too, existing or not."""
+    shared = {ns for ns in my_targets if theirs(ns)} | {ns for ns in their_targets if mine(ns)}
+    return sorted(shared, key=str)
 
 
 def check_collisions(selected: Iterable[Namespace], renamer: Renamer) -> None:

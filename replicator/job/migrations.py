@@ -1,0 +1,184 @@
+"""Which migration a run goes on with, and that no other migration writes its target namespaces.
+
+* A **way back** (the checkpoint ``mcdc cutover`` wrote) follows the selection its cutover recorded: the
+  migration's, reversed. A run of it with another selection is refused.
+* A **cutover** (and ``status``) given ``--source`` and ``--target`` alone finds the pair's one migration, and
+  cuts over what that migration selected.
+* **One writer per target namespace.** A run refuses to start when another migration of the same target,
+  running or resumable, maps onto a target namespace it maps onto; it records its own in the registry
+  (checkpoint.registry) in the same locked step, so two runs started together cannot both pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from replicator.checkpoint.registry import Held, Lease, Registry, held
+from replicator.checkpoint.store import CheckpointStore
+from replicator.errors import ConfigError
+from replicator.events import Namespace
+from replicator.observe.tally import listing
+from replicator.replay.recorded import FIELDS, Recorded
+from replicator.settings.config import Settings, state_dir
+from replicator.settings.selection import Renamer, Scope, shared_targets
+from replicator.sinks.registry import scheme_of
+from replicator.source.partitions import Partition
+
+
+def followed(settings: Settings, command: str) -> Settings:
+    """The settings a run of ``command`` follows. A way back's checkpoint decides its selection (the options
+    given must be none, or the same); a cutover given no selection cuts over its checkpoint's, and given
+    ``--source`` and ``--target`` alone finds the pair's one migration (as status does)."""
+    path = settings.checkpoint_path()
+    if command == "cutover" and settings.checkpoint is None and not path.exists():
+        path = find_migration(settings, path)
+    cp = CheckpointStore(path).load()
+    if cp is None or cp.recorded is None:
+        return settings
+    recorded, given = Recorded.from_json(cp.recorded), Recorded.of(settings)
+    if cp.reverse_of is not None:
+        if given != Recorded() and not given.same_options(recorded):
+            raise ConfigError(
+                f"checkpoint {path} is the way back of {cp.reverse_of.get('checkpoint') or 'a migration'}: it "
+                f"follows that migration's selection, reversed ({flags(recorded) or 'everything'}); run it with "
+                "those options, or with no selection option at all"
+            )
+    elif command != "cutover" or given != Recorded():
+        return settings
+    return dataclasses.replace(recorded.applied(settings), checkpoint=path)
+
+
+def find_migration(settings: Settings, path: Path) -> Path:
+    """The one default checkpoint of this source and target when it copies another selection than the
+    options say (a migration of --include ..., asked about with --source and --target alone)."""
+    found = settings.pair_checkpoints()
+    if len(found) == 1:
+        return found[0][0]
+    if not found:
+        raise ConfigError(
+            f"no checkpoint at {path}, the default one of this source and target "
+            "(pass --checkpoint if the run was given one)"
+        )
+    migrations = "; ".join(f"{p} ({_copies_flags(copies) or 'everything'})" for p, copies in found)
+    raise ConfigError(
+        f"this source and target have {len(found)} migrations: {migrations}; pass --checkpoint, or the "
+        "--include (and other selection options) of the one to read"
+    )
+
+
+def flags(recorded: Recorded) -> str:
+    """The options that select what ``recorded`` does, as a command line gives them."""
+    return _copies_flags({name: list(values) for name, values in recorded.options.items()})
+
+
+def _copies_flags(copies: dict[str, list[str]]) -> str:
+    return " ".join(
+        f"--{name.replace('_', '-')} {value}" for name, values in copies.items() if name in FIELDS for value in values
+    )
+
+
+def hold_targets(
+    store: CheckpointStore, settings: Settings, *, source: str, target: str, namespaces: Sequence[Namespace]
+) -> None:
+    """Refuse this run if another migration of ``target`` (a deployment's identity) writes a target namespace
+    it would write (mapped from the source's ``namespaces``, or named by its ``--include``); else record it
+    in the registry. Before anything is written."""
+    scope = Scope(settings.selection, settings.renamer)
+    mine = scope.mapped(namespaces)
+    me = Lease(str(store.real), target, source, Recorded.of(settings).to_json(), tuple(sorted(map(str, mine))))
+    if scheme_of(settings.target) == "stdout":
+        return  # each run's standard output is a destination of its own
+    registry = Registry(state_dir())
+    with registry.locked() as leases:
+        kept = []
+        for lease in _with_unrecorded(leases):
+            if lease.checkpoint == me.checkpoint:
+                me = dataclasses.replace(me, owned=lease.owned)
+                continue
+            other = held(lease)
+            if other is None:
+                continue
+            kept.append(lease)
+            shared = _shared(other, scope, mine) if _target_of(other) == target else []
+            if shared:
+                raise ConfigError(_refusal(other, shared, store, settings, source=source))
+        registry.save([*kept, me])
+
+
+def own(store: CheckpointStore, namespaces: Iterable[Namespace]) -> set[str]:
+    """Record that this migration's copies write these target namespaces (a widened selection's), before
+    they do; returns every target namespace recorded as its own so far."""
+    registry, path = Registry(state_dir()), str(store.real)
+    with registry.locked() as leases:
+        mine = next((lease for lease in leases if lease.checkpoint == path), None)
+        if mine is None:
+            return set()  # not recorded (a standard output's run): the checkpoint's own record serves
+        owned = {*mine.owned, *map(str, namespaces)}
+        others = [lease for lease in leases if lease.checkpoint != path]
+        registry.save([*others, dataclasses.replace(mine, owned=tuple(sorted(owned)))])
+    return owned
+
+
+def record_way_back(path: Path, settings: Settings, *, source: str, target: str, targets: Iterable[Namespace]) -> None:
+    """Record the way back a cutover wrote (``settings``: its own) as the old side's writer of ``targets``."""
+    me = Lease(str(CheckpointStore(path).real), target, source, Recorded.of(settings).to_json(),
+               tuple(sorted(map(str, targets))))  # fmt: skip
+    registry = Registry(state_dir())
+    with registry.locked() as leases:
+        registry.save([*(lease for lease in leases if lease.checkpoint != me.checkpoint), me])
+
+
+def _target_of(other: Held) -> str:
+    cp = other.checkpoint
+    return cp.target_identity if cp is not None and cp.target_identity else other.lease.target
+
+
+def _shared(other: Held, scope: Scope, mine: set[Namespace]) -> list[Namespace]:
+    """The target namespaces ``other`` and this run (``scope``, mapping ``mine``) would both write."""
+    recorded = Recorded.from_json(other.recorded)
+    theirs = Scope(recorded.selection, Renamer.from_rules(recorded.rename))
+    targets = {Namespace.parse(ns) for ns in other.lease.targets}
+    if other.checkpoint is not None:  # what its snapshot copied, as its selection maps it now
+        targets |= theirs.mapped(Partition.from_json(p).ns for p in other.checkpoint.snapshot.plan)
+    return shared_targets(scope, mine, theirs, targets)
+
+
+def _refusal(other: Held, shared: list[Namespace], store: CheckpointStore, settings: Settings, *, source: str) -> str:
+    path, what = other.lease.checkpoint, flags(Recorded.from_json(other.recorded)) or "everything"
+    names = listing([str(ns) for ns in shared], 5)
+    cp = other.checkpoint
+    same_source = (cp.source_identity if cp is not None and cp.source_identity else other.lease.source) == source
+    if same_source and settings.checkpoint is None and not store.real.exists():
+        return (
+            f"this source and target already have a migration that writes {names} (checkpoint {path}, {what}): "
+            f"to change its selection, run with --checkpoint {path} and the new options; to run a second "
+            "migration beside it, select only namespaces it does not write (--include, --exclude)"
+        )
+    state = "running" if other.running else "stopped, resumable"
+    return (
+        f"the target's {names} {'is' if len(shared) == 1 else 'are'} written by another migration (checkpoint "
+        f"{path}, {what}, {state}): one migration per target namespace; select only namespaces it does not "
+        "write (--include, --exclude)"
+    )
+
+
+def _with_unrecorded(leases: list[Lease]) -> list[Lease]:
+    """The registry's migrations, and the default checkpoints in the state directory that no run recorded
+    there (an older mcdc's)."""
+    known = {lease.checkpoint for lease in leases}
+    found = list(leases)
+    for path in sorted(state_dir().glob("checkpoint-*.json")):
+        real = str(CheckpointStore(path).real)
+        if real in known:
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("target_identity"):
+            found.append(Lease(real, str(data["target_identity"]), str(data.get("source_identity") or ""),
+                               dict(data.get("recorded") or {})))  # fmt: skip
+    return found
