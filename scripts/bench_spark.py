@@ -165,7 +165,7 @@ def snapshot_runs(
     for engine in ENGINES:
         harness.heading(f"Snapshot: mcdc sync --engine {engine}")
         harness.reset_target(target)
-        checkpoint = harness.fresh_checkpoint(workdir, f"snapshot-{engine}.json")
+        checkpoint = harness.fresh_checkpoint(workdir, f"snapshot-{engine}.json", ending="snapshot-*")
         argv = harness.mcdc(
             "sync", "--source", source, "--target", target, "--include", harness.INCLUDE,
             "--checkpoint", str(checkpoint), "--no-progress", "--json",

@@ -454,7 +454,7 @@ def mcdc_replay(
     marker is the last event), else the start of the first look that matched.
     """
     harness.reset_target(target)
-    checkpoint = harness.fresh_checkpoint(workdir, "tail-backlog.json")
+    checkpoint = harness.fresh_checkpoint(workdir, "tail-backlog.json", ending="tail-*")
     start_at = f"{backlog.start.time},{backlog.start.inc}"
     argv = tail_argv(source, target, checkpoint, "--start-at", start_at, *extra)
     want = (backlog.docs, backlog.v_sum)
@@ -632,7 +632,7 @@ def measure_lag(source: str, target: str, workdir: Path, rate: float, duration: 
     with connect(source) as src:
         src[DB][LAG].drop()
         src[DB][WARMUP].drop()
-    checkpoint = harness.fresh_checkpoint(workdir, "tail-lag.json")
+    checkpoint = harness.fresh_checkpoint(workdir, "tail-lag.json", ending="tail-*")
     argv = tail_argv(source, target, checkpoint, "--snapshot", "never", *extra)
     total = max(1, round(rate * duration))
     sent: dict[int, tuple[int, float]] = {}

@@ -243,10 +243,13 @@ def check_target(uri: str, docs: int, kind: str) -> None:
         raise BenchError(f"{kind}: the target holds {count:,} documents in {DB}.{COLL}, not {docs:,}")
 
 
-def fresh_checkpoint(workdir: Path, name: str) -> Path:
-    """``workdir / name`` with any earlier checkpoint of that name gone (mcdc keeps <name>.backup beside it)."""
-    for stale in workdir.glob(f"{name}*"):
-        stale.unlink()
+def fresh_checkpoint(workdir: Path, name: str, *, ending: str = "") -> Path:
+    """``workdir / name`` with any earlier checkpoint of that name gone (mcdc keeps <name>.backup beside it).
+    ``ending``: a pattern of earlier checkpoints in ``workdir`` whose migrations the new one replaces (the
+    target was wiped): they are deleted too, since mcdc refuses a second migration onto a target namespace
+    that another one, still resumable, writes."""
+    for stale in [*workdir.glob(f"{name}*"), *(workdir.glob(ending) if ending else ())]:
+        stale.unlink(missing_ok=True)
     return workdir / name
 
 

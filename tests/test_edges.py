@@ -313,3 +313,31 @@ def test_an_older_checkpoint_restored_after_a_widening_replays_without_a_refusal
     cp.write_bytes(before)
     _ok("catch-up", *pair, *wider)
     _verify(source_uri, target_uri, *wider)
+
+
+def test_a_copy_of_a_checkpoint_is_the_same_migration_and_never_runs_beside_it(
+    source_uri: str, target_uri: str, tmp_path: Path, runs: list[subprocess.Popen[str]]
+) -> None:
+    """A checkpoint copied aside (a backup) goes on as its migration would, but not while a run goes on from
+    the original: two runs of one migration would apply its events out of order."""
+    cp, copy = tmp_path / "cp.json", tmp_path / "copy.json"
+    pair = ("-s", source_uri, "-t", target_uri)
+    with pymongo.MongoClient(source_uri) as src:
+        src.a.x.insert_many([{"_id": i} for i in range(20)])
+    _ok("sync", *pair, "-c", str(cp))
+    copy.write_bytes(cp.read_bytes())
+    with pymongo.MongoClient(source_uri) as src:
+        src.a.x.delete_one({"_id": 1})
+    _ok("catch-up", *pair, "-c", str(copy))
+    argv = [sys.executable, "-m", "replicator.cli", "tail", *pair, "-c", str(cp), "--no-progress"]
+    runs.append(subprocess.Popen(argv, stderr=subprocess.PIPE, text=True))
+    with pymongo.MongoClient(source_uri) as src:
+        src.a.x.delete_one({"_id": 2})
+        last = src.admin.command("ping")["operationTime"]
+    _until("the tail past the last write", lambda: (_position(cp) or Timestamp(0, 0)) >= last)
+    refused = _mcdc("catch-up", *pair, "-c", str(copy), "--no-progress")
+    _assert_one_line_error(refused, 2, str(copy), str(cp), "stop that one first")
+    runs[0].send_signal(signal.SIGTERM)
+    assert runs[0].wait(60) == 0
+    _ok("catch-up", *pair, "-c", str(copy))
+    _verify(source_uri, target_uri)

@@ -111,7 +111,14 @@ def test_a_second_snapshot_into_a_jsonl_file_needs_drop_target(source_uri: str, 
     assert len(path.read_bytes().splitlines()) == 6  # the same checkpoint appends
     before = path.read_bytes()
 
-    out = _mcdc(*sync, "-c", str(second))  # another checkpoint: a second snapshot would mix with the first
+    out = _mcdc(*sync, "-c", str(second))  # another migration into the file the first one writes: refused
+    lines = [line for line in out.stderr.decode().splitlines() if line.strip()]
+    assert out.returncode == 2 and lines[-1].startswith("mcdc: error: ") and "Traceback" not in out.stderr.decode()
+    assert str(first) in lines[-1] and f"delete {first}" in lines[-1]
+    assert path.read_bytes() == before and not second.exists()
+
+    first.unlink()  # the advice: that migration is over
+    out = _mcdc(*sync, "-c", str(second))  # a second snapshot would mix with the first one's records
     lines = [line for line in out.stderr.decode().splitlines() if line.strip()]
     assert out.returncode == 2 and lines[-1].startswith("mcdc: error: ") and "Traceback" not in out.stderr.decode()
     assert str(path) in lines[-1] and "--drop-target" in lines[-1]

@@ -164,7 +164,6 @@ def test_the_readme_commands_run_as_written(
         client.shop.orders.insert_many([{"_id": i, "total": i * 10} for i in range(50)])
         client.logs.app.insert_many([{"_id": i} for i in range(5)])
         client.scratch.a.insert_many([{"_id": i} for i in range(5)])
-    state = tmp_path / "state"
     shell = Shell(
         tmp_path,
         {
@@ -174,13 +173,19 @@ def test_the_readme_commands_run_as_written(
             "kafka://broker1:9092,broker2:9092": f"kafka://{kafka_broker.bootstrap}",
             "--metrics-port 9464": f"--metrics-port {free_port()}",
         },
-        {"SRC": source_uri, "DST": target_uri, "XDG_STATE_HOME": str(state)},
+        {"SRC": source_uri, "DST": target_uri},
     )
-    for prefix in RUN[1:]:
+    states: list[Path] = []
+    for n, prefix in enumerate(RUN[1:]):
         if prefix.startswith("mcdc dev-server"):
             continue  # test_devserver.py runs the command; the trial block below runs it as the README does
-        if not prefix.startswith(READS):
+        if not prefix.startswith(READS):  # a reader's first run: an empty target, no migration before
             drop_user_databases(target_uri)
+            states.append(tmp_path / f"state-{n}")
+        # status's --source --target reads the pair's default checkpoint: the sync block's (the others name
+        # theirs); the other reads follow the block before them
+        state = states[0] if prefix.startswith("mcdc status") else states[-1]
+        shell.env["XDG_STATE_HOME"] = str(state)
         for command in _commands(_block(prefix)):
             if command.startswith("mcdc tail"):
                 jsonl = "jsonl:" in command

@@ -134,12 +134,14 @@ def held(lease: Lease) -> Held | None:
     (and no run holds its lock) or was cut over; a checkpoint that cannot be read still holds them."""
     store = CheckpointStore(Path(lease.checkpoint))
     running = store.in_use()
+    if not running and not store.real.exists():
+        return None  # deleted (its backup, if kept, is a person's to restore)
     try:
         cp = store.load()
     except CheckpointError:
         return Held(lease, running, None)
     if cp is None:
-        return Held(lease, running, None) if running else None
+        return Held(lease, running, None)  # running: it has not saved its checkpoint yet
     if cp.cutover is not None:
         return None
     return Held(lease, running, cp)

@@ -92,6 +92,9 @@ class Checkpoint:
     #: widened selection began (until it is recorded) and those a narrowed one left on the target. A later
     #: widening may copy over them; target data of any other namespace it refuses to replace
     owned: set[str] = field(default_factory=set)
+    #: the migration this checkpoint belongs to, made when its first version was: a copy of the file (a
+    #: backup, an older version kept aside) has the same, and is that migration, not another one
+    migration_id: str | None = None
 
     def acknowledge(
         self, position: Position, shard_positions: Mapping[str, Position] | None = None, *, applied: bool = True
@@ -125,6 +128,7 @@ class Checkpoint:
             "reverse_of": self.reverse_of,
             "lag_s": self.lag_s,
             "owned": sorted(self.owned),
+            "migration_id": self.migration_id,
             "snapshot": {
                 "status": self.snapshot.status,
                 "plan": self.snapshot.plan,
@@ -157,6 +161,7 @@ class Checkpoint:
             reverse_of=dict(data["reverse_of"]) if data.get("reverse_of") is not None else None,
             lag_s=float(data["lag_s"]) if data.get("lag_s") is not None else None,
             owned={str(ns) for ns in data.get("owned") or ()},
+            migration_id=_optional_str(data.get("migration_id")),
             snapshot=SnapshotProgress(
                 status=str(snap.get("status", "none")),
                 plan=list(snap.get("plan") or []),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -224,6 +225,7 @@ async def _write_reverse(settings: Settings, cp: Checkpoint, forward: Checkpoint
         target_identity=cp.source_identity,
         reverse_of={"checkpoint": str(forward.real), "position": ts_to_json(start)},
         recorded=Recorded.of(back).to_json(),
+        migration_id=uuid.uuid4().hex,
     )
     store = CheckpointStore(path)
     with store.locked():

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from replicator.checkpoint.registry import Held, Lease, Registry, held
-from replicator.checkpoint.store import CheckpointStore
+from replicator.checkpoint.store import Checkpoint, CheckpointStore
 from replicator.errors import ConfigError
 from replicator.events import Namespace
 from replicator.observe.tally import listing
@@ -81,11 +81,18 @@ def _copies_flags(copies: dict[str, list[str]]) -> str:
 
 
 def hold_targets(
-    store: CheckpointStore, settings: Settings, *, source: str, target: str, namespaces: Sequence[Namespace]
+    store: CheckpointStore,
+    settings: Settings,
+    cp: Checkpoint | None,
+    *,
+    source: str,
+    target: str,
+    namespaces: Sequence[Namespace],
 ) -> None:
     """Refuse this run if another migration of ``target`` (a deployment's identity) writes a target namespace
     it would write (mapped from the source's ``namespaces``, or named by its ``--include``); else record it
-    in the registry. Before anything is written."""
+    in the registry. Before anything is written. A copy of this run's checkpoint (``cp``) elsewhere is this
+    same migration: refused only while a run goes on from it."""
     scope = Scope(settings.selection, settings.renamer)
     mine = scope.mapped(namespaces)
     me = Lease(str(store.real), target, source, Recorded.of(settings).to_json(), tuple(sorted(map(str, mine))))
@@ -103,7 +110,13 @@ def hold_targets(
                 continue
             kept.append(lease)
             shared = _shared(other, scope, mine) if _target_of(other) == target else []
-            if shared:
+            if shared and _same_migration(cp, other):
+                if other.running:
+                    raise ConfigError(
+                        f"checkpoint {store.path} is a copy of {lease.checkpoint}, from which an mcdc runs now: "
+                        "one run per migration; stop that one first"
+                    )
+            elif shared:
                 raise ConfigError(_refusal(other, shared, store, settings, source=source))
         registry.save([*kept, me])
 
@@ -129,6 +142,12 @@ def record_way_back(path: Path, settings: Settings, *, source: str, target: str,
     registry = Registry(state_dir())
     with registry.locked() as leases:
         registry.save([*(lease for lease in leases if lease.checkpoint != me.checkpoint), me])
+
+
+def _same_migration(cp: Checkpoint | None, other: Held) -> bool:
+    """Are both checkpoints versions of one migration (one a copy of the other)?"""
+    mine = cp.migration_id if cp is not None else None
+    return mine is not None and other.checkpoint is not None and other.checkpoint.migration_id == mine
 
 
 def _target_of(other: Held) -> str:
@@ -161,7 +180,7 @@ def _refusal(other: Held, shared: list[Namespace], store: CheckpointStore, setti
     return (
         f"the target's {names} {'is' if len(shared) == 1 else 'are'} written by another migration (checkpoint "
         f"{path}, {what}, {state}): one migration per target namespace; select only namespaces it does not "
-        "write (--include, --exclude)"
+        f"write (--include, --exclude), or, if that migration is over, delete {path} first"
     )
 
 

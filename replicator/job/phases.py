@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -140,7 +141,7 @@ class SyncJob:
                         claim(self.store, self.s, info, sink, cp, started=True)
                     assert self.store.owner is not None
                     source_id, target_id = self.store.owner
-                    hold_targets(self.store, self.s, source=source_id, target=target_id, namespaces=namespaces)
+                    hold_targets(self.store, self.s, cp, source=source_id, target=target_id, namespaces=namespaces)
                     await self.engine.start()  # after every check: a mistake costs no JVM start
                     await self._run(client, info, sink, cp)
                 finally:
@@ -329,4 +330,5 @@ class SyncJob:
     def _new_checkpoint(self, identity: str, **fields: Any) -> Checkpoint:
         """A checkpoint that starts here, recording the selection and rules its copies follow."""
         hosts = dict(self._topology.hosts)
-        return Checkpoint(identity, recorded=Recorded.of(self.s).to_json(), shard_hosts=hosts, **fields)
+        recorded = Recorded.of(self.s).to_json()
+        return Checkpoint(identity, recorded=recorded, shard_hosts=hosts, migration_id=uuid.uuid4().hex, **fields)

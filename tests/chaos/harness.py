@@ -35,6 +35,7 @@ import json
 import os
 import random
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -47,7 +48,7 @@ from typing import Any
 
 from bson.timestamp import Timestamp
 
-from tests.chaos.workload import SELECTION, ChaosWorkload, prepare, selected
+from tests.chaos.workload import SELECTION, ChaosWorkload, SideWorkload, prepare, selected
 from tests.support.compare import assert_identical
 from tests.support.kafka import KafkaBroker
 from tests.support.servers import LocalServer, drop_user_databases
@@ -72,6 +73,40 @@ CONVERGE_S = {"asyncio": 120.0, "spark": 240.0}
 LAKE_BATCH = 5
 #: how long mcdc may take to start (its first log line) on a loaded machine
 START_S = 120.0
+#: the selections a plan's runs switch between (``reselect`` steps): the harness's own, one without ``chaos2``
+#: (narrowed), one with ``chaos3`` too (widened); each on the same checkpoint
+SELECTIONS = {
+    "base": SELECTION,
+    "narrow": ("--include", r"chaos\..*", "--exclude", r"chaos\.ext_.*"),
+    "wide": ("--include", r"chaos[23]?\..*", "--exclude", r"chaos\.ext_.*"),
+}
+#: the selection changes a plan may make, in order
+RESELECTIONS = (("narrow",), ("wide",), ("narrow", "base"), ("wide", "narrow"), ("narrow", "wide"))
+#: the targets whose comparison follows a changed selection (a lake's state tables of a collection no longer
+#: selected are not emptied, which its comparison would count as stale rows)
+RESELECT_SINKS = ("mongo", "kafka")
+#: another migration's selection, onto namespaces every selection above maps: it must be refused
+OVERLAPPING = ("--include", r"chaos\.(a|b)")
+
+
+def _in_order(steps: list[str], wanted: list[str]) -> list[str]:
+    """``steps`` with the ``wanted`` ones (inserted at random places) put back in their order."""
+    places = [i for i, step in enumerate(steps) if step in wanted]
+    out = list(steps)
+    for place, step in zip(places, wanted, strict=True):
+        out[place] = step
+    return out
+
+
+def selects(flags: tuple[str, ...] | list[str]) -> Callable[[str], bool]:
+    """What ``--include``/``--exclude`` flags select, as a test of ``db.coll`` (mcdc's own rules)."""
+    from replicator.events import Namespace
+    from replicator.settings.selection import Selection
+
+    include = [flags[i + 1] for i, flag in enumerate(flags) if flag == "--include"]
+    exclude = [flags[i + 1] for i, flag in enumerate(flags) if flag == "--exclude"]
+    selection = Selection.from_patterns(include, exclude)
+    return lambda ns: selection(Namespace.parse(ns))
 
 
 class ChaosFailure(AssertionError):
@@ -88,6 +123,8 @@ class Plan:
     sink: str
     steps: tuple[str, ...]
     replays: int
+    #: after the plan: a cutover, then the way back under writes (selected and not) and faults on the new side
+    back: bool = False
 
     @classmethod
     def draw(
@@ -112,11 +149,23 @@ class Plan:
             steps.append(f"write {rng.randrange(5, 40)}")
             if rng.random() < 0.7:
                 steps.append(rng.choice(faults))
-        return cls(seed, mode, engine, sink, tuple(steps), replays)
+        # the edges between migrations, drawn apart so that the plans above stay what their seeds made them
+        edges = random.Random(seed * 104729 + 3)
+        inserts = []
+        if sink in RESELECT_SINKS and edges.random() < 0.5:
+            inserts += [f"reselect {name}" for name in edges.choice(RESELECTIONS)]
+        if edges.random() < 0.5:
+            inserts.append("overlap")
+        for step in inserts:  # at random places, in order
+            steps.insert(edges.randrange(len(steps) + 1), step)
+        steps = _in_order(steps, [step for step in inserts if step.startswith("reselect")])
+        back = sink == "mongo" and edges.random() < 0.5
+        return cls(seed, mode, engine, sink, tuple(steps), replays, back)
 
     def __str__(self) -> str:
         return (
-            f"seed={self.seed} mode={self.mode} engine={self.engine} sink={self.sink} replays={self.replays}\n"
+            f"seed={self.seed} mode={self.mode} engine={self.engine} sink={self.sink} replays={self.replays}"
+            f"{' then cutover and back' if self.back else ''}\n"
             f"  steps: {', '.join(self.steps)}"
         )
 
@@ -199,17 +248,35 @@ class CheckpointCopies:
 class Runner:
     """Runs one plan (see the module's docstring)."""
 
-    def __init__(self, plan: Plan, servers: Servers, workdir: Path) -> None:
+    def __init__(
+        self, plan: Plan, servers: Servers, workdir: Path, *, way_back: tuple[Path, tuple[str, ...]] | None = None
+    ) -> None:
+        """``way_back``: this runner carries a cut-over migration's new side back (``servers`` swapped), from
+        the checkpoint its cutover wrote, with the selection options it printed."""
         self.plan = plan
         self.servers = servers
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
-        self.cp = workdir / "cp.json"
-        self.rng = random.Random(plan.seed * 7919 + 1)
+        self.way_back = way_back
+        self.cp = workdir / "cp.json" if way_back is None else way_back[0]
+        self.rng = random.Random(plan.seed * 7919 + 1 + (way_back is not None))
         self.tally = Tally(plans=1)
         self._logs: list[Path] = []
         self._proc: subprocess.Popen[bytes] | None = None
         self.prefix = f"chaos{plan.seed}"
+        self.selection = "base"  # of SELECTIONS: what the runs select now
+        # the plan's own state directory: the migrations it records are its own, not an earlier plan's
+        self.env = {**os.environ, "XDG_STATE_HOME": str((workdir if way_back is None else workdir.parent) / "state")}
+        self.side: SideWorkload | None = None  # another application's writes next to mcdc's target
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """The selection options of the runs now."""
+        return self.way_back[1] if self.way_back is not None else SELECTIONS[self.selection]
+
+    def selected(self, ns: str) -> bool:
+        """Is ``db.coll`` in what the runs select now (what the comparison looks at)?"""
+        return selects(self.flags)(ns)
 
     # -- mcdc processes ----------------------------------------------------------------------------
     @property
@@ -225,9 +292,10 @@ class Runner:
             return f"kafka://{self.servers.broker.bootstrap}"
         return self.servers.target.uri
 
-    def _argv(self, command: str) -> list[str]:
+    def _argv(self, command: str, *, checkpoint: Path | None = None, flags: tuple[str, ...] | None = None) -> list[str]:
         argv = [sys.executable, "-m", "replicator.cli", command, "-s", self.servers.source.uri]
-        argv += ["-t", self._target(), "-c", str(self.cp), "--no-progress", "--json", *SELECTION]
+        argv += ["-t", self._target(), "-c", str(checkpoint or self.cp), "--no-progress", "--json"]
+        argv += self.flags if flags is None else flags
         argv += ["--retry-initial-delay", "0.2", "--retry-max-delay", "1", "--max-retries", "-1"]
         if self.plan.sink == "kafka":
             argv += ["--topic-prefix", self.prefix]
@@ -244,7 +312,7 @@ class Runner:
         log = self.workdir / f"mcdc-{len(self._logs):03d}-{command}.log"
         self._logs.append(log)
         with open(log, "wb") as out:
-            proc = subprocess.Popen(self._argv(command), stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(self._argv(command), stdout=out, stderr=subprocess.STDOUT, env=self.env)
         self.tally.runs += 1
         return proc
 
@@ -292,33 +360,80 @@ class Runner:
             f"  work directory: {self.workdir}\n--- last mcdc log ---\n{tail}"
         )
 
-    def run(self) -> Tally:
-        prepare(self.servers.source.uri)
-        drop_user_databases(self.servers.target.uri)  # what an earlier plan left
+    def run(self, steps: tuple[str, ...] | None = None, side: SideWorkload | None = None) -> Tally:
+        """The plan's steps (``steps``: the way back's), then the checks; ``side``: the way back's other
+        application, which goes on writing the new side."""
+        if self.way_back is None:
+            prepare(self.servers.source.uri)
+            drop_user_databases(self.servers.target.uri)  # what an earlier plan left
+        seed = self.plan.seed if self.way_back is None else self.plan.seed + 1
         workload = ChaosWorkload(
-            self.servers.source.uri, random.Random(self.plan.seed), ddl=self.plan.sink in STATEFUL_SINKS,
+            self.servers.source.uri, random.Random(seed), ddl=self.plan.sink in STATEFUL_SINKS,
             lake=self.plan.sink in LAKE_SINKS,
         )  # fmt: skip
+        if self.plan.sink == "mongo":
+            self.side = side or SideWorkload(self.servers.target.uri, random.Random(seed * 13 + 5))
         try:
             with CheckpointCopies(self.cp) as copies:
                 self.copies = copies
                 self._begin(workload)
-                for step in self.plan.steps:
+                for step in self.plan.steps if steps is None else steps:
                     self._step(step, workload)
                 self._end()
             self._replay_copies()
+            self._check_side()
+            if self.plan.back and self.way_back is None:
+                self._cut_over_and_back()
         finally:
             self._kill()
             workload.close()
+            if self.side is not None and side is None:
+                self.side.close()
             self._drop_topics()
             self.tally.writes += sum(workload.counts.values())
             for kind, n in workload.counts.items():
                 self.tally.kinds[kind] = self.tally.kinds.get(kind, 0) + n
         return self.tally
 
+    def _check_side(self) -> None:
+        """Namespaces outside the selection on mcdc's target: what the other application wrote, and only that."""
+        if self.side is not None and self.way_back is None:
+            try:
+                self.side.check()
+            except AssertionError as exc:
+                self.fail(str(exc))
+
+    def _cut_over_and_back(self) -> None:
+        """mongosync's commit and reverse: cut over at the quiet source, then the way back (run as cutover
+        printed it) under writes and faults on the new side, selected and not. The way back's every saved
+        checkpoint replays, and the old side's namespaces outside the selection stay as they were."""
+        old, new = self.servers.source, self.servers.target
+        untouched = _unselected(old.uri, self.selected)
+        back = self.workdir / "back" / "back.json"
+        argv = [*self._argv("cutover"), "--reverse-checkpoint", str(back)]
+        done = subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=600)
+        if done.returncode != 0:
+            self.fail(f"cutover exited with {done.returncode}: {done.stderr.strip()[-2000:]}")
+        printed = shlex.split(json.loads(done.stdout)["reverse_command"])
+        at = printed.index("--checkpoint")
+        if Path(printed[at + 1]) != back:
+            self.fail(f"cutover printed another way back: {printed}")
+        options = tuple(printed[at + 2 :])
+        steps = []
+        for _ in range(3):
+            steps.append(f"write {self.rng.randrange(5, 25)}")
+            steps.append(self.rng.choice(["kill", "restore", "restart source", "restart target", "stop", "lag"]))
+        runner = Runner(self.plan, Servers(new, old, None), self.workdir / "back", way_back=(back, options))
+        assert self.side is not None
+        self.tally.add(runner.run(tuple(steps), side=self.side))
+        self.tally.plans -= 1  # the same plan
+        if (now := _unselected(old.uri, self.selected)) != untouched:
+            changed = sorted(ns for ns in set(now) | set(untouched) if now.get(ns) != untouched.get(ns))
+            self.fail(f"the way back wrote the old side's namespaces outside the selection: {changed}")
+
     def _begin(self, workload: ChaosWorkload) -> None:
-        """The first snapshot, under writes, maybe killed once."""
-        command = "tail" if self.plan.mode == "tail" else "sync"
+        """The first snapshot, under writes, maybe killed once (the way back: its first run)."""
+        command = "tail" if self.plan.mode == "tail" else "sync" if self.way_back is None else "catch-up"
         self._proc = self._spawn(command)
         workload.steps(self.rng.randrange(5, 30))
         if self.rng.random() < 0.5:
@@ -326,18 +441,31 @@ class Runner:
             self._kill()
             self.tally.faults += 1
             self._proc = self._spawn(command)
-        if command == "sync":
+        if command != "tail":
             self._finish(self._proc, CONVERGE_S[self.plan.engine])
 
     def _step(self, step: str, workload: ChaosWorkload) -> None:
         verb, _, arg = step.partition(" ")
         if verb == "write":
             workload.steps(int(arg), PACE_S)
+            if self.side is not None:
+                self.side.steps(self.rng.randrange(1, 4))
             if self.plan.mode == "catch-up" and self.rng.random() < 0.5:
                 self._run("catch-up")
             return
-        self.tally.faults += 1
         tail = self.plan.mode == "tail"
+        if verb == "overlap":
+            self._overlap()
+            return
+        if verb == "reselect":  # the migration's runs select otherwise from now on, on its checkpoint
+            self.selection = arg
+            if tail:
+                self._sigterm(must_exit_0=True)
+                self._proc = self._spawn("tail")
+            else:
+                self._run("catch-up")
+            return
+        self.tally.faults += 1
         if not tail:  # the fault strikes a catch-up while it runs
             self._proc = self._spawn("catch-up")
             self._into_the_run(self._proc)
@@ -360,6 +488,23 @@ class Runner:
         if not tail:
             assert self._proc is not None
             self._finish(self._proc, CONVERGE_S[self.plan.engine] * 2)
+
+    def _overlap(self) -> None:
+        """Another migration onto namespaces this one writes (its checkpoint saved by now): refused, in one
+        line naming this migration's checkpoint, before it saves anything."""
+        deadline = time.monotonic() + START_S
+        while not self.cp.exists():
+            if time.monotonic() > deadline:
+                self.fail("no checkpoint saved to overlap with")
+            time.sleep(0.05)
+        other = self.workdir / "other.json"
+        never = ("--snapshot", "never") if self.rng.random() < 0.5 else ()
+        argv = self._argv("catch-up", checkpoint=other, flags=(*OVERLAPPING, *never))
+        done = subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=START_S * 2)
+        errors = [line for line in done.stderr.splitlines() if line.startswith("mcdc: error:")]
+        if done.returncode != 2 or len(errors) != 1 or os.path.realpath(self.cp) not in errors[0] or other.exists():
+            self.fail(f"another migration onto this one's namespaces was not refused: exit {done.returncode}, "
+                      f"{done.stderr.strip()[-1500:]}")  # fmt: skip
 
     def _sigterm(self, *, must_exit_0: bool) -> None:
         """SIGTERM to the running mcdc, once it has logged its first line: it handles signals from before
@@ -474,7 +619,7 @@ class Runner:
             _compare_lake(self.plan.sink, self.lake, self.servers.source.uri, changes=changes, since=since)
             return
         if self.plan.sink == "mongo":
-            assert_identical(self.servers.source.uri, self.servers.target.uri, only=selected)
+            assert_identical(self.servers.source.uri, self.servers.target.uri, only=self.selected)
             return
         import asyncio
 
@@ -482,7 +627,11 @@ class Runner:
 
         assert self.servers.broker is not None
         got = asyncio.run(rebuilt_from_topics(self.servers.broker.bootstrap, self.prefix))
-        assert_same(got, {ns: docs for ns, docs in server_docs(self.servers.source.uri).items() if selected(ns)})
+        source = server_docs(self.servers.source.uri)
+        assert_same(
+            {ns: docs for ns, docs in got.items() if self.selected(ns)},
+            {ns: docs for ns, docs in source.items() if self.selected(ns)},
+        )
 
     def _converge(self, alive: Callable[[], bool]) -> None:
         deadline = time.monotonic() + CONVERGE_S[self.plan.engine]
@@ -511,6 +660,21 @@ def _quirk(line: str) -> bool:
         return False
     source, target = (json.loads(text) for text in match.groups())
     return {k: v for k, v in source.items() if k not in _QUIRK_OPTIONS} == target
+
+
+def _unselected(uri: str, selected: Callable[[str], bool]) -> dict[str, list[Any]]:
+    """Every user namespace of a server that the selection does not take, with its documents."""
+    import pymongo
+
+    out: dict[str, list[Any]] = {}
+    with pymongo.MongoClient(uri) as client:
+        for db in client.list_database_names():
+            if db in ("admin", "local", "config"):
+                continue
+            for coll in client[db].list_collection_names():
+                if not selected(f"{db}.{coll}") and not coll.startswith("system."):
+                    out[f"{db}.{coll}"] = sorted(client[db][coll].find(), key=repr)
+    return out
 
 
 def _first_position(versions: list[bytes]) -> dict[str, Any] | None:

@@ -10,6 +10,9 @@ Namespaces (all in the selection but ``chaos.ext_*``, which ``SELECTION`` exclud
 * ``chaos.c``: dropped and created again with other options (capped, a validator, plain).
 * ``chaos.in_N`` / ``chaos.ext_N``: collections renamed into the selection from ``ext_*`` and out of it.
 * ``chaos2.*``: a database dropped with ``dropDatabase``, and renamed from into ``chaos``.
+* ``chaos3.w``: left alone; a widened selection takes it.
+* ``side.*`` and ``chaos.ext_side`` (:data:`SIDE`): outside every selection; another application writes its
+  own there on the target, and on the new side during the way back (:class:`SideWorkload`).
 * ``chaos.t_N`` (lake plans): created inside a transaction that writes ``a`` and ``b`` before and after
   it, so the DDL event sits among the transaction's events at its one cluster time; and transactions of
   many events, more than a replay batch holds.
@@ -37,6 +40,9 @@ from pymongo.errors import BulkWriteError, OperationFailure
 #: mcdc's selection flags for the chaos namespaces.
 SELECTION = ("--include", r"chaos2?\..*", "--exclude", r"chaos\.ext_.*")
 IDS = 24
+#: namespaces outside every selection the harness uses, which another application writes: on the target
+#: during a migration, and on the new side during the way back (``chaos.ext_side`` sits among selected ones)
+SIDE = ("side.keep", "side.other", "chaos.ext_side")
 #: write kinds, each with its weight; ``ddl=False`` keeps the first group only (event sinks rebuilt from
 #: data topics alone cannot follow DDL)
 DATA_KINDS: dict[str, int] = {
@@ -60,7 +66,7 @@ def selected(ns: str) -> bool:
 def prepare(uri: str) -> None:
     """The starting state: a few documents everywhere, and the unique index on ``chaos.u``."""
     with pymongo.MongoClient(uri) as client:
-        for db in ("chaos", "chaos2"):
+        for db in ("chaos", "chaos2", "chaos3", "side"):
             client.drop_database(db)
         chaos = client.chaos
         chaos.a.insert_many([{"_id": i, "v": 0, "arr": [[1, 2], [3]]} for i in range(IDS)])
@@ -69,6 +75,10 @@ def prepare(uri: str) -> None:
         chaos.u.create_index("k", unique=True, name="k_unique")
         chaos.log.insert_many([{"_id": i, "gen": 0} for i in range(4)])
         client.chaos2.x.insert_many([{"_id": i} for i in range(5)])
+        client.chaos3.w.insert_many([{"_id": i, "widened": True} for i in range(7)])  # taken by a widened selection
+        for ns in SIDE:  # outside every selection: never written on either side, nor on the way back
+            db, _, coll = ns.partition(".")
+            client[db][coll].insert_many([{"_id": i, "old side": True} for i in range(3)])
 
 
 class ChaosWorkload:
@@ -260,3 +270,64 @@ class ChaosWorkload:
             return
         pipeline = [{"$match": {"v": {"$gt": self.rng.randrange(50)}}}, {"$project": {"v": 1}}]
         chaos.create_collection(f"view_{self._n}", viewOn="a", pipeline=pipeline)
+
+
+class SideWorkload:
+    """Another application's writes to namespaces no selection takes (:data:`SIDE`), with DDL: inserts,
+    updates, deletes, drops, a rename within its database and ``dropDatabase``. It keeps what each namespace
+    must hold, so a test can tell that nobody else wrote them (:meth:`check`)."""
+
+    def __init__(self, uri: str, rng: random.Random) -> None:
+        self.client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(uri, serverSelectionTimeoutMS=5000)
+        self.rng = rng
+        self.expected: dict[str, dict[int, dict[str, Any]]] = {ns: {} for ns in SIDE}
+        self._n = 0
+        for ns in SIDE:
+            for i in range(5):
+                self._upsert(ns, i)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _coll(self, ns: str) -> Any:
+        db, _, coll = ns.partition(".")
+        return self.client[db][coll]
+
+    def _upsert(self, ns: str, i: int) -> None:
+        self._n += 1
+        doc = {"_id": i, "side": self._n}
+        self._coll(ns).replace_one({"_id": i}, doc, upsert=True)
+        self.expected.setdefault(ns, {})[i] = doc
+
+    def steps(self, count: int) -> None:
+        for _ in range(count):
+            self.step()
+
+    def step(self) -> None:
+        kind = self.rng.choices(["upsert", "delete", "drop", "rename", "drop_database"], [8, 3, 1, 1, 1])[0]
+        ns = self.rng.choice(SIDE)
+        if kind == "upsert":
+            self._upsert(ns, self.rng.randrange(8))
+        elif kind == "delete":
+            i = self.rng.randrange(8)
+            self._coll(ns).delete_one({"_id": i})
+            self.expected.get(ns, {}).pop(i, None)
+        elif kind == "drop":
+            self._coll(ns).drop()
+            self.expected.pop(ns, None)
+        elif kind == "rename":  # side.other over side.keep, as a log rotation would
+            if self.expected.get("side.other"):
+                self.client.side.other.rename("keep", dropTarget=True)
+                self.expected["side.keep"] = self.expected.pop("side.other")
+        else:
+            self.client.drop_database("side")
+            for name in [n for n in self.expected if n.startswith("side.")]:
+                del self.expected[name]
+
+    def check(self) -> None:
+        """Each side namespace holds exactly what this workload left there (raises AssertionError)."""
+        for ns in SIDE:
+            got = {doc["_id"]: doc for doc in self._coll(ns).find()}
+            want = self.expected.get(ns, {})
+            if got != want:
+                raise AssertionError(f"{ns}, which no selection takes, was written: {got} instead of {want}")
