@@ -2,7 +2,9 @@
 
 With ``snapshot=initial``, the selected collections come first, as ``r`` rows: the snapshot's partitions
 are planned when the query begins (as the batch read plans them, after each stream's position is taken)
-and read a few per micro-batch, then the streams go on from those positions (snapshot.py, offsets.py).
+and read a few per micro-batch, then the streams go on from those positions (snapshot.py, offsets.py). A
+partition whose collection was renamed or dropped before it was read is read where the collection went,
+or not at all (moves.py): its rows come before the rename's or drop's row in the stream's order.
 
 Offsets are per-shard resume tokens (offsets.py). On the driver, ``latestOffset`` reads each shard's
 stream after the start (raw events, nothing decoded) up to the read limit and the end of what the server
@@ -52,7 +54,7 @@ from replicator.spark_datasource.changes import (
 )
 from replicator.spark_datasource.offsets import REPLICA_SET, ShardOffset, SnapshotOffset
 from replicator.spark_datasource.options import START_POSITIONS, settings_for
-from replicator.spark_datasource.snapshot import Range, plan_snapshot, read_next, snapshot_first
+from replicator.spark_datasource.snapshot import Range, plan_steadily, read_next, snapshot_first
 from replicator.spark_datasource.snapshot import read_range as read_snapshot_range
 
 log = logging.getLogger("mcdc.spark")
@@ -119,16 +121,22 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             ts = parse_start_at(s.start_at)
             return offsets.to_json({name: ShardOffset(None, ts.time, ts.inc) for name in self.shards()}, initial=True)
         start: dict[str, ShardOffset] = {}
-        for name, uri in self.shards().items():
-            with sync_client(uri, s.connect_timeout_s, s.io_timeout_s) as client:
-                start[name] = position_now(client, s)
-        log.info("mcdc stream starts at %s", start)
-        snapshot = None
-        if snapshot_first(self.options, s):  # read after each stream's position was taken: none is lost
+
+        def begin() -> Timestamp | None:
+            for name, uri in self.shards().items():
+                with sync_client(uri, s.connect_timeout_s, s.io_timeout_s) as client:
+                    start[name] = position_now(client, s)
             times = [entry.cluster_time for entry in start.values() if entry.cluster_time is not None]
-            at, plan = asyncio.run(plan_snapshot(s, min(times) if times else None))
-            snapshot = SnapshotOffset(at.time, at.inc, tuple(p.to_json() for p in plan))
+            return min(times) if times else None
+
+        snapshot = None
+        if snapshot_first(self.options, s):  # planned after each stream's position was taken: none is lost
+            at, plan = plan_steadily(s, begin)  # a plan made again takes the positions again
+            snapshot = SnapshotOffset(at.time, at.inc, tuple(plan))
             log.info("mcdc stream reads a snapshot of %d partitions first, at %s", len(plan), at)
+        else:
+            begin()
+        log.info("mcdc stream starts at %s", start)
         return offsets.to_json(start, initial=True, snapshot=snapshot)
 
     def getDefaultReadLimit(self) -> ReadLimit:
