@@ -79,6 +79,18 @@ def test_a_partition_is_read_where_its_collection_went_or_not_at_all(
     assert _read(source_uri, RANGE, change) == (list(range(10, 30)) if found else [])
 
 
+def test_a_rename_far_into_the_stream_is_found_past_the_empty_batches_of_the_filtered_stream(source_uri: str) -> None:
+    """Thousands of other events first: a stream filtered on the server answers with empty batches while it
+    scans them (the test server scans a few hundred a batch), which are not its end."""
+
+    def busy_then_renamed(client: pymongo.MongoClient[Any]) -> None:
+        client.shop.other.insert_many([{"_id": i} for i in range(3000)])
+        client.shop.other.update_many({}, {"$set": {"v": 1}})
+        client.shop.z.rename("z_1")
+
+    assert _read(source_uri, RANGE, busy_then_renamed) == list(range(10, 30))
+
+
 def test_a_collection_renamed_while_its_partition_is_read_is_read_on_under_its_new_name_once(source_uri: str) -> None:
     s = settings_for({"source": source_uri, "batch-docs": "5"}, "source")  # the rename kills the cursor after 5
     with pymongo.MongoClient(source_uri) as client, sync_client(source_uri, 10) as reader:

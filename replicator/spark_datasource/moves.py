@@ -41,7 +41,7 @@ from replicator.settings.config import Settings
 from replicator.source.batching import token_timestamp
 from replicator.source.changestream import operation_time
 from replicator.source.connection import kind_of
-from replicator.source.incarnations import uuid_of
+from replicator.source.incarnations import by_database, uuids_from
 from replicator.source.partitions import Partition, Resume
 from replicator.spark_datasource.changes import RawChangeStream, SyncClient
 
@@ -79,31 +79,55 @@ class Moves:
 
     def __init__(self, client: SyncClient, s: Settings, since: Timestamp) -> None:
         self._client = client
-        self._stream = RawChangeStream(client, s, match={"operationType": {"$in": list(MOVES)}})
-        self._stream.open(Position(cluster_time=since))
+        self._s = s
+        self._at = Position(cluster_time=since)  # where the next read goes on
 
     def read(self) -> Iterator[Mapping[str, Any]]:
-        """The events since the last read, up to the source's time now."""
-        now = operation_time(self._client.admin.command("ping"))
-        while True:
-            change = self._stream.poll()
-            if change is not None:
-                yield change
-                continue
-            # an empty reply of a filtered stream may come before its end: done once its token is past now
-            # (a token of another format than MongoDB's tells no time: its empty reply is the end)
-            reached = token_timestamp(self._stream.resume_token)
-            if reached is None or reached >= now:
-                return
+        """The events since the last read, up to the source's time now.
 
-    def close(self) -> None:
-        self._stream.close()
+        Filtered on the server, a stream answers with empty batches while it scans what matches nothing,
+        so an empty batch is not its end. The end is the first event at or after now (let through the
+        filter), or where the batches' resume token tells a time past now (MongoDB's tokens do), or, on
+        a source where neither comes (an idle one whose tokens tell no time), where the token stops
+        moving."""
+        now = operation_time(self._client.admin.command("ping"))
+        moves = {"operationType": {"$in": list(MOVES)}}
+        stream = RawChangeStream(self._client, self._s, match={"$or": [moves, {"clusterTime": {"$gte": now}}]})
+        stream.open(self._at)
+        try:
+            last: Any = object()
+            while True:
+                change = stream.poll()
+                if change is not None:
+                    self._at = Position(change["_id"])
+                    if change.get("operationType") in MOVES:
+                        yield change
+                    ts = change.get("clusterTime")
+                    if ts is not None and ts >= now:
+                        return
+                    continue
+                token = stream.resume_token
+                reached = token_timestamp(token)
+                if (reached is not None and reached >= now) or token == last:
+                    self._at = Position(token) if token is not None else self._at
+                    return
+                last = token
+        finally:
+            stream.close()
+
+
+def uuids_now(client: SyncClient, namespaces: Collection[Namespace]) -> dict[Namespace, bytes | None]:
+    """The UUID of each collection named in ``namespaces`` on the source now (None: none there)."""
+    out: dict[Namespace, bytes | None] = {}
+    for db, names in by_database(namespaces).items():
+        infos = list(client[db].list_collections(filter={"name": {"$in": sorted(names)}}))
+        out.update(uuids_from(db, names, infos))
+    return out
 
 
 def uuid_now(client: SyncClient, ns: Namespace) -> bytes | None:
     """The UUID of the collection named ``ns`` on the source now (None: none there)."""
-    infos = list(client[ns.db].list_collections(filter={"name": ns.coll}))
-    return uuid_of(infos[0]) if infos else None
+    return uuids_now(client, (ns,))[ns]
 
 
 def has_history(client: SyncClient) -> bool:
@@ -116,15 +140,11 @@ def moved_since(client: SyncClient, s: Settings, since: Timestamp, namespaces: C
     known on a standalone: it keeps no history, and nothing can follow a collection there)."""
     if not has_history(client):
         return []
-    moves = Moves(client, s, since)
-    try:
-        return [
-            f"{change.get('operationType')} {_namespace(change.get('ns'))}"
-            for change in moves.read()
-            if any(followed(ns, change) != ns for ns in namespaces)
-        ]
-    finally:
-        moves.close()
+    return [
+        f"{change.get('operationType')} {_namespace(change.get('ns'))}"
+        for change in Moves(client, s, since).read()
+        if any(followed(ns, change) != ns for ns in namespaces)
+    ]
 
 
 class Whereabouts:
@@ -163,10 +183,6 @@ class Whereabouts:
             if self.name == found:
                 return found
 
-    def close(self) -> None:
-        if self._moves is not None:
-            self._moves.close()
-
 
 def documents(
     client: SyncClient, s: Settings, plan: Partition, uuid: bytes | None, since: Timestamp | None
@@ -181,32 +197,29 @@ def documents(
     last: Resume | None = None
     read = 0
     ns: Namespace | None = plan.ns
-    try:
-        while ns is not None:
-            cursor = _find(client, ns, plan, last, s.batch_docs)
-            try:
-                first = next(cursor, None)  # the find's reply: from our collection if the name still holds it
-                if where.holds():
-                    while first is not None:
-                        yield first
-                        read += 1
-                        if plan.resumable:
-                            last = Resume(first["_id"])
-                        first = next(cursor, None)
-                    return  # a rename or drop during the read would have killed the cursor
-            except OperationFailure:
-                if where.holds():
-                    raise  # not a rename's or a drop's doing
-            finally:
-                cursor.close()
-            ns = where.follow()
-            if ns is not None and read and not plan.resumable:
-                raise RuntimeError(
-                    f"{plan.ns} was renamed ({ns} now) while its partition {plan.id} was read, which cannot go "
-                    "on where it stopped (not read in _id order): the partition is to be read again"
-                )
-    finally:
-        where.close()
+    while ns is not None:
+        cursor = _find(client, ns, plan, last, s.batch_docs)
+        try:
+            first = next(cursor, None)  # the find's reply: from our collection if the name still holds it
+            if where.holds():
+                while first is not None:
+                    yield first
+                    read += 1
+                    if plan.resumable:
+                        last = Resume(first["_id"])
+                    first = next(cursor, None)
+                return  # a rename or drop during the read would have killed the cursor
+        except OperationFailure:
+            if where.holds():
+                raise  # not a rename's or a drop's doing
+        finally:
+            cursor.close()
+        ns = where.follow()
+        if ns is not None and read and not plan.resumable:
+            raise RuntimeError(
+                f"{plan.ns} was renamed ({ns} now) while its partition {plan.id} was read, which cannot go "
+                "on where it stopped (not read in _id order): the partition is to be read again"
+            )
 
 
 def _find(
