@@ -1,6 +1,7 @@
 """``readStream.format("mcdc").option("snapshot", "initial")`` in processes of their own, killed with -9 at
-random micro-batches while the source changes, then run to the end: every document once as an ``r`` row,
-every later event once, and the rows folded by ``sequence`` give the source's documents."""
+random micro-batches while the source changes (collections renamed and dropped during the snapshot among
+it), then run to the end: every document once as an ``r`` row, every later event once, and the rows folded
+by ``sequence`` (renames and drops applied) give the source's documents."""
 
 from __future__ import annotations
 
@@ -131,8 +132,10 @@ def _stream_tokens(source: str, since: Timestamp) -> list[str]:
 
 class Moves:
     """Renames and drops during the snapshot, each once the query delivered a number of micro-batches:
-    ``x_archive`` renamed (a document added), renamed again and a new ``x_archive`` made; ``w_tmp`` dropped;
-    ``v_log`` dropped and made again. Their partitions come after ``orders``'s and ``users``'s in the plan."""
+    ``x_archive`` renamed (a document updated before, one added after), renamed again and a new
+    ``x_archive`` made (with the updated document's ``_id``: the update's looked-up document, read after
+    the snapshot, would be the new one's); ``w_tmp`` dropped; ``v_log`` dropped and made again. Their
+    partitions come after ``orders``'s and ``users``'s in the plan."""
 
     def __init__(self, client: pymongo.MongoClient[dict[str, Any]]) -> None:
         self.db = client.shop
@@ -144,6 +147,7 @@ class Moves:
             self.steps.pop(0)[1]()
 
     def _rename(self) -> None:
+        self.db.x_archive.update_one({"_id": 2}, {"$set": {"v": "updated before the rename"}})
         self.db.x_archive.rename("x_archive_1")
         self.db.x_archive_1.insert_one({"_id": 1001, "v": "after the rename"})
 
@@ -158,7 +162,7 @@ class Moves:
     def _rotate(self) -> None:
         self.db.x_archive_1.rename("x_archive_2")
         self.db.create_collection("x_archive")
-        self.db.x_archive.insert_many([{"_id": 700 + i, "v": "new archive"} for i in range(10)])
+        self.db.x_archive.insert_many([{"_id": i, "v": "new archive"} for i in [2, *range(700, 710)]])
 
 
 @pytest.mark.timeout(900)  # four Spark processes: minutes on a loaded machine
@@ -206,6 +210,8 @@ def test_a_stream_with_the_snapshot_first_killed_at_random_micro_batches_deliver
     archive = {json.loads(key)["_id"]["$numberInt"] for c, key in read_keys if c == "x_archive"}
     assert archive == {str(i) for i in [*range(0, 60, 2), 1001]}  # read where it went, none of the new one's
     assert not [key for c, key in read_keys if c == "v_log" and int(json.loads(key)["_id"]["$numberInt"]) >= 500]
+    (looked_up,) = [r for r in events if r["op"] == "u" and r["coll"] == "x_archive"]
+    assert looked_up["document"] is None  # the name holds another collection: the delta alone
     assert [r["resume_token"] for r in events] == _stream_tokens(source_uri, Timestamp(t, i))  # all, once, in order
     assert {"rename", "drop", "create"} <= {r["op"] for r in events}
     assert min(tuple(r["sequence"].values()) for r in events) > (t, i, "", -1)

@@ -23,7 +23,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,22 +33,19 @@ from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTri
 
 from replicator.bsonkit.extjson import dumps_str
 from replicator.errors import ConfigError
-from replicator.events.normalize import normalize_change
 from replicator.events.positions import Numbering
-from replicator.events.rows import Row, bson_bytes, event_row
+from replicator.events.rows import Row, bson_bytes
 from replicator.observe.tally import format_ts
 from replicator.settings.config import Settings, parse_start_at
-from replicator.settings.selection import keep_event
 from replicator.settings.uri import redact
 from replicator.source.changestream import operation_time, token_timestamp
 from replicator.source.connection import make_client, probe
 from replicator.source.shards import discover, explicit_shards
 from replicator.spark_datasource import offsets
+from replicator.spark_datasource.change_rows import rows_of
 from replicator.spark_datasource.changes import (
     RawChangeStream,
     SyncClient,
-    log_skipped,
-    skipped,
     sync_client,
     transaction_of,
 )
@@ -230,21 +227,17 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             yield from read_snapshot_range(s, partition)
             return
         assert isinstance(partition, ShardRange)
-        if partition.events is not None:  # read by the driver as it planned the micro-batch
-            numbering = Numbering(ShardOffset.from_json(partition.start).position())
-            for raw in partition.events:
-                row = row_of(raw, partition.shard, s, numbering)
-                if row is not None:
-                    yield row
-            return
-        with sync_client(partition.uri, s.connect_timeout_s, s.io_timeout_s) as client:
-            stream = RawChangeStream(client, s)
-            first = ShardOffset.from_json(partition.start)
-            stream.open(first.position())
-            try:
-                yield from read_range(stream, partition.shard, first, ShardOffset.from_json(partition.end), s)
-            finally:
-                stream.close()
+        first = ShardOffset.from_json(partition.start)
+        events: Sequence[Mapping[str, Any]] | None = partition.events  # read by the driver as it planned
+        if events is None:
+            with sync_client(partition.uri, s.connect_timeout_s, s.io_timeout_s) as client:
+                stream = RawChangeStream(client, s)
+                stream.open(first.position())
+                try:
+                    events = read_range(stream, partition.shard, ShardOffset.from_json(partition.end))
+                finally:
+                    stream.close()
+        yield from rows_of(events, partition.shard, s, first.position())
 
 
 def advance(
@@ -291,9 +284,10 @@ def idle_end(start: ShardOffset, token: Any, until: Timestamp | None) -> ShardOf
     return ShardOffset.of(token, ts, idle=True)
 
 
-def read_range(stream: RawChangeStream, shard: str, start: ShardOffset, end: ShardOffset, s: Settings) -> Iterator[Row]:
-    """The rows of a stream opened at ``start``: its events up to and including ``end``'s token."""
-    numbering = Numbering(start.position())
+def read_range(stream: RawChangeStream, shard: str, end: ShardOffset) -> list[Mapping[str, Any]]:
+    """The events of an opened stream up to and including ``end``'s token (at most a micro-batch's: held,
+    as the driver's are, so that their rows are made once all were looked up)."""
+    read: list[Mapping[str, Any]] = []
     stop = end.cluster_time
     deadline = time.monotonic() + READ_PATIENCE_S
     while True:
@@ -312,24 +306,9 @@ def read_range(stream: RawChangeStream, shard: str, start: ShardOffset, end: Sha
                 f"the change stream{_of(shard)} passed the micro-batch's end ({end.token} at {format_ts(stop)}) "
                 f"without meeting it (it is at {format_ts(ts)}): the stream changed since the offset was planned"
             )
-        row = row_of(raw, shard, s, numbering)
-        if row is not None:
-            yield row
+        read.append(raw)
         if token == end.token:
-            return
-
-
-def row_of(raw: Mapping[str, Any], shard: str, s: Settings, numbering: Numbering) -> Row | None:
-    """The row of one raw change event, or None when it makes none (outside the selection, skipped). Every
-    event is numbered within its cluster time (``numbering``), as the asyncio reader numbers them."""
-    index = numbering.next(raw.get("clusterTime"))
-    if skipped(raw):
-        log_skipped(raw)
-        return None
-    event = normalize_change(raw, shard or None, index, shard or None)
-    if event is None or not keep_event(event, s.selection):
-        return None
-    return event_row(event, bson_bytes(raw), relaxed=s.extended_json == "relaxed")
+            return read
 
 
 def _key(offset: ShardOffset) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 import bson
 
 #: the columns kept (the binary ones are left out: they are the same bytes as the JSON ones)
-COLUMNS = ("op", "db", "coll", "key", "document", "cluster_time", "sequence", "resume_token", "txn")
+COLUMNS = ("op", "db", "coll", "key", "document", "update", "cluster_time", "sequence", "resume_token", "txn")
 
 
 def main(argv: list[str]) -> None:
@@ -70,9 +70,10 @@ def read_batches(out: Path) -> list[dict[str, Any]]:
 
 def fold(rows: list[dict[str, Any]]) -> dict[tuple[str, str], Any]:
     """The rows applied in ``sequence`` order as a consumer keeping each document's latest state does:
-    (namespace, key) -> the document (parsed JSON). A row with a document upserts it, a delete removes
-    it, a rename moves every document of its namespace to the new one (whatever the new name held is
-    replaced, as MongoDB's rename with dropTarget does), a drop or dropDatabase removes its documents."""
+    (namespace, key) -> the document (parsed JSON). A row with a document upserts it, an update without
+    one applies its ``update`` (top-level fields: what the tests write), a delete removes it, a rename
+    moves every document of its namespace to the new one (whatever the new name held is replaced, as
+    MongoDB's rename with dropTarget does), a drop or dropDatabase removes its documents."""
     state: dict[tuple[str, str], Any] = {}
     for row in sorted(rows, key=lambda r: tuple(r["sequence"].values())):
         ns = f"{row['db']}.{row['coll']}"
@@ -89,6 +90,10 @@ def fold(rows: list[dict[str, Any]]) -> dict[tuple[str, str], Any]:
                 state.update({(to, key): doc for key, doc in moved.items()})
         elif row["document"] is not None:
             state[(ns, row["key"])] = json.loads(row["document"])
+        elif op == "u" and row["update"] is not None and (ns, row["key"]) in state:
+            update = json.loads(row["update"])
+            doc = {**state[(ns, row["key"])], **update["updatedFields"]}
+            state[(ns, row["key"])] = {k: v for k, v in doc.items() if k not in update["removedFields"]}
     return state
 
 
