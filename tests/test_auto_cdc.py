@@ -71,7 +71,7 @@ def _rows(uri: str, settings_options: dict[str, str]) -> tuple[list[dict[str, An
     from replicator.events.positions import Numbering, snapshot_position
     from replicator.events.rows import NAMES, snapshot_row
     from replicator.settings.resolve import settings_from_strings
-    from replicator.spark_datasource.stream import row_of
+    from replicator.spark_datasource.change_rows import row_of
 
     s = settings_from_strings({"source": uri, "extended-json": "relaxed", **settings_options}, command="status")
     rows = []

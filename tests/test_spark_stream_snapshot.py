@@ -1,6 +1,7 @@
 """``readStream.format("mcdc").option("snapshot", "initial")`` in processes of their own, killed with -9 at
-random micro-batches while the source changes, then run to the end: every document once as an ``r`` row,
-every later event once, and the rows folded by ``sequence`` give the source's documents."""
+random micro-batches while the source changes (collections renamed and dropped during the snapshot among
+it), then run to the end: every document once as an ``r`` row, every later event once, and the rows folded
+by ``sequence`` (renames and drops applied) give the source's documents."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 from bson.timestamp import Timestamp
 
 from replicator.bsonkit.extjson import dumps_str
-from tests.support.stream_query import read_batches
+from tests.support.stream_query import fold, read_batches
 
 pytestmark = pytest.mark.integration
 
@@ -70,18 +71,58 @@ class Writes(threading.Thread):
             time.sleep(self.rng.uniform(0.01, 0.1))
 
 
-def _source_json(source: str) -> dict[tuple[str, str], str]:
+def _source_state(source: str, db: str = "shop") -> dict[tuple[str, str], Any]:
+    """Every document of ``db``'s collections, as :func:`fold` gives them: (namespace, key) -> document."""
     with pymongo.MongoClient(source) as client:
         return {
-            (coll, dumps_str({"_id": doc["_id"]})): dumps_str(doc, relaxed=True)
-            for coll in ("orders", "users")
-            for doc in client.shop[coll].find()
+            (f"{db}.{coll}", dumps_str({"_id": doc["_id"]})): json.loads(dumps_str(doc, relaxed=True))
+            for coll in client[db].list_collection_names()
+            for doc in client[db][coll].find()
         }
+
+
+def _wait_for(what: str, done: Any, proc: subprocess.Popen[bytes], timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert proc.poll() is None, f"the query ended before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s:.0f} s"
+        time.sleep(0.1)
+
+
+@pytest.mark.timeout(600)
+def test_a_collection_renamed_during_the_snapshot_has_every_document_delivered(source_uri: str, tmp_path: Path) -> None:
+    """Three collections of 100 documents read 10 a partition, one partition a micro-batch: ``shop.z``'s
+    partitions come last, after it was renamed and one of its documents updated. Folded by ``sequence``
+    (the rename moving ``z``'s rows), the rows are the source's 300 documents, each read once."""
+    with pymongo.MongoClient(source_uri) as client:
+        for coll in ("x", "y", "z"):
+            client.shop.create_collection(coll)
+            client.shop[coll].insert_many([{"_id": i, "coll": coll} for i in range(100)])
+        proc = _query(source_uri, tmp_path, "live")
+        try:
+            _wait_for("3 micro-batches", lambda: _batches(tmp_path) >= 3, proc)
+            client.shop.z.rename("z_renamed")
+            client.shop.z_renamed.update_one({"_id": 7}, {"$set": {"v": 1}})
+            updated = lambda: any(r["op"] == "u" for r in read_batches(tmp_path / "out"))  # noqa: E731
+            _wait_for("the update's row", updated, proc)
+        finally:
+            proc.kill()
+            proc.wait()
+    rows = read_batches(tmp_path / "out")
+    reads = [(r["coll"], r["key"]) for r in rows if r["op"] == "r"]
+    assert len(reads) == len(set(reads)) == 300
+    assert [r["op"] for r in rows if r["op"] != "r"] == ["rename", "u"]
+    state = fold(rows)
+    assert len(state) == 300
+    assert state == _source_state(source_uri)
 
 
 def _stream_tokens(source: str, since: Timestamp) -> list[str]:
     """The source's change events of ``shop`` from ``since`` on, as resume tokens in stream order."""
-    with pymongo.MongoClient(source) as client, client.watch(start_at_operation_time=since) as stream:
+    with (
+        pymongo.MongoClient(source) as client,
+        client.watch(start_at_operation_time=since, show_expanded_events=True) as stream,
+    ):
         tokens = []
         while (change := stream.try_next()) is not None:
             if (change.get("ns") or {}).get("db") == "shop":
@@ -89,15 +130,52 @@ def _stream_tokens(source: str, since: Timestamp) -> list[str]:
         return tokens
 
 
+class Moves:
+    """Renames and drops during the snapshot, each once the query delivered a number of micro-batches:
+    ``x_archive`` renamed (a document updated before, one added after), renamed again and a new
+    ``x_archive`` made (with the updated document's ``_id``: the update's looked-up document, read after
+    the snapshot, would be the new one's); ``w_tmp`` dropped; ``v_log`` dropped and made again. Their
+    partitions come after ``orders``'s and ``users``'s in the plan."""
+
+    def __init__(self, client: pymongo.MongoClient[dict[str, Any]]) -> None:
+        self.db = client.shop
+        self.steps = [(2, self._rename), (4, self._drop), (6, self._drop_and_make_again), (8, self._rotate)]
+
+    def due(self, batches: int) -> None:
+        """The moves due once ``batches`` micro-batches were delivered (all of them: ``batches`` None)."""
+        while self.steps and self.steps[0][0] <= batches:
+            self.steps.pop(0)[1]()
+
+    def _rename(self) -> None:
+        self.db.x_archive.update_one({"_id": 2}, {"$set": {"v": "updated before the rename"}})
+        self.db.x_archive.rename("x_archive_1")
+        self.db.x_archive_1.insert_one({"_id": 1001, "v": "after the rename"})
+
+    def _drop(self) -> None:
+        self.db.w_tmp.drop()
+
+    def _drop_and_make_again(self) -> None:
+        self.db.v_log.drop()
+        self.db.create_collection("v_log")
+        self.db.v_log.insert_many([{"_id": 500 + i, "v": "new log"} for i in range(10)])
+
+    def _rotate(self) -> None:
+        self.db.x_archive_1.rename("x_archive_2")
+        self.db.create_collection("x_archive")
+        self.db.x_archive.insert_many([{"_id": i, "v": "new archive"} for i in [2, *range(700, 710)]])
+
+
 @pytest.mark.timeout(900)  # four Spark processes: minutes on a loaded machine
 def test_a_stream_with_the_snapshot_first_killed_at_random_micro_batches_delivers_everything_once(
     source_uri: str, tmp_path: Path
 ) -> None:
     rng = random.Random(26)
-    with pymongo.MongoClient(source_uri) as client:
-        for coll in ("orders", "users"):
-            client.shop.create_collection(coll)
-            client.shop[coll].insert_many([{"_id": i, "v": 0, "coll": coll} for i in range(0, 60, 2)])
+    planned = ("orders", "users", "v_log", "w_tmp", "x_archive")
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(source_uri)
+    for coll in planned:
+        client.shop.create_collection(coll)
+        client.shop[coll].insert_many([{"_id": i, "v": 0, "coll": coll} for i in range(0, 60, 2)])
+    moves = Moves(client)
     writes = Writes(source_uri, 26)
     writes.start()
     try:
@@ -106,10 +184,13 @@ def test_a_stream_with_the_snapshot_first_killed_at_random_micro_batches_deliver
             goal = _batches(tmp_path) + rng.randrange(1, 5)
             deadline = time.monotonic() + 180
             while _batches(tmp_path) < goal and proc.poll() is None and time.monotonic() < deadline:
+                moves.due(_batches(tmp_path))
                 time.sleep(0.1)
             assert proc.poll() is None, "the query ended before it was killed"
             proc.send_signal(signal.SIGKILL)
             proc.wait()
+        assert _batches(tmp_path) < 3 * len(planned)  # the snapshot's 15 partitions, one a micro-batch, not all read
+        moves.due(1_000_000)  # those not done yet: still in the snapshot
     finally:
         writes.halt.set()
         writes.join()
@@ -124,16 +205,17 @@ def test_a_stream_with_the_snapshot_first_killed_at_random_micro_batches_deliver
     ((t, i, shard, n),) = snapshot_at
     assert (shard, n) == ("", -1)
     read_keys = [(r["coll"], r["key"]) for r in reads]
-    assert len(read_keys) == len(set(read_keys)) >= 60  # every document once (some inserted since, too)
+    assert len(read_keys) == len(set(read_keys))  # every document once, under its name at the snapshot's time
+    assert {c for c, _ in read_keys} <= set(planned)
+    archive = {json.loads(key)["_id"]["$numberInt"] for c, key in read_keys if c == "x_archive"}
+    assert archive == {str(i) for i in [*range(0, 60, 2), 1001]}  # read where it went, none of the new one's
+    assert not [key for c, key in read_keys if c == "v_log" and int(json.loads(key)["_id"]["$numberInt"]) >= 500]
+    (looked_up,) = [r for r in events if r["op"] == "u" and r["coll"] == "x_archive"]
+    assert looked_up["document"] is None  # the name holds another collection: the delta alone
     assert [r["resume_token"] for r in events] == _stream_tokens(source_uri, Timestamp(t, i))  # all, once, in order
+    assert {"rename", "drop", "create"} <= {r["op"] for r in events}
     assert min(tuple(r["sequence"].values()) for r in events) > (t, i, "", -1)
-    ordered = sorted(rows, key=lambda r: tuple(r["sequence"].values()))
-    state: dict[tuple[str, str], str] = {}
-    for row in ordered:  # Auto CDC's SCD type 1: the last row by sequence wins, a delete removes the key
-        if row["op"] == "d":
-            state.pop((row["coll"], row["key"]), None)
-        elif row["document"] is not None:
-            state[(row["coll"], row["key"])] = row["document"]
-    assert {k: json.loads(v) for k, v in state.items()} == {
-        k: json.loads(v) for k, v in _source_json(source_uri).items()
-    }
+    state = fold(rows)  # Auto CDC's SCD type 1 with the DDL applied: renames move documents, drops remove them
+    assert state == _source_state(source_uri)
+    assert {ns for ns, _ in state} == {f"shop.{c}" for c in ("orders", "users", "v_log", "x_archive", "x_archive_2")}
+    client.close()

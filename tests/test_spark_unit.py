@@ -3,6 +3,8 @@ stream offsets (the earliest end of a shard cut by the read limit, an idle shard
 
 from __future__ import annotations
 
+from typing import Any
+
 from bson.timestamp import Timestamp
 
 from replicator.engines.spark.failures import reason
@@ -61,3 +63,24 @@ def test_an_idle_shard_moves_to_its_post_batch_token_and_is_acknowledged() -> No
     end = offsets.to_json({"a": moved, "b": offsets.ShardOffset("t", 3, 3)})
     assert offsets.from_json(end)["a"] == moved  # the flag survives Spark's checkpoint
     assert offsets.idle_positions(end) == {"a": moved.position()}
+
+
+def test_a_collection_is_followed_through_renames_and_lost_to_drops() -> None:
+    from replicator.spark_datasource.moves import followed
+
+    def ev(op: str, db: str, coll: str | None = None, to: tuple[str, str] | None = None) -> dict[str, Any]:
+        change: dict[str, Any] = {"operationType": op, "ns": {"db": db, **({"coll": coll} if coll else {})}}
+        if to is not None:
+            change["to"] = {"db": to[0], "coll": to[1]}
+        return change
+
+    z = Namespace("shop", "z")
+    assert followed(z, ev("rename", "shop", "z", ("shop", "z2"))) == Namespace("shop", "z2")
+    assert followed(z, ev("rename", "shop", "z", ("arch", "z"))) == Namespace("arch", "z")  # to another database
+    assert followed(z, ev("rename", "shop", "y", ("shop", "z"))) is None  # replaced (dropTarget)
+    assert followed(z, ev("rename", "shop", "y", ("shop", "w"))) == z
+    assert followed(z, ev("drop", "shop", "z")) is None
+    assert followed(z, ev("drop", "shop", "zz")) == z
+    assert followed(z, ev("dropDatabase", "shop")) is None
+    assert followed(z, ev("dropDatabase", "shopping")) == z
+    assert followed(None, ev("rename", "shop", "z", ("shop", "z2"))) is None  # gone stays gone

@@ -123,7 +123,9 @@ class Replay:
         namespaces again (see ddl_window; the snapshot's window is such a stretch: the copy is newer than
         its events). Into an event sink, a collection renamed into the selection is copied from the
         source (its earlier changes were never replicated), as is, in the window, one renamed within it
-        (the snapshot may have listed it under its old name and read nothing)."""
+        (the snapshot may have listed it under its old name and read nothing, or read a new collection
+        made under that name since): a drop of its new name first, so the copy replaces what the rename's
+        record moved there."""
         transform = make_transform(
             self.s.selection, self.s.renamer, skip_index_ddl=snapshot_window, fields=self._fields
         )
@@ -181,6 +183,10 @@ class Replay:
                 if event.op is not Op.RENAME or event.to is None:
                     continue
                 copy = snapshot_window and self.s.selection(event.to)
+                if copy and self.s.selection(event.ns):
+                    # the snapshot read the old name's partitions by name, maybe after a new collection took
+                    # it: what the rename's record moved may be that one's documents. The copy replaces it.
+                    await sink.write([ChangeEvent(Op.DROP, self.s.renamer(event.to), origin=event.to)])
                 if copy or renamed_into_selection(event, self.s.selection):
                     await resync.copy(event.to)
 

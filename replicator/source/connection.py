@@ -120,21 +120,22 @@ async def probe(client: Client, uri: str, role: str) -> ServerInfo:
             raise ConfigError(f"{role} {redact(uri)}: {wrong_set}") from None
         reason = redact(str(exc)).split(", Timeout:")[0].split(" (configured timeouts")[0]
         raise ServerUnavailable(f"{role} {redact(uri)} is unreachable: {reason}") from None
-    if hello.get("msg") == "isdbgrid":
-        kind = "sharded"
-    elif hello.get("setName"):
-        kind = "replicaset"
-    else:
-        kind = "standalone"
     topology = hello.get("topologyVersion") or {}
     pid = topology.get("processId")
     return ServerInfo(
-        kind=kind,
+        kind=kind_of(hello),
         set_name=hello.get("setName"),
         process_id=str(pid) if pid is not None else None,
         max_wire_version=int(hello.get("maxWireVersion", 0)),
         deployment_id=deployment_id,
     )
+
+
+def kind_of(hello: Mapping[str, Any]) -> str:
+    """What a server's hello answer says it is: "sharded" (a mongos), "replicaset" or "standalone"."""
+    if hello.get("msg") == "isdbgrid":
+        return "sharded"
+    return "replicaset" if hello.get("setName") else "standalone"
 
 
 async def _other_set_name(uri: str, timeout_s: float) -> str | None:

@@ -17,7 +17,7 @@ reconcile as usual).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -62,13 +62,18 @@ def uuids_from(db: str, names: set[str], infos: Sequence[Mapping[str, Any]]) -> 
     return {Namespace(db, name): found.get(name) for name in names}
 
 
-async def collection_uuids(client: Client, namespaces: set[Namespace]) -> dict[Namespace, bytes | None]:
-    """The UUID of each namespace on the source now (one listCollections per database)."""
+def by_database(namespaces: Iterable[Namespace]) -> dict[str, set[str]]:
+    """The collection names of ``namespaces``, by database: one listCollections each."""
     by_db: dict[str, set[str]] = {}
     for ns in namespaces:
         by_db.setdefault(ns.db, set()).add(ns.coll or "")
+    return by_db
+
+
+async def collection_uuids(client: Client, namespaces: set[Namespace]) -> dict[Namespace, bytes | None]:
+    """The UUID of each namespace on the source now (one listCollections per database)."""
     out: dict[Namespace, bytes | None] = {}
-    for db, names in by_db.items():
+    for db, names in by_database(namespaces).items():
         cursor = await client.get_database(db, codec_options=DICT_CODEC).list_collections(
             filter={"name": {"$in": sorted(names)}}
         )

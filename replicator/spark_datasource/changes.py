@@ -54,10 +54,13 @@ def transaction_of(raw: Mapping[str, Any]) -> tuple[bytes, int] | None:
 class RawChangeStream:
     """One deployment's (or shard's) change stream, opened at a position, read one whole event at a time."""
 
-    def __init__(self, client: SyncClient, settings: Settings, *, max_await_ms: int = 200) -> None:
+    def __init__(
+        self, client: SyncClient, settings: Settings, *, max_await_ms: int = 200, match: Mapping[str, Any] | None = None
+    ) -> None:
         self.client = client
         self._s = settings
         self._max_await_ms = max_await_ms
+        self._match = [{"$match": match}] if match is not None else []  # filtered on the server, before any split
         self._plan = OversizePlan(settings.oversize)
         self._kwargs: dict[str, Any] = {}
         self._fragments: list[Any] = []
@@ -80,7 +83,7 @@ class RawChangeStream:
     def _watch(self, kwargs: dict[str, Any], start: Position | None) -> None:
         while True:  # the same fallbacks as ChangeStreamReader.open
             try:
-                self._stream = self.client.watch(self._plan.stages(), **kwargs)
+                self._stream = self.client.watch([*self._match, *self._plan.stages()], **kwargs)
                 return
             except OperationFailure as exc:
                 after_refusal(self._plan, exc, kwargs, start)

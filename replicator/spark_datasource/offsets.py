@@ -14,8 +14,10 @@ event in between: its range holds nothing to read, but the position is worth kee
 checkpoint must not fall off the oplog).
 
 ``snapshot`` (option ``snapshot=initial``) is there until the snapshot's partitions are all read: its read
-time, its plan (``Partition.to_json`` of each, fixed when the query began) and how many are read. The
-shards' entries stay where the snapshot began until then.
+time, its plan (``Partition.to_json`` of each with its collection's ``uuid``, fixed when the query began)
+and how many are read. The shards' entries stay where the snapshot began until then. Where a planned
+collection is when its partition is read (renamed, dropped) is found again from the source's events
+after the read time (spark_datasource/moves.py), so a restarted query needs nothing more to read it.
 """
 
 from __future__ import annotations

@@ -4,13 +4,17 @@ snapshot's own plan (type-bracket aware, so mixed ``_id`` types all come back).
 
 The plan is made on the driver with the asyncio engine's catalog and planner, after the source's time is
 read: every row sits at that time in the stream's order (its ``sequence``), before every event after it.
-Each task reads its range with the synchronous driver, documents staying raw BSON.
+Each partition of the plan keeps its collection's UUID (``uuid``, hex), and the plan is made again while
+a rename or drop touched one of its collections between that time and the plan's end: so the plan names
+the collections as they were at its time, and a task finds its collection wherever it is when it reads
+it (moves.py). Each task reads its range with the synchronous driver, documents staying raw BSON.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Mapping, Sequence
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,13 +28,20 @@ from replicator.settings.config import Settings
 from replicator.source import catalog
 from replicator.source.changestream import current_time
 from replicator.source.connection import make_client
+from replicator.source.incarnations import collection_uuids
 from replicator.source.partitions import Partition, plan_specs
 from replicator.spark_datasource.changes import sync_client
+from replicator.spark_datasource.moves import documents, moved_since
 from replicator.spark_datasource.options import settings_for
+
+log = logging.getLogger("mcdc.spark")
 
 #: The ``snapshot`` option's values that emit a snapshot before the stream (the CLI's vocabulary: a query is
 #: new when its checkpointLocation is, so initial, always and when_needed all mean "snapshot first").
 SNAPSHOT_FIRST = frozenset({"initial", "always", "when_needed"})
+#: How many times a snapshot is planned before renames and drops of its collections, each made while it was
+#: planned, make it give up.
+PLAN_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -50,8 +61,8 @@ class SnapshotReader(DataSourceReader):
         settings_for(self.options, "source")  # a bad option fails now, on the driver
 
     def partitions(self) -> list[Range]:
-        at, plan = asyncio.run(plan_snapshot(settings_for(self.options, "source")))
-        return [Range(p.to_json(), at.time, at.inc) for p in plan]
+        at, plan = plan_steadily(settings_for(self.options, "source"), lambda: None)
+        return [Range(part, at.time, at.inc) for part in plan]
 
     def read(self, partition: InputPartition) -> Iterator[Row]:
         assert isinstance(partition, Range)
@@ -59,20 +70,37 @@ class SnapshotReader(DataSourceReader):
 
 
 def read_range(s: Settings, part: Range) -> Iterator[Row]:
-    """The rows of one snapshot partition."""
+    """The rows of one snapshot partition, read wherever its collection is now, under its planned name."""
     plan = Partition.from_json(part.partition)
-    at = snapshot_position(Timestamp(part.t, part.i) if part.t is not None and part.i is not None else None)
+    uuid = part.partition.get("uuid")
+    read_at = Timestamp(part.t, part.i) if part.t is not None and part.i is not None else None
+    at = snapshot_position(read_at)
     relaxed = s.extended_json == "relaxed"
     with sync_client(s.source, s.connect_timeout_s, s.io_timeout_s) as client:
-        coll = client[plan.ns.db][plan.ns.coll or ""]
-        sort = [("_id", 1)] if plan.resumable else None
-        for doc in coll.find(plan.query(), sort=sort, batch_size=s.batch_docs):
+        for doc in documents(client, s, plan, bytes.fromhex(uuid) if uuid else None, read_at):
             yield snapshot_row(plan.ns, doc, at, relaxed=relaxed)
 
 
-async def plan_snapshot(s: Settings, at: Timestamp | None = None) -> tuple[Timestamp, list[Partition]]:
+def plan_steadily(s: Settings, begin: Callable[[], Timestamp | None]) -> tuple[Timestamp, list[dict[str, Any]]]:
+    """The snapshot's time and plan (:func:`plan_snapshot`, from the time ``begin`` takes, None: the
+    source's now), made again while renames or drops touch its collections before it is done."""
+    for _ in range(PLAN_ATTEMPTS):
+        at, plan = asyncio.run(plan_snapshot(s, begin()))
+        with sync_client(s.source, s.connect_timeout_s, s.io_timeout_s) as client:
+            moved = moved_since(client, s, at, {Partition.from_json(part).ns for part in plan})
+        if not moved:
+            return at, plan
+        log.info("planning the snapshot again: %s while it was planned", ", ".join(moved))
+    raise RuntimeError(
+        f"the selected collections were renamed or dropped each of the {PLAN_ATTEMPTS} times the snapshot was "
+        "planned: start the query again once they are left alone"
+    )
+
+
+async def plan_snapshot(s: Settings, at: Timestamp | None = None) -> tuple[Timestamp, list[dict[str, Any]]]:
     """The source's time (``at`` when the stream's positions were taken already), then the snapshot's
-    partitions of every selected collection (views have no documents of their own)."""
+    partitions of every selected collection (views have no documents of their own), each as
+    ``Partition.to_json`` with its collection's ``uuid`` (hex) when the source reports one."""
     client = make_client(s.source, timeout_s=s.connect_timeout_s, io_timeout_s=s.io_timeout_s)
     try:
         at = at if at is not None else await current_time(client)
@@ -81,9 +109,15 @@ async def plan_snapshot(s: Settings, at: Timestamp | None = None) -> tuple[Times
             if problem is not None:
                 raise ConfigError(problem)
         specs = await catalog.describe(client, s.selection)
-        return at, await plan_specs(client, specs, s.partition_docs, split=s.split)
+        plan = await plan_specs(client, specs, s.partition_docs, split=s.split)
+        uuids = await collection_uuids(client, {p.ns for p in plan})
+        return at, [_with_uuid(p.to_json(), uuids.get(p.ns)) for p in plan]
     finally:
         await client.close()
+
+
+def _with_uuid(part: dict[str, Any], uuid: bytes | None) -> dict[str, Any]:
+    return {**part, "uuid": uuid.hex()} if uuid is not None else part
 
 
 def snapshot_first(options: Mapping[str, str], s: Settings) -> bool:

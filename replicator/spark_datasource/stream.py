@@ -2,7 +2,9 @@
 
 With ``snapshot=initial``, the selected collections come first, as ``r`` rows: the snapshot's partitions
 are planned when the query begins (as the batch read plans them, after each stream's position is taken)
-and read a few per micro-batch, then the streams go on from those positions (snapshot.py, offsets.py).
+and read a few per micro-batch, then the streams go on from those positions (snapshot.py, offsets.py). A
+partition whose collection was renamed or dropped before it was read is read where the collection went,
+or not at all (moves.py): its rows come before the rename's or drop's row in the stream's order.
 
 Offsets are per-shard resume tokens (offsets.py). On the driver, ``latestOffset`` reads each shard's
 stream after the start (raw events, nothing decoded) up to the read limit and the end of what the server
@@ -21,7 +23,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,28 +33,25 @@ from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTri
 
 from replicator.bsonkit.extjson import dumps_str
 from replicator.errors import ConfigError
-from replicator.events.normalize import normalize_change
 from replicator.events.positions import Numbering
-from replicator.events.rows import Row, bson_bytes, event_row
+from replicator.events.rows import Row, bson_bytes
 from replicator.observe.tally import format_ts
 from replicator.settings.config import Settings, parse_start_at
-from replicator.settings.selection import keep_event
 from replicator.settings.uri import redact
 from replicator.source.changestream import operation_time, token_timestamp
 from replicator.source.connection import make_client, probe
 from replicator.source.shards import discover, explicit_shards
 from replicator.spark_datasource import offsets
+from replicator.spark_datasource.change_rows import rows_of
 from replicator.spark_datasource.changes import (
     RawChangeStream,
     SyncClient,
-    log_skipped,
-    skipped,
     sync_client,
     transaction_of,
 )
 from replicator.spark_datasource.offsets import REPLICA_SET, ShardOffset, SnapshotOffset
 from replicator.spark_datasource.options import START_POSITIONS, settings_for
-from replicator.spark_datasource.snapshot import Range, plan_snapshot, read_next, snapshot_first
+from replicator.spark_datasource.snapshot import Range, plan_steadily, read_next, snapshot_first
 from replicator.spark_datasource.snapshot import read_range as read_snapshot_range
 
 log = logging.getLogger("mcdc.spark")
@@ -119,16 +118,22 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             ts = parse_start_at(s.start_at)
             return offsets.to_json({name: ShardOffset(None, ts.time, ts.inc) for name in self.shards()}, initial=True)
         start: dict[str, ShardOffset] = {}
-        for name, uri in self.shards().items():
-            with sync_client(uri, s.connect_timeout_s, s.io_timeout_s) as client:
-                start[name] = position_now(client, s)
-        log.info("mcdc stream starts at %s", start)
-        snapshot = None
-        if snapshot_first(self.options, s):  # read after each stream's position was taken: none is lost
+
+        def begin() -> Timestamp | None:
+            for name, uri in self.shards().items():
+                with sync_client(uri, s.connect_timeout_s, s.io_timeout_s) as client:
+                    start[name] = position_now(client, s)
             times = [entry.cluster_time for entry in start.values() if entry.cluster_time is not None]
-            at, plan = asyncio.run(plan_snapshot(s, min(times) if times else None))
-            snapshot = SnapshotOffset(at.time, at.inc, tuple(p.to_json() for p in plan))
+            return min(times) if times else None
+
+        snapshot = None
+        if snapshot_first(self.options, s):  # planned after each stream's position was taken: none is lost
+            at, plan = plan_steadily(s, begin)  # a plan made again takes the positions again
+            snapshot = SnapshotOffset(at.time, at.inc, tuple(plan))
             log.info("mcdc stream reads a snapshot of %d partitions first, at %s", len(plan), at)
+        else:
+            begin()
+        log.info("mcdc stream starts at %s", start)
         return offsets.to_json(start, initial=True, snapshot=snapshot)
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -222,21 +227,17 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             yield from read_snapshot_range(s, partition)
             return
         assert isinstance(partition, ShardRange)
-        if partition.events is not None:  # read by the driver as it planned the micro-batch
-            numbering = Numbering(ShardOffset.from_json(partition.start).position())
-            for raw in partition.events:
-                row = row_of(raw, partition.shard, s, numbering)
-                if row is not None:
-                    yield row
-            return
-        with sync_client(partition.uri, s.connect_timeout_s, s.io_timeout_s) as client:
-            stream = RawChangeStream(client, s)
-            first = ShardOffset.from_json(partition.start)
-            stream.open(first.position())
-            try:
-                yield from read_range(stream, partition.shard, first, ShardOffset.from_json(partition.end), s)
-            finally:
-                stream.close()
+        first = ShardOffset.from_json(partition.start)
+        events: Sequence[Mapping[str, Any]] | None = partition.events  # read by the driver as it planned
+        if events is None:
+            with sync_client(partition.uri, s.connect_timeout_s, s.io_timeout_s) as client:
+                stream = RawChangeStream(client, s)
+                stream.open(first.position())
+                try:
+                    events = read_range(stream, partition.shard, ShardOffset.from_json(partition.end))
+                finally:
+                    stream.close()
+        yield from rows_of(events, partition.shard, s, first.position())
 
 
 def advance(
@@ -283,9 +284,10 @@ def idle_end(start: ShardOffset, token: Any, until: Timestamp | None) -> ShardOf
     return ShardOffset.of(token, ts, idle=True)
 
 
-def read_range(stream: RawChangeStream, shard: str, start: ShardOffset, end: ShardOffset, s: Settings) -> Iterator[Row]:
-    """The rows of a stream opened at ``start``: its events up to and including ``end``'s token."""
-    numbering = Numbering(start.position())
+def read_range(stream: RawChangeStream, shard: str, end: ShardOffset) -> list[Mapping[str, Any]]:
+    """The events of an opened stream up to and including ``end``'s token (at most a micro-batch's: held,
+    as the driver's are, so that their rows are made once all were looked up)."""
+    read: list[Mapping[str, Any]] = []
     stop = end.cluster_time
     deadline = time.monotonic() + READ_PATIENCE_S
     while True:
@@ -304,24 +306,9 @@ def read_range(stream: RawChangeStream, shard: str, start: ShardOffset, end: Sha
                 f"the change stream{_of(shard)} passed the micro-batch's end ({end.token} at {format_ts(stop)}) "
                 f"without meeting it (it is at {format_ts(ts)}): the stream changed since the offset was planned"
             )
-        row = row_of(raw, shard, s, numbering)
-        if row is not None:
-            yield row
+        read.append(raw)
         if token == end.token:
-            return
-
-
-def row_of(raw: Mapping[str, Any], shard: str, s: Settings, numbering: Numbering) -> Row | None:
-    """The row of one raw change event, or None when it makes none (outside the selection, skipped). Every
-    event is numbered within its cluster time (``numbering``), as the asyncio reader numbers them."""
-    index = numbering.next(raw.get("clusterTime"))
-    if skipped(raw):
-        log_skipped(raw)
-        return None
-    event = normalize_change(raw, shard or None, index, shard or None)
-    if event is None or not keep_event(event, s.selection):
-        return None
-    return event_row(event, bson_bytes(raw), relaxed=s.extended_json == "relaxed")
+            return read
 
 
 def _key(offset: ShardOffset) -> str:

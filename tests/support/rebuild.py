@@ -39,6 +39,9 @@ def apply(state: State, value: dict[str, Any] | None, key: dict[str, Any] | None
     if "payload" in value and "schema" in value:
         value = value["payload"]
     op = value.get("op")
+    if op in ("rename", "drop", "dropDatabase") and "db" in value:  # a record of the DDL topic
+        _apply_ddl(state, value)
+        return
     if op not in ("r", "c", "u", "d"):
         return
     source = value["source"]
@@ -61,6 +64,19 @@ def apply(state: State, value: dict[str, Any] | None, key: dict[str, Any] | None
     doc = _load(docs[doc_id])
     _apply_update(doc, value)
     docs[doc_id] = _dump(doc)
+
+
+def _apply_ddl(state: State, value: dict[str, Any]) -> None:
+    """A rename moves a collection's documents (over whatever its new name held), a drop removes them."""
+    db = value["db"]
+    if value["op"] == "dropDatabase":
+        for ns in [ns for ns in state if ns.startswith(db + ".")]:
+            del state[ns]
+        return
+    docs = state.pop(f"{db}.{value['collection']}", {})
+    to = value.get("to")
+    if value["op"] == "rename" and to is not None:
+        state[f"{to['db']}.{to['collection']}"] = docs
 
 
 def _key_id(value: dict[str, Any], key: dict[str, Any] | None) -> str:
