@@ -21,7 +21,7 @@ from typing import Any
 from bson.timestamp import Timestamp
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from replicator.errors import ConfigError
+from replicator.errors import ConfigError, McdcError
 from replicator.events.positions import snapshot_position
 from replicator.events.rows import Row, snapshot_row
 from replicator.settings.config import Settings
@@ -91,9 +91,9 @@ def plan_steadily(s: Settings, begin: Callable[[], Timestamp | None]) -> tuple[T
         if not moved:
             return at, plan
         log.info("planning the snapshot again: %s while it was planned", ", ".join(moved))
-    raise RuntimeError(
-        f"the selected collections were renamed or dropped each of the {PLAN_ATTEMPTS} times the snapshot was "
-        "planned: start the query again once they are left alone"
+    raise McdcError(
+        f"the source's selected collections were renamed or dropped each of the {PLAN_ATTEMPTS} times the "
+        "snapshot was planned: start the query again once they are left alone"
     )
 
 
