@@ -435,6 +435,8 @@ class Runner:
         """The first snapshot, under writes, maybe killed once (the way back: its first run)."""
         command = "tail" if self.plan.mode == "tail" else "sync" if self.way_back is None else "catch-up"
         self._proc = self._spawn(command)
+        if self.way_back is None and self.plan.sink in STATEFUL_SINKS:
+            self._rename_while_copying(workload)
         workload.steps(self.rng.randrange(5, 30))
         if self.rng.random() < 0.5:
             time.sleep(self.rng.uniform(0.0, 1.5))
@@ -443,6 +445,17 @@ class Runner:
             self._proc = self._spawn(command)
         if command != "tail":
             self._finish(self._proc, CONVERGE_S[self.plan.engine])
+
+    def _rename_while_copying(self, workload: ChaosWorkload) -> None:
+        """A collection of the selection renamed (and a new one made under its name) as soon as the first
+        snapshot is under way, before its copy may have read it."""
+        deadline = time.monotonic() + START_S
+        while self._proc is not None and self._proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                if json.loads(self.cp.read_bytes())["snapshot"]["status"] != "none":
+                    break
+            time.sleep(0.01)
+        workload.rotate()
 
     def _step(self, step: str, workload: ChaosWorkload) -> None:
         verb, _, arg = step.partition(" ")

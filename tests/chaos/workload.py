@@ -201,6 +201,12 @@ class ChaosWorkload:
             u.update_one({"_id": x}, {"$set": {"k": dy["k"]}})
 
     # -- DDL ---------------------------------------------------------------------------------------
+    def rotate(self) -> None:
+        """A log rotation now, outside the drawn steps (it draws nothing: the seed's steps stay the same)."""
+        self._n += 1
+        self._rotate()
+        self.counts["rotate"] = self.counts.get("rotate", 0) + 1
+
     def _rotate(self) -> None:
         chaos = self.client.chaos
         chaos.log.update_one({"_id": 0}, {"$set": {"touch": self._n}}, upsert=True)
