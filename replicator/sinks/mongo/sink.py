@@ -29,7 +29,6 @@ from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op, Positi
 from replicator.settings.selection import Scope
 from replicator.sinks.base import Sink, SourceLookup
 from replicator.sinks.mongo.commands import UnorderedWrites, delete_unordered, insert_unordered, replace_unordered
-from replicator.sinks.mongo.durable import Durability
 from replicator.sinks.mongo.plan import (
     DOLLAR_PREFIXED,
     DUPLICATE_KEY,
@@ -139,7 +138,6 @@ class MongoSink(Sink):
         self._io_timeout = io_timeout_s
         self._client = make_client(uri, timeout_s=timeout_s, durable_writes=True)
         self._schema = MongoSchema(self._client, scope=scope)
-        self._durability = Durability(self._client)
         self._transactions = True
         self._lookup: SourceLookup | None = None
         self.server: ServerInfo | None = None
@@ -147,7 +145,6 @@ class MongoSink(Sink):
     async def start(self) -> None:
         self.server = await probe(self._client, self.uri, "target")
         self._transactions = self.server.kind != "standalone"
-        self._durability.enable(self.uri, self.server.kind)
 
     async def close(self) -> None:
         await self._client.close()
@@ -192,14 +189,13 @@ class MongoSink(Sink):
         self._lookup = lookup
 
     async def write(self, batch: Sequence[ChangeEvent]) -> None:
-        """Apply a batch; its document writes are made durable by one barrier at its end (see .durable)."""
-        self._durability.begin()
+        """Apply a batch. Every document write carries the client's durable write concern (make_client's
+        ``durable_writes``), so the batch is durable once this returns."""
         for kind, events in _segments(batch):
             if kind == "ddl":  # not bounded: an index build or a rename across databases takes its time
                 await self._schema.apply(events[0])
             else:
                 await self._bounded(self._write_documents(kind, events))
-        await self._bounded(self._durability.settle())
 
     async def _write_documents(self, kind: str, events: Sequence[ChangeEvent]) -> None:
         if kind == "txn" and self._transactions:
@@ -259,7 +255,7 @@ class MongoSink(Sink):
 
     async def _unordered(self, ns: Namespace, group: list[ChangeEvent], send: UnorderedWrites) -> None:
         """Writes to different documents (deletes, or replacements), in one unordered command."""
-        coll = self._durability.collection(ns)
+        coll = self._client[ns.db][ns.coll or ""]
         try:
             await send(coll, group)
         except BulkWriteError as exc:
@@ -288,8 +284,7 @@ class MongoSink(Sink):
 
         A unique-key conflict raises :class:`_Conflict` with the writes after it. Inside a transaction nothing
         is settled: the server aborted it and the error stands."""
-        # in a transaction, its commit carries the write concern
-        coll = self._durability.collection(ns) if session is None else self._client[ns.db][ns.coll or ""]
+        coll = self._client[ns.db][ns.coll or ""]
         ops = list(todo)
         rewritten: set[int] = set()  # events already in their literal form
         start = 0
@@ -362,9 +357,7 @@ class MongoSink(Sink):
 
     async def write_copy(self, ns: Namespace, documents: Sequence[Mapping[str, Any]], at: Position | None) -> None:
         """A snapshot batch, inserted as it is: no event per document."""
-        self._durability.begin()
         await self._bounded(self._insert_copies(ns, documents))
-        await self._bounded(self._durability.settle())
 
     async def _insert_snapshot(self, events: Sequence[ChangeEvent]) -> None:
         await self._insert_copies(events[0].ns, [e.document for e in events if e.document is not None])
