@@ -21,7 +21,7 @@ from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 from pymongo import monitoring
 
-from replicator.events import ChangeEvent, Namespace, Op, UpdateDescription
+from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op, UpdateDescription
 from replicator.sinks.mongo.sink import MongoSink
 from tests.support.servers import LocalServer, external_uris
 
@@ -89,6 +89,65 @@ async def test_every_document_write_of_a_batch_and_of_a_copy_waits_for_a_journal
     with pymongo.MongoClient[dict[str, Any]](target_uri) as client:
         assert list(client.durabledb.a.find().sort("_id", 1)) == [{"_id": 1, "v": 1}, {"_id": 10}, {"_id": 11}]
         assert list(client.durabledb.b.find().sort("_id", 1)) == [{"_id": 1, "v": 2}, {"_id": 3}]
+
+
+class Commands(monitoring.CommandListener):
+    """Every command sent on the durabledb database (and renameCollection, sent on admin): (name, its
+    write concern)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict[str, Any] | None]] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.database_name == "durabledb" or event.command_name == "renameCollection":
+            command = bson.decode(bson.encode(event.command))
+            self.seen.append((event.command_name, command.get("writeConcern")))
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+#: the commands that change a target's schema, and the read-only ones sent beside them
+SCHEMA_WRITES = {"create", "createIndexes", "renameCollection", "collMod", "drop", "dropIndexes"}
+READS = {"listCollections", "listIndexes", "find"}
+
+
+def ddl_batch() -> list[ChangeEvent]:
+    c, renamed = Namespace("durabledb", "c"), Namespace("durabledb", "renamed")
+    return [
+        ChangeEvent(Op.CREATE, c, ddl={"validator": {"n": {"$type": "int"}}}),
+        ChangeEvent(Op.CREATE_INDEXES, c, ddl={"indexes": [{"key": {"n": 1}, "name": "n_1"}]}),
+        ChangeEvent(Op.MODIFY, c, ddl={"validator": {"n": {"$exists": True}}}),
+        ChangeEvent(Op.DROP_INDEXES, c, ddl={"indexes": [{"key": {"n": 1}, "name": "n_1"}]}),
+        ChangeEvent(Op.RENAME, c, to=renamed),
+        ChangeEvent(Op.CREATE, Namespace("durabledb", "v"), ddl={"viewOn": "renamed", "viewPipeline": []}),
+        ChangeEvent(Op.DROP, renamed),
+    ]
+
+
+@pytest.mark.integration
+async def test_every_schema_change_waits_for_a_journaled_majority(target_uri: str) -> None:
+    """DDL replayed in a batch, and the collections and indexes a snapshot makes: each command that changes
+    the schema carries the durable write concern, as the batch's document writes do (the checkpoint moves
+    past a batch once all of them are acknowledged)."""
+    indexes = ({"key": {"_id": 1}, "name": "_id_"}, {"key": {"n": 1}, "name": "n_1"})
+    spec = CollectionSpec(Namespace("durabledb", "copied"), "collection", {"validator": {"n": 1}}, indexes)
+    listener = Commands()
+    monitoring.register(listener)
+    try:
+        async with MongoSink(target_uri) as sink:
+            await sink.write(ddl_batch())
+            await sink.prepare([spec], drop_existing=True)
+            await sink.finish_snapshot([spec])
+    finally:
+        monitoring._LISTENERS.command_listeners.remove(listener)
+    names = {name for name, _ in listener.seen}
+    assert names >= SCHEMA_WRITES, names
+    assert names <= SCHEMA_WRITES | READS, names
+    assert [(n, c) for n, c in listener.seen if n in SCHEMA_WRITES and c != DURABLE] == [], listener.seen
 
 
 @pytest.mark.integration

@@ -29,6 +29,7 @@ from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op, Positi
 from replicator.settings.selection import Scope
 from replicator.sinks.base import Sink, SourceLookup
 from replicator.sinks.mongo.commands import UnorderedWrites, delete_unordered, insert_unordered, replace_unordered
+from replicator.sinks.mongo.concern import concern_failed
 from replicator.sinks.mongo.plan import (
     DOLLAR_PREFIXED,
     DUPLICATE_KEY,
@@ -55,8 +56,6 @@ _NO_TRANSACTIONS_MESSAGE = "transaction numbers are only allowed on a replica se
 #: OperationNotSupportedInTransaction: this transaction's writes cannot run in one (e.g. creating a
 #: collection inside a transaction before MongoDB 4.4), others can
 _NOT_IN_TRANSACTION = 263
-#: WriteConcernFailed: the write concern's wtimeout passed before enough members had the writes
-_WRITE_CONCERN_TIMEOUT = 64
 #: MongoDB 7.0's wire version: time-series collections take deletes by any filter
 _DELETES_BY_TIME = 21
 
@@ -86,20 +85,6 @@ def _refused(ns: Namespace, event: ChangeEvent, error: Mapping[str, Any]) -> Sin
     return SinkError(
         f"replaying into {ns}: the target refused the write of {what} (code {error.get('code')}: {message})"
     )
-
-
-def concern_failed(ns: Namespace, error: Mapping[str, Any]) -> SinkError:
-    """A batch the target applied but did not acknowledge with its write concern (a ``writeConcernError``):
-    it is not written. It is written again (idempotently) where waiting can satisfy the concern: a
-    ``wtimeout`` that passed while replication lagged, an election; any other (a mode the target does not
-    know, more members than it has) stops the run, in one line."""
-    code = error.get("code")
-    message = str(error.get("errmsg") or "").splitlines()[0][:300] if error.get("errmsg") else ""
-    which = f"code {code} {error.get('codeName') or ''}".rstrip()
-    text = f"writing into {ns}: the target did not satisfy the write concern ({which}: {message})"
-    if code == _WRITE_CONCERN_TIMEOUT or is_retryable(OperationFailure(message, code, dict(error))):
-        return SinkUnavailable(f"{text}; writing the batch again")
-    return SinkError(text)
 
 
 def _acknowledged(ns: Namespace, exc: BulkWriteError) -> None:
