@@ -1,10 +1,11 @@
 """What the checkpoint records as written survives a crash of the MongoDB target: every document write of a
 batch (replayed events and snapshot copies) carries the client's durable write concern, ``{w: "majority",
-j: true}`` or the URI's own; and against a server of the test's own, killed with SIGKILL as soon as the
-checkpoint moved past a burst of inserts, nothing is lost."""
+j: true}`` or the URI's own (schema commands too); and against a server of the test's own, killed with
+SIGKILL as soon as the checkpoint moves into a burst of inserts, nothing the checkpoint was past is lost."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import subprocess
@@ -159,7 +160,7 @@ async def test_a_write_concern_in_the_uri_goes_with_every_write_as_given(target_
     assert writes.seen and all(concern == {"w": 1, "j": True} for *_, concern in writes.seen), writes.seen
 
 
-#: a burst of inserts, and how many bursts the target is killed after
+#: a burst of inserts, and how many bursts the target is killed in
 BURST, BURSTS = 500, 5
 
 
@@ -179,7 +180,7 @@ def _wait(condition: Callable[[], bool], tail: subprocess.Popen[bytes], log: Pat
         if tail.poll() is not None or time.monotonic() > deadline:
             state = "exited" if tail.poll() is not None else "timed out"
             raise AssertionError(f"{state} waiting for {what}:\n{log.read_text(errors='replace')[-3000:]}")
-        time.sleep(0.005)
+        time.sleep(0.002)
 
 
 def _mcdc(command: str, source: str, target: str, *options: str) -> list[str]:
@@ -187,27 +188,18 @@ def _mcdc(command: str, source: str, target: str, *options: str) -> list[str]:
     return [*argv, r"--include=burst\.docs", *options]
 
 
-def _burst(client: pymongo.MongoClient[dict[str, Any]], n: int) -> Timestamp:
-    """BURST inserts and one more: the cluster time of that last event, as the change stream has it (an
-    insert's operationTime is not always its event's on the test server)."""
-    docs = client.burst.docs
-    with docs.watch([{"$match": {"documentKey._id": f"{n}-end"}}]) as stream:
-        docs.insert_many([{"_id": f"{n}-{i}", "n": n, "pad": "x" * 100} for i in range(BURST)])
-        docs.insert_one({"_id": f"{n}-end", "n": n})
-        at: Timestamp = stream.next()["clusterTime"]
-        return at
-
-
 @pytest.mark.integration
-def test_a_target_killed_right_after_the_checkpoint_passed_a_burst_keeps_every_document(
+def test_a_target_killed_right_after_the_checkpoint_moved_keeps_every_document_before_it(
     source_uri: str, tmp_path: Path
 ) -> None:
     """What the checkpoint records as written survives a crash of the target at the worst moment: kill -9
-    as soon as the checkpoint file has moved past a burst of inserts. A write the target acknowledged but
-    had not made durable is lost there, and never written again (the checkpoint is past it). At 141123f
-    (a batch's writes with w:1, then one no-op write with the durable write concern) each of four runs
-    lost documents in one to three of its five bursts, 1 to 245 of 501: the test server makes a write
-    durable when that write asks for the journal, and a no-op has nothing to sync."""
+    as soon as the checkpoint file moves into a burst of inserts (a save comes right after the ack of a
+    batch, so that batch's writes are milliseconds old). A write the target acknowledged but had not made
+    durable is lost there, and never written again: the tail is past it, and so is the checkpoint.
+
+    At 141123f (a batch's writes with w:1, then one no-op write with the durable write concern) runs of
+    this test lost documents the checkpoint was past: the test server makes a write durable when that
+    write asks for the journal, and a no-op has nothing to sync."""
     if external_uris() is not None:
         pytest.skip("kills a server of its own")
     target = LocalServer(tmp_path / "target")
@@ -215,21 +207,29 @@ def test_a_target_killed_right_after_the_checkpoint_passed_a_burst_keeps_every_d
     cp, log = tmp_path / "cp.json", tmp_path / "tail.log"
     retries = ("-c", str(cp), "--no-progress", "--retry-initial-delay", "0.2", "--retry-max-delay", "1",
                "--max-retries", "-1")  # fmt: skip
-    lost: list[int] = []
+    lost: list[tuple[int, int]] = []  # per burst: (documents the checkpoint was past, those of them lost)
     try:
         with pymongo.MongoClient[dict[str, Any]](source_uri) as client:
-            client.burst.create_collection("docs")  # explicitly (a quirk of the test server: INFRA.md)
+            docs = client.burst.create_collection("docs")  # explicitly (a quirk of the test server: INFRA.md)
             with open(log, "wb") as out:
                 tail = subprocess.Popen(_mcdc("tail", source_uri, target.uri, *retries), stdout=out, stderr=out)
             try:
                 _wait(cp.exists, tail, log, "the tail's first checkpoint")
                 for n in range(BURSTS):
-                    last = _burst(client, n)
-                    _wait(lambda last=last: _position(cp) >= last, tail, log, f"the checkpoint past burst {n}")
-                    target.kill()  # at once: the checkpoint says the burst is written
-                    target.start()
+                    before = _position(cp)
+                    with docs.watch([{"$match": {"fullDocument.n": n}}]) as stream:
+                        docs.insert_many([{"_id": f"{n}-{i}", "n": n, "pad": "x" * 100} for i in range(BURST)])
+                        _wait(lambda before=before: _position(cp) > before, tail, log, f"a save in burst {n}")
+                        target.kill()  # at once: the checkpoint says a batch of the burst is written
+                        at = _position(cp)
+                        target.start()
+                        times = {e["documentKey"]["_id"]: e["clusterTime"] for e in itertools.islice(stream, BURST)}
+                    acked = {key for key, when in times.items() if when <= at}
                     with pymongo.MongoClient[dict[str, Any]](target.uri) as after:
-                        lost.append(BURST + 1 - after.burst.docs.count_documents({"n": n}))
+                        there = {d["_id"] for d in after.burst.docs.find({"n": n}, {"_id": 1})}
+                    lost.append((len(acked), len(acked - there)))
+                    end = max(times.values())  # the tail writes the rest (its batch in flight again) first
+                    _wait(lambda end=end: _position(cp) >= end, tail, log, f"the checkpoint past burst {n}")
             finally:
                 tail.send_signal(signal.SIGTERM)
                 tail.wait(60)
@@ -238,5 +238,6 @@ def test_a_target_killed_right_after_the_checkpoint_passed_a_burst_keeps_every_d
         verified = subprocess.run(_mcdc("verify", source_uri, target.uri), capture_output=True, text=True)
     finally:
         target.kill()
-    assert lost == [0] * BURSTS, f"documents lost per burst: {lost}"
+    assert all(acked for acked, _ in lost), lost  # each kill came after a save inside its burst
+    assert [gone for _, gone in lost] == [0] * BURSTS, f"(acknowledged, lost) per burst: {lost}"
     assert verified.returncode == 0, verified.stdout + verified.stderr
