@@ -174,8 +174,9 @@ class MongoSink(Sink):
         self._lookup = lookup
 
     async def write(self, batch: Sequence[ChangeEvent]) -> None:
-        """Apply a batch. Every document write carries the client's durable write concern (make_client's
-        ``durable_writes``), so the batch is durable once this returns."""
+        """Apply a batch. Each of its writes, documents and schema alike, carries the client's write concern
+        (mcdc's journaled majority unless the URI sets its own: make_client), so once this returns the
+        batch is as durable as that concern makes it."""
         for kind, events in _segments(batch):
             if kind == "ddl":  # not bounded: an index build or a rename across databases takes its time
                 await self._schema.apply(events[0])
