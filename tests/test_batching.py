@@ -194,3 +194,23 @@ def test_events_of_one_cluster_time_are_numbered_in_stream_order_and_again_from_
             again.add(raw)
         again.nothing_more(None)
         assert [e.position for e in again.take().events] == [e.position for e in events[saved + 1 :]]
+
+
+def test_an_idle_batch_joined_after_events_keeps_their_cluster_time() -> None:
+    """The replay joins batches that wait in its read-ahead queue. An idle poll's post-batch token whose time
+    cannot be read (the test server's tokens are not KeyString) joined after a batch of events: the joined
+    batch's position takes the later token and keeps the last event's cluster time, as a batch acknowledged
+    with one applied before it does (the shards' positions too). It kept no time: the checkpoint's token
+    moved past the events while its cluster time stayed at an earlier batch's."""
+    from replicator.events import ChangeEvent, Namespace, Op
+    from replicator.source.batching import Batch, joined
+
+    ns, last = Namespace("db", "c"), Position({"_data": "e"}, Timestamp(10, 5), 0)
+    events = [ChangeEvent(Op.INSERT, ns, key={"_id": 1}, document={"_id": 1}, position=last)]
+    first = Batch(events, last, caught_up=False, shard_positions={"a": last})
+    later = Position({"_data": "later"})
+    idle = Batch([], later, caught_up=True, shard_positions={"b": later})
+    both = joined(first, idle, 10)
+    assert both is not None and both.events == events and both.caught_up
+    assert both.position == Position({"_data": "later"}, Timestamp(10, 5), 0)
+    assert both.shard_positions == {"a": last, "b": later}

@@ -1,30 +1,33 @@
-"""A batch's document writes are made durable by one barrier at its end (sinks/mongo/durable.py): against the
-real server, which write concern each command carried; without a server, what the barrier decides."""
+"""What the checkpoint records as written survives a crash of the MongoDB target: every document write of a
+batch (replayed events and snapshot copies) carries the client's durable write concern, ``{w: "majority",
+j: true}`` or the URI's own (schema commands too); and against a server of the test's own, killed with
+SIGKILL as soon as the checkpoint moves into a burst of inserts, nothing the checkpoint was past is lost."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterator
+import itertools
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import bson
 import pymongo
 import pytest
 from bson.raw_bson import RawBSONDocument
+from bson.timestamp import Timestamp
 from pymongo import monitoring
-from pymongo.server_type import SERVER_TYPE
 
-from replicator.errors import SinkUnavailable
-from replicator.events import ChangeEvent, Namespace, Op, UpdateDescription
-from replicator.sinks.mongo.durable import APPLIED, Durability, barrier_applies, writer
+from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op, UpdateDescription
 from replicator.sinks.mongo.sink import MongoSink
-from replicator.source.retry import is_retryable
 from tests.support.servers import LocalServer, external_uris
 
 A, B = Namespace("durabledb", "a"), Namespace("durabledb", "b")
-NOTHING: dict[str, Any] = {"_id": {"$in": []}}
+DURABLE = {"w": "majority", "j": True}
 
 
 def raw(doc: dict[str, Any]) -> RawBSONDocument:
@@ -32,20 +35,16 @@ def raw(doc: dict[str, Any]) -> RawBSONDocument:
 
 
 class Writes(monitoring.CommandListener):
-    """The write commands sent to the durabledb database: (command name, collection, write concern, filter
-    of a delete)."""
+    """The write commands sent to the durabledb database: (command name, collection, write concern)."""
 
     def __init__(self) -> None:
-        self.seen: list[tuple[str, str, dict[str, Any], Any]] = []
+        self.seen: list[tuple[str, str, dict[str, Any]]] = []
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         if event.database_name != "durabledb" or event.command_name not in ("insert", "update", "delete"):
             return
         command = bson.decode(bson.encode(event.command))
-        deletes = command.get("deletes") or [{}]
-        self.seen.append(
-            (event.command_name, command[event.command_name], command.get("writeConcern") or {}, deletes[0].get("q"))
-        )
+        self.seen.append((event.command_name, command[event.command_name], command.get("writeConcern") or {}))
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         pass
@@ -74,196 +73,171 @@ def batch() -> list[ChangeEvent]:
 
 
 @pytest.mark.integration
-async def test_a_batch_writes_applied_then_waits_once_for_a_durable_barrier(target_uri: str, writes: Writes) -> None:
+async def test_every_document_write_of_a_batch_and_of_a_copy_waits_for_a_journaled_majority(
+    target_uri: str, writes: Writes
+) -> None:
     with pymongo.MongoClient[dict[str, Any]](target_uri) as client:
         client.durabledb.a.insert_many([{"_id": 2}])
         client.durabledb.b.insert_one({"_id": 1, "v": 1})
     writes.seen.clear()
     async with MongoSink(target_uri) as sink:
         await sink.write(batch())
-    *applied, barrier = writes.seen
-    assert {(name, coll) for name, coll, _, _ in applied} == {("delete", "a"), ("update", "a"), ("update", "b")}
-    assert all(concern == {"w": 1} for _, _, concern, _ in applied), applied
-    assert barrier[0] == "delete" and barrier[3] == NOTHING
-    assert barrier[2] == {"w": "majority", "j": True}
-    with pymongo.MongoClient[dict[str, Any]](target_uri) as client:  # the barrier changed nothing
-        assert list(client.durabledb.a.find()) == [{"_id": 1, "v": 1}]
+        await sink.write_copy(A, [raw({"_id": 10}), raw({"_id": 11})], None)
+    assert {(name, coll) for name, coll, _ in writes.seen} == {
+        ("delete", "a"), ("update", "a"), ("update", "b"), ("insert", "a")
+    }  # fmt: skip
+    assert all(concern == DURABLE for _, _, concern in writes.seen), writes.seen
+    with pymongo.MongoClient[dict[str, Any]](target_uri) as client:
+        assert list(client.durabledb.a.find().sort("_id", 1)) == [{"_id": 1, "v": 1}, {"_id": 10}, {"_id": 11}]
         assert list(client.durabledb.b.find().sort("_id", 1)) == [{"_id": 1, "v": 2}, {"_id": 3}]
 
 
+class Commands(monitoring.CommandListener):
+    """Every command sent on the durabledb database (and renameCollection, sent on admin): (name, its
+    write concern)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict[str, Any] | None]] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.database_name == "durabledb" or event.command_name == "renameCollection":
+            command = bson.decode(bson.encode(event.command))
+            self.seen.append((event.command_name, command.get("writeConcern")))
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+#: the commands that change a target's schema, and the read-only ones sent beside them
+SCHEMA_WRITES = {"create", "createIndexes", "renameCollection", "collMod", "drop", "dropIndexes"}
+READS = {"listCollections", "listIndexes", "find"}
+
+
+def ddl_batch() -> list[ChangeEvent]:
+    c, renamed = Namespace("durabledb", "c"), Namespace("durabledb", "renamed")
+    return [
+        ChangeEvent(Op.CREATE, c, ddl={"validator": {"n": {"$type": "int"}}}),
+        ChangeEvent(Op.CREATE_INDEXES, c, ddl={"indexes": [{"key": {"n": 1}, "name": "n_1"}]}),
+        ChangeEvent(Op.MODIFY, c, ddl={"validator": {"n": {"$exists": True}}}),
+        ChangeEvent(Op.DROP_INDEXES, c, ddl={"indexes": [{"key": {"n": 1}, "name": "n_1"}]}),
+        ChangeEvent(Op.RENAME, c, to=renamed),
+        ChangeEvent(Op.CREATE, Namespace("durabledb", "v"), ddl={"viewOn": "renamed", "viewPipeline": []}),
+        ChangeEvent(Op.DROP, renamed),
+    ]
+
+
 @pytest.mark.integration
-async def test_a_write_concern_in_the_uri_goes_with_every_write_and_no_barrier(target_uri: str, writes: Writes) -> None:
+async def test_every_schema_change_waits_for_a_journaled_majority(target_uri: str) -> None:
+    """DDL replayed in a batch, and the collections and indexes a snapshot makes: each command that changes
+    the schema carries the durable write concern, as the batch's document writes do (the checkpoint moves
+    past a batch once all of them are acknowledged)."""
+    indexes = ({"key": {"_id": 1}, "name": "_id_"}, {"key": {"n": 1}, "name": "n_1"})
+    spec = CollectionSpec(Namespace("durabledb", "copied"), "collection", {"validator": {"n": 1}}, indexes)
+    listener = Commands()
+    monitoring.register(listener)
+    try:
+        async with MongoSink(target_uri) as sink:
+            await sink.write(ddl_batch())
+            await sink.prepare([spec], drop_existing=True)
+            await sink.finish_snapshot([spec])
+    finally:
+        monitoring._LISTENERS.command_listeners.remove(listener)
+    names = {name for name, _ in listener.seen}
+    assert names >= SCHEMA_WRITES, names
+    assert names <= SCHEMA_WRITES | READS, names
+    assert [(n, c) for n, c in listener.seen if n in SCHEMA_WRITES and c != DURABLE] == [], listener.seen
+
+
+@pytest.mark.integration
+async def test_a_write_concern_in_the_uri_goes_with_every_write_as_given(target_uri: str, writes: Writes) -> None:
     uri = f"{target_uri}&w=1&journal=true"
     async with MongoSink(uri) as sink:
         await sink.write(batch())
-    assert writes.seen and all(concern == {"w": 1, "j": True} for _, _, concern, _ in writes.seen), writes.seen
-    assert all(q != NOTHING for *_, q in writes.seen)
+        await sink.write_copy(A, [raw({"_id": 10})], None)
+    assert writes.seen and all(concern == {"w": 1, "j": True} for *_, concern in writes.seen), writes.seen
 
 
-def test_barriers_apply_to_a_replica_set_or_standalone_with_mcdcs_write_concern() -> None:
-    assert barrier_applies("mongodb://h/?directConnection=true", "replicaset")
-    assert barrier_applies("mongodb://h/", "standalone")
-    assert not barrier_applies("mongodb://h/", "sharded")  # a barrier reaches one shard, not all
-    assert not barrier_applies("mongodb://h/?w=2", "replicaset")
-    assert not barrier_applies("mongodb://h/?journal=false", "replicaset")
+#: a burst of inserts, and how many bursts the target is killed in
+BURST, BURSTS = 500, 5
 
 
-def server(kind: int, address: tuple[str, int], election: Any = None, process: Any = "pid1") -> Any:
-    version = None if process is None else {"processId": process, "counter": 0}
-    return SimpleNamespace(server_type=kind, address=address, election_id=election, topology_version=version)
+def _position(cp: Path) -> Timestamp:
+    """The cluster time of the checkpoint's position (zero before there is one)."""
+    try:
+        at = json.loads(cp.read_text())["position"]["cluster_time"]
+    except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError):
+        at = None
+    return Timestamp(0, 0) if at is None else Timestamp(at["t"], at["i"])
 
 
-def test_the_writer_is_the_primary_or_the_standalone() -> None:
-    primary = server(SERVER_TYPE.RSPrimary, ("p", 1), "e2")
-    assert writer([server(SERVER_TYPE.RSSecondary, ("s", 1)), primary]) == (("p", 1), "e2", "pid1")
-    assert writer([server(SERVER_TYPE.Standalone, ("h", 1))]) == (("h", 1), None, "pid1")
-    assert writer([server(SERVER_TYPE.Standalone, ("h", 1), process=None)]) is None  # before MongoDB 4.4
-    assert writer([server(SERVER_TYPE.Unknown, ("p", 1)), server(SERVER_TYPE.RSSecondary, ("s", 1))]) is None
+def _wait(condition: Callable[[], bool], tail: subprocess.Popen[bytes], log: Path, what: str) -> None:
+    """Poll ``condition`` (as often as it can: the kill must come right after it holds) while the tail runs."""
+    deadline = time.monotonic() + 120
+    while not condition():
+        if tail.poll() is not None or time.monotonic() > deadline:
+            state = "exited" if tail.poll() is not None else "timed out"
+            raise AssertionError(f"{state} waiting for {what}:\n{log.read_text(errors='replace')[-3000:]}")
+        time.sleep(0.002)
 
 
-class FakeClient:
-    """The parts of an AsyncMongoClient Durability uses: the driver's servers (changed by a test between
-    writes) and collections whose delete_one records the barrier."""
-
-    def __init__(self, *servers: Any) -> None:
-        self.servers = list(servers)
-        self.barriers: list[tuple[str, Any]] = []
-        self.topology_description = SimpleNamespace(server_descriptions=lambda: {s.address: s for s in self.servers})
-
-    def __getitem__(self, db: str) -> FakeDb:
-        return FakeDb(self)
-
-
-class FakeDb:
-    def __init__(self, client: FakeClient) -> None:
-        self.client = client
-
-    def __getitem__(self, name: str) -> FakeCollection:
-        return FakeCollection(self.client, name)
-
-    def get_collection(self, name: str, write_concern: Any = None) -> FakeCollection:
-        return FakeCollection(self.client, name, write_concern)
-
-
-class FakeCollection:
-    def __init__(self, client: FakeClient, name: str, concern: Any = None) -> None:
-        self.client, self.name, self.concern = client, name, concern
-
-    async def delete_one(self, where: Any) -> None:
-        self.client.barriers.append((self.name, where))
-
-
-@pytest.fixture
-def fake() -> FakeClient:
-    return FakeClient(server(SERVER_TYPE.RSPrimary, ("p", 1), "e1"))
-
-
-async def test_a_barrier_ends_a_batch_that_wrote_and_only_such_a_batch(fake: FakeClient) -> None:
-    durability = Durability(fake)  # type: ignore[arg-type]
-    durability.enable("mongodb://h/", "replicaset")
-    assert durability.enabled
-    durability.begin()
-    await durability.settle()
-    assert fake.barriers == []  # nothing written: nothing to wait for
-    durability.begin()
-    durability.collection(A)
-    durability.collection(B)
-    await durability.settle()
-    assert fake.barriers == [("b", NOTHING)]
-
-
-async def test_a_primary_that_changed_during_a_batch_makes_it_written_again(fake: FakeClient) -> None:
-    durability = Durability(fake)  # type: ignore[arg-type]
-    durability.enable("mongodb://h/", "replicaset")
-    durability.begin()
-    durability.collection(A)  # written on the primary of election e1
-    fake.servers = [server(SERVER_TYPE.RSSecondary, ("p", 1)), server(SERVER_TYPE.RSPrimary, ("q", 1), "e2")]
-    with pytest.raises(SinkUnavailable, match="primary changed"):
-        await durability.settle()
-    durability.begin()  # the batch again, all of it on the new primary
-    durability.collection(A)
-    await durability.settle()
-    # the same node elected again is another election: its w:1 writes may have been rolled back meanwhile
-    durability.begin()
-    durability.collection(A)
-    fake.servers = [server(SERVER_TYPE.RSPrimary, ("q", 1), "e3")]
-    with pytest.raises(SinkUnavailable):
-        await durability.settle()
-    # a server restarted (a standalone has no elections) may have lost the w:1 writes it had not journaled
-    fake.servers = [server(SERVER_TYPE.Standalone, ("h", 1))]
-    durability.begin()
-    durability.collection(A)
-    fake.servers = [server(SERVER_TYPE.Standalone, ("h", 1), process="pid2")]
-    with pytest.raises(SinkUnavailable):
-        await durability.settle()
-
-
-def test_no_barrier_where_the_driver_cannot_tell_a_restart() -> None:
-    durability = Durability(FakeClient(server(SERVER_TYPE.Standalone, ("h", 1), process=None)))  # type: ignore[arg-type]
-    durability.enable("mongodb://h/", "standalone")
-    assert not durability.enabled
-
-
-async def test_batches_written_at_once_by_several_tasks_each_end_with_their_own_barrier(fake: FakeClient) -> None:
-    """A snapshot's copy workers write batches through one sink at once: each task's batch is its own."""
-    durability = Durability(fake)  # type: ignore[arg-type]
-    durability.enable("mongodb://h/", "replicaset")
-    first_wrote, second_began = asyncio.Event(), asyncio.Event()
-
-    async def first() -> None:
-        durability.begin()
-        durability.collection(A)
-        first_wrote.set()
-        await second_began.wait()  # the other task begins its batch between this one's write and barrier
-        await durability.settle()
-
-    async def second() -> None:
-        await first_wrote.wait()
-        durability.begin()
-        second_began.set()
-        durability.collection(B)
-        await durability.settle()
-
-    await asyncio.gather(asyncio.create_task(first()), asyncio.create_task(second()))
-    assert sorted(fake.barriers) == [("a", NOTHING), ("b", NOTHING)]
-
-
-def test_a_write_outside_a_batch_keeps_the_durable_write_concern(fake: FakeClient) -> None:
-    durability = Durability(fake)  # type: ignore[arg-type]
-    durability.enable("mongodb://h/", "replicaset")
-    assert durability.enabled
-    outside: Any = durability.collection(A)
-    assert outside.concern is None  # the client's own collection: its durable write concern
-    durability.begin()
-    inside: Any = durability.collection(A)
-    assert inside.concern is APPLIED
+def _mcdc(command: str, source: str, target: str, *options: str) -> list[str]:
+    argv = [sys.executable, "-m", "replicator.cli", command, "-s", source, "-t", target]
+    return [*argv, r"--include=burst\.docs", *options]
 
 
 @pytest.mark.integration
-async def test_a_target_restarted_between_a_batchs_writes_and_its_barrier_has_the_batch_written_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_target_killed_right_after_the_checkpoint_moved_keeps_every_document_before_it(
+    source_uri: str, tmp_path: Path
 ) -> None:
-    """The w:1 writes a restarted server had not journaled may be gone while the barrier succeeds on the new
-    process: write() must fail (retryably: the batch is written again), never return as if it were durable."""
+    """What the checkpoint records as written survives a crash of the target at the worst moment: kill -9
+    as soon as the checkpoint file moves into a burst of inserts (a save comes right after the ack of a
+    batch, so that batch's writes are milliseconds old). A write the target acknowledged but had not made
+    durable is lost there, and never written again: the tail is past it, and so is the checkpoint.
+
+    At 141123f (a batch's writes with w:1, then one no-op write with the durable write concern) runs of
+    this test lost documents the checkpoint was past: the test server makes a write durable when that
+    write asks for the journal, and a no-op has nothing to sync."""
     if external_uris() is not None:
-        pytest.skip("restarts a server of its own")
-    server = LocalServer(tmp_path / "target")
-    server.start()
-    settle = Durability.settle
-
-    async def restart_first(self: Durability) -> None:
-        await asyncio.to_thread(server.restart)  # after the batch's w:1 writes, before its barrier
-        await settle(self)
-
+        pytest.skip("kills a server of its own")
+    target = LocalServer(tmp_path / "target")
+    target.start()
+    cp, log = tmp_path / "cp.json", tmp_path / "tail.log"
+    retries = ("-c", str(cp), "--no-progress", "--retry-initial-delay", "0.2", "--retry-max-delay", "1",
+               "--max-retries", "-1")  # fmt: skip
+    lost: list[tuple[int, int]] = []  # per burst: (documents the checkpoint was past, those of them lost)
     try:
-        async with MongoSink(server.uri) as sink:
-            monkeypatch.setattr(Durability, "settle", restart_first)
-            with pytest.raises(Exception) as raised:
-                await sink.write(batch())
-            assert is_retryable(raised.value), raised.value
-            monkeypatch.setattr(Durability, "settle", settle)
-            await sink.write(batch())  # written again on the new process: durable this time
-        with pymongo.MongoClient[dict[str, Any]](server.uri) as client:
-            assert list(client.durabledb.a.find()) == [{"_id": 1, "v": 1}]
+        with pymongo.MongoClient[dict[str, Any]](source_uri) as client:
+            docs = client.burst.create_collection("docs")  # explicitly (a quirk of the test server: INFRA.md)
+            with open(log, "wb") as out:
+                tail = subprocess.Popen(_mcdc("tail", source_uri, target.uri, *retries), stdout=out, stderr=out)
+            try:
+                _wait(cp.exists, tail, log, "the tail's first checkpoint")
+                for n in range(BURSTS):
+                    before = _position(cp)
+                    with docs.watch([{"$match": {"fullDocument.n": n}}]) as stream:
+                        docs.insert_many([{"_id": f"{n}-{i}", "n": n, "pad": "x" * 100} for i in range(BURST)])
+                        _wait(lambda before=before: _position(cp) > before, tail, log, f"a save in burst {n}")
+                        target.kill()  # at once: the checkpoint says a batch of the burst is written
+                        at = _position(cp)
+                        target.start()
+                        times = {e["documentKey"]["_id"]: e["clusterTime"] for e in itertools.islice(stream, BURST)}
+                    acked = {key for key, when in times.items() if when <= at}
+                    with pymongo.MongoClient[dict[str, Any]](target.uri) as after:
+                        there = {d["_id"] for d in after.burst.docs.find({"n": n}, {"_id": 1})}
+                    lost.append((len(acked), len(acked - there)))
+                    end = max(times.values())  # the tail writes the rest (its batch in flight again) first
+                    _wait(lambda end=end: _position(cp) >= end, tail, log, f"the checkpoint past burst {n}")
+            finally:
+                tail.send_signal(signal.SIGTERM)
+                tail.wait(60)
+        caught_up = subprocess.run(_mcdc("catch-up", source_uri, target.uri, *retries), capture_output=True, text=True)
+        assert caught_up.returncode == 0, caught_up.stderr
+        verified = subprocess.run(_mcdc("verify", source_uri, target.uri), capture_output=True, text=True)
     finally:
-        server.kill()
+        target.kill()
+    assert all(acked for acked, _ in lost), lost  # each kill came after a save inside its burst
+    assert [gone for _, gone in lost] == [0] * BURSTS, f"(acknowledged, lost) per burst: {lost}"
+    assert verified.returncode == 0, verified.stdout + verified.stderr

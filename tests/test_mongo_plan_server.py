@@ -71,8 +71,7 @@ def test_the_legacy_patch_replays_deltas_with_truncated_arrays(target_uri: str) 
 
 
 class _Writes(monitoring.CommandListener):
-    """The write commands sent to the plandb database, but the batch's durable barrier (a delete that matches
-    nothing): (command name, ordered, the number of statements)."""
+    """The write commands sent to the plandb database: (command name, ordered, the number of statements)."""
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, bool, int]] = []
@@ -80,8 +79,6 @@ class _Writes(monitoring.CommandListener):
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         if event.database_name == "plandb" and event.command_name in ("update", "delete"):
             statements = event.command.get("updates") or event.command.get("deletes") or []
-            if statements and statements[0].get("q") == {"_id": {"$in": []}}:
-                return
             self.seen.append((event.command_name, bool(event.command.get("ordered", True)), len(statements)))
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:

@@ -29,7 +29,7 @@ def _raw(doc: dict[str, object]) -> RawBSONDocument:
     return RawBSONDocument(bson.encode(doc))
 
 
-@pytest.mark.parametrize("kind", ["copy", "replacements", "deletes", "deltas"])
+@pytest.mark.parametrize("kind", ["copy", "replacements", "deletes", "deltas", "index", "rename", "drop"])
 async def test_a_batch_whose_write_concern_failed_is_not_written(target_uri: str, kind: str) -> None:
     with pymongo.MongoClient(target_uri) as client:
         client.wcdb.c.insert_many([{"_id": 1, "v": 0}, {"_id": 2, "v": 0}])
@@ -41,14 +41,22 @@ async def test_a_batch_whose_write_concern_failed_is_not_written(target_uri: str
                 await sink.write([ChangeEvent(Op.INSERT, NS, key=_raw({"_id": 3}), document=_raw({"_id": 3}))])
             elif kind == "deletes":
                 await sink.write([ChangeEvent(Op.DELETE, NS, key=_raw({"_id": 1}))])
-            else:
+            elif kind == "deltas":
                 await sink.write([ChangeEvent(Op.UPDATE, NS, key=_raw({"_id": 1}), update=UpdateDescription({"v": 1}))])
+            elif kind == "index":  # DDL too: the checkpoint moves past it only once it is acknowledged
+                await sink.write(
+                    [ChangeEvent(Op.CREATE_INDEXES, NS, ddl={"indexes": [{"key": {"v": 1}, "name": "v_1"}]})]
+                )
+            elif kind == "rename":
+                await sink.write([ChangeEvent(Op.RENAME, NS, to=Namespace("wcdb", "renamed"))])
+            else:
+                await sink.write([ChangeEvent(Op.DROP, NS)])
     assert "UnsatisfiableWriteConcern" in str(raised.value) or "100" in str(raised.value)
     assert not isinstance(raised.value, SinkUnavailable)  # no number of retries satisfies it
 
 
 def test_a_write_concern_timeout_is_written_again_and_any_other_failure_stops() -> None:
-    from replicator.sinks.mongo.sink import concern_failed
+    from replicator.sinks.mongo.concern import concern_failed
 
     timeout = {"code": 64, "codeName": "WriteConcernFailed", "errmsg": "waiting for replication timed out",
                "errInfo": {"wtimeout": True}}  # fmt: skip

@@ -7,16 +7,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from bson.timestamp import Timestamp
 
-from replicator.checkpoint.store import advance
 from replicator.events import ChangeEvent
 from replicator.observe.progress import Reporter, lag_seconds
 from replicator.replay.stage import ReplayStage
-from replicator.source.batching import joined
+from replicator.source.batching import carried, joined
 from replicator.source.changestream import Batch
 from replicator.source.pump import read_ahead
 
@@ -106,12 +105,3 @@ async def _apply(
 def _weight(batch: Batch) -> int:
     """A batch's share of the read-ahead queue: its events (an idle poll's empty batch counts one)."""
     return len(batch.events) or 1
-
-
-def carried(first: Batch, then: Batch) -> Batch:
-    """``then`` as acknowledged together with ``first`` before it: where ``then`` brings no cluster time (an
-    idle poll's post-batch token), the position keeps ``first``'s (its last event's), as each shard's does."""
-    shards = dict(first.shard_positions or {})
-    for name, position in (then.shard_positions or {}).items():
-        shards[name] = advance(shards.get(name), position)
-    return replace(then, position=advance(first.position, then.position), shard_positions=shards if shards else None)

@@ -18,6 +18,7 @@ from bson.timestamp import Timestamp
 
 from replicator.bsonkit import rawbson
 from replicator.bsonkit.rawbson import RawDocument, raw_of, ts_parts
+from replicator.checkpoint.store import advance
 from replicator.events import ChangeEvent, Position
 from replicator.events.normalize import from_top_level, normalize_change
 from replicator.events.positions import Numbering
@@ -45,12 +46,22 @@ class Batch:
 
 def joined(first: Batch, then: Batch, most: int) -> Batch | None:
     """Two consecutive batches as one, when their events together are at most ``most`` (each holds whole
-    transactions, so their concatenation does too); the position and state are the later one's. None when
-    they are too many. Pure: the replay joins batches that wait in its read-ahead queue while the sink is
-    slower than the stream, so a sink pays its per-write cost (a commit, a round trip) once for them."""
+    transactions, so their concatenation does too); the state is the later one's, the position as
+    :func:`carried` has it. None when they are too many. Pure: the replay joins batches that wait in its
+    read-ahead queue while the sink is slower than the stream, so a sink pays its per-write cost (a commit,
+    a round trip) once for them."""
     if len(first.events) + len(then.events) > most:
         return None
-    return replace(then, events=[*first.events, *then.events])
+    return carried(first, replace(then, events=[*first.events, *then.events]))
+
+
+def carried(first: Batch, then: Batch) -> Batch:
+    """``then`` as acknowledged together with ``first`` before it: where ``then`` brings no cluster time (an
+    idle poll's post-batch token), the position keeps ``first``'s (its last event's), as each shard's does."""
+    shards = dict(first.shard_positions or {})
+    for name, position in (then.shard_positions or {}).items():
+        shards[name] = advance(shards.get(name), position)
+    return replace(then, position=advance(first.position, then.position), shard_positions=shards if shards else None)
 
 
 class Fragments:

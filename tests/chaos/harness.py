@@ -9,8 +9,9 @@ rounds), the engine (asyncio or Spark), the target (MongoDB, Kafka whose topics 
 Delta Lake / Iceberg tables under the plan's work directory), and a list of steps: writes
 (tests/chaos/workload.py), kill -9 of mcdc, SIGTERM, a lag (mcdc held with SIGSTOP while writes go on, so
 it reads events long after they happened), SIGSTOP/SIGCONT or a restart of the source or the target (not
-a lake, which has no server), a broker restart, and restoring an older copy of the checkpoint
-(what a lost save amounts to). Every plan begins with a sync (or the tail's own snapshot) under
+a lake, which has no server), a kill -9 of a MongoDB target as soon as the checkpoint file moves after a
+burst of inserts, a broker restart, and restoring an older copy of the checkpoint (what a lost save
+amounts to). Every plan begins with a sync (or the tail's own snapshot) under
 concurrent writes. A catch-up's fault strikes a random moment into it; on Spark, half of the time, one
 in the seconds its session comes up while the driver writes the batches.
 
@@ -85,6 +86,8 @@ RESELECTIONS = (("narrow",), ("wide",), ("narrow", "base"), ("wide", "narrow"), 
 #: the targets whose comparison follows a changed selection (a lake's state tables of a collection no longer
 #: selected are not emptied, which its comparison would count as stale rows)
 RESELECT_SINKS = ("mongo", "kafka")
+#: the faults of a way back's steps (its target is the old side)
+WAY_BACK_FAULTS = ("kill", "restore", "restart source", "restart target", "crash target", "stop")
 #: another migration's selection, onto namespaces every selection above maps: it must be refused
 OVERLAPPING = ("--include", r"chaos\.(a|b)")
 
@@ -142,8 +145,8 @@ class Plan:
         faults = ["kill", "restore", "pause source", "restart source", "stop", "lag"]
         if sink == "kafka":
             faults += ["restart broker"]
-        elif sink == "mongo":
-            faults += ["pause target", "restart target"]
+        elif sink == "mongo":  # "crash target": kill -9 right after the checkpoint moved past a batch
+            faults += ["pause target", "restart target", "crash target"]
         steps = []
         for _ in range(length):
             steps.append(f"write {rng.randrange(5, 40)}")
@@ -422,7 +425,7 @@ class Runner:
         steps = []
         for _ in range(3):
             steps.append(f"write {self.rng.randrange(5, 25)}")
-            steps.append(self.rng.choice(["kill", "restore", "restart source", "restart target", "stop", "lag"]))
+            steps.append(self.rng.choice(WAY_BACK_FAULTS))
         runner = Runner(self.plan, Servers(new, old, None), self.workdir / "back", way_back=(back, options))
         assert self.side is not None
         self.tally.add(runner.run(tuple(steps), side=self.side))
@@ -479,6 +482,9 @@ class Runner:
                 self._run("catch-up")
             return
         self.tally.faults += 1
+        if verb == "crash":
+            self._crash_target(workload, tail=tail)
+            return
         if not tail:  # the fault strikes a catch-up while it runs
             self._proc = self._spawn("catch-up")
             self._into_the_run(self._proc)
@@ -544,6 +550,37 @@ class Runner:
             time.sleep(self.rng.uniform(0.0, 3.0))
         else:
             time.sleep(self.rng.uniform(0.0, 1.0))
+
+    def _crash_target(self, workload: ChaosWorkload, *, tail: bool) -> None:
+        """kill -9 of the target as soon as the checkpoint file moves after a burst of fresh inserts began. A
+        save comes right after the ack of a batch, so that batch's writes are milliseconds old: the worst
+        moment for a write the target acknowledged but had not made durable, which no run writes again (the
+        checkpoint, and the running mcdc, are past it). A tail saves at most once a second, so its burst
+        lasts longer (small inserts, 50 ms apart): a save falls on the ack of one of its batches rather than
+        on an idle poll's a second after the last. A catch-up, started after its burst, saves at its first
+        ack. The target comes back on the same data, mcdc retries its way on, and the end of the plan finds
+        any document lost."""
+        before = _cluster_time(self.cp)
+        chunks, size = self.rng.randrange(20, 40), self.rng.randrange(10, 25)
+        writer = threading.Thread(target=workload.burst, args=(chunks, size, 0.05))
+        writer.start()
+        if not tail:
+            writer.join()
+            self._proc = self._spawn("catch-up")
+        proc = self._proc
+        assert proc is not None
+        deadline = time.monotonic() + CONVERGE_S[self.plan.engine]
+        while _cluster_time(self.cp) <= before:
+            if proc.poll() is not None and _cluster_time(self.cp) <= before:  # read again: its last save
+                self.fail("mcdc exited before its checkpoint moved")
+            if time.monotonic() > deadline:
+                self.fail(f"the checkpoint did not move within {CONVERGE_S[self.plan.engine]:.0f} s of a burst")
+            time.sleep(0.002)
+        self.servers.target.kill()
+        self.servers.target.start()
+        writer.join()
+        if not tail:
+            self._finish(proc, CONVERGE_S[self.plan.engine] * 2)
 
     def _server_fault(self, verb: str, which: str) -> None:
         server = {"source": self.servers.source, "target": self.servers.target, "broker": self.servers.broker}[which]
@@ -688,6 +725,15 @@ def _unselected(uri: str, selected: Callable[[str], bool]) -> dict[str, list[Any
                 if not selected(f"{db}.{coll}") and not coll.startswith("system."):
                     out[f"{db}.{coll}"] = sorted(client[db][coll].find(), key=repr)
     return out
+
+
+def _cluster_time(cp: Path) -> Timestamp:
+    """The cluster time of the checkpoint file's position; zero while it has none."""
+    try:
+        at = json.loads(cp.read_bytes())["position"]["cluster_time"]
+    except (OSError, ValueError, KeyError, TypeError):
+        at = None
+    return Timestamp(0, 0) if at is None else Timestamp(at["t"], at["i"])
 
 
 def _first_position(versions: list[bytes]) -> dict[str, Any] | None:

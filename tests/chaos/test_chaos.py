@@ -50,6 +50,13 @@ def test_catch_up_rounds_into_mongodb(
     run_plan(Plan.draw(seed, mode="catch-up", length=4, replays=3), _servers(servers), tmp_path)
 
 
+def test_the_fixed_mongodb_plans_kill_the_target_right_after_an_acknowledgement() -> None:
+    """The tail's and a catch-up's seeds above draw the target crash timed on a checkpoint save (the fault
+    that found acknowledged writes lost when a batch's writes went with w:1): they keep it."""
+    assert "crash target" in Plan.draw(44, mode="tail", length=8, replays=10).steps
+    assert "crash target" in Plan.draw(13, mode="catch-up", length=4, replays=3).steps
+
+
 def test_a_tail_into_kafka_rebuilds_exactly(
     servers: ServerPair, source_uri: str, kafka: KafkaBroker, tmp_path: Path
 ) -> None:

@@ -4,7 +4,8 @@ Namespaces (all in the selection but ``chaos.ext_*``, which ``SELECTION`` exclud
 
 * ``chaos.a``, ``chaos.b``: inserts, ``$set``/``$inc``/``$unset``/``$push`` with ``$slice``, replaces,
   deletes, ``updateMany``, transactions over both, ``$``-prefixed fields, arrays of arrays, ~1 MB
-  documents; index churn and views on ``a``; collMod of ``b``'s validator.
+  documents; index churn and views on ``a``; collMod of ``b``'s validator. Bursts of fresh documents
+  into ``a`` (string ``_id``s no other write touches), for a target crashed right after they are acknowledged.
 * ``chaos.u``: a unique index on ``k``, whose values documents swap.
 * ``chaos.log``: rotated (``log -> log_N``, a new ``log`` with the same ``_id``s), archives dropped later.
 * ``chaos.c``: dropped and created again with other options (capped, a validator, plain).
@@ -85,6 +86,7 @@ class ChaosWorkload:
     """Writes one random operation per :meth:`step`, all drawn from ``rng``."""
 
     def __init__(self, uri: str, rng: random.Random, *, ddl: bool = True, lake: bool = False) -> None:
+        self.uri = uri
         self.client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(uri, serverSelectionTimeoutMS=5000)
         self.rng = rng
         kinds = {**DATA_KINDS, **(DDL_KINDS if ddl else {}), **(LAKE_KINDS if lake else {})}
@@ -114,6 +116,20 @@ class ChaosWorkload:
             kind += "!"
         self.counts[kind] = self.counts.get(kind, 0) + 1
         return kind
+
+    def burst(self, chunks: int, size: int, pace_s: float) -> None:
+        """``chunks`` inserts of ``size`` fresh documents into ``chaos.a``, ``pace_s`` apart. No later write
+        touches them (their ``_id``s are strings, the workload's others numbers), so one the target lost
+        stays missing there. Its own client: it runs beside the harness's thread."""
+        self._n += 1
+        with pymongo.MongoClient[dict[str, Any]](self.uri, serverSelectionTimeoutMS=5000) as client:
+            for chunk in range(chunks):
+                docs = [
+                    {"_id": f"burst-{self._n}-{chunk}-{i}", "burst": self._n, "pad": "x" * 100} for i in range(size)
+                ]
+                client.chaos.a.insert_many(docs)
+                time.sleep(pace_s)
+        self.counts["burst"] = self.counts.get("burst", 0) + 1
 
     # -- documents -------------------------------------------------------------------------------
     def _id(self) -> int:

@@ -24,6 +24,7 @@ from pymongo.errors import BulkWriteError
 
 from replicator.bsonkit.rawbson import DICT_CODEC, raw_of
 from replicator.events import ChangeEvent
+from replicator.sinks.mongo.concern import with_concern
 
 #: :func:`replace_unordered` or :func:`delete_unordered`
 UnorderedWrites = Callable[[AsyncCollection[Any], Sequence[ChangeEvent]], Awaitable[None]]
@@ -91,9 +92,7 @@ async def _send(coll: AsyncCollection[Any], name: str, field: str, writes: Seque
             "ordered": False,
             "bypassDocumentValidation": True,
         }
-        if not concern.is_server_default:
-            command["writeConcern"] = concern.document
-        reply = await coll.database.command(command, codec_options=DICT_CODEC)
+        reply = await coll.database.command(with_concern(command, concern), codec_options=DICT_CODEC)
         for count in counts:
             counts[count] += int(reply.get(count, 0))
         upserted += ({**up, "index": start + int(up["index"])} for up in reply.get("upserted", ()))

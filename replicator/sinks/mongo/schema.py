@@ -9,10 +9,11 @@ from typing import Any
 
 import bson
 from pymongo import AsyncMongoClient
-from pymongo.errors import OperationFailure
+from pymongo.errors import OperationFailure, WriteConcernError
 
 from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op
 from replicator.settings.selection import Scope
+from replicator.sinks.mongo.concern import check_reply, concern_failed, with_concern
 from replicator.source.catalog import clean_index, clean_options
 from replicator.source.connection import DICT_CODEC
 
@@ -53,7 +54,7 @@ class MongoSchema:
 
     async def create(self, ns: Namespace, options: Mapping[str, Any]) -> None:
         try:
-            await self._client[ns.db].command(_create_command(ns, options), codec_options=DICT_CODEC)
+            await self._command(ns, ns.db, _create_command(ns, options))
         except OperationFailure as exc:
             if exc.code != NAMESPACE_EXISTS:
                 raise
@@ -113,7 +114,7 @@ class MongoSchema:
         specs = [clean_index(ix) for ix in indexes]
         db = self._client[ns.db]
         try:
-            await db.command({"createIndexes": ns.coll, "indexes": specs}, codec_options=DICT_CODEC)
+            await self._command(ns, ns.db, {"createIndexes": ns.coll, "indexes": specs})
             return
         except OperationFailure as exc:
             if len(specs) == 1 and exc.code not in INDEX_CONFLICTS:
@@ -121,7 +122,7 @@ class MongoSchema:
                 return
             if len(specs) == 1:  # same name, other definition: the source's newer definition wins
                 await db[ns.coll or ""].drop_index(specs[0]["name"])
-                await db.command({"createIndexes": ns.coll, "indexes": specs}, codec_options=DICT_CODEC)
+                await self._command(ns, ns.db, {"createIndexes": ns.coll, "indexes": specs})
                 return
         for spec in specs:  # one failed: build them one by one so the others still exist
             await self.create_indexes(ns, [spec])
@@ -143,10 +144,7 @@ class MongoSchema:
             elif event.op is Op.DROP_DATABASE:
                 await self._drop_database((event.origin or ns).db, ns.db)
             elif event.op is Op.RENAME and event.to is not None:
-                await self._client.admin.command(
-                    {"renameCollection": str(ns), "to": str(event.to), "dropTarget": True},
-                    codec_options=DICT_CODEC,
-                )
+                await self._command(ns, "admin", {"renameCollection": str(ns), "to": str(event.to), "dropTarget": True})
             elif event.op is Op.CREATE_INDEXES:
                 await self.create_indexes(ns, ddl.get("indexes") or [])
             elif event.op is Op.DROP_INDEXES:
@@ -154,9 +152,19 @@ class MongoSchema:
                     await self._drop_index(ns, ix["name"])
             elif event.op is Op.MODIFY:
                 await self._coll_mod(ns, ddl)
+        except WriteConcernError as exc:  # from the driver's drop helpers
+            raise concern_failed(ns, exc.details or {}) from None
         except OperationFailure as exc:
             if exc.code != NAMESPACE_NOT_FOUND:
                 raise
+
+    async def _command(self, ns: Namespace, db: str, command: dict[str, Any]) -> None:
+        """A schema command on ``db`` (about ``ns``), with the client's write concern, as the driver's own
+        helpers send theirs (see .concern)."""
+        reply = await self._client[db].command(
+            with_concern(command, self._client.write_concern), codec_options=DICT_CODEC
+        )
+        check_reply(ns, reply)
 
     async def _drop_database(self, source_db: str, name: str) -> None:
         """A source database was dropped: drop what the selection mapped from it, never the whole
@@ -181,7 +189,7 @@ class MongoSchema:
         if "viewPipeline" in ddl:
             cmd.update(viewOn=ddl.get("viewOn"), pipeline=ddl["viewPipeline"])
         try:
-            await self._client[ns.db].command(cmd, codec_options=DICT_CODEC)
+            await self._command(ns, ns.db, cmd)
         except OperationFailure as exc:
             if exc.code == NAMESPACE_NOT_FOUND:
                 raise

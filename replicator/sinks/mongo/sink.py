@@ -29,7 +29,7 @@ from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op, Positi
 from replicator.settings.selection import Scope
 from replicator.sinks.base import Sink, SourceLookup
 from replicator.sinks.mongo.commands import UnorderedWrites, delete_unordered, insert_unordered, replace_unordered
-from replicator.sinks.mongo.durable import Durability
+from replicator.sinks.mongo.concern import concern_failed
 from replicator.sinks.mongo.plan import (
     DOLLAR_PREFIXED,
     DUPLICATE_KEY,
@@ -56,8 +56,6 @@ _NO_TRANSACTIONS_MESSAGE = "transaction numbers are only allowed on a replica se
 #: OperationNotSupportedInTransaction: this transaction's writes cannot run in one (e.g. creating a
 #: collection inside a transaction before MongoDB 4.4), others can
 _NOT_IN_TRANSACTION = 263
-#: WriteConcernFailed: the write concern's wtimeout passed before enough members had the writes
-_WRITE_CONCERN_TIMEOUT = 64
 #: MongoDB 7.0's wire version: time-series collections take deletes by any filter
 _DELETES_BY_TIME = 21
 
@@ -87,20 +85,6 @@ def _refused(ns: Namespace, event: ChangeEvent, error: Mapping[str, Any]) -> Sin
     return SinkError(
         f"replaying into {ns}: the target refused the write of {what} (code {error.get('code')}: {message})"
     )
-
-
-def concern_failed(ns: Namespace, error: Mapping[str, Any]) -> SinkError:
-    """A batch the target applied but did not acknowledge with its write concern (a ``writeConcernError``):
-    it is not written. It is written again (idempotently) where waiting can satisfy the concern: a
-    ``wtimeout`` that passed while replication lagged, an election; any other (a mode the target does not
-    know, more members than it has) stops the run, in one line."""
-    code = error.get("code")
-    message = str(error.get("errmsg") or "").splitlines()[0][:300] if error.get("errmsg") else ""
-    which = f"code {code} {error.get('codeName') or ''}".rstrip()
-    text = f"writing into {ns}: the target did not satisfy the write concern ({which}: {message})"
-    if code == _WRITE_CONCERN_TIMEOUT or is_retryable(OperationFailure(message, code, dict(error))):
-        return SinkUnavailable(f"{text}; writing the batch again")
-    return SinkError(text)
 
 
 def _acknowledged(ns: Namespace, exc: BulkWriteError) -> None:
@@ -139,7 +123,6 @@ class MongoSink(Sink):
         self._io_timeout = io_timeout_s
         self._client = make_client(uri, timeout_s=timeout_s, durable_writes=True)
         self._schema = MongoSchema(self._client, scope=scope)
-        self._durability = Durability(self._client)
         self._transactions = True
         self._lookup: SourceLookup | None = None
         self.server: ServerInfo | None = None
@@ -147,7 +130,6 @@ class MongoSink(Sink):
     async def start(self) -> None:
         self.server = await probe(self._client, self.uri, "target")
         self._transactions = self.server.kind != "standalone"
-        self._durability.enable(self.uri, self.server.kind)
 
     async def close(self) -> None:
         await self._client.close()
@@ -192,14 +174,14 @@ class MongoSink(Sink):
         self._lookup = lookup
 
     async def write(self, batch: Sequence[ChangeEvent]) -> None:
-        """Apply a batch; its document writes are made durable by one barrier at its end (see .durable)."""
-        self._durability.begin()
+        """Apply a batch. Each of its writes, documents and schema alike, carries the client's write concern
+        (mcdc's journaled majority unless the URI sets its own: make_client), so once this returns the
+        batch is as durable as that concern makes it."""
         for kind, events in _segments(batch):
             if kind == "ddl":  # not bounded: an index build or a rename across databases takes its time
                 await self._schema.apply(events[0])
             else:
                 await self._bounded(self._write_documents(kind, events))
-        await self._bounded(self._durability.settle())
 
     async def _write_documents(self, kind: str, events: Sequence[ChangeEvent]) -> None:
         if kind == "txn" and self._transactions:
@@ -259,7 +241,7 @@ class MongoSink(Sink):
 
     async def _unordered(self, ns: Namespace, group: list[ChangeEvent], send: UnorderedWrites) -> None:
         """Writes to different documents (deletes, or replacements), in one unordered command."""
-        coll = self._durability.collection(ns)
+        coll = self._client[ns.db][ns.coll or ""]
         try:
             await send(coll, group)
         except BulkWriteError as exc:
@@ -288,8 +270,7 @@ class MongoSink(Sink):
 
         A unique-key conflict raises :class:`_Conflict` with the writes after it. Inside a transaction nothing
         is settled: the server aborted it and the error stands."""
-        # in a transaction, its commit carries the write concern
-        coll = self._durability.collection(ns) if session is None else self._client[ns.db][ns.coll or ""]
+        coll = self._client[ns.db][ns.coll or ""]
         ops = list(todo)
         rewritten: set[int] = set()  # events already in their literal form
         start = 0
@@ -362,9 +343,7 @@ class MongoSink(Sink):
 
     async def write_copy(self, ns: Namespace, documents: Sequence[Mapping[str, Any]], at: Position | None) -> None:
         """A snapshot batch, inserted as it is: no event per document."""
-        self._durability.begin()
         await self._bounded(self._insert_copies(ns, documents))
-        await self._bounded(self._durability.settle())
 
     async def _insert_snapshot(self, events: Sequence[ChangeEvent]) -> None:
         await self._insert_copies(events[0].ns, [e.document for e in events if e.document is not None])
