@@ -17,7 +17,6 @@ from typing import Any
 
 import pymongo
 import pytest
-from bson.timestamp import Timestamp
 
 from tests.test_cli import _assert_one_line_error, _mcdc
 
@@ -45,12 +44,9 @@ def _until(what: str, condition: Callable[[], Any], timeout: float = 120) -> Any
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _position(cp: Path) -> Timestamp | None:
-    try:
-        at = json.loads(cp.read_text())["position"]["cluster_time"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return None if at is None else Timestamp(at["t"], at["i"])
+def _has(uri: str, db: str, coll: str, _id: Any) -> bool:
+    with pymongo.MongoClient(uri) as client:
+        return client[db][coll].find_one({"_id": _id}) is not None
 
 
 def _default_checkpoints() -> list[Path]:
@@ -95,8 +91,8 @@ def test_the_printed_way_back_follows_the_migrations_selection_and_leaves_other_
             new.other.gone.insert_one({"_id": 1})
             new.other.gone.rename("keep")
             new.drop_database("elsewhere")
-            last = new.admin.command("ping")["operationTime"]
-        _until("the way back past the new side's writes", lambda: (_position(back) or Timestamp(0, 0)) >= last)
+            new.a.x.insert_one({"_id": "last"})  # selected: once it is on the old side, so is all before it
+        _until("the way back past the new side's writes", lambda: _has(source_uri, "a", "x", "last"))
     finally:
         tail.send_signal(signal.SIGTERM)
         _, stderr = tail.communicate(timeout=60)
@@ -241,9 +237,7 @@ def test_two_tails_started_together_onto_one_target_namespace_one_is_refused(
     assert len(errors) == 1 and other in errors[0] and "a.x" in errors[0], stderr
     with pymongo.MongoClient(source_uri) as src:
         src.a.x.insert_one({"_id": "later"})
-        last = src.admin.command("ping")["operationTime"]
-    winner_cp = Path(winner.args[winner.args.index("-c") + 1])
-    _until("the running tail past the last write", lambda: (_position(winner_cp) or Timestamp(0, 0)) >= last)
+    _until("the running tail past the last write", lambda: _has(target_uri, "a", "x", "later"))
     winner.send_signal(signal.SIGTERM)
     _, stderr = winner.communicate(timeout=60)
     assert winner.returncode == 0, stderr
@@ -332,9 +326,8 @@ def test_a_copy_of_a_checkpoint_is_the_same_migration_and_never_runs_beside_it(
     argv = [sys.executable, "-m", "replicator.cli", "tail", *pair, "-c", str(cp), "--no-progress"]
     runs.append(subprocess.Popen(argv, stderr=subprocess.PIPE, text=True))
     with pymongo.MongoClient(source_uri) as src:
-        src.a.x.delete_one({"_id": 2})
-        last = src.admin.command("ping")["operationTime"]
-    _until("the tail past the last write", lambda: (_position(cp) or Timestamp(0, 0)) >= last)
+        src.a.x.insert_one({"_id": "last"})
+    _until("the tail past the last write", lambda: _has(target_uri, "a", "x", "last"))
     refused = _mcdc("catch-up", *pair, "-c", str(copy), "--no-progress")
     _assert_one_line_error(refused, 2, str(copy), str(cp), "stop that one first")
     runs[0].send_signal(signal.SIGTERM)
