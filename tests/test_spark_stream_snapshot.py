@@ -130,6 +130,47 @@ def _stream_tokens(source: str, since: Timestamp) -> list[str]:
         return tokens
 
 
+def test_the_stream_after_the_snapshot_has_every_event_from_the_snapshot_s_time_on(
+    source_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write lands just before the query reads the source's time (at that very time, as a ping's operation
+    time is the last write's) and one just after it, before the query would know where its stream stands:
+    both are events from the snapshot's time on, so both are rows after the snapshot's. The reader runs
+    in this process (the driver's and the executors' parts in turn), the writes made as it reads the time."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from replicator.events.rows import NAMES
+    from replicator.spark_datasource import stream
+
+    with pymongo.MongoClient(source_uri) as client:
+        client.shop.create_collection("orders")
+        client.shop.orders.insert_many([{"_id": i} for i in range(5)])
+        real_time, written = stream.source_time, list[Any]()
+
+        def writing_around(reader_client: Any) -> Timestamp:
+            reader_client.admin.command("ping")  # connected first: the time read next is the write's
+            written.append(client.shop.orders.insert_one({"_id": "just before"}).inserted_id)
+            at = real_time(reader_client)
+            written.append(client.shop.orders.insert_one({"_id": "just after"}).inserted_id)
+            return at
+
+        monkeypatch.setattr(stream, "source_time", writing_around)
+        reader = stream.ChangeStreamReader({"source": source_uri, "include": r"shop\..*", "snapshot": "initial"})
+        start = reader.initialOffset()
+        monkeypatch.setattr(stream, "source_time", real_time)
+        rows: list[dict[str, Any]] = []
+        for _ in range(2):  # the snapshot's partitions, then the stream's events
+            end = reader.latestOffset(start, ReadAllAvailable())
+            for part in reader.partitions(start, end):
+                rows += [dict(zip(NAMES, row, strict=True)) for row in reader.read(part)]
+            start = end
+    assert written == ["just before", "just after"]  # the time read once
+    ((t, i),) = {(r["sequence"]["t"], r["sequence"]["i"]) for r in rows if r["op"] == "r"}
+    events = [json.loads(r["key"])["_id"] for r in rows if r["op"] != "r"]
+    assert events in (written, written[1:])  # "just before" where it is at the time read (as a rule it is)
+    assert [r["resume_token"] for r in rows if r["op"] != "r"] == _stream_tokens(source_uri, Timestamp(t, i))
+
+
 class Moves:
     """Renames and drops during the snapshot, each once the query delivered a number of micro-batches:
     ``x_archive`` renamed (a document updated before, one added after), renamed again and a new

@@ -15,7 +15,8 @@ checkpoint must not fall off the oplog).
 
 ``snapshot`` (option ``snapshot=initial``) is there until the snapshot's partitions are all read: its read
 time, its plan (``Partition.to_json`` of each with its collection's ``uuid``, fixed when the query began)
-and how many are read. The shards' entries stay where the snapshot began until then. Where a planned
+and how many are read. Each shard's entry is the snapshot's read time until then (a cluster time, no
+token: every event from that time on comes after the snapshot's rows). Where a planned
 collection is when its partition is read (renamed, dropped) is found again from the source's events
 after the read time (spark_datasource/moves.py), so a restarted query needs nothing more to read it.
 """

@@ -1,8 +1,8 @@
 """``spark.readStream.format("mcdc")``: the source's change streams as micro-batches.
 
 With ``snapshot=initial``, the selected collections come first, as ``r`` rows: the snapshot's partitions
-are planned when the query begins (as the batch read plans them, after each stream's position is taken)
-and read a few per micro-batch, then the streams go on from those positions (snapshot.py, offsets.py). A
+are planned when the query begins (as the batch read plans them, after the source's time is read) and
+read a few per micro-batch, then every stream goes on from that time (snapshot.py, offsets.py). A
 partition whose collection was renamed or dropped before it was read is read where the collection went,
 or not at all (moves.py): its rows come before the rename's or drop's row in the stream's order.
 
@@ -118,23 +118,32 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             ts = parse_start_at(s.start_at)
             return offsets.to_json({name: ShardOffset(None, ts.time, ts.inc) for name in self.shards()}, initial=True)
         start: dict[str, ShardOffset] = {}
-
-        def begin() -> Timestamp | None:
-            for name, uri in self.shards().items():
-                with sync_client(uri, s.connect_timeout_s, s.io_timeout_s) as client:
-                    start[name] = position_now(client, s)
-            times = [entry.cluster_time for entry in start.values() if entry.cluster_time is not None]
-            return min(times) if times else None
-
         snapshot = None
-        if snapshot_first(self.options, s):  # planned after each stream's position was taken: none is lost
-            at, plan = plan_steadily(s, begin)  # a plan made again takes the positions again
+        if snapshot_first(self.options, s):
+            # Every stream from the snapshot's time itself (startAtOperationTime), not from a position taken
+            # after that time was read: the rows sit before every event at that time or later, so the
+            # events at it (a ping's time is the last write's) and those until the position was taken must
+            # come after them too. The documents, read later still, may show them already: a consumer
+            # folding by sequence applies them again, as it does every later event.
+            at, plan = plan_steadily(s, self._time_now)  # a plan made again reads the time again
+            start = {name: ShardOffset(None, at.time, at.inc) for name in self.shards()}
             snapshot = SnapshotOffset(at.time, at.inc, tuple(plan))
             log.info("mcdc stream reads a snapshot of %d partitions first, at %s", len(plan), at)
         else:
-            begin()
+            for name, uri in self.shards().items():
+                with sync_client(uri, s.connect_timeout_s, s.io_timeout_s) as client:
+                    start[name] = position_now(client, s)
         log.info("mcdc stream starts at %s", start)
         return offsets.to_json(start, initial=True, snapshot=snapshot)
+
+    def _time_now(self) -> Timestamp:
+        """The earliest of the streams' times now (the snapshot's: every stream starts there)."""
+        s = self.settings
+        times: list[Timestamp] = []
+        for uri in self.shards().values():
+            with sync_client(uri, s.connect_timeout_s, s.io_timeout_s) as client:
+                times.append(source_time(client))
+        return min(times)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.settings.replay_batch)
