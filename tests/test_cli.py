@@ -114,7 +114,9 @@ NOT_APPLICABLE = {
         "snapshot_only": "a cutover replays changes: its checkpoint's snapshot is done",
         "verify": _VERIFIER,
         "verify_interval_s": _VERIFIER,
-        **dict.fromkeys(("snapshot", "drop_target", "start_at"), "a cutover's checkpoint has its snapshot done"),
+        **dict.fromkeys(
+            ("snapshot", "drop_target", "start_at", "shard_target"), "a cutover's checkpoint has its snapshot done"
+        ),
         "on_history_lost": "a cutover whose position left the oplog fails: it takes no new snapshot",
         **dict.fromkeys(
             (

@@ -141,6 +141,7 @@ SAMPLE = {
     "snapshot": "always",
     "snapshot-only": "true",
     "drop-target": "true",
+    "shard-target": 'shop\\.orders={"region": 1}',
     "start-at": "2024-05-01T00:00:00Z",
     "workers": "8",
     "partition-docs": "10000",
@@ -232,7 +233,7 @@ def _toml(value: object) -> str:
         return "[" + ", ".join(_toml(v) for v in value) + "]"
     if isinstance(value, int | float):
         return repr(value)
-    return '"' + str(value).replace("\\", "\\\\") + '"'
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def test_settings_round_trip_through_strings() -> None:

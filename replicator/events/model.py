@@ -223,17 +223,37 @@ def ts_from_json(data: Any) -> Timestamp | None:
 
 
 @dataclass(frozen=True)
+class ShardSpec:
+    """How a target collection is sharded: its source's shard key (config.collections) with the source's chunk
+    bounds, or a key ``--shard-target`` declares. An empty declared key leaves the target as it is.
+
+    ``split_points``: the source's chunk bounds, where a range key's target is split before the copy;
+    ``chunks``: the source's chunk count, a hashed key's initial chunks."""
+
+    key: Mapping[str, Any]
+    unique: bool = False
+    split_points: tuple[Mapping[str, Any], ...] = ()
+    chunks: int = 0
+    declared: bool = False  # from --shard-target, not the source
+
+    @property
+    def hashed(self) -> bool:
+        return any(value == "hashed" for value in self.key.values())
+
+
+@dataclass(frozen=True)
 class CollectionSpec:
     """A collection or view as the source's catalog describes it: what a sink needs to recreate it.
 
     ``options`` are listCollections' options (create's options); ``indexes`` are listIndexes' specs
-    without the server-assigned ``v``/``ns``.
+    without the server-assigned ``v``/``ns``; ``shard``: how a sharded target shards it (None: not at all).
     """
 
     ns: Namespace
     kind: str  # "collection" | "view" | "timeseries"
     options: Mapping[str, Any]
     indexes: tuple[Mapping[str, Any], ...] = ()
+    shard: ShardSpec | None = None
 
     @property
     def is_view(self) -> bool:

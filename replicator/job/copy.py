@@ -14,7 +14,7 @@ from pymongo.errors import PyMongoError
 from replicator.bsonkit.extjson import from_jsonable, to_jsonable
 from replicator.checkpoint.store import Checkpoint, CheckpointStore
 from replicator.engines.base import Engine
-from replicator.events import Namespace
+from replicator.events import CollectionSpec, Namespace
 from replicator.events.positions import snapshot_position
 from replicator.observe.metrics import Metrics
 from replicator.observe.progress import Reporter
@@ -30,6 +30,19 @@ from replicator.source import catalog
 from replicator.source.connection import Client
 from replicator.source.partitions import ALL, Partition, Resume
 from replicator.source.retry import Retrier
+from replicator.source.sharding import shard_specs
+
+
+async def target_specs(
+    client: Client, s: Settings, sink: Sink, specs: Sequence[CollectionSpec] | None = None
+) -> list[CollectionSpec]:
+    """The selected collections and views (``specs``, else the source's catalog) as the target names them,
+    with how a sharded target shards each: --shard-target's key, else as the source is sharded (read
+    through its mongos)."""
+    if specs is None:
+        specs = await catalog.describe(client, s.selection)
+    specs = await shard_specs(client, specs, s.shard_target, target_shards=sink.shards)
+    return [rename_spec(x, s.renamer) for x in specs]
 
 
 class SnapshotCopy:
@@ -69,7 +82,7 @@ class SnapshotCopy:
         if cp.snapshot.status != "in_progress":
             return cp
         if not fresh:  # a resumed run: create what the killed run had not created yet
-            specs = [rename_spec(x, s.renamer) for x in await catalog.describe(client, s.selection)]
+            specs = await target_specs(client, s, sink)
             unprepared = [t for t in specs if str(t.ns) not in cp.snapshot.prepared]
             await sink.prepare(unprepared, drop_existing=cp.snapshot.drop_target or s.drop_target)
             cp.snapshot.prepared.update(str(t.ns) for t in unprepared)

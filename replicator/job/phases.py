@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from replicator.checkpoint.store import Checkpoint, CheckpointStore, SnapshotProgress
 from replicator.errors import ConfigError, HistoryLost, TopologyError
 from replicator.events import Position
-from replicator.job.copy import SnapshotCopy
+from replicator.job.copy import SnapshotCopy, target_specs
 from replicator.job.engines import open_engine
 from replicator.job.migrations import hold_targets
 from replicator.job.preflight import refuse_same_server, source_name
@@ -42,7 +42,6 @@ from replicator.observe.tally import format_ts, listing, plural
 from replicator.replay.recorded import Recorded
 from replicator.settings.config import Settings, parse_start_at
 from replicator.settings.fields import FieldRules
-from replicator.settings.selection import rename_spec
 from replicator.settings.uri import is_mongo_uri, redact
 from replicator.sinks.base import Sink
 from replicator.sinks.registry import open_sink
@@ -248,7 +247,7 @@ class SyncJob:
             await self._replay.run(reader, sink, cp, snapshot_window=True)
             if self._stopped():
                 return  # the window is not replayed to its end: the next run goes on with it
-        specs = [rename_spec(x, s.renamer) for x in await catalog.describe(client, s.selection)]
+        specs = await target_specs(client, s, sink)
         if sink.builds_indexes:  # an event sink or a lake has no indexes to build
             self.reporter.info(f"building indexes on {plural(len(specs), 'collection')}")
         await sink.finish_snapshot(specs)
@@ -296,7 +295,7 @@ class SyncJob:
         if not s.snapshot_only:
             position, shard_positions = await capture(reader)
         specs = await catalog.describe(client, s.selection)
-        targets = [rename_spec(x, s.renamer) for x in specs]
+        targets = await target_specs(client, s, sink, specs)
         drop = drops_target(saved, drop_target=s.drop_target, force=force)
         busy = await sink.existing([t.ns for t in targets if not t.is_view])
         if busy and not drop:
@@ -304,6 +303,9 @@ class SyncJob:
                 f"the target already holds data in {listing(busy, 5)}: pass --drop-target to replace it with the "
                 "source's copy, or leave it out of the selection (--include, --exclude)"
             )
+        unfit = await sink.unfit([t for t in targets if not t.is_view], replacing=drop)
+        if unfit is not None:
+            raise ConfigError(unfit)
         plan = await plan_specs(client, specs, s.partition_docs, split=s.split, split_time=sink.deletes_time_ranges)
         cp = self._new_checkpoint(
             identity,

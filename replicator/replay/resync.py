@@ -5,7 +5,8 @@ is renamed into the selection, or when the selection grew, the namespaces concer
 source holds now: the target's copy is dropped, the collection (or view) created again with its options,
 its documents copied and its indexes built. A namespace the source no longer has is dropped from the
 target. Namespaces whose catalog alone changed get the source's indexes, and are copied again only where
-their options differ.
+their options differ. On a sharded target, a collection created again is sharded again (as the source is,
+or as --shard-target says) before its documents are copied.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 
 from bson.timestamp import Timestamp
 
-from replicator.events import ChangeEvent, Namespace, Op
+from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op
 from replicator.events.positions import snapshot_position
 from replicator.observe.progress import Reporter
 from replicator.observe.tally import CollectionProgress, listing, plural
@@ -29,6 +30,7 @@ from replicator.source import catalog
 from replicator.source.changestream import current_time
 from replicator.source.connection import Client
 from replicator.source.partitions import Partition, plan_spec
+from replicator.source.sharding import shard_specs
 
 
 @dataclass
@@ -102,15 +104,23 @@ class Resyncer:
     async def _catalog(self, ns: Namespace) -> bool:
         """The source's indexes and options onto the target's collection; False when only copying it again
         can do that (options differ, or it is gone from the source)."""
-        spec = await catalog.describe_one(self._client, ns)
+        spec = await self._describe(ns)
         if spec is None:
             return False
         return await self._sink.reconcile(rename_spec(spec, self.s.renamer))
 
+    async def _describe(self, ns: Namespace) -> CollectionSpec | None:
+        """Source namespace ``ns`` as the catalog has it, with how a sharded target shards it."""
+        spec = await catalog.describe_one(self._client, ns)
+        if spec is None:
+            return None
+        (spec,) = await shard_specs(self._client, [spec], self.s.shard_target, target_shards=self._sink.shards)
+        return spec
+
     async def copy(self, ns: Namespace) -> None:
         """Make the target's image of source namespace ``ns`` what the source holds now."""
         target = self.s.renamer(ns)
-        spec = await catalog.describe_one(self._client, ns)
+        spec = await self._describe(ns)
         if spec is None:  # gone from the source: gone from the target
             await self._sink.write([ChangeEvent(Op.DROP, target, origin=ns)])
             return

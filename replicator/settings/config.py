@@ -70,6 +70,7 @@ class Settings:
     snapshot: str = "initial"
     snapshot_only: bool = False
     drop_target: bool = False
+    shard_target: tuple[str, ...] = ()  # REGEX=KEY: a sharded target's shard key for source db.coll
     full_document: str = "updateLookup"
     # replay: events applied per bulk_write, and the bound of the stream read-ahead
     replay_batch: int = 1_000

@@ -158,6 +158,11 @@ OPTIONS: tuple[Option, ...] = (
         ),
         Option("drop-target", "drop_target", "Replace target collections that already hold data.", REPLICATE),
         Option(
+            "shard-target", "shard_target", "A sharded target shards collections matching REGEX (db.coll, as "
+            "--include) on KEY, e.g. '{\"region\": 1, \"_id\": \"hashed\"}', instead of as their source is "
+            "sharded; '{}' leaves them unsharded (repeatable; first match wins).", REPLICATE, metavar="REGEX=KEY",
+        ),
+        Option(
             "start-at", "start_at", "With no checkpoint: no snapshot, replay from TIME (ISO-8601, UTC unless "
             "it says, or SECONDS,INCREMENT).", REPLICATE, metavar="TIME",
         ),

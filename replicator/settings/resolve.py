@@ -37,6 +37,7 @@ from replicator.settings.options import (
     closest,
 )
 from replicator.settings.selection import Renamer, Selection
+from replicator.settings.shard_target import ShardTargets
 from replicator.settings.uri import check_mongo_uri, host_set, is_mongo_uri, kafka_bootstrap, redact
 
 _log = logging.getLogger("mcdc.config")
@@ -254,6 +255,11 @@ def validate(s: Settings, *, command: str | None = None) -> Settings:
     _validate_event_options(s)
     _validate_engine(s)
     FieldRules(s.field_exclude, s.field_rename)  # a bad rule fails now, before any connection
+    ShardTargets.from_rules(s.shard_target)
+    if s.shard_target and s.target and not is_mongo_uri(s.target):
+        raise ConfigError(
+            f"--shard-target shards a MongoDB target's collections: --target {redact(s.target)} is not one"
+        )
     selection = Selection.from_patterns(s.include, s.exclude)
     renamer = Renamer.from_rules(s.rename)
     return replace(s, selection=selection, renamer=renamer)

@@ -51,6 +51,9 @@ class Sink(ABC):
     #: and a transaction whole), ``"namespace"`` (each collection's events in one task), or None (the
     #: driver writes every batch: a local file or stdout).
     spreads: str | None = None
+    #: The destination shards collections (a MongoDB sharded cluster, known after ``start()``): the job gives
+    #: ``prepare`` specs that say how (``CollectionSpec.shard``), read from a sharded source and --shard-target.
+    shards: bool = False
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Connect; raise ConnectionFailed with a one-line reason when the destination is unreachable."""
@@ -88,6 +91,12 @@ class Sink(ABC):
     async def existing(self, namespaces: Sequence[Namespace]) -> list[Namespace]:
         """Which of these destination namespaces already hold data (so a fresh snapshot would mix)."""
         return []
+
+    async def unfit(self, specs: Sequence[CollectionSpec], *, replacing: bool) -> str | None:
+        """Why the destination cannot take these specs, in one line (a sharded source's collection into an
+        existing unsharded one, a --shard-target it cannot honour); None when it can. Asked before a new
+        snapshot; ``replacing``: it drops the existing collections first."""
+        return None
 
     async def prepare(self, specs: Sequence[CollectionSpec], *, drop_existing: bool) -> None:  # noqa: B027
         """Create destination collections (with options) and views before a snapshot copies data."""

@@ -14,6 +14,7 @@ from pymongo.errors import OperationFailure, WriteConcernError
 from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op
 from replicator.settings.selection import Scope
 from replicator.sinks.mongo.concern import check_reply, concern_failed, with_concern
+from replicator.sinks.mongo.sharding import same_key
 from replicator.source.catalog import clean_index, clean_options
 from replicator.source.connection import DICT_CODEC
 
@@ -103,7 +104,10 @@ class MongoSchema:
             coll = self._client[spec.ns.db].get_collection(spec.ns.coll or "", codec_options=DICT_CODEC)
             current = {ix["name"]: clean_index(ix) for ix in await (await coll.list_indexes()).to_list()}
             wanted = {ix["name"]: dict(ix) for ix in spec.indexes}
+            shard_key = spec.shard.key if spec.shard is not None and spec.shard.key else None
             for name, ix in current.items():
+                if shard_key is not None and name not in wanted and same_key(ix["key"], shard_key):
+                    continue  # the index a sharded collection's key needs (built by shardCollection)
                 if name != _ID_INDEX and not same_index(wanted.get(name), ix):
                     await coll.drop_index(name)
             missing = [ix for name, ix in wanted.items() if name != _ID_INDEX and not same_index(current.get(name), ix)]

@@ -27,6 +27,7 @@ from replicator.bsonkit.extjson import dumps_str
 from replicator.errors import SinkError, SinkUnavailable
 from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op, Position, by_namespace
 from replicator.settings.selection import Scope
+from replicator.settings.uri import redact
 from replicator.sinks.base import Sink, SourceLookup
 from replicator.sinks.mongo.commands import UnorderedWrites, delete_unordered, insert_unordered, replace_unordered
 from replicator.sinks.mongo.concern import concern_failed
@@ -44,6 +45,7 @@ from replicator.sinks.mongo.plan import (
     stale_delta,
 )
 from replicator.sinks.mongo.schema import MongoSchema
+from replicator.sinks.mongo.sharding import TargetSharding
 from replicator.sinks.mongo.unique import settle
 from replicator.source.connection import ServerInfo, make_client, probe, server_message
 from replicator.source.retry import is_retryable
@@ -126,10 +128,13 @@ class MongoSink(Sink):
         self._transactions = True
         self._lookup: SourceLookup | None = None
         self.server: ServerInfo | None = None
+        self._sharding = TargetSharding(self._client, 0)
 
     async def start(self) -> None:
         self.server = await probe(self._client, self.uri, "target")
         self._transactions = self.server.kind != "standalone"
+        self.shards = self.server.kind == "sharded"
+        self._sharding = TargetSharding(self._client, self.server.max_wire_version)
 
     async def close(self) -> None:
         await self._client.close()
@@ -138,8 +143,22 @@ class MongoSink(Sink):
         found = await asyncio.gather(*(self._schema.has_data(ns) for ns in namespaces))
         return [ns for ns, has in zip(namespaces, found, strict=True) if has]
 
+    async def unfit(self, specs: Sequence[CollectionSpec], *, replacing: bool) -> str | None:
+        declared = next((s for s in specs if s.shard is not None and s.shard.declared and s.shard.key), None)
+        if not self.shards:
+            if declared is None:
+                return None
+            return (
+                f"--shard-target {declared.ns}: target {redact(self.uri)} is not a mongos: only a sharded cluster "
+                "shards collections"
+            )
+        return None if replacing else await self._sharding.unfit(specs)
+
     async def prepare(self, specs: Sequence[CollectionSpec], *, drop_existing: bool) -> None:
+        """Collections with their options, then (on a mongos) sharded as ``specs`` say, before any copy."""
         await self._schema.prepare(specs, drop_existing=drop_existing)
+        if self.shards:
+            await self._sharding.shard(specs)
 
     async def finish_snapshot(self, specs: Sequence[CollectionSpec]) -> None:
         await self._schema.reconcile_indexes(specs)
