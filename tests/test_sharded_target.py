@@ -280,3 +280,24 @@ def test_a_run_killed_between_sharding_and_copying_converges_when_run_again(
     assert len(target_mongos.commands("shardCollection", "db.c")) == 1  # found sharded on that key: left so
     with pymongo.MongoClient(target_uri) as client:
         assert client.db.c.count_documents({}) == 50
+
+
+@pytest.mark.integration
+def test_a_collection_copied_again_during_the_replay_is_sharded_before_its_copy(
+    source_uri: str, target_mongos: MongosStandIn, target_uri: str, tmp_path: Path
+) -> None:
+    """A selection widened on a running migration copies the new collection during the replay (resync):
+    on a sharded target it is sharded before that copy too."""
+    _seed(source_uri, 10)
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.create_collection("a")
+        client.db.a.insert_one({"_id": 1})
+    done = _sync(source_uri, target_mongos.uri, tmp_path, "--include", r"db\.a")
+    assert done.returncode == 0, done.stderr
+    assert target_mongos.commands("shardCollection") == []
+    rule = r'db\.c={"n": 1}'
+    done = _sync(source_uri, target_mongos.uri, tmp_path, "--include", r"db\.(a|c)", "--shard-target", rule)
+    assert done.returncode == 0, done.stderr
+    assert _sharded_before_copied(target_mongos, "db.c")["key"] == {"n": 1}
+    with pymongo.MongoClient(target_uri) as client:
+        assert client.db.c.count_documents({}) == 10
