@@ -25,7 +25,7 @@ from replicator.source.sharding import MOST_SPLITS, shard_spec, with_sharding
 from tests.support.mongos import MongosStandIn, mongos
 
 NS = Namespace("db", "c")
-WIRE_7_0, WIRE_8_0 = 21, 25
+WIRE_5_0, WIRE_7_0, WIRE_8_0 = 13, 21, 25
 
 
 # ---- unit: no server
@@ -142,6 +142,7 @@ def test_a_range_sharded_source_is_sharded_and_split_on_the_target_before_the_co
         client.db.c.create_index([("region", 1), ("n", 1)], unique=True, name="by_region")
     bounds = [{"region": "EU", "n": 0}, {"region": "US", "n": MinKey()}]
     source_mongos.shard_source("db.c", {"region": 1, "n": 1}, unique=True, bounds=bounds, by_uuid=False)
+    target_mongos.wire_version = WIRE_5_0  # before 6.0: shardCollection needs enableSharding first
     done = _sync(source_mongos.uri, target_mongos.uri, tmp_path)
     assert done.returncode == 0, done.stderr
     shard = _sharded_before_copied(target_mongos, "db.c")
@@ -301,3 +302,16 @@ def test_a_collection_copied_again_during_the_replay_is_sharded_before_its_copy(
     assert _sharded_before_copied(target_mongos, "db.c")["key"] == {"n": 1}
     with pymongo.MongoClient(target_uri) as client:
         assert client.db.c.count_documents({}) == 10
+
+
+@pytest.mark.integration
+def test_a_target_user_who_may_not_shard_is_told_the_role_in_one_line(
+    source_uri: str, target_mongos: MongosStandIn, target_uri: str, tmp_path: Path
+) -> None:
+    _seed(source_uri, 5)
+    target_mongos.unauthorized = {"shardcollection"}
+    done = _sync(source_uri, target_mongos.uri, tmp_path, "--shard-target", r'db\.c={"_id": "hashed"}')
+    assert done.returncode == 2
+    (line,) = _errors(done)
+    assert line.startswith("mcdc: error: target: shardCollection db.c") and "clusterManager" in line
+    assert target_mongos.first_write("db.c") is None

@@ -41,11 +41,6 @@ class ShardTargets:
         name = str(ns)
         return next((key for pattern, key in self.rules if pattern.fullmatch(name)), None)
 
-    def rule_for(self, ns: Namespace) -> str:
-        """The REGEX of the rule that matched ``ns`` (for messages)."""
-        name = str(ns)
-        return next((p.pattern for p, _ in self.rules if p.fullmatch(name)), "")
-
 
 def _parse(rule: str) -> tuple[re.Pattern[str], Mapping[str, Any]]:
     example = 'e.g. \'shop\\.orders={"region": 1, "_id": "hashed"}\''

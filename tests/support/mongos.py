@@ -58,6 +58,7 @@ _WIRE_6_0 = 17  # from 6.0, shardCollection needs no enableSharding first
 ALREADY_INITIALIZED = 23
 ILLEGAL_OPERATION = 20
 NAMESPACE_NOT_SHARDED = 118
+UNAUTHORIZED = 13
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,8 @@ class MongosStandIn:
         #: listShards' shards
         self.shards: list[dict[str, Any]] = []
         self.enabled: set[str] = set()  # databases enableSharding was sent for
+        #: commands (lower-cased) refused as a user without the privilege is refused (Unauthorized)
+        self.unauthorized: set[str] = set()
         #: set once a shardCollection was answered
         self.sharded_event = threading.Event()
         self._writes_open: asyncio.Event | None = None  # cleared: writes wait (see hold_writes)
@@ -280,6 +283,9 @@ class MongosStandIn:
         """The stand-in's own answer, or None to pass the request to the server."""
         name = command.name.lower()
         body = request.body
+        if name in self.unauthorized:
+            return _error(UNAUTHORIZED, f"not authorized on admin to execute command {{ {command.name}: ... }}",
+                          "Unauthorized")  # fmt: skip
         if name == "enablesharding":
             self.enabled.add(command.ns)
             return {"ok": 1.0}
