@@ -395,3 +395,26 @@ def test_a_snapshot_task_settles_a_unique_key_conflict_from_the_source(source_ur
         docs, staged = tasks.copy(tasks.CopyTask(settings, part, None, "", limits, lambda ns: ns, None))
         assert docs == 1 and staged == []
         assert sorted(target.db.u.find(), key=lambda d: d["_id"]) == [{"_id": 1, "k": 4}, {"_id": 2, "k": 5}]
+
+
+async def test_sync_on_spark_shards_a_sharded_target_before_its_tasks_copy(
+    spark: Any, source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    """The driver shards the target collection (a mongos stand-in, tests/support/mongos.py) before any
+    Spark task writes into it."""
+    from tests.support.mongos import mongos
+
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.create_collection("c")
+        client.db.c.insert_many([{"_id": i, "region": i % 3} for i in range(600)])
+    with mongos(target_uri) as stand_in:
+        rule = r'db\.c={"region": 1, "_id": 1}'
+        summary = await run_job(source_uri, stand_in.uri, tmp_path / "cp.json", partition_docs=200, split="always",
+                                shard_target=(rule,))  # fmt: skip
+        (shard,) = stand_in.commands("shardCollection", "db.c")
+        first = stand_in.first_write("db.c")
+    assert summary["snapshot"] == "completed"
+    assert dict(shard.body)["key"] == {"region": 1, "_id": 1}
+    assert first is not None and shard.seq < first.seq
+    with pymongo.MongoClient(target_uri) as client:
+        assert client.db.c.count_documents({}) == 600
