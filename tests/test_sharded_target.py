@@ -61,6 +61,17 @@ def test_a_collection_with_a_default_collation_is_sharded_with_the_simple_one() 
     assert "collation" not in shard_command(NS, spec, {"collation": {"locale": "simple"}}, WIRE_8_0)
 
 
+def test_an_index_only_the_target_shard_key_needs_is_no_difference() -> None:
+    from replicator.checking.verify import schema_differences
+
+    key_index = {"key": {"region": 1, "_id": 1}, "name": "region_1__id_1"}
+    want = CollectionSpec(NS, "collection", {})
+    found = CollectionSpec(NS, "collection", {}, (key_index,), shard=ShardSpec({"region": 1, "_id": 1}))
+    assert schema_differences("db.c", want, found) == []
+    unsharded = CollectionSpec(NS, "collection", {}, (key_index,))
+    assert [d.kind for d in schema_differences("db.c", want, unsharded)] == ["index"]
+
+
 def test_shard_keys_compare_in_order_and_by_value() -> None:
     assert same_key({"a": 1, "b": "hashed"}, {"a": 1.0, "b": "hashed"})
     assert not same_key({"a": 1, "b": 1}, {"b": 1, "a": 1})
@@ -194,6 +205,10 @@ def test_shard_target_shards_an_unsharded_source_and_its_key_index_survives_the_
         assert client.db.c.count_documents({}) == 40
         keys = [dict(ix["key"]) for ix in client.db.c.index_information().values()]
         assert {"region": 1, "_id": 1} in keys  # shardCollection's index, not dropped as "not on the source"
+    # verify knows that index for the target's own: the copy is identical
+    args = [sys.executable, "-m", "replicator.cli", "verify", "-s", source_uri, "-t", target_mongos.uri]
+    verified = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
 @pytest.mark.integration
@@ -315,3 +330,18 @@ def test_a_target_user_who_may_not_shard_is_told_the_role_in_one_line(
     (line,) = _errors(done)
     assert line.startswith("mcdc: error: target: shardCollection db.c") and "clusterManager" in line
     assert target_mongos.first_write("db.c") is None
+
+
+@pytest.mark.integration
+def test_shard_target_shards_an_existing_empty_unsharded_target_collection(
+    source_mongos: MongosStandIn, target_mongos: MongosStandIn, source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    _seed(source_uri, 20)
+    source_mongos.shard_source("db.c", {"region": 1})
+    with pymongo.MongoClient(target_uri) as client:
+        client.db.create_collection("c")
+    done = _sync(source_mongos.uri, target_mongos.uri, tmp_path, "--shard-target", r'db\.c={"n": 1}')
+    assert done.returncode == 0, done.stderr
+    assert _sharded_before_copied(target_mongos, "db.c")["key"] == {"n": 1}  # the declared key, not the source's
+    with pymongo.MongoClient(target_uri) as client:
+        assert client.db.c.count_documents({}) == 20

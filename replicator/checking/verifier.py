@@ -52,6 +52,7 @@ from replicator.source.changestream import current_time
 from replicator.source.connection import RAW_CODEC, Client
 from replicator.source.partitions import Partition, plan_collection, with_catch_all
 from replicator.source.retry import is_retryable
+from replicator.source.sharding import with_shard_keys
 
 log = logging.getLogger("mcdc.verify")
 
@@ -241,7 +242,7 @@ class EmbeddedVerifier:
             self.state.done.append(str(src))
             return
         want = rename_spec(spec, self.s.renamer)
-        found = await catalog.describe_one(self.target, want.ns)
+        found = await _target_spec(self.target, want.ns)
         if namespace_differences(src, want, found):
             self._add(Entry(src, want.ns, SCHEMA))
         if found is not None and found.kind == want.kind == "collection":
@@ -341,10 +342,10 @@ class EmbeddedVerifier:
             return digest(edited([doc], editor)[0])
         if entry.kind == COUNT:
             return await self._count(client, ns)
+        if client is not self.source:
+            return await _target_spec(client, ns)
         spec = await catalog.describe_one(client, ns)
-        if spec is not None and client is self.source:
-            spec = rename_spec(spec, self.s.renamer)
-        return spec
+        return rename_spec(spec, self.s.renamer) if spec is not None else None
 
     def _same(self, entry: Entry, target: Any) -> bool:
         if entry.kind == SCHEMA:
@@ -404,3 +405,9 @@ class EmbeddedVerifier:
     def _publish(self) -> None:
         if self.metrics is not None:
             self.metrics.verification = self.verification()
+
+
+async def _target_spec(client: Client, ns: Namespace) -> CollectionSpec | None:
+    """A target namespace as its catalog has it, with its shard key on a mongos (see with_shard_keys)."""
+    spec = await catalog.describe_one(client, ns)
+    return None if spec is None else (await with_shard_keys(client, [spec]))[0]

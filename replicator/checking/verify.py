@@ -29,9 +29,11 @@ from replicator.settings.fields import FieldEditor, FieldRules
 from replicator.settings.selection import Selection, rename_spec
 from replicator.settings.uri import is_mongo_uri, redact
 from replicator.sinks.mongo.schema import same_index
+from replicator.sinks.mongo.sharding import same_key
 from replicator.source import catalog
 from replicator.source.connection import DICT_CODEC, Client, make_client, probe
 from replicator.source.partitions import Partition, plan_collection, with_catch_all
+from replicator.source.sharding import with_shard_keys
 from replicator.source.snapshot import read_partition
 
 #: ``_id``s read per query when only some documents are compared
@@ -208,6 +210,8 @@ def schema_differences(ns: str, want: CollectionSpec, found: CollectionSpec) -> 
         a, b = source_ix.get(name), target_ix.get(name)
         if same_index(a, b):
             continue
+        if a is None and b is not None and found.shard is not None and same_key(b["key"], found.shard.key):
+            continue  # the index the target's shard key needs (--shard-target): the target's own
         if b is None:
             where = "missing on the target"
         elif a is None:
@@ -299,7 +303,8 @@ class _Verifier:
             raise ConfigError(f"nothing to verify: {problem}")
         specs = await catalog.describe(self.source, s.selection)
         wanted = {s.renamer(spec.ns): spec for spec in specs}
-        found = {spec.ns: spec for spec in await catalog.describe(self.target, Selection())}
+        described = await with_shard_keys(self.target, await catalog.describe(self.target, Selection()))
+        found = {spec.ns: spec for spec in described}
         per_ns = await asyncio.gather(*(self._namespace(spec, found.get(ns)) for ns, spec in wanted.items()))
         differences = [d for diffs in per_ns for d in diffs]
         inverse = s.renamer.inverse()

@@ -33,8 +33,10 @@ def is_mongos(client: Client) -> bool:
     return any(d.server_type_name == "Mongos" for d in client.topology_description.server_descriptions().values())
 
 
-async def read_sharding(client: Client, namespaces: Sequence[Namespace]) -> dict[Namespace, ShardSpec]:
-    """The sharded ones among the source's ``namespaces``, each with its key and chunk bounds."""
+async def read_sharding(
+    client: Client, namespaces: Sequence[Namespace], *, bounds: bool = True
+) -> dict[Namespace, ShardSpec]:
+    """The sharded ones among the source's ``namespaces``, each with its key (and its chunk bounds)."""
     if not namespaces:
         return {}
     config = client.get_database("config", codec_options=DICT_CODEC)
@@ -43,11 +45,13 @@ async def read_sharding(client: Client, namespaces: Sequence[Namespace]) -> dict
         entries = await (config["collections"].find(query)).to_list()
         found: dict[Namespace, ShardSpec] = {}
         for entry in entries:
-            by = {"uuid": entry["uuid"]} if "timestamp" in entry and "uuid" in entry else {"ns": entry["_id"]}
-            cursor = config["chunks"].find(by, {"min": 1, "_id": 0}).sort("min", 1)
-            bounds = [chunk["min"] for chunk in await cursor.to_list()]
+            lows = []
+            if bounds:
+                by = {"uuid": entry["uuid"]} if "timestamp" in entry and "uuid" in entry else {"ns": entry["_id"]}
+                cursor = config["chunks"].find(by, {"min": 1, "_id": 0}).sort("min", 1)
+                lows = [chunk["min"] for chunk in await cursor.to_list()]
             db, _, coll = str(entry["_id"]).partition(".")
-            found[Namespace(db, coll)] = shard_spec(entry, bounds)
+            found[Namespace(db, coll)] = shard_spec(entry, lows)
     except OperationFailure as exc:
         raise ConfigError(
             f"source: reading config.collections and config.chunks (how the source is sharded, for the sharded "
@@ -98,3 +102,16 @@ async def shard_specs(
     collections = [x.ns for x in specs if x.kind == "collection"]
     source = await read_sharding(client, collections) if target_shards and is_mongos(client) else {}
     return with_sharding(specs, source, ShardTargets.from_rules(rules))
+
+
+async def with_shard_keys(client: Client, specs: Sequence[CollectionSpec]) -> list[CollectionSpec]:
+    """``specs`` of a mongos's collections with their shard keys (no chunk bounds), so that a comparison
+    knows the index a target's key needs for its own; as they are on another deployment, or where
+    config.collections may not be read (the index then shows as a difference: never a difference missed)."""
+    if not is_mongos(client):
+        return list(specs)
+    try:
+        found = await read_sharding(client, [s.ns for s in specs if s.kind == "collection"], bounds=False)
+    except ConfigError:
+        return list(specs)
+    return [replace(spec, shard=found[spec.ns]) if spec.ns in found else spec for spec in specs]
