@@ -345,3 +345,34 @@ def test_shard_target_shards_an_existing_empty_unsharded_target_collection(
     assert _sharded_before_copied(target_mongos, "db.c")["key"] == {"n": 1}  # the declared key, not the source's
     with pymongo.MongoClient(target_uri) as client:
         assert client.db.c.count_documents({}) == 20
+
+
+@pytest.mark.integration
+def test_a_tail_without_snapshot_shards_the_target_before_its_first_replayed_write(
+    source_uri: str, target_mongos: MongosStandIn, target_uri: str, tmp_path: Path
+) -> None:
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.create_collection("c")
+    cp = tmp_path / "cp.json"
+    args = [sys.executable, "-m", "replicator.cli", "tail", "-s", source_uri, "-t", target_mongos.uri, "-c", str(cp)]
+    args += ["--snapshot", "never", "--no-progress", "--shard-target", r'db\.c={"_id": "hashed"}']
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not cp.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        with pymongo.MongoClient(source_uri) as client:
+            client.db.c.insert_many([{"_id": i} for i in range(10)])
+        with pymongo.MongoClient(target_uri) as client:
+            while client.db.c.count_documents({}) < 10:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+                time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert _sharded_before_copied(target_mongos, "db.c")["key"] == {"_id": "hashed"}

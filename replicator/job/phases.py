@@ -271,6 +271,7 @@ class SyncJob:
         if start is Start.START_AT:
             assert s.start_at is not None
             at = parse_start_at(s.start_at)
+            await self._shard_without_snapshot(client, sink)
             cp = self._new_checkpoint(identity, position=Position(cluster_time=at))
             self.store.save(cp)
             self.reporter.info(f"no snapshot: replicating from --start-at {s.start_at} ({format_ts(at)})")
@@ -286,6 +287,7 @@ class SyncJob:
                 start = Start.FRESH
         if start is Start.REPLAY:
             if cp is None:
+                await self._shard_without_snapshot(client, sink)
                 position, shard_positions = await capture(reader)
                 cp = self._new_checkpoint(identity, position=position, shards=shard_positions)
                 self.store.save(cp)
@@ -328,6 +330,18 @@ class SyncJob:
         cp.snapshot.prepared = {str(t.ns) for t in targets}
         self.store.save(cp)  # before any copy: a resumed run must not prepare (drop) them again
         return await self._copy(client, sink, cp, fresh=True, started=self._started_snapshot)
+
+    async def _shard_without_snapshot(self, client: Client, sink: Sink) -> None:
+        """A new checkpoint that copies nothing (--snapshot never, --start-at): on a sharded target, the
+        collections to shard are created and sharded before the first replayed write, as a snapshot shards
+        them (one that exists unsharded is refused as a snapshot refuses it)."""
+        if not (sink.shards or self.s.shard_target):
+            return
+        targets = [t for t in await target_specs(client, self.s, sink) if t.shard is not None and t.shard.key]
+        unfit = await sink.unfit(targets, replacing=False)
+        if unfit is not None:
+            raise ConfigError(unfit)
+        await sink.prepare(targets, drop_existing=False)
 
     def _new_checkpoint(self, identity: str, **fields: Any) -> Checkpoint:
         """A checkpoint that starts here, recording the selection and rules its copies follow."""
