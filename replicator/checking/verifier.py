@@ -46,7 +46,7 @@ from replicator.observe.progress import Reporter, lag_seconds
 from replicator.observe.tally import Throttle, duration, plural
 from replicator.settings.config import Settings
 from replicator.settings.fields import FieldRules
-from replicator.settings.selection import Selection, rename_spec
+from replicator.settings.selection import rename_spec, target_databases
 from replicator.source import catalog
 from replicator.source.changestream import current_time
 from replicator.source.connection import RAW_CODEC, Client
@@ -224,7 +224,7 @@ class EmbeddedVerifier:
             await self._ranges()
             return True
         if self._todo is None:
-            names = sorted(await catalog.list_namespaces(self.source), key=str)
+            names = sorted(await catalog.list_namespaces(self.source, self.s.selection), key=str)
             self._todo = [ns for ns in names if self.s.selection(ns) and str(ns) not in s.done]
         if self._todo:
             await self._namespace(self._todo.pop(0))
@@ -288,7 +288,7 @@ class EmbeddedVerifier:
     async def _extra_namespaces(self) -> None:
         """Target namespaces the selection maps to that the source does not have."""
         inverse = self.s.renamer.inverse()
-        for spec in await catalog.describe(self.target, Selection()):
+        for spec in await catalog.describe(self.target, target_databases(self.s.selection, self.s.renamer)):
             origin = inverse(spec.ns)
             if self.s.renamer(origin) != spec.ns or not self.s.selection(origin):
                 continue

@@ -26,7 +26,7 @@ from replicator.errors import ConfigError
 from replicator.events import CollectionSpec, Namespace
 from replicator.settings.config import Settings
 from replicator.settings.fields import FieldEditor, FieldRules
-from replicator.settings.selection import Selection, rename_spec
+from replicator.settings.selection import rename_spec, target_databases
 from replicator.settings.uri import is_mongo_uri, redact
 from replicator.sinks.mongo.schema import same_index
 from replicator.source import catalog
@@ -294,12 +294,13 @@ class _Verifier:
 
     async def run(self) -> VerifyReport:
         s = self.s
-        problem = catalog.unmatched(s.selection, await catalog.list_namespaces(self.source))
+        problem = catalog.unmatched(s.selection, await catalog.list_namespaces(self.source, s.selection))
         if problem is not None:  # nothing to compare would pass as "identical"
             raise ConfigError(f"nothing to verify: {problem}")
         specs = await catalog.describe(self.source, s.selection)
         wanted = {s.renamer(spec.ns): spec for spec in specs}
-        found = {spec.ns: spec for spec in await catalog.describe(self.target, Selection())}
+        on_target = await catalog.describe(self.target, target_databases(s.selection, s.renamer))
+        found = {spec.ns: spec for spec in on_target}
         per_ns = await asyncio.gather(*(self._namespace(spec, found.get(ns)) for ns, spec in wanted.items()))
         differences = [d for diffs in per_ns for d in diffs]
         inverse = s.renamer.inverse()
@@ -384,7 +385,9 @@ async def verify(settings: Settings, differ: RangeDiffer | None = None, scope: S
     started = time.monotonic()
     source = make_client(settings.source, timeout_s=settings.connect_timeout_s, io_timeout_s=settings.io_timeout_s)
     try:
-        target = make_client(settings.target, timeout_s=settings.connect_timeout_s, io_timeout_s=settings.io_timeout_s)
+        target = make_client(
+            settings.target, timeout_s=settings.connect_timeout_s, io_timeout_s=settings.io_timeout_s, side="target"
+        )
         try:
             await probe(source, settings.source, "source")
             await probe(target, settings.target, "target")

@@ -208,7 +208,7 @@ async def _write_reverse(settings: Settings, cp: Checkpoint, forward: Checkpoint
     (:func:`_may_write_reverse`)."""
     back = reversed_settings(settings)
     path = back.checkpoint_path()
-    target = make_client(settings.target, timeout_s=settings.connect_timeout_s)
+    target = make_client(settings.target, timeout_s=settings.connect_timeout_s, side="target")
     try:
         info = await probe(target, settings.target, "target")
         now = await current_time(target)

@@ -32,7 +32,12 @@ from replicator.events import Position
 from replicator.job.copy import SnapshotCopy
 from replicator.job.engines import open_engine
 from replicator.job.migrations import hold_targets
-from replicator.job.preflight import refuse_same_server, source_name
+from replicator.job.preflight import (
+    check_source_privileges,
+    check_target_privileges,
+    refuse_same_server,
+    source_name,
+)
 from replicator.job.replay import Replay
 from replicator.job.startup import check_recorded, check_selection, claim, reach
 from replicator.observe.metrics import Metrics
@@ -126,6 +131,7 @@ class SyncJob:
                             "migration"
                         )
                     check_recorded(self.s, cp, str(self.store.path))
+                    await check_source_privileges(client, self.s)
                     namespaces = await check_selection(
                         client, self.s, self._fields, self.reporter, command=self.command, first_run=cp is None
                     )
@@ -136,6 +142,7 @@ class SyncJob:
                         self.summary.elapsed_s = round(time.monotonic() - started, 3)
                         self.summary.never_reached = "target"
                         return self.summary
+                    await check_target_privileges(sink, self.s, namespaces)
                     await refuse_same_server(client, info, sink, self.s, first_run=cp is None)
                     if not claimed:  # a MongoDB target, known now that start() probed it; nothing written yet
                         claim(self.store, self.s, info, sink, cp, started=True)

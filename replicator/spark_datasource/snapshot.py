@@ -105,7 +105,7 @@ async def plan_snapshot(s: Settings, at: Timestamp | None = None) -> tuple[Times
     try:
         at = at if at is not None else await current_time(client)
         if s.include:
-            problem = catalog.unmatched(s.selection, await catalog.list_namespaces(client))
+            problem = catalog.unmatched(s.selection, await catalog.list_namespaces(client, s.selection))
             if problem is not None:
                 raise ConfigError(problem)
         specs = await catalog.describe(client, s.selection)

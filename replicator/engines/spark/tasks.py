@@ -139,7 +139,7 @@ def diff(task: DiffTask) -> DocumentDiff:
 async def _diff(task: DiffTask) -> DocumentDiff:
     s = task.settings
     source = make_client(s.source, timeout_s=s.connect_timeout_s, io_timeout_s=s.io_timeout_s)
-    target = make_client(s.target, timeout_s=s.connect_timeout_s)
+    target = make_client(s.target, timeout_s=s.connect_timeout_s, side="target")
     try:
         part = task.partition
         fields = FieldRules(s.field_exclude, s.field_rename)
