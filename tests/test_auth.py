@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pymongo
 import pytest
 
 from tests.support.secure import PASSWORD, SecureServer, admin_client, start_with_users
-from tests.support.servers import SYSTEM_DATABASES
+from tests.support.servers import SYSTEM_DATABASES, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -135,12 +136,18 @@ def test_least_roles_sync_catch_up_tail_and_cutover(
     assert result.returncode == 0, result.stderr
     assert _count(target, "shop", "orders") == 300
 
-    tail = subprocess.Popen(_argv("tail", *common), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    port = free_port()
+    tail = subprocess.Popen(
+        _argv("tail", *common, "--metrics-port", str(port)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         with admin_client(source) as client:
             client.shop.orders.insert_many([{"_id": i, "n": i} for i in range(300, 350)])
             client.shop.orders.update_one({"_id": 0}, {"$set": {"n": -1}})
         _wait(lambda: _count(target, "shop", "orders") == 350, "the tail to replay the inserts")
+        for path in ("/progress", "/metrics"):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as reply:
+                out.texts.append(reply.read().decode())
     finally:
         tail.send_signal(signal.SIGTERM)
         stdout, stderr = tail.communicate(timeout=60)
