@@ -120,7 +120,7 @@ def test_a_collection_privilege_covers_only_its_collection() -> None:
         ("source", "find", "shop", "run find on shop (grant read on shop, or readAnyDatabase)"),
         ("target", "insert", "shop", "run insert on shop (grant readWrite on shop, or readWriteAnyDatabase)"),
         ("target", "collMod", "shop", "run collMod on shop (grant dbAdmin on shop)"),
-        ("source", "setUserWriteBlockMode", "admin", "run setUserWriteBlockMode on the cluster (grant clusterManager)"),
+        ("source", "setUserWriteBlockMode", "admin", "run setUserWriteBlockMode on the cluster (grant backup)"),
     ],
 )  # fmt: skip
 def test_a_refusal_at_run_time_names_the_side_and_the_role(side: str, command: str, db: str, expected: str) -> None:

@@ -78,7 +78,7 @@ def _builtin(role: str, db: str) -> tuple[Privilege, ...] | None:
         "readWriteAnyDatabase": (_READ_WRITE, {"listDatabases"}),
         "dbAdminAnyDatabase": (_DB_ADMIN, {"listDatabases"}),
         "clusterMonitor": (frozenset(), _CLUSTER_MONITOR),
-        "clusterManager": (frozenset(), {"setUserWriteBlockMode", "listDatabases", "listShards"}),
+        "clusterManager": (frozenset(), {"replSetGetConfig", "replSetGetStatus", "listShards"}),
     }
     if role not in cluster_wide:
         return None
@@ -190,7 +190,7 @@ _COMMAND_ROLES = {
     "replSetGetConfig": "clusterMonitor",
     "replSetGetStatus": "clusterMonitor",
     "listShards": "clusterMonitor",
-    "setUserWriteBlockMode": "clusterManager",
+    "setUserWriteBlockMode": "backup",  # MongoDB grants it with backup, for cluster-to-cluster sync
     "collMod": "dbAdmin on {db}",
     "dropDatabase": "dbAdmin on {db}",
     "renameCollection": "readWrite on both databases (a rename within one database: readWrite on it)",
