@@ -49,7 +49,10 @@ def auth_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Secure
                 "tgt_least": [_db("shop", "readWrite")],
                 "tgt_read": [_db("shop")],
                 "tgt_elsewhere": [_db("other", "readWrite")],
+                "tgt_custom": ["shopReader"],
             },
+            # a custom role: the test server lists no privileges for it, so only the server can refuse
+            roles={"shopReader": [{"resource": {"db": "shop", "collection": ""}, "actions": ["find"]}]},
         )
     except BaseException:
         source.stop()
@@ -250,3 +253,21 @@ def test_a_server_without_auth_is_not_checked(source_uri: str, target_uri: str, 
     assert result.returncode == 0, result.stderr
     with pymongo.MongoClient(target_uri) as client:
         assert client.shop.orders.count_documents({}) == 1
+
+
+def test_a_refusal_at_run_time_names_the_side_and_the_role(
+    servers_clean: tuple[SecureServer, SecureServer], tmp_path: Path
+) -> None:
+    """A custom role the server lists no privileges for cannot be judged at start: the server's refusal of
+    the first write is told in one line, naming the target and the role."""
+    source, target = servers_clean
+    src, tgt = source.user_uri("src_least"), target.user_uri("tgt_custom")
+    out = Outputs(tmp_path)
+    result = out.run("sync", "-s", src, "-t", tgt, "-c", str(tmp_path / "cp.json"), "--include", SHOP,
+                     "--no-progress")  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("mcdc: error:")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert errors[0].startswith("mcdc: error: target: the user may not run "), errors[0]
+    assert "(grant readWrite on shop, or readWriteAnyDatabase)" in errors[0], errors[0]
+    out.assert_no_credentials(src, tgt)

@@ -129,8 +129,10 @@ def test_a_refusal_at_run_time_names_the_side_and_the_role(side: str, command: s
 
 
 def test_explain_refusal_follows_the_cause_and_names_the_side_that_sent_the_command() -> None:
-    connection._REFUSED.append(("target", "insert", "shop"))
-    refused = OperationFailure("not authorized on shop to execute command", 13)
+    said = "not authorized on shop to execute command (action: insert)"
+    connection._REFUSED.append(("target", "insert", "shop", said))
+    connection._REFUSED.append(("source", "find", "local", "not authorized on local to execute command"))
+    refused = OperationFailure(said, 13, {"ok": 0, "errmsg": said, "code": 13})
     try:
         try:
             raise refused
@@ -139,6 +141,8 @@ def test_explain_refusal_follows_the_cause_and_names_the_side_that_sent_the_comm
     except SinkError as wrapped:
         assert explain_refusal(wrapped) == command_refusal("target", "insert", "shop")
     assert explain_refusal(OperationFailure("duplicate key", 11000)) is None
+    unseen = OperationFailure("x", 13, {"errmsg": "not authorized on crm", "code": 13})
+    assert explain_refusal(unseen) is None  # no client saw it: its side is unknown
 
 
 @pytest.mark.parametrize(

@@ -227,37 +227,51 @@ class _Refusals(monitoring.CommandListener):
         pass
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
-        pass
+        if event.command_name in ("insert", "update", "delete"):  # a refusal as a write error of an ok reply
+            for error in event.reply.get("writeErrors") or ():
+                self._note(error, event)
 
     def failed(self, event: monitoring.CommandFailedEvent) -> None:
         failure = event.failure or {}
-        codes = [failure.get("code")] + [e.get("code") for e in failure.get("writeErrors") or []]
-        if UNAUTHORIZED in codes:
-            _REFUSED.append((self.side, event.command_name, event.database_name))
+        self._note(failure, event)
+        for error in failure.get("writeErrors") or ():
+            self._note(error, event)
+
+    def _note(
+        self, error: Mapping[str, Any], event: monitoring.CommandSucceededEvent | monitoring.CommandFailedEvent
+    ) -> None:
+        if error.get("code") == UNAUTHORIZED:
+            _REFUSED.append((self.side, event.command_name, event.database_name, str(error.get("errmsg", ""))))
 
 
-#: (side, command, database) of the latest Unauthorized replies, newest last.
-_REFUSED: deque[tuple[str, str, str]] = deque(maxlen=8)
+#: (side, command, database, message) of the latest Unauthorized replies, newest last.
+_REFUSED: deque[tuple[str, str, str, str]] = deque(maxlen=16)
 
 
 def explain_refusal(exc: BaseException) -> str | None:
     """One line for an error that is (or was caused by) a server's Unauthorized reply: which side refused
-    which command, and the built-in role that grants it. None for any other error."""
+    which command, and the built-in role that grants it. None for any other error, or for a refusal no
+    client of this process saw (its side unknown)."""
     seen: BaseException | None = exc
     while seen is not None:
-        if _unauthorized(seen):
-            if not _REFUSED:
-                return None
-            side, command, db = _REFUSED[-1]
-            return command_refusal(side, command, db)
+        message = _unauthorized(seen)
+        if message is not None:
+            for side, command, db, said in reversed(_REFUSED):
+                if said == message:
+                    return command_refusal(side, command, db)
+            return None
         seen = seen.__cause__ or seen.__context__
     return None
 
 
-def _unauthorized(exc: BaseException) -> bool:
+def _unauthorized(exc: BaseException) -> str | None:
+    """The server's message, when ``exc`` is an Unauthorized refusal."""
     if isinstance(exc, BulkWriteError):
-        return any(e.get("code") == UNAUTHORIZED for e in (exc.details or {}).get("writeErrors") or [])
-    return isinstance(exc, OperationFailure) and exc.code == UNAUTHORIZED
+        errors = [e for e in (exc.details or {}).get("writeErrors") or [] if e.get("code") == UNAUTHORIZED]
+        return str(errors[0].get("errmsg", "")) if errors else None
+    if isinstance(exc, OperationFailure) and exc.code == UNAUTHORIZED:
+        return str((exc.details or {}).get("errmsg", ""))
+    return None
 
 
 def kind_of(hello: Mapping[str, Any]) -> str:

@@ -53,13 +53,17 @@ class SecureServer(LocalServer):
         return f"mongodb://{quote_plus(user)}:{quote_plus(password)}@{rest}&authSource=admin"
 
 
-def start_with_users(storage_dir: Path, users: dict[str, Sequence[Any]]) -> SecureServer:
-    """A server whose ``users`` (name -> roles, as createUser takes them; ``admin`` is root) exist, running
-    with ``--auth``."""
+def start_with_users(
+    storage_dir: Path, users: dict[str, Sequence[Any]], roles: dict[str, list[dict[str, Any]]] | None = None
+) -> SecureServer:
+    """A server whose ``users`` (name -> roles, as createUser takes them; ``admin`` is root) and custom
+    ``roles`` (name -> privileges, in admin) exist, running with ``--auth``."""
     server = SecureServer(storage_dir)
     server.start()
     try:
         with connect(server.uri) as client:
+            for name, privileges in (roles or {}).items():
+                client.admin.command("createRole", name, privileges=privileges, roles=[])
             for name, roles in {ADMIN: ["root"], **users}.items():
                 client.admin.command("createUser", name, pwd=PASSWORD, roles=list(roles))
     finally:
