@@ -1,7 +1,8 @@
 """TLS against test servers started with ``--tls-cert-file``/``--tls-key-file``/``--tls-ca-file`` (a
-self-signed CA made with openssl): sync and tail work; a certificate that fails verification, one that does
-not name the host, and a host name that does not resolve are configuration errors (exit 2, one line
-saying what to fix), not outages; a port nobody listens on stays an outage (exit 75)."""
+self-signed CA made with openssl): sync and tail work, with a client certificate too; a certificate that fails
+verification, one that does not name the host, a missing client certificate and a host name that does not
+resolve are configuration errors (exit 2, one line saying what to fix), not outages; a port nobody listens on
+stays an outage (exit 75)."""
 
 from __future__ import annotations
 
@@ -28,10 +29,14 @@ def certificates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Certific
     directory = tmp_path_factory.mktemp("tls")
     ca = make_ca(directory)
     other = make_ca(directory, "other")
+    client = make_server_cert(directory, ca, "DNS:mcdc-client", "client")
+    combined = directory / "client-combined.pem"  # tlsCertificateKeyFile: the certificate, then its key
+    combined.write_text(client.cert.read_text() + client.key.read_text())
     return {
         "good": make_server_cert(directory, ca, "IP:127.0.0.1,DNS:localhost"),
         "misnamed": make_server_cert(directory, ca, "DNS:db.example", "misnamed"),
         "other_ca": Certificates(other[0], other[0], other[1]),
+        "client": Certificates(ca[0], combined, client.key),
     }
 
 
@@ -146,3 +151,27 @@ def test_a_port_nobody_listens_on_stays_an_outage(tls_pair: tuple[SecureServer, 
     )  # fmt: skip
     line = _one_line(result, 75)
     assert "unreachable" in line, line
+
+
+def test_a_server_that_requires_a_client_certificate(
+    tls_pair: tuple[SecureServer, SecureServer], certificates: dict[str, Certificates], tmp_path: Path
+) -> None:
+    """Without tlsCertificateKeyFile: exit 2, saying to set it; with the client's certificate: the sync works."""
+    _, target = tls_pair
+    pem = certificates["client"].cert
+    source = SecureServer(tmp_path / "source", tls=certificates["good"], client_pem=pem)
+    source.extra = [*source.tls_args(), "--tls-require-client-cert"]
+    source.start()
+    try:
+        with pymongo.MongoClient(f"{source.uri}&tlsCertificateKeyFile={pem}") as s, _client(target) as t:
+            t.drop_database("certs")
+            s.certs.create_collection("c")
+            s.certs.c.insert_many([{"_id": i} for i in range(10)])
+            args = ["-t", target.uri, "-c", str(tmp_path / "cp.json"), "--include", r"certs\..*", "--no-progress"]
+            line = _one_line(_mcdc("sync", "-s", source.uri, *args), 2)
+            assert "requires a client certificate: set tlsCertificateKeyFile" in line, line
+            result = _mcdc("sync", "-s", f"{source.uri}&tlsCertificateKeyFile={pem}", *args)
+            assert result.returncode == 0, result.stderr
+            assert t.certs.c.count_documents({}) == 10
+    finally:
+        source.stop()

@@ -22,9 +22,10 @@ class SecureServer(LocalServer):
     """A LocalServer started with extra options (``--auth``, the ``--tls-*`` files); its readiness probe
     speaks TLS when the server does."""
 
-    def __init__(self, storage_dir: Path, *, tls: Certificates | None = None) -> None:
+    def __init__(self, storage_dir: Path, *, tls: Certificates | None = None, client_pem: Path | None = None) -> None:
         super().__init__(storage_dir)
         self.tls = tls
+        self.client_pem = client_pem  # the client certificate and key its readiness probe shows, if any
         self.extra: list[str] = []
 
     def argv(self) -> list[str]:
@@ -39,6 +40,7 @@ class SecureServer(LocalServer):
     def probe(self) -> None:
         """Ready once it answers ping (over TLS, whatever names its certificate holds)."""
         uri = self.uri + ("&tlsAllowInvalidHostnames=true" if "tls=true" in self.uri else "")
+        uri += f"&tlsCertificateKeyFile={self.client_pem}" if self.client_pem else ""
         with connect(uri, timeout_ms=500) as client:
             client.admin.command("ping")
 
