@@ -21,6 +21,7 @@ import pytest
 
 from tests.support.secure import PASSWORD, SecureServer, admin_client, start_with_users
 from tests.support.servers import SYSTEM_DATABASES, free_port
+from tests.support.spark import quick_jvm_conf
 
 pytestmark = pytest.mark.integration
 
@@ -270,4 +271,24 @@ def test_a_refusal_at_run_time_names_the_side_and_the_role(
     assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
     assert errors[0].startswith("mcdc: error: target: the user may not run "), errors[0]
     assert "(grant readWrite on shop, or readWriteAnyDatabase)" in errors[0], errors[0]
+    out.assert_no_credentials(src, tgt)
+
+
+def test_the_spark_engine_with_the_least_roles(
+    servers_clean: tuple[SecureServer, SecureServer], tmp_path: Path
+) -> None:
+    """Spark's tasks connect with the same URIs, so the same roles do: sync and catch-up on --engine spark."""
+    source, target = servers_clean
+    src, tgt = source.user_uri("src_least"), target.user_uri("tgt_least")
+    out = Outputs(tmp_path)
+    spark = ["--engine", "spark", "--spark-master", "local[2]", "--spark-conf", "spark.ui.enabled=false",
+             "--spark-conf", "spark.driver.host=127.0.0.1", *quick_jvm_conf()]  # fmt: skip
+    common = ["-s", src, "-t", tgt, "-c", str(tmp_path / "cp.json"), "--include", SHOP, "--no-progress", *spark]
+    result = out.run("sync", *common, timeout=300)
+    assert result.returncode == 0, result.stderr
+    with admin_client(source) as client:
+        client.shop.orders.insert_many([{"_id": i, "n": i} for i in range(200, 250)])
+    result = out.run("catch-up", *common, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert _count(target, "shop", "orders") == 250
     out.assert_no_credentials(src, tgt)
