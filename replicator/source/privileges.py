@@ -37,15 +37,19 @@ _CLUSTER_MONITOR = frozenset({
 
 @dataclass(frozen=True)
 class Privilege:
-    """Actions on a resource: a database and collection ("" for any), or the cluster (``db`` None)."""
+    """Actions on a resource: a database and collection ("" for any), the cluster (``db`` None), or with
+    ``anything`` every resource (``{anyResource: true}``: the cluster, local and config included)."""
 
     db: str | None
     coll: str
     actions: frozenset[str]
+    anything: bool = False
 
     def covers(self, action: str, db: str | None, coll: str = "") -> bool:
         if action not in self.actions:
             return False
+        if self.anything:
+            return True
         if self.db is None or db is None:
             return self.db is None and db is None
         if self.db == "":  # every database but local and config, as MongoDB's "any normal resource"
@@ -117,21 +121,10 @@ def _privilege(listed: Mapping[str, Any]) -> Privilege:
     resource = listed.get("resource") or {}
     actions = frozenset(str(a) for a in listed.get("actions") or [])
     if resource.get("anyResource"):
-        return _AnyResource(actions)
+        return Privilege("", "", actions, anything=True)
     if resource.get("cluster"):
         return Privilege(None, "", actions)
     return Privilege(str(resource.get("db", "")), str(resource.get("collection", "")), actions)
-
-
-@dataclass(frozen=True)
-class _AnyResource(Privilege):
-    """``{anyResource: true}``: the cluster and every database, local and config included."""
-
-    def __init__(self, actions: frozenset[str]) -> None:
-        super().__init__("", "", actions)
-
-    def covers(self, action: str, db: str | None, coll: str = "") -> bool:
-        return action in self.actions
 
 
 @dataclass(frozen=True)
