@@ -199,7 +199,8 @@ def test_read_on_one_database_is_enough_for_a_snapshot_only_copy(
     [
         pytest.param(
             "src_read", "tgt_least", SHOP,
-            "source: user src_read may not open a change stream on the whole deployment (grant readAnyDatabase)",
+            "source: user src_read may not open a change stream on the whole deployment: changeStream on every "
+            "database (grant readAnyDatabase)",
             id="source-read-on-one-database",
         ),
         pytest.param(

@@ -59,7 +59,8 @@ def test_read_on_one_database_is_refused_the_deployment_stream_with_the_role_to_
     lacking = missing(source_needs(["shop"], stream=True), grants)
     assert [n.action for n in lacking] == ["changeStream", "find"]
     assert refusal("source", grants.user, lacking[0]) == (
-        "source: user app may not open a change stream on the whole deployment (grant readAnyDatabase)"
+        "source: user app may not open a change stream on the whole deployment: changeStream on every database "
+        "(grant readAnyDatabase)"
     )
     assert missing(source_needs(["shop"], stream=False), grants) == []  # --snapshot-only
     lacking = missing(source_needs(["crm"], stream=False), grants)
@@ -116,7 +117,8 @@ def test_a_collection_privilege_covers_only_its_collection() -> None:
     ("side", "command", "db", "expected"),
     [
         ("source", "listDatabases", "admin", "run listDatabases on the cluster (grant clusterMonitor)"),
-        ("source", "aggregate", "admin", "open a change stream on the whole deployment (grant readAnyDatabase)"),
+        ("source", "aggregate", "admin", "open a change stream on the whole deployment: changeStream on every "
+         "database (grant readAnyDatabase)"),
         ("source", "find", "shop", "run find on shop (grant read on shop, or readAnyDatabase)"),
         ("target", "insert", "shop", "run insert on shop (grant readWrite on shop, or readWriteAnyDatabase)"),
         ("target", "collMod", "shop", "run collMod on shop (grant dbAdmin on shop)"),

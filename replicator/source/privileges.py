@@ -127,6 +127,10 @@ def _privilege(listed: Mapping[str, Any]) -> Privilege:
     return Privilege(str(resource.get("db", "")), str(resource.get("collection", "")), actions)
 
 
+#: What the deployment-wide change stream is, in a refusal.
+_STREAM = "open a change stream on the whole deployment: changeStream on every database"
+
+
 @dataclass(frozen=True)
 class Need:
     """An action a run needs on a database (None: the cluster; "": every database), what it is for, and
@@ -146,8 +150,8 @@ def source_needs(databases: Sequence[str] | None, *, stream: bool) -> list[Need]
     needs: list[Need] = []
     if stream:
         needs += [
-            Need("changeStream", "", "open a change stream on the whole deployment", "readAnyDatabase"),
-            Need("find", "", "read every database's change events", "readAnyDatabase"),
+            Need("changeStream", "", _STREAM, "readAnyDatabase"),
+            Need("find", "", "read the whole deployment's change events: find on every database", "readAnyDatabase"),
         ]
     for db in databases or ():
         for action in ("find", "listCollections", "listIndexes"):
@@ -205,7 +209,7 @@ def advice(side: str, command: str, db: str) -> str:
 def command_refusal(side: str, command: str, db: str) -> str:
     """One line for a command the server refused at run time."""
     if command == "aggregate" and db == "admin":
-        what = "open a change stream on the whole deployment"
+        what = _STREAM
     elif command == "renameCollection":
         what = "rename a collection"
     elif command in _COMMAND_ROLES and "{db}" not in _COMMAND_ROLES[command]:
