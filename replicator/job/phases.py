@@ -51,6 +51,7 @@ from replicator.source import catalog
 from replicator.source.connection import Client, ServerInfo, make_client, probe
 from replicator.source.lookup import source_lookup
 from replicator.source.partitions import plan_specs
+from replicator.source.reads import ReadPolicy, check_members
 from replicator.source.retry import Retrier, is_retryable
 from replicator.source.shards import MergedReader
 from replicator.source.topology import Reader, StreamTopology, capture, open_at
@@ -115,6 +116,7 @@ class SyncJob:
                         self.summary.never_reached = "source"
                         return self.summary
                     (info,) = reached
+                    await check_members(client, ReadPolicy.of(self.s))  # --read-preference secondary: servable?
                     sink.source_name = info.set_name or ""
                     cp = self.store.load()
                     if cp is not None and cp.cutover is not None:

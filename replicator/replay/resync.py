@@ -29,6 +29,7 @@ from replicator.source import catalog
 from replicator.source.changestream import current_time
 from replicator.source.connection import Client
 from replicator.source.partitions import Partition, plan_spec
+from replicator.source.reads import ReadPolicy
 
 
 @dataclass
@@ -129,7 +130,7 @@ class Resyncer:
         self._reporter.snapshot_begin([CollectionProgress(str(ns), total=total or None)])
         started = time.monotonic()
         s = self.s
-        limits = CopyLimits(s.workers, s.batch_docs, s.batch_bytes, s.queue_batches)
+        limits = CopyLimits(s.workers, s.batch_docs, s.batch_bytes, s.queue_batches, ReadPolicy.of(s))
         documents = await copy_partitions(
             self._client, self._sink, plan, limits=limits, rename=s.renamer, on_done=done,
             reporter=self._reporter, fields=self._fields, at=at,
