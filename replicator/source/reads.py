@@ -83,10 +83,6 @@ class ReadPolicy:
         """This policy for one of ``readers`` tasks that share no bucket: each gets an equal part of the rate."""
         return ReadPolicy(self.mode, self.max_staleness_s, self.rate / max(1, readers) if self.rate > 0 else 0.0)
 
-    def describe(self) -> str:
-        """The cap as progress shows it: "read rate capped at 2,000 docs/s" ("" without one)."""
-        return f"read rate capped at {self.rate:,.0f} docs/s" if self.rate > 0 else ""
-
 
 @dataclass
 class SourceReads:
