@@ -250,7 +250,7 @@ class EmbeddedVerifier:
         if namespace_differences(src, want, found):
             self._add(Entry(src, want.ns, SCHEMA))
         if found is not None and found.kind == want.kind == "collection":
-            coll = self.source[src.db][src.coll or ""]
+            coll = self._reads.collection(self.source, src)
             plan = with_catch_all(await plan_collection(coll, src, self.s.partition_docs, split=self.s.split))
             self.state.current = str(src)
             self.state.plan = [p.to_json() for p in plan]

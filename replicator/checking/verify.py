@@ -335,7 +335,7 @@ class _Verifier:
     async def _documents(self, src: Namespace, dst: Namespace, ns: str) -> list[Difference]:
         async with self.slots:  # planning scans the _id index: one reader like a partition
             plan = await plan_collection(
-                self.source[src.db][src.coll or ""], src, self.s.partition_docs, split=self.s.split
+                self.reads.collection(self.source, src), src, self.s.partition_docs, split=self.s.split
             )
         plan = with_catch_all(plan)
         parts = await self._differ(plan, dst, self.reads)

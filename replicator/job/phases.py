@@ -306,7 +306,10 @@ class SyncJob:
                 f"the target already holds data in {listing(busy, 5)}: pass --drop-target to replace it with the "
                 "source's copy, or leave it out of the selection (--include, --exclude)"
             )
-        plan = await plan_specs(client, specs, s.partition_docs, split=s.split, split_time=sink.deletes_time_ranges)
+        plan = await plan_specs(
+            client, specs, s.partition_docs, split=s.split, split_time=sink.deletes_time_ranges,
+            read_preference=ReadPolicy.of(s).preference,
+        )  # fmt: skip
         cp = self._new_checkpoint(
             identity,
             position=position,

@@ -109,14 +109,15 @@ async def plan_snapshot(s: Settings, at: Timestamp | None = None) -> tuple[Times
     ``Partition.to_json`` with its collection's ``uuid`` (hex) when the source reports one."""
     client = make_client(s.source, timeout_s=s.connect_timeout_s, io_timeout_s=s.io_timeout_s)
     try:
-        await check_members(client, ReadPolicy.of(s))  # --read-preference secondary: servable?
+        policy = ReadPolicy.of(s)
+        await check_members(client, policy)  # --read-preference secondary: servable?
         at = at if at is not None else await current_time(client)
         if s.include:
             problem = catalog.unmatched(s.selection, await catalog.list_namespaces(client))
             if problem is not None:
                 raise ConfigError(problem)
         specs = await catalog.describe(client, s.selection)
-        plan = await plan_specs(client, specs, s.partition_docs, split=s.split)
+        plan = await plan_specs(client, specs, s.partition_docs, split=s.split, read_preference=policy.preference)
         uuids = await collection_uuids(client, {p.ns for p in plan})
         return at, [_with_uuid(p.to_json(), uuids.get(p.ns)) for p in plan]
     finally:
