@@ -112,6 +112,7 @@ async def test_the_snapshot_and_verify_read_where_the_preference_says_no_older_t
     assert {f["$readPreference"]["mode"] for f in finds} == {mode}  # the plan's scan of _ids too
     reads = [f for f in finds if f.get("projection") != {"_id": 1}]
     assert len(reads) >= 3  # one per _id range
+    assert {f["readConcern"]["level"] for f in reads} == {"local"}  # shards filter orphans (MongoShake#392)
     starts = {f["readConcern"]["afterClusterTime"] for f in reads}
     assert len(starts) == 1  # every range read at the snapshot's one start...
     (start,) = starts

@@ -25,6 +25,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
 from pymongo.errors import ConfigurationError, PyMongoError
+from pymongo.read_concern import ReadConcern
 from pymongo.read_preferences import Nearest, Primary, PrimaryPreferred, Secondary, SecondaryPreferred, _ServerMode
 
 from replicator.errors import ConfigError, ServerUnavailable
@@ -102,10 +103,16 @@ class SourceReads:
         return chunk_for(self.policy.rate, batch_docs) if self.bucket is not None else batch_docs
 
     def collection(self, client: Client, ns: Namespace) -> AsyncCollection[Any]:
-        return client[ns.db].get_collection(ns.coll or "", read_preference=self.policy.preference)
+        return client[ns.db].get_collection(ns.coll or "", read_preference=self.policy.preference, **self._concern())
 
     def sync_collection(self, client: MongoClient[Any], ns: Namespace) -> Collection[Any]:
-        return client[ns.db].get_collection(ns.coll or "", read_preference=self.policy.preference)
+        return client[ns.db].get_collection(ns.coll or "", read_preference=self.policy.preference, **self._concern())
+
+    def _concern(self) -> dict[str, Any]:
+        """A read that may reach a secondary says readConcern "local": on a sharded cluster its shard then
+        filters out orphaned documents (MongoDB 3.6 to 4.2 read secondaries as "available" unless told,
+        which does not: MongoShake#392). A primary read keeps the client's."""
+        return {"read_concern": ReadConcern("local")} if self.policy.causal else {}
 
     @contextlib.asynccontextmanager
     async def session(self, client: Client, since: Timestamp | None = None) -> AsyncIterator[AsyncClientSession | None]:
