@@ -148,3 +148,16 @@ def test_bench_cpu_profile_stages_name_files_that_exist(monkeypatch: pytest.Monk
         "sinks/mongo/plan.py",
     )
     assert all(bench_cpu.stage_of(f"/x/replicator/{f}") != "other mcdc" for f in hot)
+
+
+def test_bench_read_rate_windows_are_every_5_second_span_of_the_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The benchmark's arithmetic, on made-up samples (the script itself is run by hand: it takes minutes)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
+    import bench_read_rate
+
+    samples = [(0.0, 0), (0.5, 0), (1.0, 100), (3.0, 4100), (6.0, 10100), (6.5, 10300), (8.0, 12000), (9.0, 12000)]
+    span = bench_read_rate.copy_span(samples, 12000)
+    assert span == samples[1:7]  # the last sample with nothing copied to the first with everything
+    rates = bench_read_rate.window_rates(span)
+    assert rates == [(10100 - 0) / 5.5, (10100 - 100) / 5.0, (12000 - 4100) / 5.0]
+    assert bench_read_rate.window_rates(span[:3]) == []  # shorter than 5 s: no window
