@@ -88,20 +88,9 @@ async def copy_partitions(
             after = await begin(part, resume, on_start)
             editor = fields.for_namespace(part.ns) if fields else None
             docs = await _copy_one(
-                client,
-                sink,
-                part,
-                limits,
-                rename(part.ns),
-                reporter,
-                slots,
-                result,
-                after,
-                on_progress,
-                editor,
-                at,
+                client, sink, part, limits, rename(part.ns), reporter, slots, result, after, on_progress, editor, at,
                 reads,
-            )
+            )  # fmt: skip
             await on_done(part, docs)
 
     try:
