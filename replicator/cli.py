@@ -173,7 +173,9 @@ def _replicate(command: str, settings: Settings) -> None:
         if control:
             check_control(settings)
         async with served_metrics(settings) as metrics:
-            reporter = make_reporter(settings.progress and not settings.json_output)
+            reporter = make_reporter(
+                settings.progress and not settings.json_output, max_read_rate=settings.max_read_rate
+            )
             asked: list[bool] = []  # POST /commit was accepted (with blockWrites or not)
             if control and metrics is not None and stop is not None:
                 metrics.commit = commit_hook(metrics, stop, asked)
@@ -323,7 +325,7 @@ def cutover(settings: Settings) -> None:
     """
     from replicator.job.cutover import cutover as run_cutover
 
-    reporter = make_reporter(settings.progress and not settings.json_output)
+    reporter = make_reporter(settings.progress and not settings.json_output, max_read_rate=settings.max_read_rate)
     try:
         result = _run(lambda: run_cutover(settings, reporter))
     finally:

@@ -51,6 +51,7 @@ from replicator.source import catalog
 from replicator.source.changestream import current_time
 from replicator.source.connection import RAW_CODEC, Client
 from replicator.source.partitions import Partition, plan_collection, with_catch_all
+from replicator.source.reads import ReadPolicy, SourceReads
 from replicator.source.retry import is_retryable
 
 log = logging.getLogger("mcdc.verify")
@@ -108,6 +109,10 @@ class EmbeddedVerifier:
         self._differ = differ
         self._at_once = max(1, ranges_at_once)
         self._fields = FieldRules(settings.field_exclude, settings.field_rename)
+        # the sweep's source reads (--read-preference, --max-read-rate); its re-checks read the primary,
+        # after the replay passed them, so a lagging secondary can only send a document to be re-checked
+        policy = ReadPolicy.of(settings)
+        self._reads = SourceReads.start(policy)
         self._todo: list[Namespace] | None = None  # this pass's namespaces not compared yet
         self._logged = 0
         self._quiet = Throttle(_CLEAN_LINES_S)
@@ -245,7 +250,7 @@ class EmbeddedVerifier:
         if namespace_differences(src, want, found):
             self._add(Entry(src, want.ns, SCHEMA))
         if found is not None and found.kind == want.kind == "collection":
-            coll = self.source[src.db][src.coll or ""]
+            coll = self._reads.collection(self.source, src)
             plan = with_catch_all(await plan_collection(coll, src, self.s.partition_docs, split=self.s.split))
             self.state.current = str(src)
             self.state.plan = [p.to_json() for p in plan]
@@ -278,10 +283,13 @@ class EmbeddedVerifier:
         s.parts_done += len(parts)
 
     async def _diff(self, parts: Sequence[Partition], dst: Namespace, room: int) -> list[DocumentDiff]:
+        self._reads.since = self.state.pass_from  # no source read older than the pass's start
         if self._differ is not None:
-            return await self._differ(parts, dst)
+            return await self._differ(parts, dst, self._reads)
         return [
-            await diff_partition(self.s, self.source, self.target, p, dst, self._fields, sample=room, pace=self._pace)
+            await diff_partition(
+                self.s, self.source, self.target, p, dst, self._fields, sample=room, pace=self._pace, reads=self._reads
+            )
             for p in parts
         ]
 

@@ -56,6 +56,7 @@ from replicator.source import catalog
 from replicator.source.connection import Client, ServerInfo, make_client, probe
 from replicator.source.lookup import source_lookup
 from replicator.source.partitions import plan_specs
+from replicator.source.reads import ReadPolicy, check_members
 from replicator.source.retry import Retrier, is_retryable
 from replicator.source.shards import MergedReader
 from replicator.source.topology import Reader, StreamTopology, capture, open_at
@@ -120,6 +121,7 @@ class SyncJob:
                         self.summary.never_reached = "source"
                         return self.summary
                     (info,) = reached
+                    await check_members(client, ReadPolicy.of(self.s))  # --read-preference secondary: servable?
                     sink.source_name = info.set_name or ""
                     cp = self.store.load()
                     if cp is not None and cp.cutover is not None:
@@ -311,7 +313,10 @@ class SyncJob:
                 f"the target already holds data in {listing(busy, 5)}: pass --drop-target to replace it with the "
                 "source's copy, or leave it out of the selection (--include, --exclude)"
             )
-        plan = await plan_specs(client, specs, s.partition_docs, split=s.split, split_time=sink.deletes_time_ranges)
+        plan = await plan_specs(
+            client, specs, s.partition_docs, split=s.split, split_time=sink.deletes_time_ranges,
+            read_preference=ReadPolicy.of(s).preference,
+        )  # fmt: skip
         cp = self._new_checkpoint(
             identity,
             position=position,
