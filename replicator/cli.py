@@ -35,7 +35,7 @@ from replicator.settings.options import for_command
 from replicator.settings.resolve import resolve
 from replicator.settings.uri import redact
 from replicator.sinks.registry import scheme_of
-from replicator.source.connection import server_message
+from replicator.source.connection import explain_refusal, server_message
 
 if TYPE_CHECKING:
     pass
@@ -133,11 +133,20 @@ def _run(make: Callable[[], Awaitable[T]]) -> T:
         drop_console_log()
         raise typer.Exit(0) from None  # `mcdc tail --target - | head`: the reader has what it wanted
     except McdcError as exc:
+        refused = explain_refusal(exc)  # a sink's error over a write the target's user may not make
+        if refused is not None:
+            log.debug("server refusal", exc_info=True)
+            _error(refused)
+            raise typer.Exit(2) from None
         _fail(exc)
     except PyMongoError as exc:
         # a server refusal (permissions, ...: exit 2) or a connection lost for good (an outage: exit 75):
         # one line; --verbose logs the traceback for a bug report
         log.debug("server error", exc_info=True)
+        refused = explain_refusal(exc)
+        if refused is not None:
+            _error(refused)
+            raise typer.Exit(2) from None
         _error(f"MongoDB: {server_message(exc)} (--verbose shows where)")
         raise typer.Exit(EXIT_UNAVAILABLE if isinstance(exc, ConnectionFailure) else 2) from None
     except KeyboardInterrupt:
@@ -164,7 +173,9 @@ def _replicate(command: str, settings: Settings) -> None:
         if control:
             check_control(settings)
         async with served_metrics(settings) as metrics:
-            reporter = make_reporter(settings.progress and not settings.json_output)
+            reporter = make_reporter(
+                settings.progress and not settings.json_output, max_read_rate=settings.max_read_rate
+            )
             asked: list[bool] = []  # POST /commit was accepted (with blockWrites or not)
             if control and metrics is not None and stop is not None:
                 metrics.commit = commit_hook(metrics, stop, asked)
@@ -314,7 +325,7 @@ def cutover(settings: Settings) -> None:
     """
     from replicator.job.cutover import cutover as run_cutover
 
-    reporter = make_reporter(settings.progress and not settings.json_output)
+    reporter = make_reporter(settings.progress and not settings.json_output, max_read_rate=settings.max_read_rate)
     try:
         result = _run(lambda: run_cutover(settings, reporter))
     finally:

@@ -162,6 +162,7 @@ READERS = {
             ROOT / "checking" / "verify.py",
             ROOT / "engines" / "spark" / "verify.py",
             ROOT / "engines" / "spark" / "session.py",
+            ROOT / "source" / "reads.py",  # --read-preference, --max-read-rate
         ],
         ["_settings", "verify"],
     ),

@@ -149,6 +149,8 @@ SAMPLE = {
     "batch-docs": "500",
     "batch-bytes": "4194304",
     "queue-batches": "2",
+    "read-preference": "secondaryPreferred",
+    "max-read-rate": "2000",
     "full-document": "whenAvailable",
     "pre-images": "whenAvailable",
     "max-batch-size": "250",

@@ -148,3 +148,19 @@ def test_bench_cpu_profile_stages_name_files_that_exist(monkeypatch: pytest.Monk
         "sinks/mongo/plan.py",
     )
     assert all(bench_cpu.stage_of(f"/x/replicator/{f}") != "other mcdc" for f in hot)
+
+
+def test_bench_read_rate_windows_hold_the_replies_of_each_5_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The benchmark's arithmetic, on made-up replies (the script itself is run by hand: it takes minutes)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
+    import bench_read_rate
+
+    replies = [(10.0, 1000), (11.0, 1000), (14.9, 1000), (15.0, 3000), (16.0, 500), (21.0, 100)]
+    # the densest window: (10.0, 15.0] holds 1,000 + 1,000 + 3,000 (the one ending at 15.0)
+    assert bench_read_rate.max_window(replies) == 5000 / 5
+    # windows end at 15.0, 15.5, ... 21.0: (10, 15] holds 5,000; (16, 21] holds 100
+    rates = bench_read_rate.windows(replies)
+    assert rates[0] == 5000 / 5 and rates[-1] == 100 / 5 and len(rates) == 13
+    assert bench_read_rate.windows(replies[:3]) == []  # shorter than 5 s: no window
+    run = bench_read_rate.measure("capped", [*replies, (22.0, 0)], 30.0)  # an empty last reply is not counted
+    assert (run.docs, run.read_s, run.overall) == (6600, 11.0, 600.0)

@@ -65,7 +65,14 @@ class _Ids:
         self.reads: list[Resume | None] = []
 
     async def __call__(
-        self, client: object, part: Partition, *, batch_docs: int, batch_bytes: int, after: Resume | None = None
+        self,
+        client: object,
+        part: Partition,
+        *,
+        batch_docs: int,
+        batch_bytes: int,
+        after: Resume | None = None,
+        reads: object = None,
     ) -> AsyncIterator[list[dict[str, int]]]:
         self.reads.append(after)
         start = 0 if after is None else after.last_id + 1

@@ -369,3 +369,23 @@ def test_relaxed_extended_json_gives_from_json_typed_values(
     assert canonical.select(F.from_json("document", "age INT").alias("d")).collect()[0]["d"]["age"] is None
     (row,) = canonical.collect()
     assert row["sequence"]["n"] == -1 and row["cluster_time"] is None  # at the snapshot's read time
+
+
+def test_batch_read_takes_the_read_preference_and_the_read_rate(mcdc: Any, clients: Clients, source_uri: str) -> None:
+    """Both are data source options (each partition reads at its share of the rate: test_read_policy.py
+    checks the commands a partition's read sends)."""
+    from tests.test_read_policy import replica_set_uri
+
+    clients.source.rp.c.insert_many([{"_id": i} for i in range(900)])
+    df = (
+        mcdc.read.format("mcdc")
+        .option("source", replica_set_uri(source_uri))
+        .option("include", "rp\\.c")
+        .option("read-preference", "secondaryPreferred")
+        .option("max-read-rate", "20000")
+        .option("partition-docs", "300")
+        .option("split", "always")
+        .load()
+    )
+    keys = [r.key for r in df.select("key").collect()]
+    assert len(keys) == len(set(keys)) == 900

@@ -418,3 +418,24 @@ async def test_sync_on_spark_shards_a_sharded_target_before_its_tasks_copy(
     assert first is not None and shard.seq < first.seq
     with pymongo.MongoClient(target_uri) as client:
         assert client.db.c.count_documents({}) == 600
+
+
+async def test_sync_and_verify_on_spark_read_with_the_preference_and_the_cap(
+    spark: Any, source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    """--read-preference and --max-read-rate reach the tasks (each with its share of the rate; the share is
+    unit-tested in test_read_policy_unit.py): the copy and the comparison still come out exact."""
+    from replicator.engines.spark.verify import verify_on_spark
+    from tests.test_read_policy import replica_set_uri
+
+    with pymongo.MongoClient(source_uri) as client:
+        client.rp.c.insert_many([{"_id": i, "v": i} for i in range(1500)])
+    source = replica_set_uri(source_uri)
+    flags: dict[str, Any] = {"read_preference": "nearest", "max_read_rate": 50_000, "partition_docs": 500}
+    summary = await run_job(source, target_uri, tmp_path / "cp.json", split="always", **flags)
+    assert summary["snapshot"] == "completed"
+    assert_identical(source_uri, target_uri)
+    report = await verify_on_spark(
+        resolve({"source": source, "target": target_uri, "engine": "spark", **flags}, env={})
+    )
+    assert report.ok and report.documents == 1500

@@ -144,7 +144,13 @@ def fake_source(monkeypatch: pytest.MonkeyPatch, docs: list[bytes]) -> None:
     import replicator.snapshot.copy as pipeline
 
     async def read(
-        client: object, part: Partition, *, batch_docs: int, batch_bytes: int, after: Resume | None = None
+        client: object,
+        part: Partition,
+        *,
+        batch_docs: int,
+        batch_bytes: int,
+        after: Resume | None = None,
+        reads: object = None,
     ) -> AsyncIterator[list[RawBSONDocument]]:
         assert after is None or part.resumable  # a time-series partition never goes on from a point
         mine = [RawBSONDocument(doc) for doc in docs if matches(part.query(), doc)]

@@ -46,11 +46,12 @@ from replicator.observe.progress import Reporter, lag_seconds
 from replicator.observe.tally import Throttle, duration, plural
 from replicator.settings.config import Settings
 from replicator.settings.fields import FieldRules
-from replicator.settings.selection import Selection, rename_spec
+from replicator.settings.selection import rename_spec, target_databases
 from replicator.source import catalog
 from replicator.source.changestream import current_time
 from replicator.source.connection import RAW_CODEC, Client
 from replicator.source.partitions import Partition, plan_collection, with_catch_all
+from replicator.source.reads import ReadPolicy, SourceReads
 from replicator.source.retry import is_retryable
 from replicator.source.sharding import with_shard_keys
 
@@ -109,6 +110,10 @@ class EmbeddedVerifier:
         self._differ = differ
         self._at_once = max(1, ranges_at_once)
         self._fields = FieldRules(settings.field_exclude, settings.field_rename)
+        # the sweep's source reads (--read-preference, --max-read-rate); its re-checks read the primary,
+        # after the replay passed them, so a lagging secondary can only send a document to be re-checked
+        policy = ReadPolicy.of(settings)
+        self._reads = SourceReads.start(policy)
         self._todo: list[Namespace] | None = None  # this pass's namespaces not compared yet
         self._logged = 0
         self._quiet = Throttle(_CLEAN_LINES_S)
@@ -225,7 +230,7 @@ class EmbeddedVerifier:
             await self._ranges()
             return True
         if self._todo is None:
-            names = sorted(await catalog.list_namespaces(self.source), key=str)
+            names = sorted(await catalog.list_namespaces(self.source, self.s.selection), key=str)
             self._todo = [ns for ns in names if self.s.selection(ns) and str(ns) not in s.done]
         if self._todo:
             await self._namespace(self._todo.pop(0))
@@ -246,7 +251,7 @@ class EmbeddedVerifier:
         if namespace_differences(src, want, found):
             self._add(Entry(src, want.ns, SCHEMA))
         if found is not None and found.kind == want.kind == "collection":
-            coll = self.source[src.db][src.coll or ""]
+            coll = self._reads.collection(self.source, src)
             plan = with_catch_all(await plan_collection(coll, src, self.s.partition_docs, split=self.s.split))
             self.state.current = str(src)
             self.state.plan = [p.to_json() for p in plan]
@@ -279,17 +284,20 @@ class EmbeddedVerifier:
         s.parts_done += len(parts)
 
     async def _diff(self, parts: Sequence[Partition], dst: Namespace, room: int) -> list[DocumentDiff]:
+        self._reads.since = self.state.pass_from  # no source read older than the pass's start
         if self._differ is not None:
-            return await self._differ(parts, dst)
+            return await self._differ(parts, dst, self._reads)
         return [
-            await diff_partition(self.s, self.source, self.target, p, dst, self._fields, sample=room, pace=self._pace)
+            await diff_partition(
+                self.s, self.source, self.target, p, dst, self._fields, sample=room, pace=self._pace, reads=self._reads
+            )
             for p in parts
         ]
 
     async def _extra_namespaces(self) -> None:
         """Target namespaces the selection maps to that the source does not have."""
         inverse = self.s.renamer.inverse()
-        for spec in await catalog.describe(self.target, Selection()):
+        for spec in await catalog.describe(self.target, target_databases(self.s.selection, self.s.renamer)):
             origin = inverse(spec.ns)
             if self.s.renamer(origin) != spec.ns or not self.s.selection(origin):
                 continue

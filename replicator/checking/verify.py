@@ -26,13 +26,14 @@ from replicator.errors import ConfigError
 from replicator.events import CollectionSpec, Namespace
 from replicator.settings.config import Settings
 from replicator.settings.fields import FieldEditor, FieldRules
-from replicator.settings.selection import Selection, rename_spec
+from replicator.settings.selection import rename_spec, target_databases
 from replicator.settings.uri import is_mongo_uri, redact
 from replicator.sinks.mongo.schema import same_index
 from replicator.sinks.mongo.sharding import same_key
 from replicator.source import catalog
 from replicator.source.connection import DICT_CODEC, Client, make_client, probe
 from replicator.source.partitions import Partition, plan_collection, with_catch_all
+from replicator.source.reads import ReadPolicy, SourceReads, start_reads
 from replicator.source.sharding import with_shard_keys
 from replicator.source.snapshot import read_partition
 
@@ -251,14 +252,16 @@ async def diff_partition(
     *,
     sample: int | None = None,
     pace: Callable[[], Awaitable[None]] | None = None,
+    reads: SourceReads | None = None,
 ) -> DocumentDiff:
     """Compare one source partition, edited by the field rules, with the same ``_id`` range of ``dst`` on
     the target. ``sample``: differing ``_id``s kept per kind (default: --verify-sample); ``pace``: awaited
-    after each batch (the embedded verifier gives way to a busy replay there)."""
+    after each batch (the embedded verifier gives way to a busy replay there); ``reads``: where the source
+    is read, from when and how fast (the target is read on its primary, unpaced)."""
     differ = DocumentDiffer(settings.verify_sample if sample is None else sample)
     editor = fields.for_namespace(part.ns)
     docs, size = settings.batch_docs, settings.batch_bytes
-    async for batch in read_partition(source, part, batch_docs=docs, batch_bytes=size):  # as edited for the target
+    async for batch in read_partition(source, part, batch_docs=docs, batch_bytes=size, reads=reads):  # as edited
         differ.add_source(edited(batch, editor))
         if pace is not None:
             await pace()
@@ -270,8 +273,9 @@ async def diff_partition(
     return differ.finish()
 
 
-#: How a namespace's partitions are compared: each with the target's ``dst``, results in plan order.
-RangeDiffer = Callable[[Sequence[Partition], Namespace], Awaitable[list[DocumentDiff]]]
+#: How a namespace's partitions are compared: each with the target's ``dst``, the source read as ``reads``
+#: says; results in plan order.
+RangeDiffer = Callable[[Sequence[Partition], Namespace, SourceReads], Awaitable[list[DocumentDiff]]]
 
 
 #: Which documents of a source namespace to compare: their ``id_key``s, or None for all of them.
@@ -286,8 +290,10 @@ class _Verifier:
         target: Client,
         differ: RangeDiffer | None = None,
         scope: Scope | None = None,
+        reads: SourceReads | None = None,
     ) -> None:
         self.s = settings
+        self.reads = reads if reads is not None else SourceReads()
         self.source = source
         self.target = target
         self.scope = scope
@@ -298,13 +304,13 @@ class _Verifier:
 
     async def run(self) -> VerifyReport:
         s = self.s
-        problem = catalog.unmatched(s.selection, await catalog.list_namespaces(self.source))
+        problem = catalog.unmatched(s.selection, await catalog.list_namespaces(self.source, s.selection))
         if problem is not None:  # nothing to compare would pass as "identical"
             raise ConfigError(f"nothing to verify: {problem}")
         specs = await catalog.describe(self.source, s.selection)
         wanted = {s.renamer(spec.ns): spec for spec in specs}
-        described = await with_shard_keys(self.target, await catalog.describe(self.target, Selection()))
-        found = {spec.ns: spec for spec in described}
+        on_target = await catalog.describe(self.target, target_databases(s.selection, s.renamer))
+        found = {spec.ns: spec for spec in await with_shard_keys(self.target, on_target)}
         per_ns = await asyncio.gather(*(self._namespace(spec, found.get(ns)) for ns, spec in wanted.items()))
         differences = [d for diffs in per_ns for d in diffs]
         inverse = s.renamer.inverse()
@@ -334,10 +340,10 @@ class _Verifier:
     async def _documents(self, src: Namespace, dst: Namespace, ns: str) -> list[Difference]:
         async with self.slots:  # planning scans the _id index: one reader like a partition
             plan = await plan_collection(
-                self.source[src.db][src.coll or ""], src, self.s.partition_docs, split=self.s.split
+                self.reads.collection(self.source, src), src, self.s.partition_docs, split=self.s.split
             )
         plan = with_catch_all(plan)
-        parts = await self._differ(plan, dst)
+        parts = await self._differ(plan, dst, self.reads)
         total = DocumentDiff(self.s.verify_sample)
         for part in parts:  # in plan order, so the sampled _ids do not depend on timing
             total.merge(part)
@@ -353,24 +359,25 @@ class _Verifier:
             values = [bson.decode(k, codec_options=DICT_CODEC)["_id"] for k in ordered[start : start + _BY_KEY]]
             query = {"_id": {"$in": values}}
             differ = DocumentDiffer(self.s.verify_sample)
-            async with self.slots:
-                found = await self.source[src.db][src.coll or ""].find(query).to_list()
+            async with self.slots, self.reads.session(self.source) as session:
+                await self.reads.pace(len(values))
+                found = await self.reads.collection(self.source, src).find(query, session=session).to_list()
                 differ.add_source(edited(found, editor))
                 differ.add_target(await self.target[dst.db][dst.coll or ""].find(query).to_list())
             total.merge(differ.finish())
         self.documents += total.source_docs
         return total.differences(ns)
 
-    async def _diff_here(self, plan: Sequence[Partition], dst: Namespace) -> list[DocumentDiff]:
+    async def _diff_here(self, plan: Sequence[Partition], dst: Namespace, reads: SourceReads) -> list[DocumentDiff]:
         async def one(part: Partition) -> DocumentDiff:
             async with self.slots:
-                return await diff_partition(self.s, self.source, self.target, part, dst, self.fields)
+                return await diff_partition(self.s, self.source, self.target, part, dst, self.fields, reads=reads)
 
         return list(await asyncio.gather(*(one(p) for p in plan)))
 
     async def _count(self, src: Namespace, dst: Namespace, ns: str) -> list[Difference]:
-        async with self.slots:
-            on_source = await self.source[src.db][src.coll or ""].count_documents({})
+        async with self.slots, self.reads.session(self.source) as session:
+            on_source = await self.reads.collection(self.source, src).count_documents({}, session=session)
             on_target = await self.target[dst.db][dst.coll or ""].count_documents({})
         if on_source == on_target:
             return []
@@ -389,11 +396,14 @@ async def verify(settings: Settings, differ: RangeDiffer | None = None, scope: S
     started = time.monotonic()
     source = make_client(settings.source, timeout_s=settings.connect_timeout_s, io_timeout_s=settings.io_timeout_s)
     try:
-        target = make_client(settings.target, timeout_s=settings.connect_timeout_s, io_timeout_s=settings.io_timeout_s)
+        target = make_client(
+            settings.target, timeout_s=settings.connect_timeout_s, io_timeout_s=settings.io_timeout_s, side="target"
+        )
         try:
-            await probe(source, settings.source, "source")
+            info = await probe(source, settings.source, "source")
             await probe(target, settings.target, "target")
-            report = await _Verifier(settings, source, target, differ, scope).run()
+            reads = await start_reads(source, info, ReadPolicy.of(settings))
+            report = await _Verifier(settings, source, target, differ, scope, reads).run()
         finally:
             await target.close()
     finally:

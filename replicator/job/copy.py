@@ -29,6 +29,7 @@ from replicator.snapshot.watermark import SavePace
 from replicator.source import catalog
 from replicator.source.connection import Client
 from replicator.source.partitions import ALL, Partition, Resume
+from replicator.source.reads import ReadPolicy
 from replicator.source.retry import Retrier
 from replicator.source.sharding import shard_specs
 
@@ -193,7 +194,7 @@ class SnapshotCopy:
 
     def _limits(self) -> CopyLimits:
         s = self.s
-        return CopyLimits(s.workers, s.batch_docs, s.batch_bytes, s.queue_batches)
+        return CopyLimits(s.workers, s.batch_docs, s.batch_bytes, s.queue_batches, ReadPolicy.of(s))
 
 
 def progress_plan(plan: Sequence[Partition], done: set[str]) -> tuple[list[CollectionProgress], list[Namespace]]:

@@ -46,6 +46,7 @@ from replicator.settings.uri import is_mongo_uri, redact
 from replicator.source.changestream import current_time
 from replicator.source.connection import DICT_CODEC, Client, deployment_identity, make_client, probe
 from replicator.source.partitions import Partition
+from replicator.source.privileges import UNAUTHORIZED, advice
 
 #: what a cutover that compared only the changes since the embedded verifier's last clean pass verified
 CHANGES_ONLY = "changes since the verifier's last clean pass"
@@ -198,6 +199,12 @@ async def block_writes(client: Client) -> None:
                 "the source cannot block writes (setUserWriteBlockMode needs MongoDB 6.0+): stop the "
                 "application's writes, then run cutover without --block-writes"
             ) from None
+        if exc.code == UNAUTHORIZED:
+            raise ConfigError(
+                "source: the user may not run setUserWriteBlockMode, so the source refused to block writes "
+                f"(grant {advice('source', 'setUserWriteBlockMode', 'admin')}), or run cutover without "
+                "--block-writes once the application's writes are stopped"
+            ) from None
         raise ConfigError(f"the source refused to block writes: {exc.details or exc}") from None
 
 
@@ -208,7 +215,7 @@ async def _write_reverse(settings: Settings, cp: Checkpoint, forward: Checkpoint
     (:func:`_may_write_reverse`)."""
     back = reversed_settings(settings)
     path = back.checkpoint_path()
-    target = make_client(settings.target, timeout_s=settings.connect_timeout_s)
+    target = make_client(settings.target, timeout_s=settings.connect_timeout_s, side="target")
     try:
         info = await probe(target, settings.target, "target")
         now = await current_time(target)

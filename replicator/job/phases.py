@@ -32,7 +32,12 @@ from replicator.events import Position
 from replicator.job.copy import SnapshotCopy, target_specs
 from replicator.job.engines import open_engine
 from replicator.job.migrations import hold_targets
-from replicator.job.preflight import refuse_same_server, source_name
+from replicator.job.preflight import (
+    check_source_privileges,
+    check_target_privileges,
+    refuse_same_server,
+    source_name,
+)
 from replicator.job.replay import Replay
 from replicator.job.startup import check_recorded, check_selection, claim, reach
 from replicator.observe.metrics import Metrics
@@ -50,6 +55,7 @@ from replicator.source import catalog
 from replicator.source.connection import Client, ServerInfo, make_client, probe
 from replicator.source.lookup import source_lookup
 from replicator.source.partitions import plan_specs
+from replicator.source.reads import ReadPolicy, check_members
 from replicator.source.retry import Retrier, is_retryable
 from replicator.source.shards import MergedReader
 from replicator.source.topology import Reader, StreamTopology, capture, open_at
@@ -114,6 +120,7 @@ class SyncJob:
                         self.summary.never_reached = "source"
                         return self.summary
                     (info,) = reached
+                    await check_members(client, ReadPolicy.of(self.s))  # --read-preference secondary: servable?
                     sink.source_name = info.set_name or ""
                     cp = self.store.load()
                     if cp is not None and cp.cutover is not None:
@@ -125,6 +132,7 @@ class SyncJob:
                             "migration"
                         )
                     check_recorded(self.s, cp, str(self.store.path))
+                    await check_source_privileges(client, self.s)
                     namespaces = await check_selection(
                         client, self.s, self._fields, self.reporter, command=self.command, first_run=cp is None
                     )
@@ -135,6 +143,7 @@ class SyncJob:
                         self.summary.elapsed_s = round(time.monotonic() - started, 3)
                         self.summary.never_reached = "target"
                         return self.summary
+                    await check_target_privileges(sink, self.s, namespaces)
                     await refuse_same_server(client, info, sink, self.s, first_run=cp is None)
                     if not claimed:  # a MongoDB target, known now that start() probed it; nothing written yet
                         claim(self.store, self.s, info, sink, cp, started=True)
@@ -308,7 +317,10 @@ class SyncJob:
         unfit = await sink.unfit([t for t in targets if not t.is_view], replacing=drop)
         if unfit is not None:
             raise ConfigError(unfit)
-        plan = await plan_specs(client, specs, s.partition_docs, split=s.split, split_time=sink.deletes_time_ranges)
+        plan = await plan_specs(
+            client, specs, s.partition_docs, split=s.split, split_time=sink.deletes_time_ranges,
+            read_preference=ReadPolicy.of(s).preference,
+        )  # fmt: skip
         cp = self._new_checkpoint(
             identity,
             position=position,

@@ -1,18 +1,51 @@
-"""What a run checks before its first write: that the target is not the source (or, for a copy within one
-deployment, that nothing is written over the source), and what ties a checkpoint to its source and target."""
+"""What a run checks before its first write: that each server's user may do what the run needs, that the
+target is not the source (or, for a copy within one deployment, that nothing is written over the source),
+and what ties a checkpoint to its source and target."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 from replicator.errors import ConfigError
+from replicator.events import Namespace
 from replicator.settings.config import Settings
 from replicator.settings.selection import check_copy_within
 from replicator.settings.uri import host_set, is_mongo_uri, redact
 from replicator.sinks.base import Sink
 from replicator.sinks.registry import scheme_of
 from replicator.source import catalog
-from replicator.source.connection import Client, ServerInfo, deployment_identity
+from replicator.source.connection import Client, ServerInfo, deployment_identity, grants
+from replicator.source.privileges import Grants, Need, missing, refusal, source_needs, target_needs
+
+
+def refuse_lacking(side: str, granted: Grants | None, needs: Iterable[Need]) -> None:
+    """A ConfigError naming the first of ``needs`` the user's ``granted`` privileges leave out, with the
+    role to grant; nothing when they cover all, or when the server cannot tell (no authentication)."""
+    if granted is None:
+        return
+    lacking = missing(needs, granted)
+    if lacking:
+        raise ConfigError(refusal(side, granted.user, lacking[0]))
+
+
+async def check_source_privileges(client: Client, settings: Settings) -> None:
+    """The source's user may read what the selection names and, unless --snapshot-only, open the
+    deployment-wide change stream: checked before anything is read or written."""
+    needs = source_needs(settings.selection.databases(), stream=not settings.snapshot_only)
+    refuse_lacking("source", await grants(client), needs)
+
+
+async def check_target_privileges(sink: Sink, settings: Settings, namespaces: Iterable[Namespace]) -> None:
+    """A MongoDB target's user may write every database the selection maps to (``namespaces``: the
+    source's, from which the selected ones are mapped), checked once the sink is started, before any write."""
+    user_grants = getattr(sink, "user_grants", None)
+    if user_grants is None:
+        return
+    databases = {settings.renamer(ns).db for ns in namespaces if settings.selection(ns)}
+    for db in settings.selection.databases() or ():
+        databases.add(settings.renamer(Namespace(db, None)).db)
+    refuse_lacking("target", await user_grants(), target_needs(databases))
 
 
 def same_deployment(source: ServerInfo, sink: Sink, settings: Settings) -> bool:

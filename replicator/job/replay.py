@@ -148,7 +148,9 @@ class Replay:
             return
         from replicator.checking.verifier import RECHECK_CAPACITY, EmbeddedVerifier
 
-        target = make_client(self.s.target, timeout_s=self.s.connect_timeout_s, io_timeout_s=self.s.io_timeout_s)
+        target = make_client(
+            self.s.target, timeout_s=self.s.connect_timeout_s, io_timeout_s=self.s.io_timeout_s, side="target"
+        )
         differ, at_once = await self._engine.differ(replace(self.s, verify_sample=RECHECK_CAPACITY))
         verifier = EmbeddedVerifier(
             self.s,

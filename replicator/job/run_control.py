@@ -85,6 +85,7 @@ async def served_metrics(settings: Settings) -> AsyncIterator[Metrics | None]:
 
     metrics = Metrics()
     metrics.set_info(version=__version__, source=redact(settings.source), target=redact(settings.target))
+    metrics.max_read_rate = settings.max_read_rate
     try:
         server = await serve(metrics, settings.metrics_port, settings.metrics_host)
     except OSError as exc:

@@ -44,7 +44,7 @@ async def check_selection(
     source may be empty yet, or its namespaces dropped since the last run. Two selected namespaces that
     --rename maps onto one target namespace, and a field rule that names an _id, are refused on every
     run. Returns the source's namespaces."""
-    namespaces = await catalog.list_namespaces(client)
+    namespaces = await catalog.list_namespaces(client, settings.selection)
     check_collisions([ns for ns in namespaces if settings.selection(ns)], settings.renamer)
     fields.check([ns for ns in namespaces if settings.selection(ns)])
     problem = catalog.unmatched(settings.selection, namespaces)

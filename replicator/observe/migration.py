@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from replicator.observe.tally import read_cap
+
 #: ``canCommit`` needs the target this close behind the source's writes, in seconds
 COMMIT_LAG_S = 10.0
 
@@ -82,6 +84,7 @@ class Facts:
     copied_documents: int | None
     verification: Verification | None = None  # None: the run does not verify
     reason: str = ""  # why it is retrying, when it is
+    max_read_rate: float = 0  # --max-read-rate: documents/s the snapshot and verify read at most (0: no cap)
 
 
 def can_commit(facts: Facts) -> bool:
@@ -103,6 +106,10 @@ def progress_document(facts: Facts) -> dict[str, Any]:
     if facts.reason:
         info += f": {facts.reason}"
     copy: dict[str, Any] = {}
+    if facts.max_read_rate > 0:
+        copy["maxReadRate"] = facts.max_read_rate
+        if facts.state == "SNAPSHOT":
+            info += f" ({read_cap(facts.max_read_rate)})"
     if facts.estimated_documents is not None:
         copy["estimatedTotalDocuments"] = facts.estimated_documents
     if facts.copied_documents is not None:

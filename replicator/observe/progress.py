@@ -19,7 +19,15 @@ from bson.timestamp import Timestamp
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
-from replicator.observe.tally import Clock, CollectionProgress, ReplayTally, SnapshotTally, listing, plural
+from replicator.observe.tally import (
+    Clock,
+    CollectionProgress,
+    ReplayTally,
+    SnapshotTally,
+    listing,
+    plural,
+    read_cap,
+)
 from replicator.settings.uri import redact
 
 log = logging.getLogger("mcdc")
@@ -95,8 +103,14 @@ class LogReporter:
     events/s over the whole replay at its end."""
 
     def __init__(
-        self, every_s: float = LOG_EVERY_S, clock: Clock = time.monotonic, idle_every_s: float = IDLE_LOG_EVERY_S
+        self,
+        every_s: float = LOG_EVERY_S,
+        clock: Clock = time.monotonic,
+        idle_every_s: float = IDLE_LOG_EVERY_S,
+        *,
+        max_read_rate: float = 0,
     ) -> None:
+        self._cap = read_cap(max_read_rate)
         self._every = every_s
         self._idle_every = idle_every_s
         self._clock = clock
@@ -114,7 +128,7 @@ class LogReporter:
         log.warning(redact(message))
 
     def snapshot_begin(self, collections: Iterable[CollectionProgress]) -> None:
-        self._snapshot = tally = SnapshotTally(collections, self._clock)
+        self._snapshot = tally = SnapshotTally(collections, self._clock, cap=self._cap)
         self._snapshot_pace = _Pace(self._clock, self._every, LOG_PARTS)
         if tally.resumed:
             names = sorted(tally.resumed)
@@ -125,7 +139,7 @@ class LogReporter:
 
     def _tally(self) -> SnapshotTally:
         if self._snapshot is None:
-            self._snapshot = SnapshotTally(clock=self._clock)
+            self._snapshot = SnapshotTally(clock=self._clock, cap=self._cap)
         return self._snapshot
 
     def snapshot_totals(self, totals: Mapping[str, int]) -> None:
@@ -182,7 +196,10 @@ class RichReporter:
 
     MAX_ROWS = 20  # more collections than this: rows only for those being copied
 
-    def __init__(self, console: Console | None = None, clock: Clock = time.monotonic) -> None:
+    def __init__(
+        self, console: Console | None = None, clock: Clock = time.monotonic, *, max_read_rate: float = 0
+    ) -> None:
+        self._cap = read_cap(max_read_rate)
         self.console = console if console is not None else Console(stderr=True)
         self._clock = clock
         self._progress = Progress(
@@ -206,12 +223,12 @@ class RichReporter:
         self._progress.console.print("warning: " + redact(message), style="yellow", markup=False)
 
     def snapshot_begin(self, collections: Iterable[CollectionProgress]) -> None:
-        self._snapshot = SnapshotTally(collections, self._clock)
+        self._snapshot = SnapshotTally(collections, self._clock, cap=self._cap)
         self._show_snapshot(self._snapshot.collections)
 
     def _tally(self) -> SnapshotTally:
         if self._snapshot is None:
-            self._snapshot = SnapshotTally(clock=self._clock)
+            self._snapshot = SnapshotTally(clock=self._clock, cap=self._cap)
         return self._snapshot
 
     def snapshot_totals(self, totals: Mapping[str, int]) -> None:
@@ -282,8 +299,9 @@ class RichReporter:
         self._progress.stop()
 
 
-def make_reporter(show_progress: bool) -> Reporter:
-    """Bars when asked for and stderr is a terminal; log lines otherwise."""
+def make_reporter(show_progress: bool, *, max_read_rate: float = 0) -> Reporter:
+    """Bars when asked for and stderr is a terminal; log lines otherwise. ``max_read_rate``: the cap the
+    snapshot's line shows (0: none)."""
     if show_progress and sys.stderr.isatty():
-        return RichReporter()
-    return LogReporter()
+        return RichReporter(max_read_rate=max_read_rate)
+    return LogReporter(max_read_rate=max_read_rate)

@@ -105,6 +105,11 @@ class CollectionProgress:
     finished: bool = False
 
 
+def read_cap(rate: float) -> str:
+    """--max-read-rate as progress shows it: ``read rate capped at 2,000 docs/s`` ("" for no cap)."""
+    return f"read rate capped at {rate:,.0f} docs/s" if rate > 0 else ""
+
+
 class SnapshotTally:
     """The counts of one copy and how they read: done of total, percent, docs/s, ETA.
 
@@ -112,8 +117,11 @@ class SnapshotTally:
     percent are the snapshot's; rates and the ETA only count what this copy writes. The sums are kept
     as collections change (a snapshot may hold thousands, and each batch asks for them)."""
 
-    def __init__(self, collections: Iterable[CollectionProgress] = (), clock: Clock = time.monotonic) -> None:
+    def __init__(
+        self, collections: Iterable[CollectionProgress] = (), clock: Clock = time.monotonic, *, cap: str = ""
+    ) -> None:
         self._clock = clock
+        self.cap = cap  # --max-read-rate, as read_cap() says it ("": none)
         self.started = clock()
         self.rate = Rate(clock)
         self.collections: dict[str, CollectionProgress] = {}
@@ -193,13 +201,15 @@ class SnapshotTally:
         return f"{done:,}/{total:,} documents ({percent}%)"
 
     def status(self) -> str:
-        """While copying: ``52,000/120,000 documents (43%), 8,100 docs/s, ETA 8s``."""
+        """While copying: ``52,000/120,000 documents (43%), 8,100 docs/s, ETA 8s``; under --max-read-rate,
+        ``..., 1,990 docs/s (read rate capped at 2,000 docs/s), ETA 40s``."""
         done, total = self.totals()
         rate = self.rate.per_s()
         eta = "-"
         if total is not None and rate:
             eta = duration(max(total - done, 0) / rate)
-        return f"{self._head()}, {format_rate(rate)} docs/s, ETA {eta}"
+        capped = f" ({self.cap})" if self.cap else ""
+        return f"{self._head()}, {format_rate(rate)} docs/s{capped}, ETA {eta}"
 
     def end(self, complete: bool, *, notes: bool = True) -> str:
         """At the end: ``120,000/120,000 documents (100%), 8,100 docs/s, done in 14.8s (5 collections: 2

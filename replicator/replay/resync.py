@@ -30,6 +30,7 @@ from replicator.source import catalog
 from replicator.source.changestream import current_time
 from replicator.source.connection import Client
 from replicator.source.partitions import Partition, plan_spec
+from replicator.source.reads import ReadPolicy
 from replicator.source.sharding import shard_specs
 
 
@@ -130,7 +131,10 @@ class Resyncer:
         if spec.is_view:
             return
         # into a collection just created: no partition is begun twice, so time-series ones may split by time
-        plan = await plan_spec(self._client, spec, self.s.partition_docs, split=self.s.split)
+        plan = await plan_spec(
+            self._client, spec, self.s.partition_docs, split=self.s.split,
+            read_preference=ReadPolicy.of(self.s).preference,
+        )  # fmt: skip
 
         async def done(part: Partition, docs: int) -> None:
             pass
@@ -139,7 +143,7 @@ class Resyncer:
         self._reporter.snapshot_begin([CollectionProgress(str(ns), total=total or None)])
         started = time.monotonic()
         s = self.s
-        limits = CopyLimits(s.workers, s.batch_docs, s.batch_bytes, s.queue_batches)
+        limits = CopyLimits(s.workers, s.batch_docs, s.batch_bytes, s.queue_batches, ReadPolicy.of(s))
         documents = await copy_partitions(
             self._client, self._sink, plan, limits=limits, rename=s.renamer, on_done=done,
             reporter=self._reporter, fields=self._fields, at=at,

@@ -67,6 +67,8 @@ class Settings:
     batch_docs: int = 1_000
     batch_bytes: int = 8 * 1024 * 1024
     queue_batches: int = 4  # per snapshot worker: bounded read-ahead
+    read_preference: str = "primary"  # the snapshot's, the lookups' and verify's source reads
+    max_read_rate: int = 0  # documents/s read from the source by the snapshot and verify (0: no cap)
     snapshot: str = "initial"
     snapshot_only: bool = False
     drop_target: bool = False

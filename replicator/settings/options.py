@@ -66,6 +66,7 @@ _SNAPSHOT_MODES = ("initial", "always", "never", "when_needed")
 _SPLIT_MODES = ("auto", "always", "never")
 _FULL_DOCUMENT_MODES = ("updateLookup", "whenAvailable", "required", "default")
 _PRE_IMAGE_MODES = ("off", "whenAvailable", "required")
+_READ_PREFERENCES = ("primary", "primaryPreferred", "secondary", "secondaryPreferred", "nearest")
 _ENVELOPES = ("debezium", "debezium-legacy", "plain")
 
 
@@ -174,6 +175,14 @@ OPTIONS: tuple[Option, ...] = (
                 "read is bounded by the _id index), always, never.", SELECTING),
         Option("batch-docs", "batch_docs", "Documents per snapshot batch.", SELECTING, minimum=1),
         Option("batch-bytes", "batch_bytes", "Bytes per snapshot batch at most.", SELECTING, minimum=1),
+        _choice("read-preference", "read_preference", _READ_PREFERENCES, "Where the snapshot's reads, the update "
+                "lookups and verify's source reads go (maxStalenessSeconds: from the source URI); each waits "
+                "until its server has the state of the stream's start (afterClusterTime). The change stream "
+                "reads where the URI says.", SELECTING),
+        Option("max-read-rate", "max_read_rate", "Documents read from the source per second at most, by all "
+               "workers together, held over any 5 seconds (snapshot and verify; 0: no cap). --engine spark "
+               "and the Spark data source give each of their concurrent tasks an equal share.",
+               SELECTING, metavar="DOCS", minimum=0),
         Option("queue-batches", "queue_batches", "Batches read ahead per snapshot worker (memory: about "
                "workers x queue-batches x batch-bytes).", JOB, minimum=1),
     ),

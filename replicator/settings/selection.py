@@ -60,6 +60,19 @@ class Selection:
                 out.append(Namespace(db, coll))
         return out
 
+    def databases(self) -> tuple[str, ...] | None:
+        """The databases the ``include`` patterns name literally (``shop\\..*`` and ``shop\\.orders`` both
+        name ``shop``): the source's databases then need no listing. None when there is no include pattern,
+        or one does not name its database literally (``.*\\.orders``, ``(a|b)\\..*``)."""
+        names: set[str] = set()
+        for pattern in self.include:
+            head, dot, _ = pattern.pattern.partition("\\.")
+            bare = _ESCAPED.sub("", head)
+            if not dot or not head or _SPECIAL & set(bare) or "." in bare or "|" in _ESCAPED.sub("", pattern.pattern):
+                return None
+            names.add(_ESCAPED.sub(r"\1", head))
+        return tuple(sorted(n for n in names if self.database(n))) if names else None
+
     def __call__(self, ns: Namespace) -> bool:
         if ns.db in SYSTEM_DATABASES:
             return False
@@ -206,6 +219,18 @@ class Image(Selection):
 
     def named(self) -> list[Namespace]:
         return [self.of.renamer(ns) for ns in self.of.selection.named()]
+
+
+def target_databases(selection: Selection, renamer: Renamer) -> Selection:
+    """Every collection of the target databases ``selection`` maps to, when it names its databases
+    literally (see :meth:`Selection.databases`): listing the target then needs no listDatabases. Else
+    every target database."""
+    named = selection.databases()
+    if named is None:
+        return Selection()
+    dbs = {renamer(Namespace(db, None)).db for db in named}
+    dbs |= {target[0] for source, target in renamer.collections.items() if source[0] in named}
+    return Selection.from_patterns([re.escape(db) + r"\..*" for db in sorted(dbs)])
 
 
 def shared_targets(

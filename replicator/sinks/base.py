@@ -21,15 +21,23 @@ namespace; the stream replay calls it from one task.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
+
+from bson.timestamp import Timestamp
 
 from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op, Position
 
-#: Reads documents by ``_id`` from the source as they are now, named and shaped as on the target:
-#: ``await lookup(target_namespace, ids)`` -> the documents that still exist.
-SourceLookup = Callable[[Namespace, Sequence[Any]], Awaitable[list[Mapping[str, Any]]]]
+
+class SourceLookup(Protocol):
+    """Reads documents by ``_id`` from the source as they are now, named and shaped as on the target:
+    ``await lookup(target_namespace, ids, after=event_time)`` -> the documents that still exist, in a
+    state no older than ``after`` (the cluster time of the event they are read for; None: any)."""
+
+    def __call__(
+        self, target: Namespace, ids: Sequence[Any], *, after: Timestamp | None = None
+    ) -> Awaitable[list[Mapping[str, Any]]]: ...
 
 
 class Sink(ABC):

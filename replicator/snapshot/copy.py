@@ -21,6 +21,7 @@ from replicator.snapshot.watermark import Watermark
 from replicator.source.connection import Client
 from replicator.source.partitions import Partition, Resume
 from replicator.source.pump import read_ahead
+from replicator.source.reads import ReadPolicy, SourceReads
 from replicator.source.snapshot import read_partition
 
 
@@ -30,6 +31,8 @@ class CopyLimits:
     batch_docs: int
     batch_bytes: int
     queue_batches: int
+    #: where the source is read and how fast (a Spark task's: its share of the rate)
+    reading: ReadPolicy = ReadPolicy()  # noqa: RUF009 - frozen: one shared default is safe
 
 
 @dataclass
@@ -73,6 +76,8 @@ async def copy_partitions(
     slots = asyncio.Semaphore(limits.workers)
     result = result if result is not None else CopyResult()
     before = result.documents
+    # one bucket for every worker; no read older than the snapshot's time, where it may reach a secondary
+    reads = SourceReads.start(limits.reading, at.cluster_time if at is not None else None)
 
     async def worker() -> None:
         while stop is None or not stop.is_set():
@@ -83,8 +88,9 @@ async def copy_partitions(
             after = await begin(part, resume, on_start)
             editor = fields.for_namespace(part.ns) if fields else None
             docs = await _copy_one(
-                client, sink, part, limits, rename(part.ns), reporter, slots, result, after, on_progress, editor, at
-            )
+                client, sink, part, limits, rename(part.ns), reporter, slots, result, after, on_progress, editor, at,
+                reads,
+            )  # fmt: skip
             await on_done(part, docs)
 
     try:
@@ -130,6 +136,7 @@ async def _copy_one(
     on_progress: Callable[[Partition, Resume], Awaitable[None]] | None = None,
     editor: FieldEditor | None = None,
     at: Position | None = None,
+    reads: SourceReads | None = None,
 ) -> int:
     """Read one partition ahead and write its batches, several at once unless its order matters.
 
@@ -170,7 +177,9 @@ async def _copy_one(
             for task in done:
                 task.result()  # a failed write fails the partition
 
-    batches = read_partition(client, part, batch_docs=limits.batch_docs, batch_bytes=limits.batch_bytes, after=after)
+    batches = read_partition(
+        client, part, batch_docs=limits.batch_docs, batch_bytes=limits.batch_bytes, after=after, reads=reads
+    )
     try:
         # closed as the copy ends, failed or not: a read-ahead left to the garbage collector keeps its reading
         # task (and what it holds) alive until then

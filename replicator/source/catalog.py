@@ -32,14 +32,23 @@ def clean_options(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def list_databases(client: AsyncMongoClient[Any], selection: Selection) -> list[str]:
-    names = await client.list_database_names()
+    """The source's databases that ``selection`` may select. When its --include patterns name their
+    databases literally, those, without asking the server: listDatabases is a cluster-wide privilege.
+    Otherwise listDatabases with ``authorizedDatabases``, which a user without that privilege may run
+    too: MongoDB then answers with the databases the user may read."""
+    named = selection.databases()
+    if named is not None:
+        return list(named)
+    cursor = await client.list_databases(nameOnly=True, authorizedDatabases=True)
+    names = [info["name"] for info in await cursor.to_list()]
     return sorted(n for n in names if selection.database(n))
 
 
-async def list_namespaces(client: AsyncMongoClient[Any]) -> list[Namespace]:
-    """Every collection and view of every user database, selected or not (``system.*`` left out)."""
+async def list_namespaces(client: AsyncMongoClient[Any], within: Selection | None = None) -> list[Namespace]:
+    """Every collection and view of every user database, selected or not (``system.*`` left out); only
+    of the databases ``within`` names literally, when it does (see :func:`list_databases`)."""
     out: list[Namespace] = []
-    for db_name in await list_databases(client, Selection()):
+    for db_name in await list_databases(client, within or Selection()):
         for name in await client[db_name].list_collection_names():
             if not name.startswith("system."):
                 out.append(Namespace(db_name, name))

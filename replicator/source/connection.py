@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import re
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -9,13 +12,14 @@ from urllib.parse import parse_qs
 
 from bson.codec_options import DatetimeConversion
 from bson.raw_bson import RawBSONDocument
-from pymongo import AsyncMongoClient, uri_parser
-from pymongo.errors import ConfigurationError, OperationFailure, PyMongoError
+from pymongo import AsyncMongoClient, monitoring, uri_parser
+from pymongo.errors import BulkWriteError, ConfigurationError, OperationFailure, PyMongoError
 
 from replicator.bsonkit.rawbson import DICT_CODEC as DICT_CODEC  # re-exported: the source's codecs
 from replicator.bsonkit.rawbson import RAW_CODEC as RAW_CODEC
 from replicator.errors import ConfigError, ConnectionFailed, ServerUnavailable, quoted
 from replicator.settings.uri import host_set, redact
+from replicator.source.privileges import UNAUTHORIZED, Grants, command_refusal, grants_of
 
 Client = AsyncMongoClient[RawBSONDocument]
 
@@ -89,30 +93,43 @@ def read_timeout(uri: str, io_timeout_s: float | None) -> dict[str, Any]:
 
 
 def make_client(
-    uri: str, *, timeout_s: float = 10.0, durable_writes: bool = False, io_timeout_s: float | None = None
+    uri: str,
+    *,
+    timeout_s: float = 10.0,
+    durable_writes: bool = False,
+    io_timeout_s: float | None = None,
+    side: str = "source",
 ) -> Client:
     """An AsyncMongoClient that returns raw BSON documents. Does no I/O.
 
     ``durable_writes``: unless the URI sets its own write concern, writes wait for a journaled majority,
-    so what the checkpoint records as acknowledged survives a target crash."""
+    so what the checkpoint records as acknowledged survives a target crash. ``side`` ("source" or
+    "target") names the server in what :func:`explain_refusal` says of a command it refused."""
     extra: dict[str, Any] = read_timeout(uri, io_timeout_s)
     if durable_writes and not uri_options(uri) & {"w", "journal", "wtimeoutms"}:
         extra.update(w="majority", journal=True)
     try:
-        return AsyncMongoClient(uri, **client_options(timeout_s, "mcdc", uri), connect=False, **extra)
+        return AsyncMongoClient(
+            uri, **client_options(timeout_s, "mcdc", uri), connect=False, event_listeners=[_Refusals(side)], **extra
+        )
     except (ConfigurationError, ValueError, TypeError) as exc:
         raise ConnectionFailed(f"cannot use {redact(uri)}: {redact(str(exc))}") from None
 
 
 async def probe(client: Client, uri: str, role: str) -> ServerInfo:
     """Ping the server and classify it. A refusal becomes a one-line ConnectionFailed, no answer a
-    ServerUnavailable (an outage: exit 75), and a replicaSet= the servers say is not theirs a ConfigError."""
+    ServerUnavailable (an outage: exit 75), and what no retry can mend a ConfigError: a replicaSet= the
+    servers say is not theirs, a TLS certificate that fails verification or does not name the host, a host
+    name that does not resolve. Those are told as soon as every server has failed so."""
     try:
-        hello = await client.admin.command("hello", codec_options=DICT_CODEC)
+        hello = await _hello(client, uri, role)
         deployment_id = await _deployment_id(client, hello)
     except OperationFailure as exc:
         raise ConnectionFailed(f"{role} {redact(uri)} refused us: {server_message(exc)}") from None
     except PyMongoError as exc:
+        problem = _configuration_problem(client)
+        if problem is not None:
+            raise ConfigError(f"{role} {redact(uri)}: {problem}") from None
         # pymongo drops a seed whose set is not the URI's, then finds no member: ask the seeds directly
         no_member = "No replica set members" in str(exc)
         wrong_set = await _other_set_name(uri, client.options.server_selection_timeout) if no_member else None
@@ -129,6 +146,132 @@ async def probe(client: Client, uri: str, role: str) -> ServerInfo:
         max_wire_version=int(hello.get("maxWireVersion", 0)),
         deployment_id=deployment_id,
     )
+
+
+async def _hello(client: Client, uri: str, role: str) -> dict[str, Any]:
+    """The server's hello; a ConfigError as soon as every server the client knows has failed in a way no
+    retry mends (see :func:`configuration_problem`), rather than at the end of the selection timeout."""
+    asked = asyncio.ensure_future(client.admin.command("hello", codec_options=DICT_CODEC))
+    try:
+        while True:
+            done, _ = await asyncio.wait([asked], timeout=0.1)
+            if done:
+                return asked.result()
+            problem = _configuration_problem(client)
+            if problem is not None:
+                raise ConfigError(f"{role} {redact(uri)}: {problem}")
+    finally:
+        if not asked.done():
+            asked.cancel()
+            await asyncio.gather(asked, return_exceptions=True)
+
+
+def _configuration_problem(client: Client) -> str | None:
+    """What to fix, when every server the client knows failed for a reason no retry mends."""
+    servers = list(client.topology_description.server_descriptions().values())
+    problems = [configuration_problem(str(sd.error), sd.address[0]) if sd.error else None for sd in servers]
+    if servers and all(problems):
+        return problems[0]
+    return None
+
+
+#: How name resolution says a host has no address (EAI_NONAME, EAI_NODATA); a temporary failure
+#: ("Temporary failure in name resolution", EAI_AGAIN) is an outage instead.
+_NO_SUCH_HOST = re.compile(
+    r"Name or service not known|nodename nor servname|No address associated with hostname|"
+    r"getaddrinfo failed|\[Errno -[25]\]|\[Errno 1100[01]\]"
+)
+
+
+def configuration_problem(error: str, host: str) -> str | None:
+    """What to fix, when a connection to ``host`` failed with ``error`` for a reason no retry mends: a
+    certificate that does not name the host, one that fails verification, a server that wants a client
+    certificate, a host name that does not resolve. None for anything else (an outage)."""
+    lowered = error.lower()
+    if "certificate verify failed" in lowered or "certificate_verify_failed" in lowered:
+        if "mismatch" in lowered or "not valid for" in lowered or "hostname" in lowered:
+            return (
+                f"the server's TLS certificate does not name {host}: use a certificate whose names include "
+                f"{host}, or connect by a name the certificate holds"
+            )
+        detail = error.split("certificate verify failed:")[-1].split("(_ssl")[0].strip(" .")
+        return (
+            f"the server's TLS certificate failed verification ({detail}): fix tlsCAFile (the CA that signed "
+            "the server's certificate)"
+        )
+    if "certificate required" in lowered or "peer did not return a certificate" in lowered:
+        return "the server requires a client certificate: set tlsCertificateKeyFile"
+    if _NO_SUCH_HOST.search(error):
+        return f"cannot resolve host {host}: fix the URI"
+    return None
+
+
+async def grants(client: Client) -> Grants | None:
+    """What the connected user may do (connectionStatus with showPrivileges); None when the server does
+    not authenticate, or when it cannot tell (see :func:`~replicator.source.privileges.grants_of`)."""
+    try:
+        reply = await client.admin.command({"connectionStatus": 1, "showPrivileges": True}, codec_options=DICT_CODEC)
+    except OperationFailure:
+        return None
+    return grants_of(reply)
+
+
+class _Refusals(monitoring.CommandListener):
+    """Keeps the last commands a server refused as Unauthorized, with the side that sent them: the
+    exception the driver raises names neither."""
+
+    def __init__(self, side: str) -> None:
+        self.side = side
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        pass
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        if event.command_name in ("insert", "update", "delete"):  # a refusal as a write error of an ok reply
+            for error in event.reply.get("writeErrors") or ():
+                self._note(error, event)
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        failure = event.failure or {}
+        self._note(failure, event)
+        for error in failure.get("writeErrors") or ():
+            self._note(error, event)
+
+    def _note(
+        self, error: Mapping[str, Any], event: monitoring.CommandSucceededEvent | monitoring.CommandFailedEvent
+    ) -> None:
+        if error.get("code") == UNAUTHORIZED:
+            _REFUSED.append((self.side, event.command_name, event.database_name, str(error.get("errmsg", ""))))
+
+
+#: (side, command, database, message) of the latest Unauthorized replies, newest last.
+_REFUSED: deque[tuple[str, str, str, str]] = deque(maxlen=16)
+
+
+def explain_refusal(exc: BaseException) -> str | None:
+    """One line for an error that is (or was caused by) a server's Unauthorized reply: which side refused
+    which command, and the built-in role that grants it. None for any other error, or for a refusal no
+    client of this process saw (its side unknown)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        message = _unauthorized(seen)
+        if message is not None:
+            for side, command, db, said in reversed(_REFUSED):
+                if said == message:
+                    return command_refusal(side, command, db)
+            return None
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _unauthorized(exc: BaseException) -> str | None:
+    """The server's message, when ``exc`` is an Unauthorized refusal."""
+    if isinstance(exc, BulkWriteError):
+        errors = [e for e in (exc.details or {}).get("writeErrors") or [] if e.get("code") == UNAUTHORIZED]
+        return str(errors[0].get("errmsg", "")) if errors else None
+    if isinstance(exc, OperationFailure) and exc.code == UNAUTHORIZED:
+        return str((exc.details or {}).get("errmsg", ""))
+    return None
 
 
 def kind_of(hello: Mapping[str, Any]) -> str:

@@ -31,6 +31,7 @@ from bson.timestamp import Timestamp
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.mongo_client import AsyncMongoClient
 from pymongo.errors import OperationFailure
+from pymongo.read_preferences import _ServerMode
 
 from replicator.bsonkit.extjson import from_jsonable, to_jsonable
 from replicator.events import CollectionSpec, Namespace
@@ -369,11 +370,12 @@ async def plan_timeseries(
 
 async def plan_spec(
     client: AsyncMongoClient[Any], spec: CollectionSpec, partition_docs: int, *, split: str = "auto",
-    split_time: bool = True,
+    split_time: bool = True, read_preference: _ServerMode | None = None,
 ) -> list[Partition]:  # fmt: skip
     """One collection's partitions: ``_id`` ranges, or a time-series collection's time ranges (whole unless
-    ``split_time``: where the target cannot delete a time range again, see Sink.deletes_time_ranges)."""
-    coll = client[spec.ns.db][spec.ns.coll or ""]
+    ``split_time``: where the target cannot delete a time range again, see Sink.deletes_time_ranges).
+    ``read_preference``: where its scan of the ``_id`` index goes (--read-preference; default: the client's)."""
+    coll = client[spec.ns.db].get_collection(spec.ns.coll or "", read_preference=read_preference)
     if spec.kind == "timeseries" or spec.options.get("timeseries"):
         field = str((spec.options.get("timeseries") or {}).get("timeField") or "")
         if not field:  # not said: copied whole (deleted whole before it is copied again)
@@ -385,11 +387,15 @@ async def plan_spec(
 
 async def plan_specs(
     client: AsyncMongoClient[Any], specs: Sequence[CollectionSpec], partition_docs: int, *, split: str = "auto",
-    split_time: bool = True,
+    split_time: bool = True, read_preference: _ServerMode | None = None,
 ) -> list[Partition]:  # fmt: skip
     """The snapshot's partitions of every collection in ``specs`` (views have no documents of their own)."""
     plan: list[Partition] = []
     for spec in specs:
         if not spec.is_view:
-            plan.extend(await plan_spec(client, spec, partition_docs, split=split, split_time=split_time))
+            plan.extend(
+                await plan_spec(
+                    client, spec, partition_docs, split=split, split_time=split_time, read_preference=read_preference
+                )
+            )
     return plan

@@ -28,11 +28,13 @@ fails, to be read again whole (Spark discards what a failed task produced).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
+from pymongo.client_session import ClientSession
 from pymongo.cursor import Cursor
 from pymongo.errors import OperationFailure
 
@@ -43,6 +45,7 @@ from replicator.source.changestream import operation_time
 from replicator.source.connection import kind_of
 from replicator.source.incarnations import by_database, uuids_from
 from replicator.source.partitions import Partition, Resume
+from replicator.source.reads import SourceReads
 from replicator.spark_datasource.changes import RawChangeStream, SyncClient
 
 #: The events that move or remove a collection's documents.
@@ -185,29 +188,55 @@ class Whereabouts:
 
 
 def documents(
-    client: SyncClient, s: Settings, plan: Partition, uuid: bytes | None, since: Timestamp | None
+    client: SyncClient,
+    s: Settings,
+    plan: Partition,
+    uuid: bytes | None,
+    since: Timestamp | None,
+    reads: SourceReads | None = None,
 ) -> Iterator[RawBSONDocument]:
     """A planned partition's documents, from wherever its collection is now (see the module's docstring);
     by its planned name alone where the plan has no UUID for it (a plan made before they were kept, a
-    collection whose server reports none) or no read time."""
+    collection whose server reports none) or no read time. ``reads``: where they are read, from when (the
+    snapshot's time) and how fast (see replicator.source.reads)."""
+    reads = reads if reads is not None else SourceReads()
+    with reads.sync_session(client) as session:
+        yield from _documents(client, s, plan, uuid, since, reads, session)
+
+
+def _documents(
+    client: SyncClient,
+    s: Settings,
+    plan: Partition,
+    uuid: bytes | None,
+    since: Timestamp | None,
+    reads: SourceReads,
+    session: ClientSession | None,
+) -> Iterator[RawBSONDocument]:
+    batch = reads.chunk(s.batch_docs)
     if uuid is None or since is None:
-        yield from _find(client, plan.ns, plan, None, s.batch_docs)
+        cursor = _find(client, plan.ns, plan, None, batch, reads, session)
+        try:
+            yield from _paced(cursor, reads, batch)
+        finally:
+            cursor.close()
         return
     where = Whereabouts(client, s, plan.ns, uuid, since)
     last: Resume | None = None
     read = 0
     ns: Namespace | None = plan.ns
     while ns is not None:
-        cursor = _find(client, ns, plan, last, s.batch_docs)
+        cursor = _find(client, ns, plan, last, batch, reads, session)
+        paced = _paced(cursor, reads, batch)
         try:
-            first = next(cursor, None)  # the find's reply: from our collection if the name still holds it
+            first = next(paced, None)  # the find's reply: from our collection if the name still holds it
             if where.holds():
                 while first is not None:
                     yield first
                     read += 1
                     if plan.resumable:
                         last = Resume(first["_id"])
-                    first = next(cursor, None)
+                    first = next(paced, None)
                 return  # a rename or drop during the read would have killed the cursor
         except OperationFailure:
             if where.holds():
@@ -223,8 +252,31 @@ def documents(
 
 
 def _find(
-    client: SyncClient, ns: Namespace, plan: Partition, after: Resume | None, batch: int
+    client: SyncClient,
+    ns: Namespace,
+    plan: Partition,
+    after: Resume | None,
+    batch: int,
+    reads: SourceReads,
+    session: ClientSession | None,
 ) -> Cursor[RawBSONDocument]:
     """A cursor over the partition's documents in collection ``ns`` (``after``: past that ``_id``)."""
     sort = [("_id", 1)] if plan.resumable else None
-    return client[ns.db][ns.coll or ""].find(plan.query(after), sort=sort, batch_size=batch)
+    coll = reads.sync_collection(client, ns)
+    return coll.find(plan.query(after), sort=sort, batch_size=batch, session=session)
+
+
+def _paced(cursor: Iterator[RawBSONDocument], reads: SourceReads, chunk: int) -> Iterator[RawBSONDocument]:
+    """The cursor's documents, ``chunk`` (its batch size: one reply) at a time once the bucket allows."""
+    if reads.bucket is None:
+        yield from cursor
+        return
+    while True:
+        reads.sync_pace(chunk)
+        got = 0
+        for doc in itertools.islice(cursor, chunk):
+            got += 1
+            yield doc
+        reads.unused(chunk - got)
+        if got < chunk:
+            return

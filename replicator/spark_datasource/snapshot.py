@@ -30,6 +30,7 @@ from replicator.source.changestream import current_time
 from replicator.source.connection import make_client
 from replicator.source.incarnations import collection_uuids
 from replicator.source.partitions import Partition, plan_specs
+from replicator.source.reads import ReadPolicy, SourceReads, check_members
 from replicator.spark_datasource.changes import sync_client
 from replicator.spark_datasource.moves import documents, moved_since
 from replicator.spark_datasource.options import settings_for
@@ -46,11 +47,14 @@ PLAN_ATTEMPTS = 5
 
 @dataclass(frozen=True)
 class Range(InputPartition):
-    """One snapshot partition (Partition.to_json), read by one task; ``t, i``: the snapshot's read time."""
+    """One snapshot partition (Partition.to_json), read by one task; ``t, i``: the snapshot's read time;
+    ``readers``: the partitions read with it, which share --max-read-rate equally (Spark may run them all
+    at once, and its tasks share no bucket)."""
 
     partition: Mapping[str, Any]
     t: int | None = None
     i: int | None = None
+    readers: int = 1
 
 
 class SnapshotReader(DataSourceReader):
@@ -62,7 +66,7 @@ class SnapshotReader(DataSourceReader):
 
     def partitions(self) -> list[Range]:
         at, plan = plan_steadily(settings_for(self.options, "source"), lambda: None)
-        return [Range(part, at.time, at.inc) for part in plan]
+        return [Range(part, at.time, at.inc, len(plan)) for part in plan]
 
     def read(self, partition: InputPartition) -> Iterator[Row]:
         assert isinstance(partition, Range)
@@ -76,8 +80,10 @@ def read_range(s: Settings, part: Range) -> Iterator[Row]:
     read_at = Timestamp(part.t, part.i) if part.t is not None and part.i is not None else None
     at = snapshot_position(read_at)
     relaxed = s.extended_json == "relaxed"
+    # no read older than the snapshot's time where it may reach a secondary; this task's share of the rate
+    reads = SourceReads.start(ReadPolicy.of(s).shared(part.readers), read_at)
     with sync_client(s.source, s.connect_timeout_s, s.io_timeout_s) as client:
-        for doc in documents(client, s, plan, bytes.fromhex(uuid) if uuid else None, read_at):
+        for doc in documents(client, s, plan, bytes.fromhex(uuid) if uuid else None, read_at, reads):
             yield snapshot_row(plan.ns, doc, at, relaxed=relaxed)
 
 
@@ -103,13 +109,15 @@ async def plan_snapshot(s: Settings, at: Timestamp | None = None) -> tuple[Times
     ``Partition.to_json`` with its collection's ``uuid`` (hex) when the source reports one."""
     client = make_client(s.source, timeout_s=s.connect_timeout_s, io_timeout_s=s.io_timeout_s)
     try:
+        policy = ReadPolicy.of(s)
+        await check_members(client, policy)  # --read-preference secondary: servable?
         at = at if at is not None else await current_time(client)
         if s.include:
-            problem = catalog.unmatched(s.selection, await catalog.list_namespaces(client))
+            problem = catalog.unmatched(s.selection, await catalog.list_namespaces(client, s.selection))
             if problem is not None:
                 raise ConfigError(problem)
         specs = await catalog.describe(client, s.selection)
-        plan = await plan_specs(client, specs, s.partition_docs, split=s.split)
+        plan = await plan_specs(client, specs, s.partition_docs, split=s.split, read_preference=policy.preference)
         uuids = await collection_uuids(client, {p.ns for p in plan})
         return at, [_with_uuid(p.to_json(), uuids.get(p.ns)) for p in plan]
     finally:

@@ -208,7 +208,8 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         snapshot, before = offsets.snapshot_of(end), offsets.snapshot_of(start)
         if snapshot is not None:
             begun = before.done if before is not None else 0
-            return [Range(part, snapshot.t, snapshot.i) for part in snapshot.plan[begun : snapshot.done]]
+            parts = snapshot.plan[begun : snapshot.done]
+            return [Range(part, snapshot.t, snapshot.i, len(parts)) for part in parts]
         begin, finish = offsets.from_json(start), offsets.from_json(end)
         shards = self.shards()
         planned, self._planned = self._planned, {}

@@ -38,6 +38,8 @@ MEASURED_S: dict[str, float] = {
     "test_a_stream_with_the_snapshot_first_killed_at_random_micro_batches_delivers_everything_once": 110,
     "test_the_example_pipeline_keeps_scd1_and_scd2_tables_of_a_collection_and_its_changes": 60,
     "test_a_collection_renamed_during_the_snapshot_has_every_document_delivered": 60,
+    "test_the_spark_engine_with_the_least_roles": 40,
+    "test_least_roles_sync_catch_up_tail_and_cutover": 15,
     "test_a_transaction_around_a_create_reaches_the_lake_whole_through_a_live_tail": 30,
     "test_kill_9_of_the_driver_mid_snapshot_then_the_same_command": 85,
     "test_sync_and_verify_run_on_the_clusters_executors": 80,

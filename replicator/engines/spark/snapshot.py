@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from replicator.engines.spark import tasks
@@ -61,9 +62,13 @@ class SparkCopier:
     ) -> int:
         """Copy ``partitions`` on the executors; ``client`` and ``sink`` (the driver's) are not used by the
         tasks, which open their own from the settings. Progress is per partition (``on_progress`` is not
-        called: a task's partial progress stays on its executor)."""
+        called: a task's partial progress stays on its executor). Each of the tasks running at once (at most
+        the cluster's cores) reads at an equal share of ``--max-read-rate``."""
         sc = self.spark.sparkContext
-        slots = asyncio.Semaphore(max(1, int(sc.defaultParallelism)))
+        running = max(1, min(int(sc.defaultParallelism), len(partitions)))
+        slots = asyncio.Semaphore(running)
+        # tasks share no bucket: each of those running at once reads at its share of --max-read-rate
+        limits = replace(limits, reading=limits.reading.shared(running))
         result = result if result is not None else CopyResult()
         before = result.documents
 

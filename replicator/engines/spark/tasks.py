@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from bson.timestamp import Timestamp
+
 from replicator.checking.verify import DocumentDiff, diff_partition
 from replicator.errors import McdcError, ServerUnavailable, SinkUnavailable
 from replicator.events import ChangeEvent, Namespace, Position
@@ -23,6 +25,7 @@ from replicator.snapshot.copy import CopyLimits, copy_partitions
 from replicator.source.connection import make_client
 from replicator.source.lookup import source_lookup
 from replicator.source.partitions import Partition, Resume
+from replicator.source.reads import ReadPolicy, SourceReads
 
 
 class QuietReporter:
@@ -130,6 +133,8 @@ class DiffTask:
     partition: Partition
     target_db: str
     target_coll: str
+    reading: ReadPolicy = ReadPolicy()  # noqa: RUF009 - frozen  # this task's share of the rate
+    since: Timestamp | None = None  # the verify's start: no source read is older
 
 
 def diff(task: DiffTask) -> DocumentDiff:
@@ -139,11 +144,14 @@ def diff(task: DiffTask) -> DocumentDiff:
 async def _diff(task: DiffTask) -> DocumentDiff:
     s = task.settings
     source = make_client(s.source, timeout_s=s.connect_timeout_s, io_timeout_s=s.io_timeout_s)
-    target = make_client(s.target, timeout_s=s.connect_timeout_s)
+    target = make_client(s.target, timeout_s=s.connect_timeout_s, side="target")
     try:
         part = task.partition
         fields = FieldRules(s.field_exclude, s.field_rename)
-        return await diff_partition(s, source, target, part, Namespace(task.target_db, task.target_coll), fields)
+        reads = SourceReads.start(task.reading, task.since)
+        return await diff_partition(
+            s, source, target, part, Namespace(task.target_db, task.target_coll), fields, reads=reads
+        )
     finally:
         await source.close()
         await target.close()

@@ -15,6 +15,7 @@ from replicator.engines.spark.session import existing, session, stop_owned
 from replicator.events import Namespace
 from replicator.settings.config import Settings
 from replicator.source.partitions import Partition
+from replicator.source.reads import SourceReads
 
 
 class SparkDiffer:
@@ -22,8 +23,11 @@ class SparkDiffer:
         self.s = settings
         self.spark = spark
 
-    async def __call__(self, plan: Sequence[Partition], dst: Namespace) -> list[DocumentDiff]:
-        work = [tasks.DiffTask(self.s, p, dst.db, dst.coll or "") for p in plan]
+    async def __call__(self, plan: Sequence[Partition], dst: Namespace, reads: SourceReads) -> list[DocumentDiff]:
+        # tasks share no bucket: each of those running at once reads at its share of --max-read-rate
+        running = max(1, min(len(plan), int(self.spark.sparkContext.defaultParallelism)))
+        policy, since = reads.policy.shared(running), reads.since
+        work = [tasks.DiffTask(self.s, p, dst.db, dst.coll or "", policy, since) for p in plan]
         return await asyncio.to_thread(self._run, work)
 
     def _run(self, work: list[tasks.DiffTask]) -> list[DocumentDiff]:

@@ -17,6 +17,7 @@ from replicator.sinks.mongo.concern import check_reply, concern_failed, with_con
 from replicator.sinks.mongo.sharding import same_key
 from replicator.source.catalog import clean_index, clean_options
 from replicator.source.connection import DICT_CODEC
+from replicator.source.privileges import UNAUTHORIZED, command_refusal
 
 log = logging.getLogger("mcdc.sink.mongo")
 
@@ -197,4 +198,7 @@ class MongoSchema:
         except OperationFailure as exc:
             if exc.code == NAMESPACE_NOT_FOUND:
                 raise
+            if exc.code == UNAUTHORIZED:
+                log.warning("collMod on %s not replayed: %s", ns, command_refusal("target", "collMod", ns.db))
+                return
             log.warning("collMod on %s not replayed: %s", ns, exc.details or exc)

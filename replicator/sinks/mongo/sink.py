@@ -47,7 +47,8 @@ from replicator.sinks.mongo.plan import (
 from replicator.sinks.mongo.schema import MongoSchema
 from replicator.sinks.mongo.sharding import TargetSharding
 from replicator.sinks.mongo.unique import settle
-from replicator.source.connection import ServerInfo, make_client, probe, server_message
+from replicator.source.connection import ServerInfo, grants, make_client, probe, server_message
+from replicator.source.privileges import Grants
 from replicator.source.retry import is_retryable
 
 log = logging.getLogger("mcdc.sink.mongo")
@@ -123,7 +124,7 @@ class MongoSink(Sink):
         ``io_timeout_s``: how long a batch's document writes may wait for the target's answers."""
         self.uri = uri
         self._io_timeout = io_timeout_s
-        self._client = make_client(uri, timeout_s=timeout_s, durable_writes=True)
+        self._client = make_client(uri, timeout_s=timeout_s, durable_writes=True, side="target")
         self._schema = MongoSchema(self._client, scope=scope)
         self._transactions = True
         self._lookup: SourceLookup | None = None
@@ -138,6 +139,10 @@ class MongoSink(Sink):
 
     async def close(self) -> None:
         await self._client.close()
+
+    async def user_grants(self) -> Grants | None:
+        """What the target's user may do (None: the server does not say; see :func:`grants`)."""
+        return await grants(self._client)
 
     async def existing(self, namespaces: Sequence[Namespace]) -> list[Namespace]:
         found = await asyncio.gather(*(self._schema.has_data(ns) for ns in namespaces))

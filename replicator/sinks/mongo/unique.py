@@ -49,7 +49,8 @@ async def settle(
             ids[id_bytes(holder)], idle = holder["_id"], 0
         elif (idle := idle + 1) > 3:
             break
-        docs = await lookup(ns, list(ids.values()))
+        # no older than the event: a secondary that is behind waits until it has applied it
+        docs = await lookup(ns, list(ids.values()), after=event.position.cluster_time if event.position else None)
         try:
             await _replace_documents(client, ns, list(ids.values()), docs, transactions=transactions)
             log.info("%s: settled %s from the source (%d documents, %d rounds)", ns, current.describe(),
