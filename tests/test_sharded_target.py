@@ -328,8 +328,29 @@ def test_a_target_user_who_may_not_shard_is_told_the_role_in_one_line(
     done = _sync(source_uri, target_mongos.uri, tmp_path, "--shard-target", r'db\.c={"_id": "hashed"}')
     assert done.returncode == 2
     (line,) = _errors(done)
-    assert line.startswith("mcdc: error: target: shardCollection db.c") and "clusterManager" in line
+    assert line.startswith("mcdc: error: target:") and "shardCollection" in line and "clusterManager" in line
     assert target_mongos.first_write("db.c") is None
+
+
+def test_a_target_user_without_clustermanager_is_refused_before_anything_is_written() -> None:
+    from replicator.sinks.mongo.sharding import lacking
+    from replicator.source.privileges import Grants, Privilege, grants_of
+
+    hashed = CollectionSpec(NS, "collection", {}, shard=ShardSpec({"_id": "hashed"}))
+    ranged = CollectionSpec(Namespace("db", "r"), "collection", {}, shard=ShardSpec({"r": 1}, split_points=({"r": 5},)))
+    writer = Grants("app", (Privilege("db", "", frozenset({"insert", "find", "createCollection"})),))
+    line = lacking(writer, [hashed])
+    assert line == ("target: user app may not shard collections of db (enableSharding, shardCollection) "
+                    "(grant clusterManager)")  # fmt: skip
+    may_shard = Grants("app", (*writer.privileges, Privilege(None, "", frozenset({"enableSharding"}))))
+    assert lacking(may_shard, [hashed]) is None  # a hashed key is not split
+    assert "split db.r" in str(lacking(may_shard, [ranged]))
+    assert lacking(None, [ranged]) is None  # a server that does not say
+    reply = {"authInfo": {"authenticatedUsers": [{"user": "ops", "db": "admin"}],
+                          "authenticatedUserRoles": [{"role": "clusterManager", "db": "admin"}]}}  # fmt: skip
+    assert lacking(grants_of(reply), [hashed, ranged]) is None  # the built-in role, from its name alone
+    leave = CollectionSpec(NS, "collection", {}, shard=ShardSpec({}, declared=True))
+    assert lacking(writer, [leave]) is None  # '{}' shards nothing
 
 
 @pytest.mark.integration

@@ -82,7 +82,10 @@ def _builtin(role: str, db: str) -> tuple[Privilege, ...] | None:
         "readWriteAnyDatabase": (_READ_WRITE, {"listDatabases"}),
         "dbAdminAnyDatabase": (_DB_ADMIN, {"listDatabases"}),
         "clusterMonitor": (frozenset(), _CLUSTER_MONITOR),
-        "clusterManager": (frozenset(), {"replSetGetConfig", "replSetGetStatus", "listShards"}),
+        "clusterManager": (
+            frozenset({"splitChunk"}),
+            {"replSetGetConfig", "replSetGetStatus", "listShards", "enableSharding"},
+        ),
     }
     if role not in cluster_wide:
         return None
@@ -191,6 +194,9 @@ _COMMAND_ROLES = {
     "collMod": "dbAdmin on {db}",
     "dropDatabase": "dbAdmin on {db}",
     "renameCollection": "readWrite on both databases (a rename within one database: readWrite on it)",
+    "enableSharding": "clusterManager",  # a sharded target's collections: sinks.mongo.sharding
+    "shardCollection": "clusterManager",
+    "split": "clusterManager",
 }
 
 

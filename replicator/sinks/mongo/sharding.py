@@ -29,6 +29,7 @@ from replicator.bsonkit.extjson import to_json_value
 from replicator.errors import ConfigError, SinkError
 from replicator.events import CollectionSpec, Namespace, ShardSpec
 from replicator.source.connection import DICT_CODEC, server_message
+from replicator.source.privileges import Grants, Need, refusal
 from replicator.source.sharding import SHARDED
 
 log = logging.getLogger("mcdc.sink.mongo")
@@ -85,6 +86,27 @@ def key_index(spec: CollectionSpec) -> Mapping[str, Any] | None:
     if spec.shard is None:
         return None
     return next((ix for ix in spec.indexes if ix.get("name") != "_id_" and same_key(ix["key"], spec.shard.key)), None)
+
+
+def lacking(granted: Grants | None, specs: Sequence[CollectionSpec]) -> str | None:
+    """The first privilege sharding ``specs`` on the target takes that ``granted`` leaves out, in one line
+    with the role to grant (clusterManager); None when they cover it, or the server does not say.
+    ``enableSharding`` (which shardCollection takes too) is granted on the cluster or on a database,
+    ``splitChunk`` on a database."""
+    if granted is None:
+        return None
+    wanted = [s for s in specs if s.shard is not None and s.shard.key]
+    role = "clusterManager"
+    for db in sorted({s.ns.db for s in wanted}):
+        if not (granted.allows("enableSharding", None) or granted.allows("enableSharding", db)):
+            need = Need("enableSharding", db, f"shard collections of {db} (enableSharding, shardCollection)", role)
+            return refusal("target", granted.user, need)
+    for spec in wanted:
+        assert spec.shard is not None
+        if split_commands(spec.ns, spec.shard) and not granted.allows("splitChunk", spec.ns.db, spec.ns.coll or ""):
+            need = Need("splitChunk", spec.ns.db, f"split {spec.ns} at the source's chunk bounds (split)", role)
+            return refusal("target", granted.user, need)
+    return None
 
 
 class TargetSharding:

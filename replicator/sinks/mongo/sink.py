@@ -45,7 +45,7 @@ from replicator.sinks.mongo.plan import (
     stale_delta,
 )
 from replicator.sinks.mongo.schema import MongoSchema
-from replicator.sinks.mongo.sharding import TargetSharding
+from replicator.sinks.mongo.sharding import TargetSharding, lacking
 from replicator.sinks.mongo.unique import settle
 from replicator.source.connection import ServerInfo, grants, make_client, probe, server_message
 from replicator.source.privileges import Grants
@@ -157,6 +157,10 @@ class MongoSink(Sink):
                 f"--shard-target {declared.ns}: target {redact(self.uri)} is not a mongos: only a sharded cluster "
                 "shards collections"
             )
+        if any(s.shard is not None and s.shard.key for s in specs):
+            missing = lacking(await self.user_grants(), specs)
+            if missing is not None:
+                return missing
         return None if replacing else await self._sharding.unfit(specs)
 
     async def prepare(self, specs: Sequence[CollectionSpec], *, drop_existing: bool) -> None:
