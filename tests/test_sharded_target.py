@@ -397,3 +397,39 @@ def test_a_tail_without_snapshot_shards_the_target_before_its_first_replayed_wri
             proc.kill()
             proc.wait()
     assert _sharded_before_copied(target_mongos, "db.c")["key"] == {"_id": "hashed"}
+
+
+@pytest.mark.integration
+def test_on_an_auth_target_a_user_who_may_not_shard_is_refused_before_any_write(
+    source_uri: str, tmp_path: Path
+) -> None:
+    """Against the test server with --auth behind the stand-in: the users-and-roles check at start covers
+    sharding; no credential appears in any output. (The test server has no clusterManager role: the run that
+    shards is root's; that clusterManager grants it is unit-tested above.)"""
+    from tests.support.secure import PASSWORD, admin_client, start_with_users
+
+    _seed(source_uri, 30)
+    rw = {"role": "readWrite", "db": "db"}
+    target = start_with_users(tmp_path / "auth", {"tgt_rw": [rw]})
+    try:
+        with mongos(target.uri, admin_uri=target.user_uri("admin")) as stand_in:
+
+            def through(user: str) -> str:
+                return target.user_uri(user).replace(f":{target.port}/", f":{stand_in.port}/")
+
+            rule = ("--shard-target", r'db\.c={"_id": "hashed"}')
+            refused = _sync(source_uri, through("tgt_rw"), tmp_path / "a", *rule)
+            assert refused.returncode == 2, refused.stderr
+            (line,) = _errors(refused)
+            assert line == ("mcdc: error: target: user tgt_rw may not shard collections of db (enableSharding, "
+                            "shardCollection) (grant clusterManager)")  # fmt: skip
+            assert stand_in.first_write("db.c") is None and stand_in.commands("create") == []
+            done = _sync(source_uri, through("admin"), tmp_path / "b", *rule)
+            assert done.returncode == 0, done.stderr
+            assert _sharded_before_copied(stand_in, "db.c")["key"] == {"_id": "hashed"}
+            for output in (refused.stdout, refused.stderr, done.stdout, done.stderr):
+                assert PASSWORD not in output
+        with admin_client(target) as client:
+            assert client.db.c.count_documents({}) == 30
+    finally:
+        target.stop()

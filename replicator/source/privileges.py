@@ -82,9 +82,10 @@ def _builtin(role: str, db: str) -> tuple[Privilege, ...] | None:
         "readWriteAnyDatabase": (_READ_WRITE, {"listDatabases"}),
         "dbAdminAnyDatabase": (_DB_ADMIN, {"listDatabases"}),
         "clusterMonitor": (frozenset(), _CLUSTER_MONITOR),
+        # sharding a collection and splitting its chunks take privileges on its database (SERVER-11343)
         "clusterManager": (
-            frozenset({"splitChunk"}),
-            {"replSetGetConfig", "replSetGetStatus", "listShards", "enableSharding"},
+            frozenset({"enableSharding", "splitChunk"}),
+            {"replSetGetConfig", "replSetGetStatus", "listShards"},
         ),
     }
     if role not in cluster_wide:

@@ -182,8 +182,9 @@ def _same(a: Any, b: Any) -> bool:
 class MongosStandIn:
     """Runs in a thread of its own; ``uri`` reaches the server through it, as a mongos."""
 
-    def __init__(self, host: str, port: int, *, wire_version: int | None = None) -> None:
+    def __init__(self, host: str, port: int, *, wire_version: int | None = None, admin_uri: str = "") -> None:
         self.upstream = (host, port)
+        self.admin_uri = admin_uri  # how the stand-in itself reaches the server (with --auth: a root user's URI)
         self.port = free_port()
         self.wire_version = wire_version
         #: config.collections documents by namespace (the test's, for a source; shardCollection's)
@@ -328,12 +329,12 @@ class MongosStandIn:
         """As a mongos has its shard do for an empty collection: the index the shard key needs, unless one
         with that key is there."""
         host, port = self.upstream
-        with pymongo.MongoClient(host, port, directConnection=True) as client:
+        uri = self.admin_uri or f"mongodb://{host}:{port}/?directConnection=true"
+        with pymongo.MongoClient(uri) as client:
             target = client[db][coll]
-            if any(_same(ix["key"], key) for ix in target.list_indexes()):
-                return
             with contextlib.suppress(pymongo.errors.PyMongoError):  # a key the test server cannot index
-                target.create_index(list(key.items()), unique=unique)
+                if not any(_same(ix["key"], key) for ix in target.list_indexes()):
+                    target.create_index(list(key.items()), unique=unique)
 
     async def _pipe(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         server_r, server_w = await asyncio.open_connection(*self.upstream)
@@ -400,11 +401,12 @@ async def _message(reader: asyncio.StreamReader) -> bytes:
 
 
 @contextlib.contextmanager
-def mongos(uri: str, *, wire_version: int | None = None) -> Iterator[MongosStandIn]:
-    """A mongos stand-in in front of the server at ``uri`` (host and port of its first seed)."""
+def mongos(uri: str, *, wire_version: int | None = None, admin_uri: str = "") -> Iterator[MongosStandIn]:
+    """A mongos stand-in in front of the server at ``uri`` (host and port of its first seed); ``admin_uri``:
+    how the stand-in reaches that server for what a mongos has its shards do (a root user's, with --auth)."""
     hostport = uri.split("://", 1)[1].split("/", 1)[0].split(",")[0].rsplit("@", 1)[-1]
     host, _, port = hostport.rpartition(":")
-    stand_in = MongosStandIn(host, int(port), wire_version=wire_version)
+    stand_in = MongosStandIn(host, int(port), wire_version=wire_version, admin_uri=admin_uri)
     stand_in.start()
     try:
         yield stand_in
