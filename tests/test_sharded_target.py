@@ -103,6 +103,39 @@ def test_a_declared_key_wins_over_the_source_sharding_and_views_are_left_alone()
     assert declared[0].shard == ShardSpec({"k": 1}, declared=True) and declared[1].shard is None
 
 
+def test_a_target_user_without_clustermanager_is_refused_before_anything_is_written() -> None:
+    from replicator.sinks.mongo.sharding import lacking
+    from replicator.source.privileges import Grants, Privilege, grants_of
+
+    hashed = CollectionSpec(NS, "collection", {}, shard=ShardSpec({"_id": "hashed"}))
+    ranged = CollectionSpec(Namespace("db", "r"), "collection", {}, shard=ShardSpec({"r": 1}, split_points=({"r": 5},)))
+    writer = Grants("app", (Privilege("db", "", frozenset({"insert", "find", "createCollection"})),))
+    line = lacking(writer, [hashed])
+    assert line == ("target: user app may not shard collections of db (enableSharding, shardCollection) "
+                    "(grant clusterManager)")  # fmt: skip
+    may_shard = Grants("app", (*writer.privileges, Privilege(None, "", frozenset({"enableSharding"}))))
+    assert lacking(may_shard, [hashed]) is None  # a hashed key is not split
+    assert "split db.r" in str(lacking(may_shard, [ranged]))
+    assert lacking(None, [ranged]) is None  # a server that does not say
+    reply = {"authInfo": {"authenticatedUsers": [{"user": "ops", "db": "admin"}],
+                          "authenticatedUserRoles": [{"role": "clusterManager", "db": "admin"}]}}  # fmt: skip
+    assert lacking(grants_of(reply), [hashed, ranged]) is None  # the built-in role, from its name alone
+    leave = CollectionSpec(NS, "collection", {}, shard=ShardSpec({}, declared=True))
+    assert lacking(writer, [leave]) is None  # '{}' shards nothing
+
+
+def test_the_stand_in_answers_config_reads_as_the_server_would_filter_them() -> None:
+    """The stand-in's own query matching (tests/support/mongos.py), for the filters mcdc sends."""
+    from tests.support.mongos import matches
+
+    entry = {"_id": "db.c", "key": {"r": 1}, "uuid": b"u", "timestamp": 1}
+    assert matches(entry, {"_id": {"$in": ["db.a", "db.c"]}, "dropped": {"$ne": True}, "unsplittable": {"$ne": True}})
+    assert not matches({**entry, "dropped": True}, {"dropped": {"$ne": True}})
+    assert matches(entry, {"$or": [{"uuid": b"x"}, {"_id": "db.c"}]}) and not matches(entry, {"ns": "db.c"})
+    with pytest.raises(ValueError, match="does not know \\$gt"):
+        matches(entry, {"timestamp": {"$gt": 0}})
+
+
 # ---- integration: mongos stand-ins in front of the test servers
 
 
@@ -330,27 +363,6 @@ def test_a_target_user_who_may_not_shard_is_told_the_role_in_one_line(
     (line,) = _errors(done)
     assert line.startswith("mcdc: error: target:") and "shardCollection" in line and "clusterManager" in line
     assert target_mongos.first_write("db.c") is None
-
-
-def test_a_target_user_without_clustermanager_is_refused_before_anything_is_written() -> None:
-    from replicator.sinks.mongo.sharding import lacking
-    from replicator.source.privileges import Grants, Privilege, grants_of
-
-    hashed = CollectionSpec(NS, "collection", {}, shard=ShardSpec({"_id": "hashed"}))
-    ranged = CollectionSpec(Namespace("db", "r"), "collection", {}, shard=ShardSpec({"r": 1}, split_points=({"r": 5},)))
-    writer = Grants("app", (Privilege("db", "", frozenset({"insert", "find", "createCollection"})),))
-    line = lacking(writer, [hashed])
-    assert line == ("target: user app may not shard collections of db (enableSharding, shardCollection) "
-                    "(grant clusterManager)")  # fmt: skip
-    may_shard = Grants("app", (*writer.privileges, Privilege(None, "", frozenset({"enableSharding"}))))
-    assert lacking(may_shard, [hashed]) is None  # a hashed key is not split
-    assert "split db.r" in str(lacking(may_shard, [ranged]))
-    assert lacking(None, [ranged]) is None  # a server that does not say
-    reply = {"authInfo": {"authenticatedUsers": [{"user": "ops", "db": "admin"}],
-                          "authenticatedUserRoles": [{"role": "clusterManager", "db": "admin"}]}}  # fmt: skip
-    assert lacking(grants_of(reply), [hashed, ranged]) is None  # the built-in role, from its name alone
-    leave = CollectionSpec(NS, "collection", {}, shard=ShardSpec({}, declared=True))
-    assert lacking(writer, [leave]) is None  # '{}' shards nothing
 
 
 @pytest.mark.integration
