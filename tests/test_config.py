@@ -138,6 +138,7 @@ SAMPLE = {
     "rename": "crm=crm_replica",
     "field-exclude": "crm.customers.ssn",
     "field-rename": "shop.orders.total=amount",
+    "filter": 'shop\\.orders={"region": "EU", "total": {"$gte": 10}}',
     "snapshot": "always",
     "snapshot-only": "true",
     "drop-target": "true",

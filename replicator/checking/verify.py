@@ -26,6 +26,7 @@ from replicator.errors import ConfigError
 from replicator.events import CollectionSpec, Namespace
 from replicator.settings.config import Settings
 from replicator.settings.fields import FieldEditor, FieldRules
+from replicator.settings.filters import filtered
 from replicator.settings.selection import Selection, rename_spec
 from replicator.settings.uri import is_mongo_uri, redact
 from replicator.sinks.mongo.schema import same_index
@@ -259,7 +260,8 @@ async def diff_partition(
         if pace is not None:
             await pace()
     # the plan's $type + bound filters mean the same on any server, so they select the same range there
-    async for batch in read_partition(target, replace(part, ns=dst), batch_docs=docs, batch_bytes=size):
+    # (the target holds only what a --filter kept: its whole range is compared, not the range's matches)
+    async for batch in read_partition(target, replace(part, ns=dst, where=None), batch_docs=docs, batch_bytes=size):
         differ.add_target(batch)
         if pace is not None:
             await pace()
@@ -331,7 +333,8 @@ class _Verifier:
             plan = await plan_collection(
                 self.source[src.db][src.coll or ""], src, self.s.partition_docs, split=self.s.split
             )
-        plan = with_catch_all(plan)
+        where = self.s.filters.where(src)
+        plan = [replace(part, where=where) for part in with_catch_all(plan)]
         parts = await self._differ(plan, dst)
         total = DocumentDiff(self.s.verify_sample)
         for part in parts:  # in plan order, so the sampled _ids do not depend on timing
@@ -343,13 +346,14 @@ class _Verifier:
         """Only the documents of these ``_id``s, in chunks (``$in`` on each side)."""
         total = DocumentDiff(self.s.verify_sample)
         editor = self.fields.for_namespace(src)
+        where = self.s.filters.where(src)
         ordered = sorted(keys)
         for start in range(0, len(ordered), _BY_KEY):
             values = [bson.decode(k, codec_options=DICT_CODEC)["_id"] for k in ordered[start : start + _BY_KEY]]
             query = {"_id": {"$in": values}}
             differ = DocumentDiffer(self.s.verify_sample)
             async with self.slots:
-                found = await self.source[src.db][src.coll or ""].find(query).to_list()
+                found = await self.source[src.db][src.coll or ""].find(filtered(query, where)).to_list()
                 differ.add_source(edited(found, editor))
                 differ.add_target(await self.target[dst.db][dst.coll or ""].find(query).to_list())
             total.merge(differ.finish())
@@ -365,7 +369,7 @@ class _Verifier:
 
     async def _count(self, src: Namespace, dst: Namespace, ns: str) -> list[Difference]:
         async with self.slots:
-            on_source = await self.source[src.db][src.coll or ""].count_documents({})
+            on_source = await self.source[src.db][src.coll or ""].count_documents(self.s.filters.where(src) or {})
             on_target = await self.target[dst.db][dst.coll or ""].count_documents({})
         if on_source == on_target:
             return []

@@ -159,7 +159,9 @@ class SnapshotCopy:
         for part, after in halfway:
             coll = client[part.ns.db][part.ns.coll or ""]
             try:
-                before = await coll.count_documents(part.query()) - await coll.count_documents(part.query(after))
+                before = await coll.count_documents(part.find_filter()) - await coll.count_documents(
+                    part.find_filter(after)
+                )
             except PyMongoError:
                 return  # only progress: the copy itself retries the source's failures
             self.reporter.snapshot_copied_before(str(part.ns), max(before, 0))

@@ -304,7 +304,9 @@ class SyncJob:
                 f"the target already holds data in {listing(busy, 5)}: pass --drop-target to replace it with the "
                 "source's copy, or leave it out of the selection (--include, --exclude)"
             )
-        plan = await plan_specs(client, specs, s.partition_docs, split=s.split, split_time=sink.deletes_time_ranges)
+        plan = await plan_specs(
+            client, specs, s.partition_docs, split=s.split, split_time=sink.deletes_time_ranges, where=s.filters.where
+        )
         cp = self._new_checkpoint(
             identity,
             position=position,

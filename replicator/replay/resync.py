@@ -120,7 +120,9 @@ class Resyncer:
         if spec.is_view:
             return
         # into a collection just created: no partition is begun twice, so time-series ones may split by time
-        plan = await plan_spec(self._client, spec, self.s.partition_docs, split=self.s.split)
+        plan = await plan_spec(
+            self._client, spec, self.s.partition_docs, split=self.s.split, where=self.s.filters.where
+        )
 
         async def done(part: Partition, docs: int) -> None:
             pass

@@ -24,7 +24,7 @@ def source_lookup(client: Client, settings: Settings) -> Lookup:
     task's get one."""
     scope = Scope(settings.selection, settings.renamer)
     fields = FieldRules(settings.field_exclude, settings.field_rename)
-    transform = make_transform(settings.selection, settings.renamer, fields=fields)
+    transform = make_transform(settings.selection, settings.renamer, fields=fields, filters=settings.filters or None)
 
     async def lookup(target: Namespace, ids: Sequence[Any]) -> list[Mapping[str, Any]]:
         origin = scope.source_of(target)

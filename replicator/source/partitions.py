@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,6 +34,10 @@ from pymongo.errors import OperationFailure
 
 from replicator.bsonkit.extjson import from_jsonable, to_jsonable
 from replicator.events import CollectionSpec, Namespace
+from replicator.settings.filters import filtered
+
+#: the find() filter of a namespace's replicated documents (``--filter``'s query), or None: all of them
+Where = Callable[[Namespace], Mapping[str, Any] | None]
 
 #: bracket name -> the $type aliases it covers, in BSON order.
 BRACKETS: dict[str, tuple[str, ...]] = {
@@ -118,6 +122,9 @@ class Partition:
     ordered: bool = False  # insertion order matters (capped): one writer, batches in read order
     keyed: bool = True  # _id is unique (not a time-series collection's): a copy can go on after an _id
     field: str = "_id"  # what the range is of
+    # the source's documents of the range that are replicated (--filter's query; None: all): reads of the
+    # source add it to the range (find_filter), the target's copy of the range is the range alone
+    where: Mapping[str, Any] | None = field(default=None, compare=False)
 
     @property
     def id(self) -> str:
@@ -161,6 +168,11 @@ class Partition:
                 cond["$lt"] = self.upper
         return {"_id": cond}
 
+    def find_filter(self, after: Resume | None = None) -> Mapping[str, Any]:
+        """The find() filter that reads this partition's replicated documents from the source: its range
+        (:meth:`query`), and its query when a ``--filter`` applies."""
+        return filtered(self.query(after), self.where)
+
     def _query_after(self, last: Any) -> dict[str, Any]:
         bracket = self.bracket if self.bracket != ALL else bracket_of(last)
         if bracket is None:  # an _id type with no bracket: no "after" to express, copy it all again
@@ -191,6 +203,7 @@ class Partition:
             "ordered": self.ordered,
             "keyed": self.keyed,
             "field": self.field,
+            **({"where": to_jsonable(self.where)} if self.where is not None else {}),
         }
 
     @classmethod
@@ -206,6 +219,7 @@ class Partition:
             ordered=bool(data.get("ordered")),
             keyed=bool(data.get("keyed", True)),
             field=str(data.get("field") or "_id"),
+            where=from_jsonable(data["where"]) if data.get("where") is not None else None,
         )
 
 
@@ -369,10 +383,19 @@ async def plan_timeseries(
 
 async def plan_spec(
     client: AsyncMongoClient[Any], spec: CollectionSpec, partition_docs: int, *, split: str = "auto",
-    split_time: bool = True,
+    split_time: bool = True, where: Where | None = None,
 ) -> list[Partition]:  # fmt: skip
     """One collection's partitions: ``_id`` ranges, or a time-series collection's time ranges (whole unless
-    ``split_time``: where the target cannot delete a time range again, see Sink.deletes_time_ranges)."""
+    ``split_time``: where the target cannot delete a time range again, see Sink.deletes_time_ranges).
+    ``where``: the query of the namespace's replicated documents (--filter), read with each range."""
+    plan = await _plan_spec(client, spec, partition_docs, split=split, split_time=split_time)
+    query = where(spec.ns) if where is not None else None
+    return plan if query is None else [replace(part, where=query) for part in plan]
+
+
+async def _plan_spec(
+    client: AsyncMongoClient[Any], spec: CollectionSpec, partition_docs: int, *, split: str, split_time: bool
+) -> list[Partition]:
     coll = client[spec.ns.db][spec.ns.coll or ""]
     if spec.kind == "timeseries" or spec.options.get("timeseries"):
         field = str((spec.options.get("timeseries") or {}).get("timeField") or "")
@@ -385,11 +408,11 @@ async def plan_spec(
 
 async def plan_specs(
     client: AsyncMongoClient[Any], specs: Sequence[CollectionSpec], partition_docs: int, *, split: str = "auto",
-    split_time: bool = True,
+    split_time: bool = True, where: Where | None = None,
 ) -> list[Partition]:  # fmt: skip
     """The snapshot's partitions of every collection in ``specs`` (views have no documents of their own)."""
     plan: list[Partition] = []
     for spec in specs:
         if not spec.is_view:
-            plan.extend(await plan_spec(client, spec, partition_docs, split=split, split_time=split_time))
+            plan.extend(await plan_spec(client, spec, partition_docs, split=split, split_time=split_time, where=where))
     return plan

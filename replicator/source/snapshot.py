@@ -21,7 +21,7 @@ async def read_partition(
     acknowledged batches is an ``_id`` to go on ``after``; a capped one in insertion order."""
     coll = client[partition.ns.db][partition.ns.coll or ""]
     sort = [("_id", 1)] if partition.resumable else None
-    cursor = coll.find(partition.query(after), sort=sort, batch_size=batch_docs, no_cursor_timeout=False)
+    cursor = coll.find(partition.find_filter(after), sort=sort, batch_size=batch_docs, no_cursor_timeout=False)
     batch: list[RawBSONDocument] = []
     size = 0
     try:

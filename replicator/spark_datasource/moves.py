@@ -227,4 +227,4 @@ def _find(
 ) -> Cursor[RawBSONDocument]:
     """A cursor over the partition's documents in collection ``ns`` (``after``: past that ``_id``)."""
     sort = [("_id", 1)] if plan.resumable else None
-    return client[ns.db][ns.coll or ""].find(plan.query(after), sort=sort, batch_size=batch)
+    return client[ns.db][ns.coll or ""].find(plan.find_filter(after), sort=sort, batch_size=batch)
