@@ -234,7 +234,7 @@ def _args(command: str) -> list[str]:
         if kind is bool:
             args.append(option.flag if value == "true" else f"--no-{option.name}")
         elif kind is tuple:
-            for item in value.split(","):
+            for item in value.split(",") if option.commas else [value]:
                 args += [option.flag, item]
         else:
             args += [option.flag, value]

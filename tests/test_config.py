@@ -4,6 +4,7 @@ option (the long flag) for the command line, MCDC_* variables, config-file keys 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -149,7 +150,7 @@ SAMPLE = {
     "batch-docs": "500",
     "batch-bytes": "4194304",
     "queue-batches": "2",
-    "full-document": "whenAvailable",
+    "full-document": "required",  # (kept under --filter, which raises whenAvailable to updateLookup)
     "pre-images": "whenAvailable",
     "max-batch-size": "250",
     "max-queue-size": "4096",
@@ -196,7 +197,7 @@ SAMPLE = {
 
 def test_every_settings_field_has_one_option_and_every_option_one_name() -> None:
     fields = {f.name: f for f in dataclasses.fields(Settings)}
-    assert sorted(o.field for o in OPTIONS) == sorted(set(fields) - {"selection", "renamer"})
+    assert sorted(o.field for o in OPTIONS) == sorted(set(fields) - {"selection", "renamer", "filters"})
     assert len({o.name for o in OPTIONS}) == len(OPTIONS)
     for option in OPTIONS:
         assert re.fullmatch(r"[a-z][a-z-]*[a-z]", option.name), option.name
@@ -233,7 +234,7 @@ def _toml(value: object) -> str:
         return "[" + ", ".join(_toml(v) for v in value) + "]"
     if isinstance(value, int | float):
         return repr(value)
-    return '"' + str(value).replace("\\", "\\\\") + '"'
+    return json.dumps(str(value))  # a TOML basic string (quotes and backslashes escaped)
 
 
 def test_settings_round_trip_through_strings() -> None:

@@ -61,7 +61,7 @@ def _parse(text: str) -> _Filter:
     try:
         compile_query(spec)
     except ConfigError as exc:
-        raise ConfigError(f"{flag}: {exc}") from None
+        raise ConfigError(f"{flag}: {str(exc).removeprefix('--filter: ')}") from None
     return _Filter(pattern, spec, flag)
 
 

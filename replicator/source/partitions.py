@@ -13,6 +13,7 @@ range reads every bucket), and a range copied again is first deleted from the ta
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import itertools
 import math
@@ -124,7 +125,7 @@ class Partition:
     field: str = "_id"  # what the range is of
     # the source's documents of the range that are replicated (--filter's query; None: all): reads of the
     # source add it to the range (find_filter), the target's copy of the range is the range alone
-    where: Mapping[str, Any] | None = field(default=None, compare=False)
+    where: Mapping[str, Any] | None = dataclasses.field(default=None, compare=False)
 
     @property
     def id(self) -> str:
