@@ -49,7 +49,7 @@ def only_flt(ns: str) -> bool:
 
 def _mcdc(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "replicator.cli", *args, "--no-progress"], capture_output=True, text=True,
+        [sys.executable, "-m", "replicator.cli", *args], capture_output=True, text=True,
         timeout=timeout,
     )  # fmt: skip
 
@@ -172,7 +172,7 @@ def test_a_mongodb_target_holds_exactly_the_matches_through_kill_9_and_verify_co
 
     # a checkpoint made with one filter does not go on under another
     other = _mcdc("catch-up", "-s", source_uri, "-t", target_uri, "-c", str(cp), "--include", "flt\\..*",
-                  "--filter", 'flt\\.orders={"region": "EU"}')  # fmt: skip
+                  "--filter", 'flt\\.orders={"region": "EU"}', "--no-progress")  # fmt: skip
     assert other.returncode == 2 and "--filter" in other.stderr and len(other.stderr.strip().splitlines()) == 1
 
 
@@ -220,7 +220,7 @@ def test_delta_state_tables_hold_the_matches_after_kill_9_and_catch_up(
     time.sleep(1.0)
     _kill(proc)
     done = _mcdc("catch-up", "-s", source_uri, "-t", target, "-c", str(cp), "--include", "flt\\..*",
-                 "--filter", FILTER)  # fmt: skip
+                 "--filter", FILTER, "--no-progress")  # fmt: skip
     assert done.returncode == 0, done.stderr
     for coll in ("orders", "other"):
         expected = source_bytes(source_uri, "flt", coll, where(f"flt.{coll}"))
@@ -269,34 +269,3 @@ def test_an_operator_mcdc_cannot_decide_as_the_server_does_is_refused_in_one_lin
         assert len(lines) == 1 and lines[0].startswith("mcdc: error: --filter") and named in lines[0], lines
         assert not (tmp_path / "cp.json").exists()
 
-
-def test_the_spark_data_source_reads_and_streams_the_matches_only(
-    spark: Any, clients: Clients, source_uri: str, tmp_path: Path
-) -> None:
-    """Its ``filter`` option: a batch read gives find(QUERY)'s documents; in a stream, a document that comes
-    to match is a whole row, one that stops matching a "d" row, one that never matched no row."""
-    from replicator.spark import register
-    from tests.test_spark_datasource import stream_rows
-
-    register(spark)
-    seed_source(source_uri)
-    options = {"include": "flt\\.orders", "filter": FILTER}
-    reader = spark.read.format("mcdc").option("source", source_uri)
-    for key, value in {**options, "partition-docs": "10", "split": "always"}.items():
-        reader = reader.option(key, value)
-    ids = sorted(json_util.loads(row["key"])["_id"] for row in reader.load().collect())
-    assert ids == sorted(d["_id"] for d in clients.source.flt.orders.find(QUERY)) and ids
-
-    first, _ = stream_rows(spark, source_uri, tmp_path / "cp", **options)
-    assert first == []
-    orders = clients.source.flt.orders
-    orders.insert_one({"_id": "never", "region": "US"})
-    orders.insert_one({"_id": "leaves", "region": "EU"})
-    orders.update_one({"_id": "leaves"}, {"$set": {"region": "US"}})
-    orders.update_one({"_id": "never"}, {"$inc": {"n": 1}})
-    orders.insert_one({"_id": "enters", "region": "US"})
-    orders.update_one({"_id": "enters"}, {"$set": {"region": "UK"}})
-    rows, _ = stream_rows(spark, source_uri, tmp_path / "cp", **options)
-    got = [(r["op"], json_util.loads(r["key"])["_id"]) for r in rows]
-    assert got == [("c", "leaves"), ("d", "leaves"), ("replace", "enters")], got
-    assert json_util.loads(rows[2]["document"]) == {"_id": "enters", "region": "UK"}

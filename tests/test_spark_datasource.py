@@ -369,3 +369,35 @@ def test_relaxed_extended_json_gives_from_json_typed_values(
     assert canonical.select(F.from_json("document", "age INT").alias("d")).collect()[0]["d"]["age"] is None
     (row,) = canonical.collect()
     assert row["sequence"]["n"] == -1 and row["cluster_time"] is None  # at the snapshot's read time
+
+
+def test_the_spark_data_source_reads_and_streams_the_matches_only(
+    mcdc: Any, clients: Clients, source_uri: str, tmp_path: Path
+) -> None:
+    """Its ``filter`` option: a batch read gives find(QUERY)'s documents; in a stream, a document that comes
+    to match is a whole row, one that stops matching a "d" row, one that never matched no row."""
+    from bson import json_util
+
+    from tests.test_doc_filter import FILTER, QUERY, seed_source
+
+    seed_source(source_uri)
+    options = {"include": "flt\\.orders", "filter": FILTER}
+    reader = mcdc.read.format("mcdc").option("source", source_uri)
+    for key, value in {**options, "partition-docs": "10", "split": "always"}.items():
+        reader = reader.option(key, value)
+    ids = sorted(json_util.loads(row["key"])["_id"] for row in reader.load().collect())
+    assert ids == sorted(d["_id"] for d in clients.source.flt.orders.find(QUERY)) and ids
+
+    first, _ = stream_rows(mcdc, source_uri, tmp_path / "cp", **options)
+    assert first == []
+    orders = clients.source.flt.orders
+    orders.insert_one({"_id": "never", "region": "US"})
+    orders.insert_one({"_id": "leaves", "region": "EU"})
+    orders.update_one({"_id": "leaves"}, {"$set": {"region": "US"}})
+    orders.update_one({"_id": "never"}, {"$inc": {"n": 1}})
+    orders.insert_one({"_id": "enters", "region": "US"})
+    orders.update_one({"_id": "enters"}, {"$set": {"region": "UK"}})
+    rows, _ = stream_rows(mcdc, source_uri, tmp_path / "cp", **options)
+    got = [(r["op"], json_util.loads(r["key"])["_id"]) for r in rows]
+    assert got == [("c", "leaves"), ("d", "leaves"), ("replace", "enters")], got
+    assert json_util.loads(rows[2]["document"]) == {"_id": "enters", "region": "UK"}
