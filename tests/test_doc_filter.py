@@ -268,4 +268,3 @@ def test_an_operator_mcdc_cannot_decide_as_the_server_does_is_refused_in_one_lin
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("mcdc: error: --filter") and named in lines[0], lines
         assert not (tmp_path / "cp.json").exists()
-
