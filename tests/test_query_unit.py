@@ -94,11 +94,74 @@ def test_strings_compare_by_their_bytes() -> None:
 
 def test_minkey_and_maxkey_bound_every_type() -> None:
     for value in (1, "x", None, [], {"b": 1}, True):
-        assert matches({"a": {"$lt": MaxKey()}}, {"a": value})
-        assert matches({"a": {"$gt": MinKey()}}, {"a": value})
         assert not matches({"a": {"$gt": MaxKey()}}, {"a": value})
+        assert not matches({"a": {"$lt": MinKey()}}, {"a": value})
+        assert not matches({"a": MaxKey()}, {"a": value})
     assert matches({"a": MaxKey()}, {"a": MaxKey()})
-    assert not matches({"a": {"$lt": MaxKey()}}, {"a": MaxKey()})
+    assert matches({"a": {"$gte": MaxKey()}}, {"a": MaxKey()})
+    assert matches({"a": {"$lte": MinKey()}}, {"a": [MinKey()]})
+    assert matches({"a": {"$gt": 1}}, {"a": 2}) and not matches({"a": {"$gt": 1}}, {"a": MaxKey()})
+
+
+@pytest.mark.parametrize("query", [{"a": {"$lt": MaxKey()}}, {"a": {"$lte": MaxKey()}}, {"a": {"$gte": MinKey()}}])
+def test_any_value_ranges_are_refused(query: dict[str, Any]) -> None:
+    """They hold for every value; for a missing field the answer is the query engine's."""
+    with pytest.raises(ConfigError, match=r"^--filter: \$(lt|lte|gte): M(ax|in)Key"):
+        compile_query(query)
+
+
+#: jstests/core/query/null_query_semantics.js (MongoDB 8.0 on): what {a: null}, {a: {$ne: null}},
+#: {a: {$in: [null, 75]}} and {a: {$nin: [null, 75]}} match
+NULL_DOCS: dict[str, Any] = {
+    "a_empty_subobject": {},
+    "a_null": None,
+    "a_number": 4,
+    "a_subobject_b_not_null": {"b": "hi"},
+    "a_subobject_b_null": {"b": None},
+    "a_double_array": [[]],
+    "a_empty_array": [],
+    "a_object_array_no_b_nulls": [{"b": 1}, {"b": 3}, {"b": "string"}],
+    "a_object_array_some_b_nulls": [{"b": None}, {"b": 3}, {"b": None}],
+    "a_object_array_some_b_missing": [{"b": 3}, {}],
+    "a_value_array_all_nulls": [None, None],
+    "a_value_array_no_nulls": [1, "string", 4],
+    "a_value_array_with_null": [1, "string", None, 4],
+}
+NULL_MATCHES = {"a_null", "a_value_array_all_nulls", "a_value_array_with_null", "no_a"}
+
+
+def _null_corpus() -> dict[str, dict[str, Any]]:
+    docs = {name: {"a": value} for name, value in NULL_DOCS.items()}
+    docs["no_a"] = {}
+    return docs
+
+
+@pytest.mark.parametrize(
+    ("query", "negated"),
+    [
+        ({"a": None}, False),
+        ({"a": {"$eq": None}}, False),
+        ({"a": {"$in": [None, 75]}}, False),
+        ({"$or": [{"a": None}, {"a": 75}]}, False),
+        ({"a": {"$ne": None}}, True),
+        ({"a": {"$nin": [None, 75]}}, True),
+        ({"a": {"$not": {"$gte": None}}}, True),
+    ],
+)
+def test_null_as_mongodb_8_answers_it(query: dict[str, Any], negated: bool) -> None:
+    docs = _null_corpus()
+    got = {name for name, doc in docs.items() if matches(query, doc)}
+    assert got == (set(docs) - NULL_MATCHES if negated else NULL_MATCHES)
+
+
+def test_null_elem_match_as_mongodb_answers_it() -> None:
+    docs = _null_corpus()
+    eq = {name for name, doc in docs.items() if matches({"a": {"$elemMatch": {"$eq": None}}}, doc)}
+    assert eq == {"a_value_array_all_nulls", "a_value_array_with_null"}
+    on_documents = {name for name, doc in docs.items() if matches({"a": {"$elemMatch": {"b": {"$eq": None}}}}, doc)}
+    assert on_documents == {"a_double_array", "a_object_array_some_b_nulls", "a_object_array_some_b_missing"}
+    ne = {name for name, doc in docs.items() if matches({"a": {"$elemMatch": {"b": {"$ne": None}}}}, doc)}
+    assert ne == {"a_object_array_no_b_nulls", "a_object_array_some_b_nulls", "a_object_array_some_b_missing"}
 
 
 def test_null_matches_missing_and_null_and_arrays_holding_null() -> None:
@@ -113,9 +176,30 @@ def test_null_matches_missing_and_null_and_arrays_holding_null() -> None:
     assert not matches({"a": {"$ne": None}}, {})
     assert not matches({"a": {"$ne": None}}, {"a": [1, None]})
     assert matches({"a": {"$in": [None]}}, {})
-    assert matches({"a.b": None}, {"a": [{"c": 1}]})  # an element without b
-    assert not matches({"a.b": None}, {"a": [1, 2]})  # no element is a document: no value at all
-    assert matches({"a.b": None}, {"a": 1})  # missing: a is no document
+    assert matches({"a": {"$elemMatch": {"b": None}}}, {"a": [{"c": 1}]})
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"a.b": None},
+        {"a.b": {"$eq": None}},
+        {"a.b": {"$ne": None}},
+        {"a.b": {"$in": [1, None]}},
+        {"a.b": {"$nin": [None]}},
+        {"a.b": {"$gte": None}},
+        {"a.0": {"$lte": None}},
+        {"a.b": {"$all": [None]}},
+        {"$or": [{"x": 1}, {"a.b": {"$not": {"$eq": None}}}]},
+        {"a": {"$elemMatch": {"b.c": None}}},
+    ],
+)
+def test_null_on_a_dotted_path_is_refused(query: dict[str, Any]) -> None:
+    """MongoDB 5.0-8.x and 9.0 answer it differently where the path crosses an array without documents
+    (jstests/core/query/dotted_path_in_null.js: {a: [5, {b: 5}]} matches {"a.b": {$in: [null]}} from 9.0 on)."""
+    with pytest.raises(ConfigError, match=r"^--filter: .*null.* dotted path") as caught:
+        compile_query(query)
+    assert "\n" not in str(caught.value)
 
 
 def test_exists() -> None:
@@ -138,7 +222,7 @@ def test_paths_through_documents_and_arrays() -> None:
     assert matches({"e.f.g": "x"}, doc)
     assert not matches({"e.f.g.h": "x"}, doc)
     assert not matches({"a.b": 5}, doc)
-    assert not matches({"a.b.c": None}, {"a": [[{"b": {"c": 1}}]]})  # arrays in arrays are not entered
+    assert matches({"a.b.c": {"$exists": False}}, {"a": [[{"b": {"c": 1}}]]})  # arrays in arrays are not entered
     assert not matches({"a.b": 1}, {"a": [[{"b": 1}]]})
 
 
@@ -149,8 +233,47 @@ def test_numeric_path_parts_name_array_positions() -> None:
     assert matches({"a.0": 5}, {"a": [{"0": 5}]})  # a field named "0" in an element, too
     assert matches({"a.0.0": 7}, {"a": [[7]]})
     assert matches({"a.1": {"$exists": False}}, {"a": [1]})
+    assert not matches({"a.0": 1}, {"a": [[1]]})  # an element reached by position is not expanded
     assert matches({"a.0": 1}, {"a": {"0": 1}})
     assert not matches({"a.01": 2}, {"a": [1, 2]})
+
+
+#: jstests/core/query/match_numeric_components.js: the documents, then what each query matches
+NUMERIC_DOCS: list[Any] = [
+    42, [42], {"0": 42}, [[42]], [{"0": 42}], {"0": [42]}, {"0": {"0": 42}}, [[[42]]], [[{"0": 42}]],
+    [{"0": [42]}], [{"0": {"0": 42}}], {"0": [[42]]}, {"0": [{"0": 42}]}, {"0": {"0": [42]}},
+    {"0": {"0": {"0": 42}}}, [[[[42]]]], [[[{"0": 42}]]], [[{"0": [42]}]], [[{"0": {"0": 42}}]],
+    [{"0": [[42]]}], [{"0": [{"0": 42}]}], [{"0": {"0": [42]}}], [{"0": {"0": {"0": 42}}}], {"0": [[[42]]]},
+    {"0": [[{"0": 42}]]}, {"0": [{"0": [42]}]}, {"0": [{"0": {"0": 42}}]}, {"0": {"0": [[42]]}},
+    {"0": {"0": [{"0": 42}]}}, {"0": {"0": {"0": [42]}}}, {"0": {"0": {"0": {"0": 42}}}},
+]  # fmt: skip
+A0 = {1, 2, 4, 5, 9}
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ({"a.0": 42}, A0),
+        ({"a.0": {"$ne": 42}}, set(range(31)) - A0),
+        ({"a.0.0": 42}, {3, 4, 5, 6, 8, 9, 10, 12, 13, 17, 20, 21, 25}),
+        ({"a.0": {"$gt": 41}}, A0),
+        ({"a.0": {"$in": [41, 42, 43]}}, A0),
+        ({"a.0": {"$nin": [41, 42, 43]}}, set(range(31)) - A0),
+        ({"a.0": {"$all": [42]}}, A0),
+        ({"a.0": {"$all": [{"$elemMatch": {"0": 42}}]}}, {7, 8, 11, 12, 15, 17, 19, 20, 23, 25}),
+        ({"a.0": {"$type": "number"}}, A0),
+        ({"a.0": {"$mod": [42, 0]}}, A0),
+        ({"$or": [{"a.0": 42}, {"notARealField": 123}]}, A0),
+    ],
+)
+def test_numeric_path_parts_as_mongodb_answers_them(query: dict[str, Any], expected: set[int]) -> None:
+    assert {n for n, a in enumerate(NUMERIC_DOCS) if matches(query, {"_id": n, "a": a})} == expected
+
+
+def test_numeric_path_parts_and_regexes() -> None:
+    docs = {1: "hello", 2: {"0": "hello"}, 3: ["hello", "abc", "abc"]}
+    for query in ({"b.0": {"$regex": "hello"}}, {"b.0": {"$all": [Regex("^hello")]}}):
+        assert {n for n, b in docs.items() if matches(query, {"b": b})} == {2, 3}
 
 
 def test_array_equality_is_exact_and_also_matches_an_element() -> None:
@@ -314,7 +437,7 @@ def test_refused_operators_are_named(query: dict[str, Any]) -> None:
     [r"\Qa.b\E", r"\p{L}", r"\x{41}", r"\v", r"\h", r"\R", r"(?<n>a)", "[[:alpha:]]", r"a{,3}", r"(?x)a", r"a(?i)b"],
 )
 def test_regexes_python_reads_otherwise_are_refused(pattern: str) -> None:
-    with pytest.raises(ConfigError, match="--filter: "):
+    with pytest.raises(ConfigError, match=r"--filter: "):
         compile_query({"a": Regex(pattern)})
 
 
@@ -337,8 +460,65 @@ def test_regexes_python_reads_otherwise_are_refused(pattern: str) -> None:
     ],
 )
 def test_queries_the_server_refuses_are_refused(query: dict[str, Any]) -> None:
-    with pytest.raises(ConfigError, match="^--filter: "):
+    with pytest.raises(ConfigError, match=r"^--filter: "):
         compile_query(query)
+
+
+def _element(kind: int, name: str, value: bytes = b"") -> bytes:
+    return bytes([kind]) + name.encode() + b"\x00" + value
+
+
+def _raw(*elements: bytes) -> RawBSONDocument:
+    body = b"".join(elements)
+    return RawBSONDocument((len(body) + 5).to_bytes(4, "little") + body + b"\x00", RAW_CODEC)
+
+
+def _string(text: str) -> bytes:
+    data = text.encode() + b"\x00"
+    return len(data).to_bytes(4, "little") + data
+
+
+def test_undefined_is_neither_null_nor_missing() -> None:
+    """pymongo reads BSON undefined as None; it is its own type, and from MongoDB 8.0 on null does not match it."""
+    doc = _raw(_element(0x10, "_id", (1).to_bytes(4, "little")), _element(0x06, "a"))
+    assert not compile_query({"a": None}).matches(doc)
+    assert compile_query({"a": {"$ne": None}}).matches(doc)
+    assert compile_query({"a": {"$exists": True}}).matches(doc)
+    assert compile_query({"a": {"$type": "undefined"}}).matches(doc)
+    assert not compile_query({"a": {"$type": "null"}}).matches(doc)
+    in_array = _raw(_element(0x04, "a", bytes(_raw(_element(0x06, "0"), _element(0x10, "1", b"\x01\x00\x00\x00")).raw)))
+    assert compile_query({"a": 1}).matches(in_array)
+    assert not compile_query({"a": None}).matches(in_array)
+
+
+def test_symbol_compares_as_a_string_with_a_type_of_its_own() -> None:
+    doc = _raw(_element(0x0E, "a", _string("xy")))
+    assert compile_query({"a": "xy"}).matches(doc)
+    assert compile_query({"a": {"$gt": "x"}}).matches(doc)
+    assert compile_query({"a": Regex("^x")}).matches(doc)
+    assert compile_query({"a": {"$type": "symbol"}}).matches(doc)
+    assert not compile_query({"a": {"$type": "string"}}).matches(doc)
+    nested = _raw(_element(0x03, "a", bytes(_raw(_element(0x0E, "b", _string("s"))).raw)))
+    assert compile_query({"a.b": {"$type": 14}}).matches(nested)
+    assert compile_query({"a": {"b": "s"}}).matches(nested)  # the same document, byte for byte but the type
+    assert compile_query({"a": {"$type": "object"}}).matches(nested)
+
+
+def test_code_with_scope_documents_are_read() -> None:
+    """pymongo's span decoder cannot build a code-with-scope (its scope must be a dict): read another way."""
+    doc = {"a": Code("f()", {"x": 1}), "b": {"c": [1, {"d": 2}]}}
+    assert matches({"b.c.d": 2}, doc)
+    assert matches({"a": {"$type": "javascriptWithScope"}}, doc)
+    assert matches({"a": Code("f()", {"x": 1})}, doc)
+    assert not matches({"a": Code("f()", {"x": 2})}, doc)
+
+
+def test_dbref_shaped_documents_are_equalities_not_operators() -> None:
+    ref = {"$ref": "users", "$id": 7}
+    assert matches({"a": ref}, {"a": ref})
+    assert not matches({"a": ref}, {"a": {"$ref": "users", "$id": 8}})
+    with pytest.raises(ConfigError, match=r"\$ref"):
+        compile_query({"a": {"$ref": "users"}})  # no $id: read as an operator, as mongod reads it
 
 
 def test_fields_names_the_top_level_fields_read() -> None:

@@ -34,6 +34,7 @@ from bson.raw_bson import RawBSONDocument
 from bson.regex import Regex
 from bson.timestamp import Timestamp
 
+from replicator.bsonkit.deprecated import CANDIDATE, holds_deprecated, value_end
 from replicator.bsonkit.rawbson import SPAN_CODEC, RawDocument, Span, raw_of, top_level
 
 
@@ -46,7 +47,23 @@ class _Missing:
         return "MISSING"
 
 
+class _Undefined:
+    """BSON's deprecated undefined (pymongo reads it as None, which it is not: its own type, 6)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNDEFINED"
+
+
+class Symbol(str):
+    """BSON's deprecated symbol (pymongo reads it as a str): compared as a string, its own type (14)."""
+
+    __slots__ = ()
+
+
 MISSING: Any = _Missing()
+UNDEFINED: Any = _Undefined()
 
 # canonical types (mongod's canonicalizeBSONType)
 MINKEY, EOO, NULL, NUMBER, STRING, OBJECT, ARRAY, BINDATA, OID, BOOL, DATE, TIMESTAMP, REGEX = (
@@ -57,12 +74,14 @@ DBPOINTER, CODE, CODE_W_SCOPE, MAXKEY = 55, 60, 65, 127
 #: the bracket of each Python type the decoder makes (Code is looked at apart: with or without scope)
 BRACKET: dict[type, int] = {
     _Missing: EOO,
+    _Undefined: EOO,  # mongod's canonical type puts undefined with EOO, below null
     type(None): NULL,
     int: NUMBER,
     Int64: NUMBER,
     float: NUMBER,
     Decimal128: NUMBER,
     str: STRING,
+    Symbol: STRING,
     Span: OBJECT,
     RawDocument: OBJECT,
     RawBSONDocument: OBJECT,
@@ -100,6 +119,8 @@ _RAW_MS: CodecOptions[Any] = CodecOptions(
 
 def fields(data: bytes) -> dict[str, Any]:
     """A document's top-level fields (from its bytes), sub-documents left undecoded."""
+    if CANDIDATE.search(data) is not None and holds_deprecated(data):
+        return _elements(data, 4, len(data) - 1)
     try:
         decoded = top_level(data)
     except InvalidBSON:
@@ -109,6 +130,36 @@ def fields(data: bytes) -> dict[str, Any]:
 
         decoded = bson._raw_to_dict(data, 4, len(data) - 1, _RAW_MS, {}, False)
     return decoded
+
+
+def _elements(data: bytes, pos: int, end: int) -> dict[str, Any]:
+    """The elements between ``pos`` and ``end``, read one by one: a symbol and undefined as themselves,
+    every other element through the decoder (a document holding a deprecated type, rare, goes this way)."""
+    out: dict[str, Any] = {}
+    while pos < end:
+        kind = data[pos]
+        name_end = data.index(0, pos + 1)
+        start = name_end + 1
+        stop = value_end(data, kind, start)
+        name = data[pos + 1 : name_end].decode()
+        if kind == 0x0E:
+            out[name] = Symbol(data[start + 4 : stop - 1].decode())
+        elif kind == 0x06:
+            out[name] = UNDEFINED
+        elif kind == 0x03:
+            out[name] = span(data[start:stop])
+        elif kind == 0x04:
+            out[name] = list(_elements(data, start + 4, stop - 1).values())
+        else:
+            element = data[pos:stop]
+            out.update(fields((len(element) + 5).to_bytes(4, "little") + element + b"\x00"))
+        pos = stop
+    return out
+
+
+def span(data: bytes) -> Any:
+    """A sub-document's bytes as the span decoder leaves them (a slice whose start is the bytes)."""
+    return slice(data, None)
 
 
 def object_bytes(value: Any) -> bytes:
@@ -210,11 +261,7 @@ def _cmp_code(a: Code, b: Code) -> int:
         return c
     import bson
 
-    return compare(_as_span(bson.encode(a.scope)), _as_span(bson.encode(b.scope or {})))
-
-
-def _as_span(data: bytes) -> Any:
-    return slice(data)
+    return compare(span(bson.encode(a.scope)), span(bson.encode(b.scope or {})))
 
 
 def _cmp_dbpointer(a: DBRef, b: DBRef) -> int:

@@ -27,6 +27,8 @@ import bson
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.decimal128 import Decimal128
 from bson.int64 import Int64
+from bson.max_key import MaxKey
+from bson.min_key import MinKey
 from bson.raw_bson import RawBSONDocument
 from bson.regex import Regex
 
@@ -38,6 +40,8 @@ from replicator.events.bson_order import (
     MISSING,
     NULL,
     NUMBER,
+    UNDEFINED,
+    Symbol,
     bracket,
     compare,
     fields,
@@ -216,7 +220,7 @@ def _comparison(op: str, operand: Any) -> ValueTest:
     with_equal = op in (EQ, LTE, GTE)
 
     if op == EQ and want == bson_order.STRING:
-        return lambda value: type(value) is str and value == operand
+        return lambda value: (type(value) is str or type(value) is Symbol) and value == operand
     if op == EQ and want == NUMBER and not operand_nan:
         number = operand.to_decimal() if type(operand) is Decimal128 else operand
         return lambda value: BRACKET.get(type(value)) == NUMBER and _number_equal(value, number)
@@ -224,8 +228,8 @@ def _comparison(op: str, operand: Any) -> ValueTest:
     def test(value: Any) -> bool:
         have = bracket(value)
         if have != want:
-            if have + want == NULL:  # null against missing (or undefined): equal
-                return with_equal
+            if have + want == NULL:  # null against missing: equal (against undefined not, from 8.0 on)
+                return with_equal and value is MISSING
             if want == bson_order.MAXKEY:
                 return op in (LT, LTE)
             if want == bson_order.MINKEY:
@@ -261,7 +265,7 @@ def _regex_test(pattern: str, flags: str) -> ValueTest:
     letters = "".join(sorted(flags))
 
     def test(value: Any) -> bool:
-        if type(value) is str:
+        if type(value) is str or type(value) is Symbol:
             return search(value) is not None
         if type(value) is Regex:
             return value.pattern == pattern and bson_order._flags(value) == letters
@@ -295,7 +299,11 @@ def _in(operands: list[Any]) -> ValueTest:
 
 
 def _type_code(value: Any) -> int:
+    if value is UNDEFINED:
+        return 6
     kind = bracket(value)
+    if kind == bson_order.STRING:
+        return 14 if type(value) is Symbol else 2
     if kind == NUMBER:
         t = type(value)
         return 16 if t is int else 18 if t is Int64 else 1 if t is float else 19
@@ -309,7 +317,6 @@ def _type_code(value: Any) -> int:
 _CODE_OF_BRACKET = {
     bson_order.EOO: 0,
     bson_order.NULL: 10,
-    bson_order.STRING: 2,
     bson_order.OBJECT: 3,
     bson_order.ARRAY: 4,
     bson_order.BINDATA: 5,
@@ -431,11 +438,11 @@ def _all_of(parts: list[_Field]) -> _Field:
 
 
 def _is_operator_document(value: Any) -> bool:
-    """Does ``{path: value}`` hold operators (else it is an equality with a document)?"""
+    """Does ``{path: value}`` hold operators (else it is an equality with a document)? mongod's
+    isExpressionDocument: the first field starts with $, and it is no DBRef ($ref and $id)."""
     if not isinstance(value, dict) or not value:
         return False
-    first = next(iter(value))
-    return first.startswith("$") and first not in ("$ref", "$id", "$db")
+    return next(iter(value)).startswith("$") and not ("$ref" in value and "$id" in value)
 
 
 def _operand(value: Any) -> Any:
@@ -446,7 +453,28 @@ def _operand(value: Any) -> Any:
 def _equality(path: str, value: Any) -> _Field:
     if type(value) is Regex:
         return _leaf(path, _regex_of(value))
+    if value is None:
+        _check_null(path, "{path: null}")
     return _leaf(path, _comparison(EQ, _operand(value)))
+
+
+def _check_null(path: str, op: str) -> None:
+    """Null on a dotted path is refused: where the path crosses an array holding no document (``[]``,
+    ``[1, 2]``) or a scalar beside documents, MongoDB 5.0 to 8.x and 9.0 answer differently (9.0 takes
+    such an element as a missing field: SERVER-36681); a top-level field is answered alike."""
+    if "." in path:
+        raise _fail(
+            f"{op} on the dotted path {path!r}: MongoDB versions match it differently where the path "
+            f'crosses an array, so mcdc cannot decide it exactly; use $exists: false, or $type: "null"'
+        )
+
+
+def _check_range(op: str, operand: Any) -> None:
+    """$lt/$lte MaxKey and $gt/$gte MinKey hold for every value; whether they hold for a missing field
+    is not the same in every MongoDB version and query engine."""
+    if (op in (LT, LTE) and type(operand) is MaxKey) or (op in (GT, GTE) and type(operand) is MinKey):
+        name = type(operand).__name__
+        raise _fail(f"{op}: {name} (any value) cannot be decided outside the server; use $exists: true")
 
 
 def _operators(path: str, ops: dict[str, Any]) -> _Field:
@@ -462,10 +490,15 @@ def _operators(path: str, ops: dict[str, Any]) -> _Field:
         elif op in (EQ, LT, LTE, GT, GTE):
             if type(arg) is Regex and op != EQ:
                 raise _fail(f"{op} cannot take a regular expression")
+            if arg is None and op in (EQ, LTE, GTE):
+                _check_null(path, f"{op}: null")
+            _check_range(op, arg)
             parts.append(_leaf(path, _comparison(op, _operand(arg))))
         elif op == "$ne":
             if type(arg) is Regex:
                 raise _fail("$ne cannot take a regular expression (use $not)")
+            if arg is None:
+                _check_null(path, "$ne: null")
             parts.append(_negated(_leaf(path, _comparison(EQ, _operand(arg)))))
         elif op in ("$in", "$nin"):
             if type(arg) is not list:
@@ -473,6 +506,8 @@ def _operators(path: str, ops: dict[str, Any]) -> _Field:
             for one in arg:
                 if _is_operator_document(one):
                     raise _fail(f"{op} cannot hold an operator document ({next(iter(one))})")
+                if one is None:
+                    _check_null(path, f"{op}: [null]")
             test = _in([one if type(one) is Regex else _operand(one) for one in arg])
             parts.append(_leaf(path, test) if op == "$in" else _negated(_leaf(path, test)))
         elif op == "$exists":

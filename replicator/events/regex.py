@@ -54,7 +54,7 @@ def compile_regex(pattern: str, options: str = "") -> re.Pattern[str]:
     for letter in options:
         if letter in _OPTIONS:
             flags |= _OPTIONS[letter]
-        elif letter != "x":
+        elif letter not in "xu":  # u: accepted and ignored, as MongoDB does
             raise ConfigError(f"--filter: $regex /{pattern}/: invalid option {letter!r} (MongoDB takes i, m, s, x)")
     if "\x00" in pattern:
         raise ConfigError("--filter: $regex: a regular expression cannot contain a NUL character")
