@@ -255,10 +255,10 @@ class EmbeddedVerifier:
             self.state.plan = [p.to_json() for p in plan]
             self.state.parts_done = 0
             return
-        timeseries = found is not None and found.kind == want.kind == "timeseries"
-        on_source = await self._count(self.source, src, self.s.filters.where(src)) if timeseries else 0
-        if timeseries and on_source != await self._count(self.target, want.ns):
-            self._add(Entry(src, want.ns, COUNT))
+        if found is not None and found.kind == want.kind == "timeseries":
+            on_source = await self._count(self.source, src, self.s.filters.where(src))
+            if on_source != await self._count(self.target, want.ns):
+                self._add(Entry(src, want.ns, COUNT))
         self.state.done.append(str(src))
 
     async def _ranges(self) -> None:
