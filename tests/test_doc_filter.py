@@ -270,3 +270,18 @@ def test_an_operator_mcdc_cannot_decide_as_the_server_does_is_refused_in_one_lin
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("mcdc: error: --filter") and named in lines[0], lines
         assert not (tmp_path / "cp.json").exists()
+
+
+def test_a_filtered_sync_copies_and_counts_the_matches_only(
+    source_uri: str, target_uri: str, clients: Clients, tmp_path: Path
+) -> None:
+    """The snapshot reads each partition with the query: the summary counts the matches, and the copy is
+    what find(QUERY) finds (ranges split by _id, each ANDed with the query)."""
+    seed_source(source_uri)
+    done = _mcdc("sync", "-s", source_uri, "-t", target_uri, "-c", str(tmp_path / "cp.json"), "--include",
+                 "flt\\..*", "--filter", FILTER, "--partition-docs", "7", "--split", "always", "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    matches = clients.source.flt.orders.count_documents(QUERY)
+    assert 0 < matches < IDS
+    assert json.loads(done.stdout)["documents"] == matches + clients.source.flt.other.count_documents({})
+    assert_identical(source_uri, target_uri, only=only_flt, where=where)

@@ -219,3 +219,18 @@ def test_the_filter_is_part_of_the_migration_a_default_checkpoint_names() -> Non
     plain = resolve({"source": SOURCE, "target": "stdout"}, env={})
     one = resolve({"source": SOURCE, "target": "stdout", "filter": ('a\\.b={"x": 1}',)}, env={})
     assert plain.checkpoint_path() != one.checkpoint_path()
+
+
+def test_a_filtered_collection_s_progress_total_is_counted_from_its_matches_not_the_plan_s_estimates() -> None:
+    from replicator.job.copy import progress_plan
+
+    plan = [
+        Partition(NS, 0, "number", upper=10, estimated_docs=10, where={"region": "EU"}),
+        Partition(NS, 1, "number", lower=10, estimated_docs=10, where={"region": "EU"}),
+        Partition(Namespace("shop", "users"), 0, "number", upper=5, estimated_docs=5),
+    ]
+    collections, uncounted = progress_plan(plan, {plan[0].id, plan[2].id})
+    orders, users = collections
+    assert orders.total is None and orders.done == 0 and not orders.finished  # counted with the query, later
+    assert users.total == 5 and users.done == 5 and users.finished
+    assert uncounted == [NS]
