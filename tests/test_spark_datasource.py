@@ -371,10 +371,11 @@ def test_relaxed_extended_json_gives_from_json_typed_values(
     assert row["sequence"]["n"] == -1 and row["cluster_time"] is None  # at the snapshot's read time
 
 
-def test_the_spark_data_source_reads_and_streams_the_matches_only(
-    mcdc: Any, clients: Clients, source_uri: str, tmp_path: Path
+def test_the_spark_data_source_reads_writes_and_streams_the_matches_only(
+    mcdc: Any, clients: Clients, source_uri: str, target_uri: str, tmp_path: Path
 ) -> None:
-    """Its ``filter`` option: a batch read gives find(QUERY)'s documents; in a stream, a document that comes
+    """Its ``filter`` option: a batch read gives find(QUERY)'s documents, and so does a writer with it of an
+    unfiltered read; in a stream, a document that comes
     to match is a whole row, one that stops matching a "d" row, an insert that does not match no row (an
     update that leaves a document outside is a "d" too: without a pre-image, it may have matched before)."""
     from bson import json_util
@@ -388,6 +389,11 @@ def test_the_spark_data_source_reads_and_streams_the_matches_only(
         reader = reader.option(key, value)
     ids = sorted(json_util.loads(row["key"])["_id"] for row in reader.load().collect())
     assert ids == sorted(d["_id"] for d in clients.source.flt.orders.find(QUERY)) and ids
+    whole = mcdc.read.format("mcdc").option("source", source_uri).option("include", "flt\\.orders").load()
+    whole.write.format("mcdc").option("target", target_uri).option("filter", FILTER).mode("append").save()
+    assert raw_docs(target_uri, "flt.orders") == {
+        k: v for k, v in raw_docs(source_uri, "flt.orders").items() if bson.decode(k)["_id"] in ids
+    }
 
     first, _ = stream_rows(mcdc, source_uri, tmp_path / "cp", **options)
     assert first == []
