@@ -118,6 +118,8 @@ def test_the_filter_is_idempotent_on_what_it_made() -> None:
         ('shop\\.(orders={"a": 1}', "is not a valid regular expression"),
         ('shop\\.orders={"a": 1', "is not valid Extended JSON"),
         ('shop\\.orders={"a": {"$numberLong": "x"}}', "is not valid Extended JSON"),
+        ('shop\\.orders={"a": {"$oid": "zz"}}', "is not valid Extended JSON"),
+        ('shop\\.orders={"a": {"$numberDecimal": "x"}}', "is not valid Extended JSON"),
     ],
 )
 def test_a_bad_filter_is_one_line_naming_it(rule: str, message: str) -> None:

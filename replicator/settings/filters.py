@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from bson import json_util
+from bson.errors import BSONError
 from bson.json_util import JSONOptions
 
 from replicator.errors import ConfigError, quoted
@@ -38,7 +39,6 @@ _FORM = re.compile(r"(?s)(.*?)=\s*(\{.*)")
 class _Filter:
     pattern: re.Pattern[str]
     spec: Mapping[str, Any]
-    text: str
 
 
 def _parse(text: str) -> _Filter:
@@ -53,7 +53,7 @@ def _parse(text: str) -> _Filter:
         raise ConfigError(f"{flag}: {quoted(regex)} is not a valid regular expression: {exc}") from None
     try:
         spec = json_util.loads(query, json_options=_JSON)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, KeyError, ArithmeticError, BSONError) as exc:  # a bad $oid, $numberDecimal...
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError(f"{flag}: the query is not valid Extended JSON: {detail}") from None
     if not isinstance(spec, dict):
@@ -62,7 +62,7 @@ def _parse(text: str) -> _Filter:
         compile_query(spec)
     except ConfigError as exc:
         raise ConfigError(f"{flag}: {str(exc).removeprefix('--filter: ')}") from None
-    return _Filter(pattern, spec, flag)
+    return _Filter(pattern, spec)
 
 
 class DocumentFilters:
