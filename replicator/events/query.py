@@ -19,7 +19,9 @@ is refused at compile time, in one line naming the operator.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from decimal import Decimal
 from typing import Any
 
@@ -41,14 +43,20 @@ from replicator.events.bson_order import (
     NULL,
     NUMBER,
     UNDEFINED,
+    Decode,
     Symbol,
     bracket,
     compare,
     fields,
     is_nan,
-    object_fields,
+    object_bytes,
+    plain_fields,
 )
 from replicator.events.regex import compile_regex
+
+#: how the query being compiled reads documents: told apart from pymongo's reading of a symbol (a
+#: string) and undefined (None) only where the query's answer depends on it (see _reads_types)
+_DECODE: ContextVar[Decode] = ContextVar("decode", default=fields)
 
 #: a predicate on one value (a path's one candidate); a predicate on a document's top-level fields
 ValueTest = Callable[[Any], bool]
@@ -128,7 +136,7 @@ def _refuse(op: str) -> ConfigError:
 # --- paths -------------------------------------------------------------------------------------------
 
 
-def _first_value(obj: dict[str, Any], parts: tuple[str, ...], start: int) -> tuple[Any, int]:
+def _first_value(obj: dict[str, Any], parts: tuple[str, ...], start: int, decode: Decode) -> tuple[Any, int]:
     """mongod's getFieldDottedOrArray: follow ``parts`` from ``start`` through sub-documents; stop at the
     first array (with the index of the part that named it), the end of the path, or a dead end (MISSING)."""
     i, last = start, len(parts) - 1
@@ -138,7 +146,7 @@ def _first_value(obj: dict[str, Any], parts: tuple[str, ...], start: int) -> tup
         if kind == bson_order.OBJECT:
             if i == last:
                 return value, i
-            obj = object_fields(value)
+            obj = decode(object_bytes(value))
             i += 1
             continue
         if kind == bson_order.ARRAY or value is MISSING or i == last:
@@ -146,9 +154,11 @@ def _first_value(obj: dict[str, Any], parts: tuple[str, ...], start: int) -> tup
         return MISSING, i  # a scalar in the middle of the path
 
 
-def _collect(obj: dict[str, Any], parts: tuple[str, ...], start: int, leaf: bool, out: list[Any]) -> None:
+def _collect(
+    obj: dict[str, Any], parts: tuple[str, ...], start: int, leaf: bool, out: list[Any], decode: Decode
+) -> None:
     """Every value the path ``parts[start:]`` reaches in ``obj``, in mongod's BSONElementIterator's terms."""
-    value, i = _first_value(obj, parts, start)
+    value, i = _first_value(obj, parts, start, decode)
     if type(value) is not list:
         out.append(value)
     elif i + 1 == len(parts):
@@ -156,10 +166,12 @@ def _collect(obj: dict[str, Any], parts: tuple[str, ...], start: int, leaf: bool
             out.extend(value)
         out.append(value)
     else:
-        _through_array(value, parts, i + 1, leaf, out)
+        _through_array(value, parts, i + 1, leaf, out, decode)
 
 
-def _through_array(array: list[Any], parts: tuple[str, ...], k: int, leaf: bool, out: list[Any]) -> None:
+def _through_array(
+    array: list[Any], parts: tuple[str, ...], k: int, leaf: bool, out: list[Any], decode: Decode
+) -> None:
     """The path ``parts[k:]`` continued into each element of ``array``."""
     piece = parts[k]
     position = int(piece) if piece.isascii() and piece.isdigit() else -1
@@ -169,22 +181,30 @@ def _through_array(array: list[Any], parts: tuple[str, ...], k: int, leaf: bool,
     for n, element in enumerate(array):
         kind = BRACKET.get(type(element))
         if kind == bson_order.OBJECT:
-            _collect(object_fields(element), parts, k, leaf, out)
+            fields_of_element = decode(object_bytes(element))
+            if end:  # the common case ("items.qty"), inline: what _collect does with one part left
+                value = fields_of_element.get(piece, MISSING)
+                if type(value) is list and leaf:
+                    out.extend(value)
+                out.append(value)
+            else:
+                _collect(fields_of_element, parts, k, leaf, out, decode)
             if n == position:
                 if end:
                     out.append(element)
                 else:
-                    _collect(object_fields(element), parts, k + 1, leaf, out)
+                    _collect(fields_of_element, parts, k + 1, leaf, out, decode)
         elif n == position:
             if end:
                 out.append(element)
             elif kind == bson_order.ARRAY:
-                _through_array(element, parts, k + 1, leaf, out)
+                _through_array(element, parts, k + 1, leaf, out, decode)
 
 
 def _path_test(path: str, test: ValueTest, leaf: bool = _TRAVERSE) -> DocTest:
     """A document test: does any value the path reaches pass ``test``? (No value: no.)"""
     parts = tuple(path.split("."))
+    decode = _DECODE.get()
     if len(parts) == 1:
         name = parts[0]
 
@@ -202,7 +222,7 @@ def _path_test(path: str, test: ValueTest, leaf: bool = _TRAVERSE) -> DocTest:
 
     def dotted(doc: dict[str, Any]) -> bool:
         out: list[Any] = []
-        _collect(doc, parts, 0, leaf, out)
+        _collect(doc, parts, 0, leaf, out, decode)
         return any(test(value) for value in out)
 
     return dotted
@@ -219,11 +239,14 @@ def _comparison(op: str, operand: Any) -> ValueTest:
     operand_nan = is_nan(operand)
     with_equal = op in (EQ, LTE, GTE)
 
-    if op == EQ and want == bson_order.STRING:
-        return lambda value: (type(value) is str or type(value) is Symbol) and value == operand
-    if op == EQ and want == NUMBER and not operand_nan:
-        number = operand.to_decimal() if type(operand) is Decimal128 else operand
-        return lambda value: BRACKET.get(type(value)) == NUMBER and _number_equal(value, number)
+    # the common cases without the general path's calls: within the bracket, Python's own comparison is
+    # the server's (strings by code point, which is UTF-8's byte order; numbers exactly across int, float
+    # and Decimal, as mongod compares a decimal with a double); outside it, nothing
+    holds = _OPERATORS[op]
+    if want == bson_order.STRING:
+        return lambda value: (type(value) is str or type(value) is Symbol) and holds(value, operand)
+    if want == NUMBER and not operand_nan:
+        return _numeric(holds, operand.to_decimal() if type(operand) is Decimal128 else operand)
 
     def test(value: Any) -> bool:
         have = bracket(value)
@@ -251,12 +274,30 @@ def _comparison(op: str, operand: Any) -> ValueTest:
     return test
 
 
-def _number_equal(value: Any, number: int | float | Decimal) -> bool:
-    if type(value) is Decimal128:
-        value = value.to_decimal()
-        if value.is_nan():  # a signalling NaN would raise on ==
-            return False
-    return bool(value == number)
+_OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
+    EQ: operator.eq,
+    LT: operator.lt,
+    LTE: operator.le,
+    GT: operator.gt,
+    GTE: operator.ge,
+}
+
+
+def _numeric(holds: Callable[[Any, Any], bool], number: int | float | Decimal) -> ValueTest:
+    """A comparison with a number that is not NaN: only numbers pass, and a NaN never does."""
+
+    def test(value: Any) -> bool:
+        kind = type(value)
+        if kind is int or kind is Int64:
+            return holds(value, number)
+        if kind is float:
+            return value == value and holds(value, number)
+        if kind is Decimal128:
+            exact = value.to_decimal()
+            return not exact.is_nan() and holds(exact, number)  # a signalling NaN would raise
+        return False
+
+    return test
 
 
 def _regex_test(pattern: str, flags: str) -> ValueTest:
@@ -282,16 +323,22 @@ def _in(operands: list[Any]) -> ValueTest:
     """mongod's InMatchExpression: equal to one of them, or matched by one of its regexes; null also
     matches a missing field."""
     tests = []
+    strings = set()  # looked up at once (a str's hash and equality are the server's string equality)
     has_null = False
     for operand in operands:
         if type(operand) is Regex:
             tests.append(_regex_of(operand))
+        elif type(operand) is str:
+            strings.add(operand)
         else:
             has_null = has_null or operand is None
             tests.append(_comparison(EQ, operand))
 
     def test(value: Any) -> bool:
         if has_null and value is MISSING:
+            return True
+        kind = type(value)
+        if (kind is str or kind is Symbol) and value in strings:
             return True
         return any(one(value) for one in tests)
 
@@ -599,6 +646,7 @@ def _elem_match(path: str, arg: Any) -> _Field:
         return _leaf(path, element_values, _WHOLE)
     # on elements that are documents (or arrays, read as documents whose fields are "0", "1", ...)
     query = _compile(arg)
+    decode = _DECODE.get()
 
     def element_documents(value: Any) -> bool:
         if type(value) is not list:
@@ -606,7 +654,7 @@ def _elem_match(path: str, arg: Any) -> _Field:
         for element in value:
             kind = BRACKET.get(type(element))
             if kind == bson_order.OBJECT:
-                if query(object_fields(element)):
+                if query(decode(object_bytes(element))):
                     return True
             elif kind == bson_order.ARRAY and query({str(n): v for n, v in enumerate(element)}):
                 return True
@@ -666,18 +714,19 @@ def _top_fields(spec: Mapping[str, Any]) -> set[str]:
 class Query:
     """A compiled query: :meth:`matches` says whether ``find(spec)`` returns a document."""
 
-    __slots__ = ("_fields", "_test", "spec")
+    __slots__ = ("_decode", "_fields", "_test", "spec")
 
-    def __init__(self, spec: Mapping[str, Any], test: DocTest, names: frozenset[str]) -> None:
+    def __init__(self, spec: Mapping[str, Any], test: DocTest, names: frozenset[str], decode: Decode) -> None:
         self.spec = spec
         self._test = test
         self._fields = names
+        self._decode = decode
 
     def matches(self, doc: Mapping[str, Any]) -> bool:
         """Would the server's ``find(spec)`` return ``doc``? ``doc`` is a RawBSONDocument (read without
         decoding its sub-documents) or any mapping bson can encode."""
         data = raw_of(doc) if isinstance(doc, RawBSONDocument) else bson.encode(doc)
-        return self._test(fields(data))
+        return self._test(self._decode(data))
 
     def fields(self) -> frozenset[str]:
         """The top-level fields the query reads."""
@@ -693,4 +742,49 @@ def compile_query(spec: Mapping[str, Any]) -> Query:
     if not isinstance(spec, Mapping):
         raise _fail("the query must be a document")
     as_dicts = bson.decode(bson.encode(spec), _SPEC_CODEC)
-    return Query(spec, _compile(as_dicts), frozenset(_top_fields(as_dicts)))
+    decode = fields if _reads_types(as_dicts) else plain_fields
+    token = _DECODE.set(decode)
+    try:
+        test = _compile(as_dicts)
+    finally:
+        _DECODE.reset(token)
+    return Query(spec, test, frozenset(_top_fields(as_dicts)), decode)
+
+
+def _reads_types(spec: Mapping[str, Any]) -> bool:
+    """Can the query's answer tell a symbol from a string or undefined from null? Only through $type, a
+    null operand, or a document or array operand (compared element by element, types first): elsewhere a
+    symbol compares as the string it holds, and undefined as pymongo's None (no number, string, ... either)."""
+    for key, value in spec.items():
+        if key in ("$and", "$or", "$nor"):
+            if isinstance(value, list) and any(_reads_types(one) for one in value if isinstance(one, dict)):
+                return True
+        elif not key.startswith("$") and (
+            _operators_read_types(value) if _is_operator_document(value) else _operand_reads_types(value)
+        ):
+            return True
+    return False
+
+
+def _operators_read_types(ops: Mapping[str, Any]) -> bool:
+    for op, arg in ops.items():
+        if op == "$type":
+            return True
+        if op == "$elemMatch":
+            if isinstance(arg, dict) and (
+                _operators_read_types(arg) if _is_operator_document(arg) else _reads_types(arg)
+            ):
+                return True
+        elif op == "$not":
+            if isinstance(arg, dict) and _operators_read_types(arg):
+                return True
+        elif op in ("$in", "$nin", "$all"):
+            if isinstance(arg, list) and any(_operand_reads_types(one) for one in arg):
+                return True
+        elif op not in ("$regex", "$options", "$exists", "$size", "$mod") and _operand_reads_types(arg):
+            return True
+    return False
+
+
+def _operand_reads_types(value: Any) -> bool:
+    return value is None or isinstance(value, (dict, list))
