@@ -4,6 +4,7 @@ matcher's code and MongoDB's documentation); tests/test_query_server.py checks t
 from __future__ import annotations
 
 import datetime
+import random
 import uuid
 from typing import Any
 
@@ -450,6 +451,10 @@ def test_regexes_python_reads_otherwise_are_refused(pattern: str) -> None:
         {"a": {"$mod": [0, 1]}},
         {"a": {"$mod": [1]}},
         {"a": {"$size": -1}},
+        {"a": {"$size": 1.5}},
+        {"a": {"$size": float("inf")}},
+        {"a..b": 1},
+        {"": 1},
         {"a": {"$type": "nope"}},
         {"a": {"$not": {}}},
         {"a": {"$options": "i"}},
@@ -519,6 +524,40 @@ def test_dbref_shaped_documents_are_equalities_not_operators() -> None:
     assert not matches({"a": ref}, {"a": {"$ref": "users", "$id": 8}})
     with pytest.raises(ConfigError, match=r"\$ref"):
         compile_query({"a": {"$ref": "users"}})  # no $id: read as an operator, as mongod reads it
+
+
+_FUZZ_KEYS = ["a", "a.b", "a.0", "b", "", "a..b", "$and", "$or", "$nor", "$not", "$eq", "$ne", "$gt", "$lt", "$in"]
+_FUZZ_KEYS += ["$nin", "$all", "$elemMatch", "$size", "$mod", "$type", "$exists", "$regex", "$options", "$where"]
+_FUZZ_KEYS += ["$comment", "$ref", "$id", "$foo", "0"]
+_FUZZ_SCALARS: list[Any] = [None, 0, 1, -1, 2.5, float("nan"), float("inf"), Int64(3), Decimal128("NaN"), "", "a"]
+_FUZZ_SCALARS += ["(", "number", Decimal128("-Infinity"), Decimal128("1E+40"), 2**63 - 1, -(2**63)]
+_FUZZ_SCALARS += [True, Regex("a"), Regex("(", "i"), MinKey(), MaxKey(), datetime.datetime(2020, 1, 1), b"x"]
+
+
+def _fuzz(rng: random.Random, depth: int = 0) -> Any:
+    roll = rng.random()
+    if depth > 3 or roll < 0.4:
+        return rng.choice(_FUZZ_SCALARS)
+    if roll < 0.6:
+        return [_fuzz(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    return {rng.choice(_FUZZ_KEYS): _fuzz(rng, depth + 1) for _ in range(rng.randint(0, 3))}
+
+
+def test_any_query_compiles_or_is_refused_in_one_line_and_any_document_gets_an_answer() -> None:
+    rng = random.Random(38)
+    docs = [RawBSONDocument(bson.encode({"a": _fuzz(rng), "b": _fuzz(rng)}), RAW_CODEC) for _ in range(40)]
+    compiled = 0
+    for _ in range(3000):
+        spec = {rng.choice(_FUZZ_KEYS): _fuzz(rng) for _ in range(rng.randint(1, 2))}
+        try:
+            query = compile_query(spec)
+        except ConfigError as exc:
+            assert str(exc).startswith("--filter: ") and "\n" not in str(exc), spec
+            continue
+        compiled += 1
+        for doc in docs:
+            assert query.matches(doc) in (True, False)
+    assert compiled > 200
 
 
 def test_fields_names_the_top_level_fields_read() -> None:

@@ -385,17 +385,27 @@ def _type_test(operand: Any) -> ValueTest:
             if one not in TYPE_ALIASES:
                 raise _fail(f"$type: unknown type name {one!r}")
             codes |= TYPE_ALIASES[one]
-        elif BRACKET.get(type(one)) == NUMBER and not is_nan(one):
-            number = _number(one)
-            if number != int(number) or int(number) not in _TYPE_CODES:
+        elif BRACKET.get(type(one)) == NUMBER:
+            code = _whole(one)
+            if code is None or code not in _TYPE_CODES:
                 raise _fail(f"$type: invalid type code {one}")
-            codes.add(int(number))
+            codes.add(code)
         else:
             raise _fail("$type takes a type name, a type number, or an array of them")
     if not codes:
         raise _fail("$type needs at least one type")
     wanted = frozenset(codes)
     return lambda value: value is not MISSING and _type_code(value) in wanted
+
+
+def _whole(value: Any) -> int | None:
+    """A number's value when it is a whole number (NaN and infinities are not), else None."""
+    number = _number(value)
+    if isinstance(number, float) and not math.isfinite(number):
+        return None
+    if isinstance(number, Decimal) and not number.is_finite():
+        return None
+    return int(number) if number == int(number) else None
 
 
 def _number(value: Any) -> int | float | Decimal:
@@ -444,12 +454,11 @@ def _mod_test(operand: Any) -> ValueTest:
 def _size_test(operand: Any) -> ValueTest:
     if BRACKET.get(type(operand)) != NUMBER or is_nan(operand):
         raise _fail("$size needs a number")
-    number = _number(operand)
-    if number < 0:
+    size = _whole(operand)
+    if size is None:  # older servers match no array, newer ones refuse the query
+        raise _fail("$size needs a whole number")
+    if size < 0:
         raise _fail("$size may not be negative")
-    if number != int(number):
-        return lambda value: False  # a fractional size matches no array
-    size = int(number)
     return lambda value: type(value) is list and len(value) == size
 
 
@@ -676,6 +685,8 @@ def _compile(spec: Mapping[str, Any]) -> DocTest:
                 continue
             else:
                 raise _refuse(key)
+        elif "" in key.split("."):
+            raise _fail(f"the path {key!r} has an empty part")
         elif _is_operator_document(value):
             tests.append(_operators(key, value).doc)
         else:
