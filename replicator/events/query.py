@@ -34,12 +34,14 @@ from replicator.events import bson_order
 from replicator.events.bson_order import BRACKET, MISSING, NUMBER, Decode, fields, is_nan, object_bytes, plain_fields
 from replicator.events.query_paths import DECODE, TRAVERSE, WHOLE, DocTest, ValueTest, path_test
 from replicator.events.query_values import (
+    BITS,
     EQ,
     GT,
     GTE,
     LT,
     LTE,
     TYPE_ALIASES,
+    bit_test,
     comparison,
     fail,
     in_test,
@@ -72,10 +74,6 @@ _REFUSED: dict[str, str] = {
     "$geoWithin": "is a geospatial query, decided with the server's geometry",
     "$geoIntersects": "is a geospatial query, decided with the server's geometry",
     "$within": "is a geospatial query, decided with the server's geometry",
-    "$bitsAllSet": "is not supported by mcdc's matcher",
-    "$bitsAnySet": "is not supported by mcdc's matcher",
-    "$bitsAllClear": "is not supported by mcdc's matcher",
-    "$bitsAnyClear": "is not supported by mcdc's matcher",
     "$alwaysTrue": "is not supported by mcdc's matcher",
     "$alwaysFalse": "is not supported by mcdc's matcher",
 }
@@ -200,6 +198,8 @@ def _operators(path: str, ops: dict[str, Any]) -> _Field:
             parts.append(_leaf(path, type_test(_operand(arg))))
         elif op == "$mod":
             parts.append(_leaf(path, mod_test(_operand(arg))))
+        elif op in BITS:
+            parts.append(_leaf(path, bit_test(op, _operand(arg))))
         elif op == "$size":
             parts.append(_leaf(path, size_test(_operand(arg)), WHOLE))
         elif op == "$not":

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
+from bson.binary import Binary
 from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 from bson.regex import Regex
@@ -281,3 +282,76 @@ def size_test(operand: Any) -> ValueTest:
     if size < 0:
         raise fail("$size may not be negative")
     return lambda value: type(value) is list and len(value) == size
+
+
+BITS = ("$bitsAllSet", "$bitsAllClear", "$bitsAnySet", "$bitsAnyClear")
+_U64 = 2**64 - 1
+
+
+def bit_test(op: str, operand: Any) -> ValueTest:
+    """mongod's BitTestMatchExpression: a bitmask as a number, an array of bit positions, or binData; it
+    tests integral numbers (two's complement, 64 bits) and binData (bit 0 is the first byte's lowest)."""
+    mask, positions = _bit_mask(op, operand)
+    all_bits, want_set = op in ("$bitsAllSet", "$bitsAllClear"), op in ("$bitsAllSet", "$bitsAnySet")
+
+    def on_number(number: int) -> bool:
+        bits = (number & _U64) if want_set else (~number & _U64)
+        return (bits & mask) == mask if all_bits else (bits & mask) != 0
+
+    def on_bytes(data: bytes) -> bool:
+        size = len(data) * 8
+        for position in positions:
+            is_set = position < size and bool(data[position >> 3] & (1 << (position & 7)))
+            if is_set != want_set and all_bits:
+                return False
+            if is_set == want_set and not all_bits:
+                return True
+        return all_bits
+
+    def test(value: Any) -> bool:
+        kind = type(value)
+        if kind is bytes or kind is Binary:
+            return on_bytes(bytes(value))
+        if BRACKET.get(kind) != NUMBER:
+            return False
+        number = _long(value)
+        return number is not None and on_number(number)
+
+    return test
+
+
+def _long(value: Any) -> int | None:
+    """A number as the bit tests read it: an integral double or decimal within 64 bits, else none (the
+    decimal rules are MongoDB 7.0's on; earlier servers rounded a decimal to a long)."""
+    if type(value) is int or type(value) is Int64:
+        return int(value)
+    whole = _whole(value)
+    return whole if whole is not None and -(2**63) <= whole < 2**63 else None
+
+
+def _bit_mask(op: str, operand: Any) -> tuple[int, list[int]]:
+    """The mask numbers are tested with, and the positions binData is tested at."""
+    if type(operand) is list:
+        positions = []
+        for one in operand:
+            position = _whole(one) if BRACKET.get(type(one)) == NUMBER else None
+            if position is None or not 0 <= position < 2**31:
+                raise fail(f"{op}: bit positions must be whole numbers from 0 to 2^31-1")
+            positions.append(position)
+        return sum({1 << min(p, 63) for p in positions}), positions
+    if BRACKET.get(type(operand)) == NUMBER:
+        mask = _whole(operand) if type(operand) is not float or math.isfinite(operand) else None
+        if mask is None or not 0 <= mask < 2**63:
+            raise fail(f"{op}: a bitmask must be a whole number from 0 to 2^63-1")
+        return mask, [bit for bit in range(64) if mask >> bit & 1]
+    if type(operand) is bytes or type(operand) is Binary:
+        data = bytes(operand)
+        if any(byte >= 0x80 for byte in data[:8]):
+            # mongod builds the mask from C chars, whose sign depends on the platform
+            raise fail(f"{op}: a binData bitmask with a byte from 0x80 on in its first 8 bytes is not supported")
+        mask = sum(byte << (8 * n) for n, byte in enumerate(data[:8]))
+        if any(data[8:]):
+            mask |= 1 << 63
+        positions = [8 * n + bit for n, byte in enumerate(data) for bit in range(8) if byte >> bit & 1]
+        return mask, positions
+    raise fail(f"{op} takes an array of bit positions, a number or binData")
