@@ -597,6 +597,24 @@ def test_any_query_compiles_or_is_refused_in_one_line_and_any_document_gets_an_a
     assert compiled > 200
 
 
+@pytest.mark.parametrize(
+    ("query", "compares"),
+    [
+        ({"a": "x"}, True),
+        ({"a": {"$in": [1, "x"]}}, True),
+        ({"a": {"$gt": {"b": "x"}}}, True),
+        ({"$or": [{"b": 1}, {"a": {"$elemMatch": {"c": {"$ne": "x"}}}}]}, True),
+        ({"a": {"$all": [{"$elemMatch": {"$lt": "x"}}]}}, True),
+        ({"a": 1, "b": {"$regex": "x"}}, False),  # a regex does not follow the collation
+        ({"a": {"$type": "string"}, "b": {"$exists": True}}, False),
+    ],
+)
+def test_compares_strings_says_whether_a_collation_could_change_the_answer(
+    query: dict[str, Any], compares: bool
+) -> None:
+    assert compile_query(query).compares_strings is compares
+
+
 def test_fields_names_the_top_level_fields_read() -> None:
     query = compile_query({"a.b": 1, "$or": [{"c": 1}, {"d.e": {"$elemMatch": {"f": 1}}}], "$comment": "x"})
     assert query.fields() == frozenset({"a", "c", "d"})
