@@ -104,7 +104,10 @@ def operators(rng: random.Random, depth: int = 0) -> dict[str, Any]:
     op = rng.choice(
         ["$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$exists", "$type", "$size", "$mod"]
         + ["$regex", "$all", "$elemMatch", "$not"] * (depth < 2)
+        + ["$bitsAllSet", "$bitsAllClear", "$bitsAnySet", "$bitsAnyClear"]
     )
+    if op.startswith("$bits"):
+        return {op: rng.choice([rng.randint(0, 7), rng.sample(range(5), rng.randint(0, 3)), Binary(b"\x03", 0)])}
     if op in ("$in", "$nin"):
         return {op: [value(rng, 2) for _ in range(rng.randint(1, 3))]}
     if op == "$exists":

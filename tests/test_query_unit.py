@@ -3,7 +3,9 @@ matcher's code and MongoDB's documentation); tests/test_query_server.py checks t
 
 from __future__ import annotations
 
+import base64
 import datetime
+import random
 import uuid
 from typing import Any
 
@@ -356,6 +358,43 @@ def test_mod() -> None:
     assert matches({"a": {"$mod": [2.5, 0]}}, {"a": 4})  # divisor truncated to 2
 
 
+#: MongoDB's $bitsAllSet / $bitsAllClear / $bitsAnySet / $bitsAnyClear reference pages: their collection
+BITS_DOCS = {1: 54, 2: 20, 3: 20.0, 4: Binary(base64.b64decode("Zg=="), 0)}
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ({"$bitsAllSet": [1, 5]}, {1, 4}),
+        ({"$bitsAllSet": 50}, {1}),
+        ({"$bitsAllSet": Binary(base64.b64decode("MC=="), 0)}, {1}),
+        ({"$bitsAllClear": [1, 5]}, {2, 3}),
+        ({"$bitsAllClear": 35}, {2, 3}),
+        ({"$bitsAnySet": [1, 5]}, {1, 4}),
+        ({"$bitsAnySet": 35}, {1, 4}),
+        ({"$bitsAnyClear": [1, 5]}, {2, 3}),
+        ({"$bitsAnyClear": 35}, {1, 2, 3, 4}),
+    ],
+)
+def test_bit_operators_as_the_reference_pages_answer(query: dict[str, Any], expected: set[int]) -> None:
+    assert {n for n, a in BITS_DOCS.items() if matches({"a": query}, {"a": a})} == expected
+
+
+def test_bit_operators_on_other_values() -> None:
+    assert matches({"a": {"$bitsAllSet": [63]}}, {"a": -1})  # two's complement
+    assert matches({"a": {"$bitsAllSet": [200]}}, {"a": Int64(-1)})  # past 63: the sign bit
+    assert not matches({"a": {"$bitsAllSet": [200]}}, {"a": Binary(b"\xff", 0)})  # binData: zero past its end
+    assert not matches({"a": {"$bitsAnySet": 1}}, {"a": 1.5})  # not integral
+    assert not matches({"a": {"$bitsAnySet": 1}}, {"a": float("nan")})
+    assert not matches({"a": {"$bitsAnySet": 1}}, {"a": True})
+    assert not matches({"a": {"$bitsAnySet": 1}}, {"a": "1"})
+    assert matches({"a": {"$bitsAnySet": 1}}, {"a": Decimal128("3")})
+    assert matches({"a": {"$bitsAllSet": []}}, {"a": 0}) and not matches({"a": {"$bitsAnySet": []}}, {"a": 1})
+    for bad in (-1, 1.5, "x", [-1], [1.5], Binary(b"\x80", 0)):
+        with pytest.raises(ConfigError, match=r"^--filter: \$bitsAllSet"):
+            compile_query({"a": {"$bitsAllSet": bad}})
+
+
 def test_size() -> None:
     assert matches({"a": {"$size": 2}}, {"a": [1, [2, 3]]})
     assert not matches({"a": {"$size": 2}}, {"a": [[1, 2]]})
@@ -420,7 +459,6 @@ def test_regex_classes_are_ascii_as_in_pcre() -> None:
         {"a": {"$near": [0, 0]}},
         {"a": {"$geoWithin": {"$center": [[0, 0], 1]}}},
         {"a": {"$geoIntersects": {}}},
-        {"a": {"$bitsAllSet": 1}},
         {"$unknown": 1},
         {"a": {"$unknown": 1}},
     ],
@@ -450,6 +488,10 @@ def test_regexes_python_reads_otherwise_are_refused(pattern: str) -> None:
         {"a": {"$mod": [0, 1]}},
         {"a": {"$mod": [1]}},
         {"a": {"$size": -1}},
+        {"a": {"$size": 1.5}},
+        {"a": {"$size": float("inf")}},
+        {"a..b": 1},
+        {"": 1},
         {"a": {"$type": "nope"}},
         {"a": {"$not": {}}},
         {"a": {"$options": "i"}},
@@ -519,6 +561,58 @@ def test_dbref_shaped_documents_are_equalities_not_operators() -> None:
     assert not matches({"a": ref}, {"a": {"$ref": "users", "$id": 8}})
     with pytest.raises(ConfigError, match=r"\$ref"):
         compile_query({"a": {"$ref": "users"}})  # no $id: read as an operator, as mongod reads it
+
+
+_FUZZ_KEYS = ["a", "a.b", "a.0", "b", "", "a..b", "$and", "$or", "$nor", "$not", "$eq", "$ne", "$gt", "$lt", "$in"]
+_FUZZ_KEYS += ["$nin", "$all", "$elemMatch", "$size", "$mod", "$type", "$exists", "$regex", "$options", "$where"]
+_FUZZ_KEYS += ["$comment", "$ref", "$id", "$foo", "0"]
+_FUZZ_SCALARS: list[Any] = [None, 0, 1, -1, 2.5, float("nan"), float("inf"), Int64(3), Decimal128("NaN"), "", "a"]
+_FUZZ_SCALARS += ["(", "number", Decimal128("-Infinity"), Decimal128("1E+40"), 2**63 - 1, -(2**63)]
+_FUZZ_SCALARS += [True, Regex("a"), Regex("(", "i"), MinKey(), MaxKey(), datetime.datetime(2020, 1, 1), b"x"]
+
+
+def _fuzz(rng: random.Random, depth: int = 0) -> Any:
+    roll = rng.random()
+    if depth > 3 or roll < 0.4:
+        return rng.choice(_FUZZ_SCALARS)
+    if roll < 0.6:
+        return [_fuzz(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    return {rng.choice(_FUZZ_KEYS): _fuzz(rng, depth + 1) for _ in range(rng.randint(0, 3))}
+
+
+def test_any_query_compiles_or_is_refused_in_one_line_and_any_document_gets_an_answer() -> None:
+    rng = random.Random(38)
+    docs = [RawBSONDocument(bson.encode({"a": _fuzz(rng), "b": _fuzz(rng)}), RAW_CODEC) for _ in range(40)]
+    compiled = 0
+    for _ in range(3000):
+        spec = {rng.choice(_FUZZ_KEYS): _fuzz(rng) for _ in range(rng.randint(1, 2))}
+        try:
+            query = compile_query(spec)
+        except ConfigError as exc:
+            assert str(exc).startswith("--filter: ") and "\n" not in str(exc), spec
+            continue
+        compiled += 1
+        for doc in docs:
+            assert query.matches(doc) in (True, False)
+    assert compiled > 200
+
+
+@pytest.mark.parametrize(
+    ("query", "compares"),
+    [
+        ({"a": "x"}, True),
+        ({"a": {"$in": [1, "x"]}}, True),
+        ({"a": {"$gt": {"b": "x"}}}, True),
+        ({"$or": [{"b": 1}, {"a": {"$elemMatch": {"c": {"$ne": "x"}}}}]}, True),
+        ({"a": {"$all": [{"$elemMatch": {"$lt": "x"}}]}}, True),
+        ({"a": 1, "b": {"$regex": "x"}}, False),  # a regex does not follow the collation
+        ({"a": {"$type": "string"}, "b": {"$exists": True}}, False),
+    ],
+)
+def test_compares_strings_says_whether_a_collation_could_change_the_answer(
+    query: dict[str, Any], compares: bool
+) -> None:
+    assert compile_query(query).compares_strings is compares
 
 
 def test_fields_names_the_top_level_fields_read() -> None:

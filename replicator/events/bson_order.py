@@ -117,10 +117,21 @@ _RAW_MS: CodecOptions[Any] = CodecOptions(
 )
 
 
+#: a document's bytes -> its top-level fields, sub-documents left undecoded
+Decode = Callable[[bytes], dict[str, Any]]
+
+
 def fields(data: bytes) -> dict[str, Any]:
-    """A document's top-level fields (from its bytes), sub-documents left undecoded."""
+    """A document's top-level fields, every type told apart: a symbol and undefined too, which pymongo reads
+    as a string and None. Finding them costs a search of the bytes (about as much as decoding them)."""
     if CANDIDATE.search(data) is not None and holds_deprecated(data):
         return _elements(data, 4, len(data) - 1)
+    return plain_fields(data)
+
+
+def plain_fields(data: bytes) -> dict[str, Any]:
+    """A document's top-level fields as pymongo's C decoder reads them (a symbol as a string, undefined as
+    None): for a query whose answer cannot tell those apart."""
     try:
         decoded = top_level(data)
     except InvalidBSON:
@@ -169,6 +180,7 @@ def object_bytes(value: Any) -> bytes:
 
 
 def object_fields(value: Any) -> dict[str, Any]:
+    """A sub-document's fields, every type told apart."""
     return fields(object_bytes(value))
 
 

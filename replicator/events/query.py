@@ -1,32 +1,38 @@
 """A MongoDB query (``find``'s filter) decided outside the server, exactly as the server decides it. Pure.
 
 :func:`compile_query` turns a query document into a :class:`Query` whose :meth:`Query.matches` says
-whether ``find(query)`` would return a given document. The rules are mongod's own matcher's:
+whether ``find(query)`` would return a given document. The rules are mongod's own matcher's (its code,
+its reference pages and its jstests, several of which are this module's unit tests):
 
 - a dotted path reaches into sub-documents, and through arrays into each element that is a document; a
-  numeric part also names an array's element by position; the path yields every value it reaches, and a
-  query on a path matches when any of them does;
+  numeric part also names an array's element by position (:mod:`.query_paths`); a query on a path
+  matches when any value the path reaches does;
 - where a path ends at an array, the array's elements are candidates and so is the whole array
   (``{a: 1}`` matches ``{a: [1, 2]}``, ``{a: [1, 2]}`` matches ``{a: [1, 2]}`` and ``{a: [[1, 2]]}``);
-- comparisons stay within one type bracket (:mod:`.bson_order`); ``null`` also matches a missing field;
+- comparisons stay within one type bracket (:mod:`.bson_order`): numbers of every type together and
+  exactly (NaN equal to NaN only), strings by their bytes (the simple collation), documents field by
+  field in order; ``null`` matches null and a missing field, not undefined (MongoDB 8.0);
 - the negations (``$ne``, ``$nin``, ``$not``, ``$nor``, ``$exists: false``) negate the whole path's
-  answer, not each value's.
+  answer, not each value's;
+- regular expressions are PCRE's (:mod:`.regex`: ASCII ``\\w``/``\\d``/``\\s``/``\\b``, options i, m, s, x).
 
-What cannot be decided exactly outside the server (``$where``, ``$expr``, ``$text``, geo queries, ...)
-is refused at compile time, in one line naming the operator.
+Supported: implicit equality, ``$eq $ne $gt $gte $lt $lte $in $nin $exists $type $size $mod $regex
+$options $not $all $elemMatch $and $or $nor $comment $bitsAllSet $bitsAllClear $bitsAnySet
+$bitsAnyClear``. Refused in one line naming the operator, at compile time: what only the server can
+decide (``$where $expr $jsonSchema $text $sampleRate``, geo operators), unknown operators, what the
+server itself refuses, and what MongoDB versions answer differently: ``null`` on a dotted path (9.0
+changed it where the path crosses an array), ``$lt``/``$lte`` MaxKey and ``$gt``/``$gte`` MinKey (their
+answer for a missing field), ``$size`` with a fraction, a regex construct Python reads otherwise.
+The simple collation is assumed: see :attr:`Query.compares_strings`.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
-from decimal import Decimal
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import bson
 from bson.codec_options import CodecOptions, DatetimeConversion
-from bson.decimal128 import Decimal128
-from bson.int64 import Int64
 from bson.max_key import MaxKey
 from bson.min_key import MinKey
 from bson.raw_bson import RawBSONDocument
@@ -35,24 +41,29 @@ from bson.regex import Regex
 from replicator.bsonkit.rawbson import SPAN_CODEC, raw_of
 from replicator.errors import ConfigError
 from replicator.events import bson_order
-from replicator.events.bson_order import (
-    BRACKET,
-    MISSING,
-    NULL,
-    NUMBER,
-    UNDEFINED,
-    Symbol,
-    bracket,
-    compare,
-    fields,
-    is_nan,
-    object_fields,
+from replicator.events.bson_order import BRACKET, MISSING, NUMBER, Decode, fields, is_nan, object_bytes, plain_fields
+from replicator.events.query_paths import DECODE, TRAVERSE, WHOLE, DocTest, ValueTest, path_test
+from replicator.events.query_values import (
+    BITS,
+    EQ,
+    GT,
+    GTE,
+    LT,
+    LTE,
+    TYPE_ALIASES,
+    bit_test,
+    comparison,
+    fail,
+    in_test,
+    mod_test,
+    number_of,
+    regex_of,
+    regex_test,
+    size_test,
+    type_test,
 )
-from replicator.events.regex import compile_regex
 
-#: a predicate on one value (a path's one candidate); a predicate on a document's top-level fields
-ValueTest = Callable[[Any], bool]
-DocTest = Callable[[dict[str, Any]], bool]
+__all__ = ["TYPE_ALIASES", "Query", "compile_query"]
 
 #: how the query itself is read: documents as dicts (they are the query's structure), dates as DatetimeMS
 _SPEC_CODEC: CodecOptions[dict[str, Any]] = CodecOptions(
@@ -73,337 +84,17 @@ _REFUSED: dict[str, str] = {
     "$geoWithin": "is a geospatial query, decided with the server's geometry",
     "$geoIntersects": "is a geospatial query, decided with the server's geometry",
     "$within": "is a geospatial query, decided with the server's geometry",
-    "$bitsAllSet": "is not supported by mcdc's matcher",
-    "$bitsAnySet": "is not supported by mcdc's matcher",
-    "$bitsAllClear": "is not supported by mcdc's matcher",
-    "$bitsAnyClear": "is not supported by mcdc's matcher",
     "$alwaysTrue": "is not supported by mcdc's matcher",
     "$alwaysFalse": "is not supported by mcdc's matcher",
 }
 _HINT = "use operators on fields (see the README's --filter section)"
 
-#: $type's names (and "number"), as the server spells them
-TYPE_ALIASES: dict[str, frozenset[int]] = {
-    "double": frozenset({1}),
-    "string": frozenset({2}),
-    "object": frozenset({3}),
-    "array": frozenset({4}),
-    "binData": frozenset({5}),
-    "undefined": frozenset({6}),
-    "objectId": frozenset({7}),
-    "bool": frozenset({8}),
-    "date": frozenset({9}),
-    "null": frozenset({10}),
-    "regex": frozenset({11}),
-    "dbPointer": frozenset({12}),
-    "javascript": frozenset({13}),
-    "symbol": frozenset({14}),
-    "javascriptWithScope": frozenset({15}),
-    "int": frozenset({16}),
-    "timestamp": frozenset({17}),
-    "long": frozenset({18}),
-    "decimal": frozenset({19}),
-    "minKey": frozenset({-1}),
-    "maxKey": frozenset({127}),
-    "number": frozenset({1, 16, 18, 19}),
-}
-_TYPE_CODES = frozenset().union(*TYPE_ALIASES.values())
-
-# how a path's last part treats an array it ends at (mongod's LeafArrayBehavior)
-_TRAVERSE = True  # the array's elements, then the array itself
-_WHOLE = False  # the array itself only ($size, $elemMatch)
-
-
-def _fail(message: str) -> ConfigError:
-    return ConfigError(f"--filter: {message}")
-
 
 def _refuse(op: str) -> ConfigError:
     why = _REFUSED.get(op)
     if why is None:
-        return _fail(f"unknown operator {op}")
-    return _fail(f"{op} cannot be decided outside the server ({why}); {_HINT}")
-
-
-# --- paths -------------------------------------------------------------------------------------------
-
-
-def _first_value(obj: dict[str, Any], parts: tuple[str, ...], start: int) -> tuple[Any, int]:
-    """mongod's getFieldDottedOrArray: follow ``parts`` from ``start`` through sub-documents; stop at the
-    first array (with the index of the part that named it), the end of the path, or a dead end (MISSING)."""
-    i, last = start, len(parts) - 1
-    while True:
-        value = obj.get(parts[i], MISSING)
-        kind = BRACKET.get(type(value))
-        if kind == bson_order.OBJECT:
-            if i == last:
-                return value, i
-            obj = object_fields(value)
-            i += 1
-            continue
-        if kind == bson_order.ARRAY or value is MISSING or i == last:
-            return value, i
-        return MISSING, i  # a scalar in the middle of the path
-
-
-def _collect(obj: dict[str, Any], parts: tuple[str, ...], start: int, leaf: bool, out: list[Any]) -> None:
-    """Every value the path ``parts[start:]`` reaches in ``obj``, in mongod's BSONElementIterator's terms."""
-    value, i = _first_value(obj, parts, start)
-    if type(value) is not list:
-        out.append(value)
-    elif i + 1 == len(parts):
-        if leaf:
-            out.extend(value)
-        out.append(value)
-    else:
-        _through_array(value, parts, i + 1, leaf, out)
-
-
-def _through_array(array: list[Any], parts: tuple[str, ...], k: int, leaf: bool, out: list[Any]) -> None:
-    """The path ``parts[k:]`` continued into each element of ``array``."""
-    piece = parts[k]
-    position = int(piece) if piece.isascii() and piece.isdigit() else -1
-    if position >= 0 and str(position) != piece:
-        position = -1  # "01" names no position
-    end = k + 1 == len(parts)
-    for n, element in enumerate(array):
-        kind = BRACKET.get(type(element))
-        if kind == bson_order.OBJECT:
-            _collect(object_fields(element), parts, k, leaf, out)
-            if n == position:
-                if end:
-                    out.append(element)
-                else:
-                    _collect(object_fields(element), parts, k + 1, leaf, out)
-        elif n == position:
-            if end:
-                out.append(element)
-            elif kind == bson_order.ARRAY:
-                _through_array(element, parts, k + 1, leaf, out)
-
-
-def _path_test(path: str, test: ValueTest, leaf: bool = _TRAVERSE) -> DocTest:
-    """A document test: does any value the path reaches pass ``test``? (No value: no.)"""
-    parts = tuple(path.split("."))
-    if len(parts) == 1:
-        name = parts[0]
-
-        def one_part(doc: dict[str, Any]) -> bool:
-            value = doc.get(name, MISSING)
-            if type(value) is list:
-                if leaf:
-                    for element in value:
-                        if test(element):
-                            return True
-                return test(value)
-            return test(value)
-
-        return one_part
-
-    def dotted(doc: dict[str, Any]) -> bool:
-        out: list[Any] = []
-        _collect(doc, parts, 0, leaf, out)
-        return any(test(value) for value in out)
-
-    return dotted
-
-
-# --- value tests --------------------------------------------------------------------------------------
-
-EQ, LT, LTE, GT, GTE = "$eq", "$lt", "$lte", "$gt", "$gte"
-
-
-def _comparison(op: str, operand: Any) -> ValueTest:
-    """mongod's ComparisonMatchExpression::matchesSingleElement."""
-    want = bracket(operand)
-    operand_nan = is_nan(operand)
-    with_equal = op in (EQ, LTE, GTE)
-
-    if op == EQ and want == bson_order.STRING:
-        return lambda value: (type(value) is str or type(value) is Symbol) and value == operand
-    if op == EQ and want == NUMBER and not operand_nan:
-        number = operand.to_decimal() if type(operand) is Decimal128 else operand
-        return lambda value: BRACKET.get(type(value)) == NUMBER and _number_equal(value, number)
-
-    def test(value: Any) -> bool:
-        have = bracket(value)
-        if have != want:
-            if have + want == NULL:  # null against missing: equal (against undefined not, from 8.0 on)
-                return with_equal and value is MISSING
-            if want == bson_order.MAXKEY:
-                return op in (LT, LTE)
-            if want == bson_order.MINKEY:
-                return op in (GT, GTE)
-            return False
-        if op != EQ and (operand_nan or is_nan(value)):
-            return op != LT and op != GT and operand_nan and is_nan(value)
-        c = compare(value, operand)
-        if op == EQ:
-            return c == 0
-        if op == LT:
-            return c < 0
-        if op == LTE:
-            return c <= 0
-        if op == GT:
-            return c > 0
-        return c >= 0
-
-    return test
-
-
-def _number_equal(value: Any, number: int | float | Decimal) -> bool:
-    if type(value) is Decimal128:
-        value = value.to_decimal()
-        if value.is_nan():  # a signalling NaN would raise on ==
-            return False
-    return bool(value == number)
-
-
-def _regex_test(pattern: str, flags: str) -> ValueTest:
-    """mongod's RegexMatchExpression: a search in strings; a stored regex matches when it is the same one."""
-    search = compile_regex(pattern, flags).search
-    letters = "".join(sorted(flags))
-
-    def test(value: Any) -> bool:
-        if type(value) is str or type(value) is Symbol:
-            return search(value) is not None
-        if type(value) is Regex:
-            return value.pattern == pattern and bson_order._flags(value) == letters
-        return False
-
-    return test
-
-
-def _regex_of(value: Regex[Any]) -> ValueTest:
-    return _regex_test(value.pattern, bson_order._flags(value))
-
-
-def _in(operands: list[Any]) -> ValueTest:
-    """mongod's InMatchExpression: equal to one of them, or matched by one of its regexes; null also
-    matches a missing field."""
-    tests = []
-    has_null = False
-    for operand in operands:
-        if type(operand) is Regex:
-            tests.append(_regex_of(operand))
-        else:
-            has_null = has_null or operand is None
-            tests.append(_comparison(EQ, operand))
-
-    def test(value: Any) -> bool:
-        if has_null and value is MISSING:
-            return True
-        return any(one(value) for one in tests)
-
-    return test
-
-
-def _type_code(value: Any) -> int:
-    if value is UNDEFINED:
-        return 6
-    kind = bracket(value)
-    if kind == bson_order.STRING:
-        return 14 if type(value) is Symbol else 2
-    if kind == NUMBER:
-        t = type(value)
-        return 16 if t is int else 18 if t is Int64 else 1 if t is float else 19
-    if kind == bson_order.CODE:
-        return 13
-    if kind == bson_order.CODE_W_SCOPE:
-        return 15
-    return _CODE_OF_BRACKET[kind]
-
-
-_CODE_OF_BRACKET = {
-    bson_order.EOO: 0,
-    bson_order.NULL: 10,
-    bson_order.OBJECT: 3,
-    bson_order.ARRAY: 4,
-    bson_order.BINDATA: 5,
-    bson_order.OID: 7,
-    bson_order.BOOL: 8,
-    bson_order.DATE: 9,
-    bson_order.TIMESTAMP: 17,
-    bson_order.REGEX: 11,
-    bson_order.DBPOINTER: 12,
-    bson_order.MINKEY: -1,
-    bson_order.MAXKEY: 127,
-}
-
-
-def _type_test(operand: Any) -> ValueTest:
-    codes: set[int] = set()
-    for one in operand if type(operand) is list else [operand]:
-        if type(one) is str:
-            if one not in TYPE_ALIASES:
-                raise _fail(f"$type: unknown type name {one!r}")
-            codes |= TYPE_ALIASES[one]
-        elif BRACKET.get(type(one)) == NUMBER and not is_nan(one):
-            number = _number(one)
-            if number != int(number) or int(number) not in _TYPE_CODES:
-                raise _fail(f"$type: invalid type code {one}")
-            codes.add(int(number))
-        else:
-            raise _fail("$type takes a type name, a type number, or an array of them")
-    if not codes:
-        raise _fail("$type needs at least one type")
-    wanted = frozenset(codes)
-    return lambda value: value is not MISSING and _type_code(value) in wanted
-
-
-def _number(value: Any) -> int | float | Decimal:
-    return value.to_decimal() if type(value) is Decimal128 else value
-
-
-def _int64(value: Any, what: str) -> int:
-    """A $mod argument as the server takes it (5.1 on: truncated toward zero; NaN, infinity and values
-    outside 64 bits refused)."""
-    if BRACKET.get(type(value)) != NUMBER:
-        raise _fail(f"$mod: {what} must be a number")
-    number = _number(value)
-    if isinstance(number, (float, Decimal)):
-        if not (math.isfinite(number) if isinstance(number, float) else number.is_finite()):
-            raise _fail(f"$mod: {what} must be a finite number")
-        number = int(number)  # toward zero
-    if not -(2**63) <= number < 2**63:
-        raise _fail(f"$mod: {what} out of the 64-bit range")
-    return int(number)
-
-
-def _mod_test(operand: Any) -> ValueTest:
-    if type(operand) is not list or len(operand) != 2:
-        raise _fail("$mod takes an array of two numbers: [divisor, remainder]")
-    divisor, remainder = _int64(operand[0], "divisor"), _int64(operand[1], "remainder")
-    if divisor == 0:
-        raise _fail("$mod: divisor cannot be 0")
-
-    def test(value: Any) -> bool:
-        if BRACKET.get(type(value)) != NUMBER:
-            return False
-        number = _number(value)
-        if isinstance(number, (float, Decimal)):
-            if not (math.isfinite(number) if isinstance(number, float) else number.is_finite()):
-                return False
-            number = int(number)
-            if not -(2**63) <= number < 2**63:
-                return False
-        # C's remainder: the dividend's sign (and -1 never overflows)
-        rest = abs(number) % abs(divisor)
-        return (-rest if number < 0 else rest) == remainder
-
-    return test
-
-
-def _size_test(operand: Any) -> ValueTest:
-    if BRACKET.get(type(operand)) != NUMBER or is_nan(operand):
-        raise _fail("$size needs a number")
-    number = _number(operand)
-    if number < 0:
-        raise _fail("$size may not be negative")
-    if number != int(number):
-        return lambda value: False  # a fractional size matches no array
-    size = int(number)
-    return lambda value: type(value) is list and len(value) == size
+        return fail(f"unknown operator {op}")
+    return fail(f"{op} cannot be decided outside the server ({why}); {_HINT}")
 
 
 # --- operators on a path ------------------------------------------------------------------------------
@@ -420,8 +111,8 @@ class _Field:
         self.value = value
 
 
-def _leaf(path: str, test: ValueTest, leaf: bool = _TRAVERSE) -> _Field:
-    return _Field(_path_test(path, test, leaf), test)
+def _leaf(path: str, test: ValueTest, leaf: bool = TRAVERSE) -> _Field:
+    return _Field(path_test(path, test, leaf), test)
 
 
 def _negated(field: _Field) -> _Field:
@@ -452,10 +143,10 @@ def _operand(value: Any) -> Any:
 
 def _equality(path: str, value: Any) -> _Field:
     if type(value) is Regex:
-        return _leaf(path, _regex_of(value))
+        return _leaf(path, regex_of(value))
     if value is None:
         _check_null(path, "{path: null}")
-    return _leaf(path, _comparison(EQ, _operand(value)))
+    return _leaf(path, comparison(EQ, _operand(value)))
 
 
 def _check_null(path: str, op: str) -> None:
@@ -463,7 +154,7 @@ def _check_null(path: str, op: str) -> None:
     ``[1, 2]``) or a scalar beside documents, MongoDB 5.0 to 8.x and 9.0 answer differently (9.0 takes
     such an element as a missing field: SERVER-36681); a top-level field is answered alike."""
     if "." in path:
-        raise _fail(
+        raise fail(
             f"{op} on the dotted path {path!r}: MongoDB versions match it differently where the path "
             f'crosses an array, so mcdc cannot decide it exactly; use $exists: false, or $type: "null"'
         )
@@ -474,14 +165,14 @@ def _check_range(op: str, operand: Any) -> None:
     is not the same in every MongoDB version and query engine."""
     if (op in (LT, LTE) and type(operand) is MaxKey) or (op in (GT, GTE) and type(operand) is MinKey):
         name = type(operand).__name__
-        raise _fail(f"{op}: {name} (any value) cannot be decided outside the server; use $exists: true")
+        raise fail(f"{op}: {name} (any value) cannot be decided outside the server; use $exists: true")
 
 
 def _operators(path: str, ops: dict[str, Any]) -> _Field:
     parts: list[_Field] = []
     regex = ops.get("$regex")
     if "$options" in ops and "$regex" not in ops:
-        raise _fail("$options needs a $regex")
+        raise fail("$options needs a $regex")
     for op, arg in ops.items():
         if op == "$options":
             continue
@@ -489,36 +180,38 @@ def _operators(path: str, ops: dict[str, Any]) -> _Field:
             parts.append(_leaf(path, _regex_operator(regex, ops.get("$options"))))
         elif op in (EQ, LT, LTE, GT, GTE):
             if type(arg) is Regex and op != EQ:
-                raise _fail(f"{op} cannot take a regular expression")
+                raise fail(f"{op} cannot take a regular expression")
             if arg is None and op in (EQ, LTE, GTE):
                 _check_null(path, f"{op}: null")
             _check_range(op, arg)
-            parts.append(_leaf(path, _comparison(op, _operand(arg))))
+            parts.append(_leaf(path, comparison(op, _operand(arg))))
         elif op == "$ne":
             if type(arg) is Regex:
-                raise _fail("$ne cannot take a regular expression (use $not)")
+                raise fail("$ne cannot take a regular expression (use $not)")
             if arg is None:
                 _check_null(path, "$ne: null")
-            parts.append(_negated(_leaf(path, _comparison(EQ, _operand(arg)))))
+            parts.append(_negated(_leaf(path, comparison(EQ, _operand(arg)))))
         elif op in ("$in", "$nin"):
             if type(arg) is not list:
-                raise _fail(f"{op} needs an array")
+                raise fail(f"{op} needs an array")
             for one in arg:
                 if _is_operator_document(one):
-                    raise _fail(f"{op} cannot hold an operator document ({next(iter(one))})")
+                    raise fail(f"{op} cannot hold an operator document ({next(iter(one))})")
                 if one is None:
                     _check_null(path, f"{op}: [null]")
-            test = _in([one if type(one) is Regex else _operand(one) for one in arg])
+            test = in_test([one if type(one) is Regex else _operand(one) for one in arg])
             parts.append(_leaf(path, test) if op == "$in" else _negated(_leaf(path, test)))
         elif op == "$exists":
             exists = _leaf(path, lambda value: value is not MISSING)
             parts.append(exists if _true_value(arg) else _negated(exists))
         elif op == "$type":
-            parts.append(_leaf(path, _type_test(_operand(arg))))
+            parts.append(_leaf(path, type_test(_operand(arg))))
         elif op == "$mod":
-            parts.append(_leaf(path, _mod_test(_operand(arg))))
+            parts.append(_leaf(path, mod_test(_operand(arg))))
+        elif op in BITS:
+            parts.append(_leaf(path, bit_test(op, _operand(arg))))
         elif op == "$size":
-            parts.append(_leaf(path, _size_test(_operand(arg)), _WHOLE))
+            parts.append(_leaf(path, size_test(_operand(arg)), WHOLE))
         elif op == "$not":
             parts.append(_negated(_not_argument(path, arg)))
         elif op == "$all":
@@ -526,7 +219,7 @@ def _operators(path: str, ops: dict[str, Any]) -> _Field:
         elif op == "$elemMatch":
             parts.append(_elem_match(path, arg))
         elif op == "$comment":
-            raise _fail("$comment belongs at the top level of the query")
+            raise fail("$comment belongs at the top level of the query")
         else:
             raise _refuse(op)
     return _all_of(parts)
@@ -537,55 +230,55 @@ def _true_value(value: Any) -> bool:
     if value is None or value is False:
         return False
     if BRACKET.get(type(value)) == NUMBER:
-        return bool(_number(value)) or is_nan(value)
+        return bool(number_of(value)) or is_nan(value)
     return True
 
 
 def _regex_operator(regex: Any, options: Any) -> ValueTest:
     if options is not None and type(options) is not str:
-        raise _fail("$options needs a string")
+        raise fail("$options needs a string")
     if type(regex) is Regex:
         if options is not None and bson_order._flags(regex):
-            raise _fail("$regex: options set in both $regex and $options")
-        return _regex_test(regex.pattern, options if options is not None else bson_order._flags(regex))
+            raise fail("$regex: options set in both $regex and $options")
+        return regex_test(regex.pattern, options if options is not None else bson_order._flags(regex))
     if type(regex) is not str:
-        raise _fail("$regex needs a string or a regular expression")
-    return _regex_test(regex, options or "")
+        raise fail("$regex needs a string or a regular expression")
+    return regex_test(regex, options or "")
 
 
 def _not_argument(path: str, arg: Any) -> _Field:
     if type(arg) is Regex:
-        return _leaf(path, _regex_of(arg))
+        return _leaf(path, regex_of(arg))
     if not isinstance(arg, dict):
-        raise _fail("$not needs a regular expression or a document of operators")
+        raise fail("$not needs a regular expression or a document of operators")
     if not arg:
-        raise _fail("$not cannot be empty")
+        raise fail("$not cannot be empty")
     if not _is_operator_document(arg):
-        raise _fail("$not needs a document of operators")
+        raise fail("$not needs a document of operators")
     return _operators(path, arg)
 
 
 def _all(path: str, arg: Any) -> _Field:
     if type(arg) is not list:
-        raise _fail("$all needs an array")
+        raise fail("$all needs an array")
     if not arg:
         return _Field(lambda d: False, lambda v: False)  # $all: [] matches nothing
     elem = [isinstance(one, dict) and next(iter(one), None) == "$elemMatch" for one in arg]
     if any(elem) and not all(elem):
-        raise _fail("$all cannot mix $elemMatch with values")
+        raise fail("$all cannot mix $elemMatch with values")
     if all(elem):
         return _all_of([_elem_match(path, one["$elemMatch"]) for one in arg])
     parts = []
     for one in arg:
         if _is_operator_document(one):
-            raise _fail(f"$all cannot hold an operator document ({next(iter(one))})")
+            raise fail(f"$all cannot hold an operator document ({next(iter(one))})")
         parts.append(_equality(path, one))
     return _all_of(parts)
 
 
 def _elem_match(path: str, arg: Any) -> _Field:
     if not isinstance(arg, dict):
-        raise _fail("$elemMatch needs a document")
+        raise fail("$elemMatch needs a document")
     first = next(iter(arg), "")
     if _is_operator_document(arg) and first not in ("$and", "$or", "$nor", "$where", "$expr", "$comment"):
         # on the elements themselves: each operator on the one element
@@ -596,9 +289,10 @@ def _elem_match(path: str, arg: Any) -> _Field:
                 return False
             return any(inner(element) for element in value)
 
-        return _leaf(path, element_values, _WHOLE)
+        return _leaf(path, element_values, WHOLE)
     # on elements that are documents (or arrays, read as documents whose fields are "0", "1", ...)
     query = _compile(arg)
+    decode = DECODE.get()
 
     def element_documents(value: Any) -> bool:
         if type(value) is not list:
@@ -606,13 +300,13 @@ def _elem_match(path: str, arg: Any) -> _Field:
         for element in value:
             kind = BRACKET.get(type(element))
             if kind == bson_order.OBJECT:
-                if query(object_fields(element)):
+                if query(decode(object_bytes(element))):
                     return True
             elif kind == bson_order.ARRAY and query({str(n): v for n, v in enumerate(element)}):
                 return True
         return False
 
-    return _leaf(path, element_documents, _WHOLE)
+    return _leaf(path, element_documents, WHOLE)
 
 
 # --- the query document -------------------------------------------------------------------------------
@@ -628,6 +322,8 @@ def _compile(spec: Mapping[str, Any]) -> DocTest:
                 continue
             else:
                 raise _refuse(key)
+        elif "" in key.split("."):
+            raise fail(f"the path {key!r} has an empty part")
         elif _is_operator_document(value):
             tests.append(_operators(key, value).doc)
         else:
@@ -641,9 +337,9 @@ def _compile(spec: Mapping[str, Any]) -> DocTest:
 
 def _logical(op: str, value: Any) -> DocTest:
     if type(value) is not list or not value:
-        raise _fail(f"{op} needs a non-empty array of queries")
+        raise fail(f"{op} needs a non-empty array of queries")
     if not all(isinstance(one, dict) for one in value):
-        raise _fail(f"{op}'s elements must be query documents")
+        raise fail(f"{op}'s elements must be query documents")
     branches = [_compile(one) for one in value]
     if op == "$and":
         return lambda doc: all(t(doc) for t in branches)
@@ -666,18 +362,22 @@ def _top_fields(spec: Mapping[str, Any]) -> set[str]:
 class Query:
     """A compiled query: :meth:`matches` says whether ``find(spec)`` returns a document."""
 
-    __slots__ = ("_fields", "_test", "spec")
+    __slots__ = ("_decode", "_fields", "_test", "compares_strings", "spec")
 
-    def __init__(self, spec: Mapping[str, Any], test: DocTest, names: frozenset[str]) -> None:
+    def __init__(self, spec: Mapping[str, Any], test: DocTest, as_dicts: Mapping[str, Any], decode: Decode) -> None:
         self.spec = spec
         self._test = test
-        self._fields = names
+        self._fields = frozenset(_top_fields(as_dicts))
+        self._decode = decode
+        #: does the query compare strings? The matcher compares them as the simple collation does; a
+        #: collection whose default collation is another one answers such a query otherwise
+        self.compares_strings = _compares_strings(as_dicts)
 
     def matches(self, doc: Mapping[str, Any]) -> bool:
         """Would the server's ``find(spec)`` return ``doc``? ``doc`` is a RawBSONDocument (read without
         decoding its sub-documents) or any mapping bson can encode."""
         data = raw_of(doc) if isinstance(doc, RawBSONDocument) else bson.encode(doc)
-        return self._test(fields(data))
+        return self._test(self._decode(data))
 
     def fields(self) -> frozenset[str]:
         """The top-level fields the query reads."""
@@ -691,6 +391,70 @@ def compile_query(spec: Mapping[str, Any]) -> Query:
     """``spec`` (a find filter, as bson decodes one) compiled; ConfigError, one line naming the operator,
     for what the matcher cannot decide exactly as the server does (or the server itself refuses)."""
     if not isinstance(spec, Mapping):
-        raise _fail("the query must be a document")
+        raise fail("the query must be a document")
     as_dicts = bson.decode(bson.encode(spec), _SPEC_CODEC)
-    return Query(spec, _compile(as_dicts), frozenset(_top_fields(as_dicts)))
+    decode = fields if _reads_types(as_dicts) else plain_fields
+    token = DECODE.set(decode)
+    try:
+        test = _compile(as_dicts)
+    finally:
+        DECODE.reset(token)
+    return Query(spec, test, as_dicts, decode)
+
+
+_COMPARED = frozenset({EQ, "$ne", LT, LTE, GT, GTE})
+
+
+def _reads_types(spec: Mapping[str, Any]) -> bool:
+    """Can the query's answer tell a symbol from a string or undefined from null? Only through $type, a
+    null operand, or a document or array operand (compared element by element, types first): elsewhere a
+    symbol compares as the string it holds, and undefined as pymongo's None (no number, string, ... either)."""
+    return any(
+        op == "$type" or (op in _COMPARED and (arg is None or isinstance(arg, (dict, list))))
+        for op, arg in _operands(spec)
+    )
+
+
+def _compares_strings(spec: Mapping[str, Any]) -> bool:
+    """Does the query compare strings (a collation other than the simple one would answer otherwise)?"""
+    return any(op in _COMPARED and _holds_string(arg) for op, arg in _operands(spec))
+
+
+def _holds_string(value: Any) -> bool:
+    if isinstance(value, str):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_string(one) for one in value.values())
+    return isinstance(value, list) and any(_holds_string(one) for one in value)
+
+
+def _operands(spec: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    """Every operator of a query with its argument, $in's, $nin's and $all's values as $eq's, through
+    $and, $or, $nor, $not and $elemMatch (a malformed part is skipped: compiling it says what is wrong)."""
+    for key, value in spec.items():
+        if key in ("$and", "$or", "$nor"):
+            for one in value if isinstance(value, list) else ():
+                if isinstance(one, dict):
+                    yield from _operands(one)
+        elif key.startswith("$"):
+            continue
+        elif _is_operator_document(value):
+            yield from _operator_operands(value)
+        else:
+            yield EQ, value
+
+
+def _operator_operands(ops: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    for op, arg in ops.items():
+        if op == "$elemMatch" and isinstance(arg, dict):
+            yield from _operator_operands(arg) if _is_operator_document(arg) else _operands(arg)
+        elif op == "$not" and isinstance(arg, dict):
+            yield from _operator_operands(arg)
+        elif op in ("$in", "$nin", "$all") and isinstance(arg, list):
+            for one in arg:
+                if isinstance(one, dict) and isinstance(one.get("$elemMatch"), dict):
+                    yield from _operator_operands(one)
+                else:
+                    yield EQ, one
+        else:
+            yield op, arg
