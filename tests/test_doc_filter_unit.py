@@ -250,3 +250,14 @@ def test_the_stream_s_documents_as_they_come_are_matched() -> None:
         view = RawDocument(memoryview(bson.encode(doc)))
         event = ChangeEvent(Op.INSERT, NS, key={"_id": 1}, document=view)
         assert (filter_event(event, query) is not None) is kept, doc
+
+
+def test_the_settings_pickle_into_spark_tasks_with_their_filters() -> None:
+    import pickle
+
+    s = resolve({"source": SOURCE, "target": "stdout", "filter": ('shop\\.orders={"region": "EU"}',)}, env={})
+    assert s.filters.for_namespace(NS) is not None  # compiled here first: the copy must not need the matchers
+    again = pickle.loads(pickle.dumps(s))
+    query = again.filters.for_namespace(NS)
+    assert query is not None and query.matches(EU) and not query.matches(US)
+    assert again.filters.where(NS) == {"region": "EU"}
