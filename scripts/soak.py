@@ -60,6 +60,10 @@ def main() -> int:
     parser.add_argument("--mode", choices=[*MODES, "both"], default="both")
     parser.add_argument("--length", type=int, default=8, help="write steps per plan")
     parser.add_argument("--replays", type=int, default=4, help="saved checkpoint versions replayed per plan")
+    parser.add_argument(
+        "--filter", choices=["drawn", "yes", "no"], default="drawn",
+        help="plans with a --filter (partial replication): as each seed draws it (about a third), always, never",
+    )  # fmt: skip
     parser.add_argument("--once", action="store_true", help="run the one plan of --seed, then stop")
     parser.add_argument("--workdir", type=Path, help="keep servers' data and mcdc's logs here")
     args = parser.parse_args()
@@ -81,7 +85,10 @@ def main() -> int:
             mode, engine, sink = pick.choice(modes), pick.choice(engines), pick.choice(sinks)
             if engine not in SINK_ENGINES[sink]:  # a sink that runs on fewer engines: one of its own
                 engine = pick.choice([e for e in engines if e in SINK_ENGINES[sink]])
-            plan = Plan.draw(seed, mode=mode, engine=engine, sink=sink, length=args.length, replays=args.replays)
+            filtered = None if args.filter == "drawn" else args.filter == "yes"
+            plan = Plan.draw(
+                seed, mode=mode, engine=engine, sink=sink, length=args.length, replays=args.replays, filtered=filtered
+            )
             began = time.monotonic()
             try:
                 tally = run_plan(plan, servers, base / f"plan-{seed}")
@@ -90,7 +97,8 @@ def main() -> int:
                 return 1
             total.add(tally)
             print(
-                f"plan {n + 1} (seed {seed}, {plan.mode}, {plan.engine}, {plan.sink}): ok in "
+                f"plan {n + 1} (seed {seed}, {plan.mode}, {plan.engine}, {plan.sink}"
+                f"{', filtered' if plan.filter else ''}): ok in "
                 f"{time.monotonic() - began:.0f} s, {tally.faults} faults, {tally.writes} writes, "
                 f"{tally.events} events applied",
                 flush=True,

@@ -173,7 +173,7 @@ READERS["cutover"] = (
     ["_settings", "cutover"],
 )
 FIELDS = {f.name for f in dataclasses.fields(Settings)}
-DERIVED = {"selection": {"include", "exclude"}, "renamer": {"rename"}}
+DERIVED = {"selection": {"include", "exclude"}, "renamer": {"rename"}, "filters": {"filter"}}
 
 
 def _reads(tree: ast.AST) -> set[str]:
@@ -191,7 +191,7 @@ def _reads(tree: ast.AST) -> set[str]:
         if node.attr == "checkpoint_path":
             # checked below against its code
             out |= {"checkpoint", "source", "target", "topic_prefix", "include", "exclude", "rename"}
-            out |= {"field_exclude", "field_rename"}
+            out |= {"field_exclude", "field_rename", "filter"}
         elif node.attr in FIELDS and not (isinstance(owner, ast.Name) and owner.id == "self"):
             out |= DERIVED.get(node.attr, {node.attr})
     return out
@@ -237,7 +237,7 @@ def _args(command: str) -> list[str]:
         if kind is bool:
             args.append(option.flag if value == "true" else f"--no-{option.name}")
         elif kind is tuple:
-            for item in value.split(","):
+            for item in value.split(",") if option.commas else [value]:
                 args += [option.flag, item]
         else:
             args += [option.flag, value]

@@ -4,6 +4,7 @@ option (the long flag) for the command line, MCDC_* variables, config-file keys 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -138,6 +139,7 @@ SAMPLE = {
     "rename": "crm=crm_replica",
     "field-exclude": "crm.customers.ssn",
     "field-rename": "shop.orders.total=amount",
+    "filter": 'shop\\.orders={"region": "EU", "total": {"$gte": 10}}',
     "snapshot": "always",
     "snapshot-only": "true",
     "drop-target": "true",
@@ -151,7 +153,7 @@ SAMPLE = {
     "queue-batches": "2",
     "read-preference": "secondaryPreferred",
     "max-read-rate": "2000",
-    "full-document": "whenAvailable",
+    "full-document": "required",  # (kept under --filter, which raises whenAvailable to updateLookup)
     "pre-images": "whenAvailable",
     "max-batch-size": "250",
     "max-queue-size": "4096",
@@ -198,7 +200,7 @@ SAMPLE = {
 
 def test_every_settings_field_has_one_option_and_every_option_one_name() -> None:
     fields = {f.name: f for f in dataclasses.fields(Settings)}
-    assert sorted(o.field for o in OPTIONS) == sorted(set(fields) - {"selection", "renamer"})
+    assert sorted(o.field for o in OPTIONS) == sorted(set(fields) - {"selection", "renamer", "filters"})
     assert len({o.name for o in OPTIONS}) == len(OPTIONS)
     for option in OPTIONS:
         assert re.fullmatch(r"[a-z][a-z-]*[a-z]", option.name), option.name
@@ -235,7 +237,7 @@ def _toml(value: object) -> str:
         return "[" + ", ".join(_toml(v) for v in value) + "]"
     if isinstance(value, int | float):
         return repr(value)
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return json.dumps(str(value))  # a TOML basic string (quotes and backslashes escaped)
 
 
 def test_settings_round_trip_through_strings() -> None:

@@ -54,6 +54,7 @@ RUN = (
     'mcdc cutover --source "$SRC" --target "$DST" --checkpoint /var/lib/mcdc/live.json',
     "mcdc dev-server --port 27017 --dir mcdc-dev-data",
     """mcdc sync -s "$SRC" -t "$SRC" --include 'scratch\\.a'""",
+    """mcdc sync -s "$SRC" -t "$DST" --include 'shop\\.orders' --filter""",
     'mcdc tail -s "$SRC" -t kafka://broker1:9092,broker2:9092',
 )
 READS = ("mcdc status", "mcdc verify", "mcdc cutover")

@@ -389,3 +389,42 @@ def test_batch_read_takes_the_read_preference_and_the_read_rate(mcdc: Any, clien
     )
     keys = [r.key for r in df.select("key").collect()]
     assert len(keys) == len(set(keys)) == 900
+
+
+def test_the_spark_data_source_reads_writes_and_streams_the_matches_only(
+    mcdc: Any, clients: Clients, source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    """Its ``filter`` option: a batch read gives find(QUERY)'s documents, and so does a writer with it of an
+    unfiltered read; in a stream, a document that comes
+    to match is a whole row, one that stops matching a "d" row, an insert that does not match no row (an
+    update that leaves a document outside is a "d" too: without a pre-image, it may have matched before)."""
+    from bson import json_util
+
+    from tests.test_doc_filter import FILTER, QUERY, seed_source
+
+    seed_source(source_uri)
+    options = {"include": "flt\\.orders", "filter": FILTER}
+    reader = mcdc.read.format("mcdc").option("source", source_uri)
+    for key, value in {**options, "partition-docs": "10", "split": "always"}.items():
+        reader = reader.option(key, value)
+    ids = sorted(json_util.loads(row["key"])["_id"] for row in reader.load().collect())
+    assert ids == sorted(d["_id"] for d in clients.source.flt.orders.find(QUERY)) and ids
+    whole = mcdc.read.format("mcdc").option("source", source_uri).option("include", "flt\\.orders").load()
+    whole.write.format("mcdc").option("target", target_uri).option("filter", FILTER).mode("append").save()
+    assert raw_docs(target_uri, "flt.orders") == {
+        k: v for k, v in raw_docs(source_uri, "flt.orders").items() if bson.decode(k)["_id"] in ids
+    }
+
+    first, _ = stream_rows(mcdc, source_uri, tmp_path / "cp", **options)
+    assert first == []
+    orders = clients.source.flt.orders
+    orders.insert_one({"_id": "never", "region": "US"})
+    orders.insert_one({"_id": "leaves", "region": "EU"})
+    orders.update_one({"_id": "leaves"}, {"$set": {"region": "US"}})
+    orders.update_one({"_id": "never"}, {"$inc": {"n": 1}})
+    orders.insert_one({"_id": "enters", "region": "US"})
+    orders.update_one({"_id": "enters"}, {"$set": {"region": "UK"}})
+    rows, _ = stream_rows(mcdc, source_uri, tmp_path / "cp", **options)
+    got = [(r["op"], json_util.loads(r["key"])["_id"]) for r in rows]
+    assert got == [("c", "leaves"), ("d", "leaves"), ("d", "never"), ("replace", "enters")], got
+    assert json_util.loads(rows[3]["document"]) == {"_id": "enters", "region": "UK"}

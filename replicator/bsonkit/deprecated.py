@@ -58,6 +58,10 @@ def _value_end(data: bytes, t: int, pos: int) -> int:
     raise ValueError(f"unknown BSON type 0x{t:02x}")
 
 
+#: where the value of an element of type ``t`` starting at ``pos`` ends: for other readers of raw elements
+value_end = _value_end
+
+
 def holds_deprecated(data: bytes, start: int = 0) -> bool:
     """Does this BSON document hold a Symbol, Undefined or DBPointer, at any depth? Cheap when
     :data:`CANDIDATE` finds nothing; else the element headers are walked, skipping every nested document

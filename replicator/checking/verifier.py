@@ -19,7 +19,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from bson.raw_bson import RawBSONDocument
@@ -46,6 +47,7 @@ from replicator.observe.progress import Reporter, lag_seconds
 from replicator.observe.tally import Throttle, duration, plural
 from replicator.settings.config import Settings
 from replicator.settings.fields import FieldRules
+from replicator.settings.filters import filtered
 from replicator.settings.selection import rename_spec, target_databases
 from replicator.source import catalog
 from replicator.source.changestream import current_time
@@ -253,13 +255,16 @@ class EmbeddedVerifier:
         if found is not None and found.kind == want.kind == "collection":
             coll = self._reads.collection(self.source, src)
             plan = with_catch_all(await plan_collection(coll, src, self.s.partition_docs, split=self.s.split))
+            where = self.s.filters.where(src)  # --filter: the source's side of each range is its matches
+            plan = [replace(part, where=where) for part in plan] if where is not None else plan
             self.state.current = str(src)
             self.state.plan = [p.to_json() for p in plan]
             self.state.parts_done = 0
             return
-        timeseries = found is not None and found.kind == want.kind == "timeseries"
-        if timeseries and await self._count(self.source, src) != await self._count(self.target, want.ns):
-            self._add(Entry(src, want.ns, COUNT))
+        if found is not None and found.kind == want.kind == "timeseries":
+            on_source = await self._count(self.source, src, self.s.filters.where(src))
+            if on_source != await self._count(self.target, want.ns):
+                self._add(Entry(src, want.ns, COUNT))
         self.state.done.append(str(src))
 
     async def _ranges(self) -> None:
@@ -343,13 +348,17 @@ class EmbeddedVerifier:
         if entry.kind == DOC:
             assert entry.key is not None
             coll = client.get_database(ns.db, codec_options=RAW_CODEC, read_concern=ReadConcern("majority"))
-            doc = await coll[ns.coll or ""].find_one(RawBSONDocument(entry.key, codec_options=RAW_CODEC))
+            key: Mapping[str, Any] = RawBSONDocument(entry.key, codec_options=RAW_CODEC)
+            if client is self.source:  # --filter: a document that does not match is not the target's to hold
+                key = filtered(key, self.s.filters.where(entry.src))
+            doc = await coll[ns.coll or ""].find_one(key)
             if doc is None:
                 return None
             editor = self._fields.for_namespace(entry.src) if client is self.source else None
             return digest(edited([doc], editor)[0])
         if entry.kind == COUNT:
-            return await self._count(client, ns)
+            where = self.s.filters.where(entry.src) if client is self.source else None
+            return await self._count(client, ns, where)
         if client is not self.source:
             return await _target_spec(client, ns)
         spec = await catalog.describe_one(client, ns)
@@ -361,8 +370,8 @@ class EmbeddedVerifier:
             return not namespace_differences(entry.src, want, target)
         return bool(entry.source == target)
 
-    async def _count(self, client: Client, ns: Namespace) -> int:
-        return int(await client[ns.db][ns.coll or ""].count_documents({}))
+    async def _count(self, client: Client, ns: Namespace, where: Mapping[str, Any] | None = None) -> int:
+        return int(await client[ns.db][ns.coll or ""].count_documents(where or {}))
 
     def _mismatch(self, entry: Entry, target: Any) -> None:
         detail = ""

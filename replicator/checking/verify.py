@@ -26,6 +26,7 @@ from replicator.errors import ConfigError
 from replicator.events import CollectionSpec, Namespace
 from replicator.settings.config import Settings
 from replicator.settings.fields import FieldEditor, FieldRules
+from replicator.settings.filters import filtered
 from replicator.settings.selection import rename_spec, target_databases
 from replicator.settings.uri import is_mongo_uri, redact
 from replicator.sinks.mongo.schema import same_index
@@ -266,7 +267,8 @@ async def diff_partition(
         if pace is not None:
             await pace()
     # the plan's $type + bound filters mean the same on any server, so they select the same range there
-    async for batch in read_partition(target, replace(part, ns=dst), batch_docs=docs, batch_bytes=size):
+    # (the target holds only what a --filter kept: its whole range is compared, not the range's matches)
+    async for batch in read_partition(target, replace(part, ns=dst, where=None), batch_docs=docs, batch_bytes=size):
         differ.add_target(batch)
         if pace is not None:
             await pace()
@@ -342,7 +344,8 @@ class _Verifier:
             plan = await plan_collection(
                 self.reads.collection(self.source, src), src, self.s.partition_docs, split=self.s.split
             )
-        plan = with_catch_all(plan)
+        where = self.s.filters.where(src)
+        plan = [replace(part, where=where) for part in with_catch_all(plan)]
         parts = await self._differ(plan, dst, self.reads)
         total = DocumentDiff(self.s.verify_sample)
         for part in parts:  # in plan order, so the sampled _ids do not depend on timing
@@ -354,6 +357,7 @@ class _Verifier:
         """Only the documents of these ``_id``s, in chunks (``$in`` on each side)."""
         total = DocumentDiff(self.s.verify_sample)
         editor = self.fields.for_namespace(src)
+        where = self.s.filters.where(src)
         ordered = sorted(keys)
         for start in range(0, len(ordered), _BY_KEY):
             values = [bson.decode(k, codec_options=DICT_CODEC)["_id"] for k in ordered[start : start + _BY_KEY]]
@@ -361,7 +365,8 @@ class _Verifier:
             differ = DocumentDiffer(self.s.verify_sample)
             async with self.slots, self.reads.session(self.source) as session:
                 await self.reads.pace(len(values))
-                found = await self.reads.collection(self.source, src).find(query, session=session).to_list()
+                source = self.reads.collection(self.source, src)
+                found = await source.find(filtered(query, where), session=session).to_list()
                 differ.add_source(edited(found, editor))
                 differ.add_target(await self.target[dst.db][dst.coll or ""].find(query).to_list())
             total.merge(differ.finish())
@@ -377,7 +382,9 @@ class _Verifier:
 
     async def _count(self, src: Namespace, dst: Namespace, ns: str) -> list[Difference]:
         async with self.slots, self.reads.session(self.source) as session:
-            on_source = await self.reads.collection(self.source, src).count_documents({}, session=session)
+            on_source = await self.reads.collection(self.source, src).count_documents(
+                self.s.filters.where(src) or {}, session=session
+            )
             on_target = await self.target[dst.db][dst.coll or ""].count_documents({})
         if on_source == on_target:
             return []

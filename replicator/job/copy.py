@@ -101,7 +101,8 @@ class SnapshotCopy:
         halfway = [(p, resume[p.id]) for p in todo if p.resumable and p.id in resume]
         await self._copied_before(client, halfway, earlier_run=not self._began)
         self._began = True
-        counting = asyncio.create_task(self._count(client, uncounted))
+        done_filtered = [p for p in plan if p.id in cp.snapshot.done and p.where is not None]
+        counting = asyncio.create_task(self._count(client, uncounted, done_filtered))
         left = Counter(p.ns for p in todo)
 
         namespaces = {p.ns for p in plan}
@@ -173,24 +174,35 @@ class SnapshotCopy:
         for part, after in halfway:
             coll = client[part.ns.db][part.ns.coll or ""]
             try:
-                before = await coll.count_documents(part.query()) - await coll.count_documents(part.query(after))
+                before = await coll.count_documents(part.find_filter()) - await coll.count_documents(
+                    part.find_filter(after)
+                )
             except PyMongoError:
                 return  # only progress: the copy itself retries the source's failures
             self.reporter.snapshot_copied_before(str(part.ns), max(before, 0))
             if earlier_run:
                 self.summary.copied_before += max(before, 0)
 
-    async def _count(self, client: Client, uncounted: Sequence[Namespace]) -> None:
+    async def _count(
+        self, client: Client, uncounted: Sequence[Namespace], done_filtered: Sequence[Partition] = ()
+    ) -> None:
         """Progress totals, alongside the copy: a collection kept whole was not counted when planned
-        (a count can be a full scan), so count it here without holding up the copy."""
-        for ns in uncounted:
-            try:
-                count = await client[ns.db][ns.coll or ""].estimated_document_count()
-            except PyMongoError:
-                return  # only progress: the copy itself retries the source's failures
-            self.reporter.snapshot_totals({str(ns): count})
-            if self.metrics is not None:
-                self.metrics.snapshot_estimate(count)
+        (a count can be a full scan), so count it here without holding up the copy. A filtered one's total
+        is its matches (a count of the query), and so are its partitions done before (``done_filtered``):
+        the plan's estimates are of all its documents."""
+        try:
+            for ns in uncounted:
+                coll = client[ns.db][ns.coll or ""]
+                where = self.s.filters.where(ns)
+                count = await coll.estimated_document_count() if where is None else await coll.count_documents(where)
+                self.reporter.snapshot_totals({str(ns): count})
+                if self.metrics is not None:
+                    self.metrics.snapshot_estimate(count)
+            for part in done_filtered:
+                copied = await client[part.ns.db][part.ns.coll or ""].count_documents(part.find_filter())
+                self.reporter.snapshot_copied_before(str(part.ns), copied)
+        except PyMongoError:
+            return  # only progress: the copy itself retries the source's failures
 
     def _limits(self) -> CopyLimits:
         s = self.s
@@ -199,19 +211,20 @@ class SnapshotCopy:
 
 def progress_plan(plan: Sequence[Partition], done: set[str]) -> tuple[list[CollectionProgress], list[Namespace]]:
     """What the reporter is told as a copy begins, per collection: its estimated documents (None for one
-    kept whole, which is not counted when planned), those of its partitions already done, and whether
-    all are. Also the collections to count."""
+    kept whole, which is not counted when planned, and for a filtered one, whose matches are counted
+    later), those of its partitions already done (a filtered one's counted later too), and whether all
+    are. Also the collections to count."""
     collections: dict[Namespace, CollectionProgress] = {}
-    uncounted: list[Namespace] = []
+    uncounted: dict[Namespace, None] = {}
     for p in plan:
         c = collections.setdefault(p.ns, CollectionProgress(str(p.ns), total=0, finished=True))
-        if p.bracket == ALL and not p.estimated_docs:
+        if (p.bracket == ALL and not p.estimated_docs) or p.where is not None:
             c.total = None
-            uncounted.append(p.ns)
+            uncounted[p.ns] = None
         elif c.total is not None:
             c.total += p.estimated_docs
         if p.id in done:
-            c.done += p.estimated_docs
+            c.done += p.estimated_docs if p.where is None else 0
         else:
             c.finished = False
     return list(collections.values()), sorted(uncounted, key=str)

@@ -319,7 +319,7 @@ class SyncJob:
             raise ConfigError(unfit)
         plan = await plan_specs(
             client, specs, s.partition_docs, split=s.split, split_time=sink.deletes_time_ranges,
-            read_preference=ReadPolicy.of(s).preference,
+            read_preference=ReadPolicy.of(s).preference, where=s.filters.where,
         )  # fmt: skip
         cp = self._new_checkpoint(
             identity,

@@ -127,7 +127,11 @@ class Replay:
         made under that name since): a drop of its new name first, so the copy replaces what the rename's
         record moved there."""
         transform = make_transform(
-            self.s.selection, self.s.renamer, skip_index_ddl=snapshot_window, fields=self._fields
+            self.s.selection,
+            self.s.renamer,
+            skip_index_ddl=snapshot_window,
+            fields=self._fields,
+            filters=self.s.filters or None,
         )
         stage = self._stage(sink, transform, snapshot_window=snapshot_window)
         self._reporter.replay_begin()

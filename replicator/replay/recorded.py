@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from replicator.events import Namespace
+from replicator.settings.filters import DocumentFilters
 from replicator.settings.selection import Image, Renamer, Scope, Selection
 
 S = TypeVar("S")
@@ -41,6 +42,7 @@ class Recorded:
     rename: tuple[str, ...] = ()
     field_exclude: tuple[str, ...] = ()
     field_rename: tuple[str, ...] = ()
+    filter: tuple[str, ...] = ()
     image_of: Recorded | None = None
 
     @classmethod
@@ -85,7 +87,8 @@ class Recorded:
         """What the way back of a migration made with this selects: the namespaces it wrote, under their
         source names again (renames and field renames inverted). Without renames that is the same
         ``--include``/``--exclude``; with them, the image of this selection. A field this migration
-        excluded is not on the new side: there is nothing to exclude on the way back."""
+        excluded is not on the new side: there is nothing to exclude on the way back; nor is a ``--filter``
+        applied: the new side holds only what matched, and every change made there goes back."""
         renames = tuple(f"{new}={old}" for old, _, new in (rule.partition("=") for rule in self.rename))
         fields = tuple(_reverse_field_rename(rule, Renamer.from_rules(self.rename)) for rule in self.field_rename)
         if not self.rename and self.image_of is None:
@@ -99,15 +102,21 @@ class Recorded:
             **self.options,
             selection=self.selection,
             renamer=Renamer.from_rules(self.rename),
+            filters=DocumentFilters(self.filter),
         )
 
 
 #: the options a checkpoint records (the Settings fields they set)
-FIELDS = ("include", "exclude", "rename", "field_exclude", "field_rename")
+FIELDS = ("include", "exclude", "rename", "field_exclude", "field_rename", "filter")
 #: the key of :attr:`Recorded.image_of` in the JSON
 _IMAGE = "image-of"
 #: the options whose change cannot be followed without a new snapshot, with their flags
-_REWRITING = {"rename": "--rename", "field_exclude": "--field-exclude", "field_rename": "--field-rename"}
+_REWRITING = {
+    "rename": "--rename",
+    "field_exclude": "--field-exclude",
+    "field_rename": "--field-rename",
+    "filter": "--filter",
+}
 
 
 def _reverse_field_rename(rule: str, renamer: Renamer) -> str:

@@ -133,7 +133,7 @@ class Resyncer:
         # into a collection just created: no partition is begun twice, so time-series ones may split by time
         plan = await plan_spec(
             self._client, spec, self.s.partition_docs, split=self.s.split,
-            read_preference=ReadPolicy.of(self.s).preference,
+            read_preference=ReadPolicy.of(self.s).preference, where=self.s.filters.where,
         )  # fmt: skip
 
         async def done(part: Partition, docs: int) -> None:

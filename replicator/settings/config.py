@@ -16,6 +16,7 @@ from typing import Any
 from bson.timestamp import Timestamp
 
 from replicator.errors import ConfigError, quoted
+from replicator.settings.filters import DocumentFilters
 from replicator.settings.selection import Image, Renamer, Selection
 from replicator.settings.uri import host_set, is_mongo_uri, redact
 
@@ -50,8 +51,8 @@ def state_dir() -> Path:
 class Settings:
     """Everything one mcdc run needs. Build it with :func:`resolve`; pass it to constructors.
 
-    Every field but ``selection`` and ``renamer`` (compiled from include/exclude/rename) is set by one
-    option of options.py: its flag, MCDC_* variable and config-file key."""
+    Every field but ``selection``, ``renamer`` and ``filters`` (compiled from include/exclude/rename/filter) is
+    set by one option of options.py: its flag, MCDC_* variable and config-file key."""
 
     source: str
     target: str = ""
@@ -118,6 +119,7 @@ class Settings:
     pre_images: str = "off"  # fullDocumentBeforeChange: off | whenAvailable | required ("before")
     field_exclude: tuple[str, ...] = ()  # [field.exclude.list] db.coll.path: dropped from documents and updates
     field_rename: tuple[str, ...] = ()  # [field.renames] db.coll.path=newname
+    filter: tuple[str, ...] = ()  # REGEX=QUERY: only the documents of db.coll that match (settings.filters)
     engine: str = "asyncio"  # or "spark": snapshot partitions and the replay's writes as Spark tasks
     spark_master: str = "local[*]"  # ignored under spark-submit, whose session is used
     spark_conf: tuple[str, ...] = ()  # KEY=VALUE Spark settings
@@ -126,6 +128,7 @@ class Settings:
     debug_driver: bool = False  # pymongo's debug lines (commands, server selection)
     selection: Selection = field(default_factory=Selection, compare=False)
     renamer: Renamer = field(default_factory=Renamer, compare=False)
+    filters: DocumentFilters = field(default_factory=DocumentFilters, compare=False)
 
     def waits_at_start(self, command: str) -> bool:
         """Is a server unreachable at start waited for (under --max-retries)? tail's always is; sync's and
@@ -176,7 +179,7 @@ class Settings:
 
 
 #: The options that decide what a migration copies (recorded.Recorded's): part of its default checkpoint.
-_COPIES = ("include", "exclude", "rename", "field_exclude", "field_rename")
+_COPIES = ("include", "exclude", "rename", "field_exclude", "field_rename", "filter")
 #: a way back's record of the migration whose image it selects (replay.recorded.Recorded's JSON key)
 _IMAGE = "image-of"
 

@@ -40,6 +40,7 @@ class Option:
     choices: tuple[str, ...] = ()
     short: str = ""  # e.g. "-s"
     aliases: tuple[str, ...] = ()  # other spellings of the flag, e.g. "--format"
+    commas: bool = True  # a repeatable option's MCDC_*/Spark text splits at commas (else: a JSON array)
     minimum: int | None = None
     maximum: int | None = None
     panel: str = ""  # the --help panel it is listed in (see PANELS)
@@ -145,6 +146,13 @@ OPTIONS: tuple[Option, ...] = (
             "Debezium's field.renames).", (*SELECTING, "status"), metavar="DB.COLL.PATH=NAME",
             help_for={"verify": "A field the target holds under another name, as sync's --field-rename wrote "
                       "it (repeatable).", "status": _AS_RUN},
+        ),
+        Option(
+            "filter", "filter", "Only the documents of db.coll (matched by REGEX, as --include) that match QUERY, "
+            "a MongoDB query in Extended JSON, e.g. 'shop\\.orders={\"region\": \"EU\"}' (repeatable; all that "
+            "match a namespace apply).", (*SELECTING, "status"), metavar="REGEX=QUERY", commas=False,
+            help_for={"verify": "Compare only the source's documents that match QUERY, as sync's --filter "
+                      "copied them (repeatable).", "status": _AS_RUN},
         ),
     ),
     # the snapshot

@@ -25,6 +25,7 @@ import orjson
 from replicator.errors import ConfigError, quoted
 from replicator.settings.config import Settings, parse_start_at
 from replicator.settings.fields import FieldRules
+from replicator.settings.filters import DocumentFilters, needs_lookup
 from replicator.settings.options import (
     BY_ENV,
     BY_FIELD,
@@ -68,7 +69,7 @@ def _parse(option: Option, value: Any, origin: str, *, split: bool = False) -> A
     or a JSON array when an item holds a comma). ``origin`` names where the value came from in the error."""
     kind = _KINDS[option.field]
     if kind is tuple:
-        items = (_split(value) if split else [value]) if isinstance(value, str) else value
+        items = (_split(value, option.commas) if split else [value]) if isinstance(value, str) else value
         if not isinstance(items, list | tuple) or not all(isinstance(v, str) for v in items):
             raise _invalid(origin, "must be a string or a list of strings", value)
         return tuple(items)
@@ -111,8 +112,10 @@ def _check(option: Option, value: Any, origin: str) -> None:
         raise _invalid(origin, f"must be at most {option.maximum}", value)
 
 
-def _split(text: str) -> list[str]:
-    """A repeatable option's value in one string: ``a,b``, or ``["a{1,3}", "b"]`` when an item holds a comma."""
+def _split(text: str, commas: bool = True) -> list[str]:
+    """A repeatable option's value in one string: ``a,b``, or ``["a{1,3}", "b"]`` when an item holds a comma.
+    Without ``commas`` (an option whose items are full of them, as a JSON query is), the text is one item
+    unless it is a JSON array."""
     if text.lstrip().startswith("["):
         try:
             items = json.loads(text)
@@ -121,6 +124,8 @@ def _split(text: str) -> list[str]:
         else:
             if isinstance(items, list) and all(isinstance(v, str) for v in items):
                 return items
+    if not commas:
+        return [text.strip()] if text.strip() else []
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
@@ -129,12 +134,13 @@ def _invalid(origin: str, problem: str, value: Any) -> ConfigError:
     return ConfigError(f"{origin} {problem}, got {shown}")
 
 
-def _format(value: Any) -> str:
-    """The text :func:`_parse` reads back as ``value``."""
+def _format(value: Any, commas: bool = True) -> str:
+    """The text :func:`_parse` reads back as ``value`` (``commas``: the option's, see :func:`_split`)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, tuple):
-        return json.dumps(list(value)) if any("," in v for v in value) else ",".join(value)
+        whole = any("," in v for v in value) or (not commas and len(value) > 1)
+        return json.dumps(list(value)) if whole else ",".join(value)
     return str(value)
 
 
@@ -201,7 +207,7 @@ def settings_to_strings(settings: Settings) -> dict[str, str]:
     for option in OPTIONS:
         value = getattr(settings, option.field)
         if value is not None:
-            out[option.name] = _format(value)
+            out[option.name] = _format(value, option.commas)
     return out
 
 
@@ -260,9 +266,15 @@ def validate(s: Settings, *, command: str | None = None) -> Settings:
         raise ConfigError(
             f"--shard-target shards a MongoDB target's collections: --target {redact(s.target)} is not one"
         )
+    filters = DocumentFilters(s.filter)  # a bad filter fails now too
+    if filters and needs_lookup(s.full_document):
+        # a filter decides an update by its full document: the stream must carry one (README: Partial
+        # replication); updateLookup is the default, so this is a run that asked for less
+        _log.info("--filter: the change stream reads updates with fullDocument updateLookup, not %s", s.full_document)
+        s = replace(s, full_document="updateLookup")
     selection = Selection.from_patterns(s.include, s.exclude)
     renamer = Renamer.from_rules(s.rename)
-    return replace(s, selection=selection, renamer=renamer)
+    return replace(s, selection=selection, renamer=renamer, filters=filters)
 
 
 def _validate_target(s: Settings) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from replicator.errors import ConfigError, quoted
 from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op
 from replicator.settings.fields import FieldRules, transform_fields
+from replicator.settings.filters import DocumentFilters, transform_filters
 
 SYSTEM_DATABASES = frozenset({"admin", "local", "config"})
 #: a punctuation character escaped in a regular expression (``\\.``): the character itself
@@ -339,12 +340,19 @@ INDEX_DDL = frozenset({Op.CREATE_INDEXES, Op.DROP_INDEXES})
 
 
 def make_transform(
-    selection: Selection, renamer: Renamer, *, skip_index_ddl: bool = False, fields: FieldRules | None = None
+    selection: Selection,
+    renamer: Renamer,
+    *,
+    skip_index_ddl: bool = False,
+    fields: FieldRules | None = None,
+    filters: DocumentFilters | None = None,
 ) -> Callable[[ChangeEvent], ChangeEvent | None]:
     """The filter/transform stage: drop unselected events (and index DDL while indexes are deferred to
-    the end of a snapshot), bound renames to the selection (see :func:`bound_rename`), apply the field
-    rules (named by source namespace), then rename."""
+    the end of a snapshot), bound renames to the selection (see :func:`bound_rename`), apply the document
+    filters (``--filter``: on the source's document, before any field rule), then the field rules (named by
+    source namespace), then rename."""
     edit = transform_fields(fields) if fields else None
+    keep = transform_filters(filters) if filters else None
     # a document event's fate depends on its namespace alone: kept or not, and the target namespace it goes
     # to (the namespace itself where --rename leaves it), worked out once per namespace
     targets: dict[Namespace, Namespace | None] = {}
@@ -374,6 +382,11 @@ def make_transform(
                 last[0], last[1] = ns, target
             if target is None:
                 return None
+            if keep is not None:
+                kept = keep(event)
+                if kept is None:
+                    return None
+                event = kept
             if edit is not None:
                 event = edit(event)
             return event if target is ns or target == ns else replace(event, ns=target, origin=ns)

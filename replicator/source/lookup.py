@@ -24,7 +24,7 @@ def source_lookup(client: Client, settings: Settings) -> Callable[..., Awaitable
     import the sinks). Reads go where --read-preference says, no older than ``after``."""
     scope = Scope(settings.selection, settings.renamer)
     fields = FieldRules(settings.field_exclude, settings.field_rename)
-    transform = make_transform(settings.selection, settings.renamer, fields=fields)
+    transform = make_transform(settings.selection, settings.renamer, fields=fields, filters=settings.filters or None)
     reads = SourceReads(ReadPolicy.of(settings))  # not paced: --max-read-rate is the snapshot's and verify's
 
     async def lookup(

@@ -13,10 +13,11 @@ range reads every bucket), and a range copied again is first deleted from the ta
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,6 +36,10 @@ from pymongo.read_preferences import _ServerMode
 
 from replicator.bsonkit.extjson import from_jsonable, to_jsonable
 from replicator.events import CollectionSpec, Namespace
+from replicator.settings.filters import filtered
+
+#: the find() filter of a namespace's replicated documents (``--filter``'s query), or None: all of them
+Where = Callable[[Namespace], Mapping[str, Any] | None]
 
 #: bracket name -> the $type aliases it covers, in BSON order.
 BRACKETS: dict[str, tuple[str, ...]] = {
@@ -119,6 +124,9 @@ class Partition:
     ordered: bool = False  # insertion order matters (capped): one writer, batches in read order
     keyed: bool = True  # _id is unique (not a time-series collection's): a copy can go on after an _id
     field: str = "_id"  # what the range is of
+    # the source's documents of the range that are replicated (--filter's query; None: all): reads of the
+    # source add it to the range (find_filter), the target's copy of the range is the range alone
+    where: Mapping[str, Any] | None = dataclasses.field(default=None, compare=False)
 
     @property
     def id(self) -> str:
@@ -162,6 +170,11 @@ class Partition:
                 cond["$lt"] = self.upper
         return {"_id": cond}
 
+    def find_filter(self, after: Resume | None = None) -> Mapping[str, Any]:
+        """The find() filter that reads this partition's replicated documents from the source: its range
+        (:meth:`query`), and its query when a ``--filter`` applies."""
+        return filtered(self.query(after), self.where)
+
     def _query_after(self, last: Any) -> dict[str, Any]:
         bracket = self.bracket if self.bracket != ALL else bracket_of(last)
         if bracket is None:  # an _id type with no bracket: no "after" to express, copy it all again
@@ -192,6 +205,7 @@ class Partition:
             "ordered": self.ordered,
             "keyed": self.keyed,
             "field": self.field,
+            **({"where": to_jsonable(self.where)} if self.where is not None else {}),
         }
 
     @classmethod
@@ -207,6 +221,7 @@ class Partition:
             ordered=bool(data.get("ordered")),
             keyed=bool(data.get("keyed", True)),
             field=str(data.get("field") or "_id"),
+            where=from_jsonable(data["where"]) if data.get("where") is not None else None,
         )
 
 
@@ -370,11 +385,23 @@ async def plan_timeseries(
 
 async def plan_spec(
     client: AsyncMongoClient[Any], spec: CollectionSpec, partition_docs: int, *, split: str = "auto",
-    split_time: bool = True, read_preference: _ServerMode | None = None,
+    split_time: bool = True, read_preference: _ServerMode | None = None, where: Where | None = None,
 ) -> list[Partition]:  # fmt: skip
     """One collection's partitions: ``_id`` ranges, or a time-series collection's time ranges (whole unless
     ``split_time``: where the target cannot delete a time range again, see Sink.deletes_time_ranges).
-    ``read_preference``: where its scan of the ``_id`` index goes (--read-preference; default: the client's)."""
+    ``read_preference``: where its scan of the ``_id`` index goes (--read-preference; default: the client's).
+    ``where``: the query of the namespace's replicated documents (--filter), read with each range."""
+    plan = await _plan_spec(
+        client, spec, partition_docs, split=split, split_time=split_time, read_preference=read_preference
+    )
+    query = where(spec.ns) if where is not None else None
+    return plan if query is None else [replace(part, where=query) for part in plan]
+
+
+async def _plan_spec(
+    client: AsyncMongoClient[Any], spec: CollectionSpec, partition_docs: int, *, split: str, split_time: bool,
+    read_preference: _ServerMode | None,
+) -> list[Partition]:  # fmt: skip
     coll = client[spec.ns.db].get_collection(spec.ns.coll or "", read_preference=read_preference)
     if spec.kind == "timeseries" or spec.options.get("timeseries"):
         field = str((spec.options.get("timeseries") or {}).get("timeField") or "")
@@ -387,7 +414,7 @@ async def plan_spec(
 
 async def plan_specs(
     client: AsyncMongoClient[Any], specs: Sequence[CollectionSpec], partition_docs: int, *, split: str = "auto",
-    split_time: bool = True, read_preference: _ServerMode | None = None,
+    split_time: bool = True, read_preference: _ServerMode | None = None, where: Where | None = None,
 ) -> list[Partition]:  # fmt: skip
     """The snapshot's partitions of every collection in ``specs`` (views have no documents of their own)."""
     plan: list[Partition] = []
@@ -395,7 +422,8 @@ async def plan_specs(
         if not spec.is_view:
             plan.extend(
                 await plan_spec(
-                    client, spec, partition_docs, split=split, split_time=split_time, read_preference=read_preference
+                    client, spec, partition_docs, split=split, split_time=split_time,
+                    read_preference=read_preference, where=where,
                 )
-            )
+            )  # fmt: skip
     return plan

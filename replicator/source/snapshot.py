@@ -48,7 +48,9 @@ async def _read(
     coll = reads.collection(client, partition.ns)
     sort = [("_id", 1)] if partition.resumable else None
     chunk = reads.chunk(batch_docs)
-    cursor = coll.find(partition.query(after), sort=sort, batch_size=chunk, no_cursor_timeout=False, session=session)
+    cursor = coll.find(
+        partition.find_filter(after), sort=sort, batch_size=chunk, no_cursor_timeout=False, session=session
+    )
     batch: list[RawBSONDocument] = []
     size = 0
     try:

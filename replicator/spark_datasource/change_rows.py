@@ -22,6 +22,7 @@ from replicator.events.normalize import normalize_change
 from replicator.events.positions import Numbering
 from replicator.events.rows import Row, bson_bytes, event_row
 from replicator.settings.config import Settings
+from replicator.settings.filters import transform_filters
 from replicator.settings.selection import keep_event
 from replicator.source.incarnations import keep_own_lookups, looked_up
 from replicator.spark_datasource.changes import log_skipped, skipped, sync_client
@@ -60,6 +61,12 @@ def rows_of(raws: Sequence[Mapping[str, Any]], shard: str, s: Settings, start: P
         with sync_client(s.source, s.connect_timeout_s, s.io_timeout_s) as client:
             events = keep_own_lookups(events, uuids_now(client, suspects))
     relaxed = s.extended_json == "relaxed"
-    for (raw, first), event in zip(made, events, strict=True):
-        change = raw if event is first else {k: v for k, v in raw.items() if k != "fullDocument"}
+    keep = transform_filters(s.filters) if s.filters else None
+    for (raw, first), looked in zip(made, events, strict=True):
+        # --filter: the row says what the filtered target sees (a document that stops matching is a "d"); its
+        # change column stays the server's event, which the writer's transform filters the same way again
+        event = keep(looked) if keep is not None else looked
+        if event is None:
+            continue
+        change = raw if looked is first else {k: v for k, v in raw.items() if k != "fullDocument"}
         yield event_row(event, bson_bytes(change), relaxed=relaxed)

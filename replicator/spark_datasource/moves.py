@@ -263,7 +263,7 @@ def _find(
     """A cursor over the partition's documents in collection ``ns`` (``after``: past that ``_id``)."""
     sort = [("_id", 1)] if plan.resumable else None
     coll = reads.sync_collection(client, ns)
-    return coll.find(plan.query(after), sort=sort, batch_size=batch, session=session)
+    return coll.find(plan.find_filter(after), sort=sort, batch_size=batch, session=session)
 
 
 def _paced(cursor: Iterator[RawBSONDocument], reads: SourceReads, chunk: int) -> Iterator[RawBSONDocument]:

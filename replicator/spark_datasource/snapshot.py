@@ -117,7 +117,9 @@ async def plan_snapshot(s: Settings, at: Timestamp | None = None) -> tuple[Times
             if problem is not None:
                 raise ConfigError(problem)
         specs = await catalog.describe(client, s.selection)
-        plan = await plan_specs(client, specs, s.partition_docs, split=s.split, read_preference=policy.preference)
+        plan = await plan_specs(
+            client, specs, s.partition_docs, split=s.split, read_preference=policy.preference, where=s.filters.where
+        )
         uuids = await collection_uuids(client, {p.ns for p in plan})
         return at, [_with_uuid(p.to_json(), uuids.get(p.ns)) for p in plan]
     finally:

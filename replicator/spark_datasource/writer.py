@@ -75,7 +75,7 @@ def _count(messages: list[WriterCommitMessage | None]) -> int:
 async def apply_rows(s: Settings, rows: Iterable[Any]) -> int:
     """Apply Spark rows (or any mappings) to ``s.target`` in order; the number of events written."""
     fields = FieldRules(s.field_exclude, s.field_rename)
-    transform = make_transform(s.selection, s.renamer, fields=fields or None)
+    transform = make_transform(s.selection, s.renamer, fields=fields or None, filters=s.filters or None)
     sink = open_sink(s)
     written = 0
     await sink.start()

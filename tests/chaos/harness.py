@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bson import json_util
 from bson.timestamp import Timestamp
 
 from tests.chaos.workload import SELECTION, ChaosWorkload, SideWorkload, prepare, selected
@@ -90,6 +91,16 @@ RESELECT_SINKS = ("mongo", "kafka")
 WAY_BACK_FAULTS = ("kill", "restore", "restart source", "restart target", "crash target", "stop")
 #: another migration's selection, onto namespaces every selection above maps: it must be refused
 OVERLAPPING = ("--include", r"chaos\.(a|b)")
+#: the share of plans drawn with a --filter, and the filters they draw from: on collections no DDL renames
+#: (a filter follows the source's name), on fields the workload's "flip" writes move across (a region that
+#: may be an array, missing or null) and on the "v" its updates raise
+FILTERED_SHARE = 0.3
+FILTERS = (
+    'chaos\\.a={"region": "EU"}',
+    'chaos\\.(a|b)={"region": {"$in": ["EU", "UK"]}}',
+    'chaos\\.(a|b)={"$or": [{"region": "EU"}, {"v": {"$gte": 40}}]}',
+    'chaos\\.b={"region": {"$ne": "US"}}',
+)
 
 
 def _in_order(steps: list[str], wanted: list[str]) -> list[str]:
@@ -128,6 +139,8 @@ class Plan:
     replays: int
     #: after the plan: a cutover, then the way back under writes (selected and not) and faults on the new side
     back: bool = False
+    #: the runs' --filter (REGEX=QUERY), or "": the target holds the source's matching documents only
+    filter: str = ""
 
     @classmethod
     def draw(
@@ -139,7 +152,10 @@ class Plan:
         sink: str = "mongo",
         length: int = 8,
         replays: int = 3,
+        filtered: bool | None = None,
     ) -> Plan:
+        """``filtered``: whether the plan's runs take a --filter (None: drawn from the seed, apart from the
+        rest so that a seed's other draws stay what they were)."""
         rng = random.Random(seed)
         mode = mode or rng.choice(MODES)
         faults = ["kill", "restore", "pause source", "restart source", "stop", "lag"]
@@ -163,12 +179,17 @@ class Plan:
             steps.insert(edges.randrange(len(steps) + 1), step)
         steps = _in_order(steps, [step for step in inserts if step.startswith("reselect")])
         back = sink == "mongo" and edges.random() < 0.5
-        return cls(seed, mode, engine, sink, tuple(steps), replays, back)
+        filters = random.Random(seed * 15485863 + 7)
+        drawn, pick = filters.random() < FILTERED_SHARE, filters.choice(FILTERS)
+        chosen = pick if (drawn if filtered is None else filtered) else ""
+        # a filtered migration's way back carries what the new side holds (the matches) onto an old side that
+        # keeps the rest too: it is never identical, by design (README: Partial replication)
+        return cls(seed, mode, engine, sink, tuple(steps), replays, back and not chosen, chosen)
 
     def __str__(self) -> str:
         return (
             f"seed={self.seed} mode={self.mode} engine={self.engine} sink={self.sink} replays={self.replays}"
-            f"{' then cutover and back' if self.back else ''}\n"
+            f"{' then cutover and back' if self.back else ''}{f' filter={self.filter}' if self.filter else ''}\n"
             f"  steps: {', '.join(self.steps)}"
         )
 
@@ -177,7 +198,16 @@ class Plan:
         return (
             f"python scripts/soak.py --once --seed {self.seed} --mode {self.mode} --engine {self.engine} "
             f"--sink {self.sink} --length {sum(s.startswith('write') for s in self.steps)} --replays {self.replays}"
+            + f" --filter {'yes' if self.filter else 'no'}"
         )
+
+    def where(self, ns: str) -> dict[str, Any] | None:
+        """The find() filter of the source documents the target holds of ``db.coll`` (None: all of them),
+        read from the plan's --filter by the test's own means."""
+        if not self.filter:
+            return None
+        regex, _, query = self.filter.partition("=")
+        return json_util.loads(query) if re.fullmatch(regex, ns) else None
 
 
 @dataclass
@@ -281,6 +311,10 @@ class Runner:
         """Is ``db.coll`` in what the runs select now (what the comparison looks at)?"""
         return selects(self.flags)(ns)
 
+    def where(self, ns: str) -> dict[str, Any] | None:
+        """Which of ``db.coll``'s source documents the target holds (the plan's --filter; the way back has none)."""
+        return self.plan.where(ns) if self.way_back is None else None
+
     # -- mcdc processes ----------------------------------------------------------------------------
     @property
     def lake(self) -> Path:
@@ -299,6 +333,8 @@ class Runner:
         argv = [sys.executable, "-m", "replicator.cli", command, "-s", self.servers.source.uri]
         argv += ["-t", self._target(), "-c", str(checkpoint or self.cp), "--no-progress", "--json"]
         argv += self.flags if flags is None else flags
+        if self.plan.filter and self.way_back is None:
+            argv += ["--filter", self.plan.filter]
         argv += ["--retry-initial-delay", "0.2", "--retry-max-delay", "1", "--max-retries", "-1"]
         if self.plan.sink == "kafka":
             argv += ["--topic-prefix", self.prefix]
@@ -372,7 +408,7 @@ class Runner:
         seed = self.plan.seed if self.way_back is None else self.plan.seed + 1
         workload = ChaosWorkload(
             self.servers.source.uri, random.Random(seed), ddl=self.plan.sink in STATEFUL_SINKS,
-            lake=self.plan.sink in LAKE_SINKS,
+            lake=self.plan.sink in LAKE_SINKS, flips=bool(self.plan.filter),
         )  # fmt: skip
         if self.plan.sink == "mongo":
             self.side = side or SideWorkload(self.servers.target.uri, random.Random(seed * 13 + 5))
@@ -666,10 +702,12 @@ class Runner:
         read whole)."""
         if self.plan.sink in LAKE_SINKS:
             since = _first_position(self.copies.versions) if changes else None
-            _compare_lake(self.plan.sink, self.lake, self.servers.source.uri, changes=changes, since=since)
+            _compare_lake(
+                self.plan.sink, self.lake, self.servers.source.uri, changes=changes, since=since, where=self.where
+            )
             return
         if self.plan.sink == "mongo":
-            assert_identical(self.servers.source.uri, self.servers.target.uri, only=self.selected)
+            assert_identical(self.servers.source.uri, self.servers.target.uri, only=self.selected, where=self.where)
             return
         import asyncio
 
@@ -677,7 +715,7 @@ class Runner:
 
         assert self.servers.broker is not None
         got = asyncio.run(rebuilt_from_topics(self.servers.broker.bootstrap, self.prefix))
-        source = server_docs(self.servers.source.uri)
+        source = server_docs(self.servers.source.uri, where=self.where)
         assert_same(
             {ns: docs for ns, docs in got.items() if self.selected(ns)},
             {ns: docs for ns, docs in source.items() if self.selected(ns)},
@@ -768,11 +806,21 @@ def _document_events(source: str, since: dict[str, Any]) -> dict[tuple[str, str]
 _DOCUMENT_OPS = ("insert", "update", "replace", "delete")
 
 
-def _compare_lake(kind: str, root: Path, source: str, *, changes: bool, since: dict[str, Any] | None = None) -> None:
+def _compare_lake(
+    kind: str,
+    root: Path,
+    source: str,
+    *,
+    changes: bool,
+    since: dict[str, Any] | None = None,
+    where: Callable[[str], dict[str, Any] | None] | None = None,
+) -> None:
     """Each selected source collection's documents are its state table's ``bson`` column, byte for byte; a
     state table of any other collection is empty; with ``changes``, no change table holds an event twice,
     and (``since``: where the stream began) each holds its collection's document events exactly once, in
-    the stream's order by ``sequence``."""
+    the stream's order by ``sequence``. ``where``: a collection's query under a --filter, whose state table
+    holds the matching documents only, and whose change table the stream's events that reached it (those of
+    documents that never matched are not there), still once each and in order."""
     from tests.support.lake import collections, duplicate_changes, read_table, source_bytes, state_bytes, tables
 
     live = set()
@@ -780,7 +828,8 @@ def _compare_lake(kind: str, root: Path, source: str, *, changes: bool, since: d
         for coll in collections(source, db):  # views are no tables
             if selected(f"{db}.{coll}"):
                 live.add((db, coll))
-                expected, got = source_bytes(source, db, coll), state_bytes(kind, root, db, coll)
+                query = where(f"{db}.{coll}") if where is not None else None
+                expected, got = source_bytes(source, db, coll, query), state_bytes(kind, root, db, coll)
                 if got != expected:
                     raise AssertionError(f"{db}.{coll}: {_lake_difference(expected, got)}")
     for db, coll in tables(kind, root, "state"):
@@ -805,6 +854,8 @@ def _compare_lake(kind: str, root: Path, source: str, *, changes: bool, since: d
         rows.sort(key=lambda r: tuple(r["sequence"].values()) if r["sequence"] is not None else ())
         got = [r["resume_token"] for r in rows if r["op"] in ("c", "u", "replace", "d")]
         want = stream.get((db, coll), [])
+        if where is not None and where(f"{db}.{coll}") is not None:
+            want = [token for token in want if token in set(got)]  # the filter's: in order, each once (above)
         if got != want:
             missing, extra = [t for t in want if t not in set(got)], [t for t in got if t not in set(want)]
             raise AssertionError(

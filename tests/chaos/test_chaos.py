@@ -21,6 +21,8 @@ CHURN = {"rotate", "recreate", "drop_database", "coll_mod", "index", "drop_index
 
 #: the lake plan's seed: kill -9, restored checkpoints and source restarts among its faults
 LAKE_SEED = 1
+#: a filtered MongoDB plan's seed: a target crash and kill -9 among its faults
+FILTERED_SEED = 107
 
 
 def _servers(pair: ServerPair, broker: KafkaBroker | None = None) -> Servers:
@@ -55,6 +57,23 @@ def test_the_fixed_mongodb_plans_kill_the_target_right_after_an_acknowledgement(
     that found acknowledged writes lost when a batch's writes went with w:1): they keep it."""
     assert "crash target" in Plan.draw(44, mode="tail", length=8, replays=10).steps
     assert "crash target" in Plan.draw(13, mode="catch-up", length=4, replays=3).steps
+
+
+def test_a_filtered_tail_into_mongodb_holds_the_matches_and_its_saved_checkpoints_replay(
+    servers: ServerPair, source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    """--filter on chaos.a and chaos.b, writes moving documents across it, a target crash and kill -9: the
+    target, and each restored checkpoint's catch-up, hold the source's find(QUERY) (and --verify agrees)."""
+    plan = Plan.draw(FILTERED_SEED, mode="tail", length=5, replays=3, filtered=True)
+    tally = run_plan(plan, _servers(servers), tmp_path)
+    assert {"flip", "flip_insert"} <= set(tally.kinds), tally.kinds
+
+
+def test_the_fixed_plans_include_filtered_ones() -> None:
+    """The Spark and the lake plans above draw a --filter from their seeds (and so write across it)."""
+    assert Plan.draw(7, mode="tail", engine="spark", length=5, replays=4).filter
+    assert Plan.draw(LAKE_SEED, mode="tail", sink="delta", length=5, replays=3).filter
+    assert not Plan.draw(44, mode="tail", length=8, replays=10).filter
 
 
 def test_a_tail_into_kafka_rebuilds_exactly(

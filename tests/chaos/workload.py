@@ -56,6 +56,11 @@ DDL_KINDS: dict[str, int] = {
 }  # fmt: skip
 #: lake plans' own: a change table must keep every event of a transaction cut by a batch or by its DDL
 LAKE_KINDS: dict[str, int] = {"txn_ddl": 2, "big_txn": 2}
+#: filtered plans' own (harness.FILTERS): documents of ``a`` and ``b`` moved into and out of a filter on
+#: ``region`` by updates, replaces, inserts and updateMany, with the values a query's semantics turn on:
+#: arrays that hold the value or not, null, a missing field, another type
+FLIP_KINDS: dict[str, int] = {"flip": 8, "flip_many": 1, "flip_insert": 2}
+REGIONS: tuple[Any, ...] = ("EU", "US", "UK", ["US", "EU"], ["US"], None, 7)
 
 
 def selected(ns: str) -> bool:
@@ -85,11 +90,15 @@ def prepare(uri: str) -> None:
 class ChaosWorkload:
     """Writes one random operation per :meth:`step`, all drawn from ``rng``."""
 
-    def __init__(self, uri: str, rng: random.Random, *, ddl: bool = True, lake: bool = False) -> None:
+    def __init__(
+        self, uri: str, rng: random.Random, *, ddl: bool = True, lake: bool = False, flips: bool = False
+    ) -> None:
+        """``flips``: writes that move documents across the filtered plans' filters (FLIP_KINDS) too."""
         self.uri = uri
         self.client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(uri, serverSelectionTimeoutMS=5000)
         self.rng = rng
         kinds = {**DATA_KINDS, **(DDL_KINDS if ddl else {}), **(LAKE_KINDS if lake else {})}
+        kinds.update(FLIP_KINDS if flips else {})
         self._kinds, self._weights = list(kinds), list(kinds.values())
         self._n = 0
         self.counts: dict[str, int] = {}
@@ -184,6 +193,31 @@ class ChaosWorkload:
             for _ in range(self.rng.randrange(6, 20)):
                 coll = chaos[self.rng.choice(["a", "b"])]
                 coll.update_one({"_id": self._id()}, {"$set": {"big": self._n}}, upsert=True, session=s)
+
+    def _region(self) -> Any:
+        return self.rng.choice(REGIONS)
+
+    def _flip(self) -> None:
+        """One document of ``a`` or ``b`` moved across: ``region`` set or unset, or the document replaced."""
+        coll, i, way = self.client.chaos[self.rng.choice(["a", "b"])], self._id(), self.rng.random()
+        if way < 0.6:
+            coll.update_one({"_id": i}, {"$set": {"region": self._region()}}, upsert=True)
+        elif way < 0.8:
+            coll.update_one({"_id": i}, {"$unset": {"region": ""}})
+        else:
+            coll.replace_one({"_id": i}, {"n": self._n, "region": self._region()}, upsert=True)
+
+    def _flip_many(self) -> None:
+        """Several documents across at once (one event each)."""
+        low = self.rng.randrange(IDS)
+        self.client.chaos[self.rng.choice(["a", "b"])].update_many(
+            {"_id": {"$gte": low, "$lt": low + 6}}, {"$set": {"region": self._region()}}
+        )
+
+    def _flip_insert(self) -> None:
+        """Fresh documents on both sides of the filter (``_id``s no other write touches)."""
+        docs = [{"_id": f"f-{self._n}-{k}", "region": self._region(), "v": self._n} for k in range(3)]
+        self.client.chaos[self.rng.choice(["a", "b"])].insert_many(docs)
 
     def _dollar(self) -> None:
         value = {"$literal": {"$price": self._n}}

@@ -5,7 +5,7 @@ Deliberately does not use replicator.checking.verify: the tests check mcdc with 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import bson
@@ -19,9 +19,14 @@ RAW: CodecOptions[RawBSONDocument] = CodecOptions(
 SYSTEM = {"admin", "local", "config"}
 
 
-def server_state(uri: str, only: Callable[[str], bool] | None = None) -> dict[str, Any]:
+#: the find() filter of a ``db.coll``'s documents to take (mcdc's --filter: the source as a filtered target
+#: holds it), or None for all of them
+Where = Callable[[str], "Mapping[str, Any] | None"]
+
+
+def server_state(uri: str, only: Callable[[str], bool] | None = None, where: Where | None = None) -> dict[str, Any]:
     """{namespace: {"kind", "options", "indexes", "docs": {encoded _id: raw bytes}}} of every user namespace
-    (``only``: of those ``db.coll`` names it keeps)."""
+    (``only``: of those ``db.coll`` names it keeps; ``where``: of each, the documents its query finds)."""
     client: pymongo.MongoClient[RawBSONDocument] = pymongo.MongoClient(
         uri, document_class=RawBSONDocument, datetime_conversion=DatetimeConversion.DATETIME_AUTO
     )
@@ -42,17 +47,22 @@ def server_state(uri: str, only: Callable[[str], bool] | None = None) -> dict[st
                         spec = {k: v for k, v in ix.items() if k not in ("v", "ns")}
                         indexes[spec["name"]] = bson.encode(spec)
                     entry["indexes"] = indexes
-                    entry["docs"] = {bson.encode({"_id": d["_id"]}, codec_options=RAW): d.raw for d in db[name].find()}
+                    query = where(f"{db_name}.{name}") if where is not None else None
+                    found = db[name].find(query or {})
+                    entry["docs"] = {bson.encode({"_id": d["_id"]}, codec_options=RAW): d.raw for d in found}
                 out[f"{db_name}.{name}"] = entry
     finally:
         client.close()
     return out
 
 
-def assert_identical(source_uri: str, target_uri: str, only: Callable[[str], bool] | None = None) -> dict[str, Any]:
+def assert_identical(
+    source_uri: str, target_uri: str, only: Callable[[str], bool] | None = None, where: Where | None = None
+) -> dict[str, Any]:
     """Assert both servers hold the same namespaces, options, indexes and documents (byte for byte);
-    ``only``: compare just the ``db.coll`` names it keeps."""
-    src, dst = server_state(source_uri, only), server_state(target_uri, only)
+    ``only``: compare just the ``db.coll`` names it keeps; ``where``: the target holds only the source's
+    documents this query of their namespace finds (a --filter's)."""
+    src, dst = server_state(source_uri, only, where), server_state(target_uri, only)
     assert sorted(src) == sorted(dst), f"namespaces differ: {sorted(set(src) ^ set(dst))}"
     for ns, want in src.items():
         got = dst[ns]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +38,11 @@ def state_bytes(kind: str, root: Path, db: str, coll: str) -> list[bytes]:
     return sorted(table["bson"].to_pylist()) if table is not None else []
 
 
-def source_bytes(uri: str, db: str, coll: str) -> list[bytes]:
-    """The source collection's documents as raw BSON, sorted."""
+def source_bytes(uri: str, db: str, coll: str, where: Mapping[str, Any] | None = None) -> list[bytes]:
+    """The source collection's documents as raw BSON, sorted (``where``: those this query finds)."""
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri, directConnection=True, document_class=RawBSONDocument)
     try:
-        return sorted(bytes(d.raw) for d in client[db][coll].find())
+        return sorted(bytes(d.raw) for d in client[db][coll].find(where or {}))
     finally:
         client.close()
 

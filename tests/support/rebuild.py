@@ -8,7 +8,7 @@ canonical extended JSON, which keeps types and field order).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pymongo
@@ -170,8 +170,11 @@ async def rebuilt_from_topics(bootstrap: str, prefix: str = "mcdc", *, ordered: 
     return state if ordered else unordered(state)
 
 
-def server_docs(uri: str, databases: Iterable[str] | None = None) -> State:
-    """Every document of every user collection, in the same form as :func:`rebuild`'s result."""
+def server_docs(
+    uri: str, databases: Iterable[str] | None = None, where: Callable[[str], Mapping[str, Any] | None] | None = None
+) -> State:
+    """Every document of every user collection, in the same form as :func:`rebuild`'s result (``where``: the
+    find() filter of a ``db.coll``'s documents to take, or None for all)."""
     client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(uri, directConnection=True)
     try:
         names = databases or [d for d in client.list_database_names() if d not in ("admin", "local", "config")]
@@ -182,7 +185,8 @@ def server_docs(uri: str, databases: Iterable[str] | None = None) -> State:
                 if name.startswith("system."):
                     continue
                 coll = client[db].get_collection(name, codec_options=_LOSSLESS)
-                docs = {_dump(d["_id"]): _dump(d) for d in coll.find()}
+                query = where(f"{db}.{name}") if where is not None else None
+                docs = {_dump(d["_id"]): _dump(d) for d in coll.find(query or {})}
                 if docs:
                     state[f"{db}.{name}"] = docs
         return state

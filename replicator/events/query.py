@@ -1,0 +1,460 @@
+"""A MongoDB query (``find``'s filter) decided outside the server, exactly as the server decides it. Pure.
+
+:func:`compile_query` turns a query document into a :class:`Query` whose :meth:`Query.matches` says
+whether ``find(query)`` would return a given document. The rules are mongod's own matcher's (its code,
+its reference pages and its jstests, several of which are this module's unit tests):
+
+- a dotted path reaches into sub-documents, and through arrays into each element that is a document; a
+  numeric part also names an array's element by position (:mod:`.query_paths`); a query on a path
+  matches when any value the path reaches does;
+- where a path ends at an array, the array's elements are candidates and so is the whole array
+  (``{a: 1}`` matches ``{a: [1, 2]}``, ``{a: [1, 2]}`` matches ``{a: [1, 2]}`` and ``{a: [[1, 2]]}``);
+- comparisons stay within one type bracket (:mod:`.bson_order`): numbers of every type together and
+  exactly (NaN equal to NaN only), strings by their bytes (the simple collation), documents field by
+  field in order; ``null`` matches null and a missing field, not undefined (MongoDB 8.0);
+- the negations (``$ne``, ``$nin``, ``$not``, ``$nor``, ``$exists: false``) negate the whole path's
+  answer, not each value's;
+- regular expressions are PCRE's (:mod:`.regex`: ASCII ``\\w``/``\\d``/``\\s``/``\\b``, options i, m, s, x).
+
+Supported: implicit equality, ``$eq $ne $gt $gte $lt $lte $in $nin $exists $type $size $mod $regex
+$options $not $all $elemMatch $and $or $nor $comment $bitsAllSet $bitsAllClear $bitsAnySet
+$bitsAnyClear``. Refused in one line naming the operator, at compile time: what only the server can
+decide (``$where $expr $jsonSchema $text $sampleRate``, geo operators), unknown operators, what the
+server itself refuses, and what MongoDB versions answer differently: ``null`` on a dotted path (9.0
+changed it where the path crosses an array), ``$lt``/``$lte`` MaxKey and ``$gt``/``$gte`` MinKey (their
+answer for a missing field), ``$size`` with a fraction, a regex construct Python reads otherwise.
+The simple collation is assumed: see :attr:`Query.compares_strings`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import bson
+from bson.codec_options import CodecOptions, DatetimeConversion
+from bson.max_key import MaxKey
+from bson.min_key import MinKey
+from bson.raw_bson import RawBSONDocument
+from bson.regex import Regex
+
+from replicator.bsonkit.rawbson import SPAN_CODEC, raw_of
+from replicator.errors import ConfigError
+from replicator.events import bson_order
+from replicator.events.bson_order import BRACKET, MISSING, NUMBER, Decode, fields, is_nan, object_bytes, plain_fields
+from replicator.events.query_paths import DECODE, TRAVERSE, WHOLE, DocTest, ValueTest, path_test
+from replicator.events.query_values import (
+    BITS,
+    EQ,
+    GT,
+    GTE,
+    LT,
+    LTE,
+    TYPE_ALIASES,
+    bit_test,
+    comparison,
+    fail,
+    in_test,
+    mod_test,
+    number_of,
+    regex_of,
+    regex_test,
+    size_test,
+    type_test,
+)
+
+__all__ = ["TYPE_ALIASES", "Query", "compile_query"]
+
+#: how the query itself is read: documents as dicts (they are the query's structure), dates as DatetimeMS
+_SPEC_CODEC: CodecOptions[dict[str, Any]] = CodecOptions(
+    document_class=dict,
+    datetime_conversion=DatetimeConversion.DATETIME_MS,
+    uuid_representation=SPAN_CODEC.uuid_representation,
+)
+
+#: operators the server has but this matcher refuses, with why (the rest of the message says how to go on)
+_REFUSED: dict[str, str] = {
+    "$where": "runs JavaScript on the server",
+    "$expr": "is an aggregation expression, evaluated by the server only",
+    "$jsonSchema": "is a JSON Schema validation, evaluated by the server only",
+    "$text": "needs the server's text index",
+    "$sampleRate": "is a random sample, decided differently on each read",
+    "$near": "needs the server's geospatial index",
+    "$nearSphere": "needs the server's geospatial index",
+    "$geoWithin": "is a geospatial query, decided with the server's geometry",
+    "$geoIntersects": "is a geospatial query, decided with the server's geometry",
+    "$within": "is a geospatial query, decided with the server's geometry",
+    "$alwaysTrue": "is not supported by mcdc's matcher",
+    "$alwaysFalse": "is not supported by mcdc's matcher",
+}
+_HINT = "use operators on fields (see the README's --filter section)"
+
+
+def _refuse(op: str) -> ConfigError:
+    why = _REFUSED.get(op)
+    if why is None:
+        return fail(f"unknown operator {op}")
+    return fail(f"{op} cannot be decided outside the server ({why}); {_HINT}")
+
+
+# --- operators on a path ------------------------------------------------------------------------------
+
+
+class _Field:
+    """One path's operator document compiled twice: as a document test (the path's values, negations
+    over the whole path) and as a value test (for $elemMatch's operators, which see one element)."""
+
+    __slots__ = ("doc", "value")
+
+    def __init__(self, doc: DocTest, value: ValueTest) -> None:
+        self.doc = doc
+        self.value = value
+
+
+def _leaf(path: str, test: ValueTest, leaf: bool = TRAVERSE) -> _Field:
+    return _Field(path_test(path, test, leaf), test)
+
+
+def _negated(field: _Field) -> _Field:
+    doc, value = field.doc, field.value
+    return _Field(lambda d: not doc(d), lambda v: not value(v))
+
+
+def _all_of(parts: list[_Field]) -> _Field:
+    if len(parts) == 1:
+        return parts[0]
+    docs = [p.doc for p in parts]
+    values = [p.value for p in parts]
+    return _Field(lambda d: all(t(d) for t in docs), lambda v: all(t(v) for t in values))
+
+
+def _is_operator_document(value: Any) -> bool:
+    """Does ``{path: value}`` hold operators (else it is an equality with a document)? mongod's
+    isExpressionDocument: the first field starts with $, and it is no DBRef ($ref and $id)."""
+    if not isinstance(value, dict) or not value:
+        return False
+    return next(iter(value)).startswith("$") and not ("$ref" in value and "$id" in value)
+
+
+def _operand(value: Any) -> Any:
+    """A value of the query as the matcher holds a document's values (sub-documents as bytes)."""
+    return fields(bson.encode({"v": value}))["v"]
+
+
+def _equality(path: str, value: Any) -> _Field:
+    if type(value) is Regex:
+        return _leaf(path, regex_of(value))
+    if value is None:
+        _check_null(path, "{path: null}")
+    return _leaf(path, comparison(EQ, _operand(value)))
+
+
+def _check_null(path: str, op: str) -> None:
+    """Null on a dotted path is refused: where the path crosses an array holding no document (``[]``,
+    ``[1, 2]``) or a scalar beside documents, MongoDB 5.0 to 8.x and 9.0 answer differently (9.0 takes
+    such an element as a missing field: SERVER-36681); a top-level field is answered alike."""
+    if "." in path:
+        raise fail(
+            f"{op} on the dotted path {path!r}: MongoDB versions match it differently where the path "
+            f'crosses an array, so mcdc cannot decide it exactly; use $exists: false, or $type: "null"'
+        )
+
+
+def _check_range(op: str, operand: Any) -> None:
+    """$lt/$lte MaxKey and $gt/$gte MinKey hold for every value; whether they hold for a missing field
+    is not the same in every MongoDB version and query engine."""
+    if (op in (LT, LTE) and type(operand) is MaxKey) or (op in (GT, GTE) and type(operand) is MinKey):
+        name = type(operand).__name__
+        raise fail(f"{op}: {name} (any value) cannot be decided outside the server; use $exists: true")
+
+
+def _operators(path: str, ops: dict[str, Any]) -> _Field:
+    parts: list[_Field] = []
+    regex = ops.get("$regex")
+    if "$options" in ops and "$regex" not in ops:
+        raise fail("$options needs a $regex")
+    for op, arg in ops.items():
+        if op == "$options":
+            continue
+        if op == "$regex":
+            parts.append(_leaf(path, _regex_operator(regex, ops.get("$options"))))
+        elif op in (EQ, LT, LTE, GT, GTE):
+            if type(arg) is Regex and op != EQ:
+                raise fail(f"{op} cannot take a regular expression")
+            if arg is None and op in (EQ, LTE, GTE):
+                _check_null(path, f"{op}: null")
+            _check_range(op, arg)
+            parts.append(_leaf(path, comparison(op, _operand(arg))))
+        elif op == "$ne":
+            if type(arg) is Regex:
+                raise fail("$ne cannot take a regular expression (use $not)")
+            if arg is None:
+                _check_null(path, "$ne: null")
+            parts.append(_negated(_leaf(path, comparison(EQ, _operand(arg)))))
+        elif op in ("$in", "$nin"):
+            if type(arg) is not list:
+                raise fail(f"{op} needs an array")
+            for one in arg:
+                if _is_operator_document(one):
+                    raise fail(f"{op} cannot hold an operator document ({next(iter(one))})")
+                if one is None:
+                    _check_null(path, f"{op}: [null]")
+            test = in_test([one if type(one) is Regex else _operand(one) for one in arg])
+            parts.append(_leaf(path, test) if op == "$in" else _negated(_leaf(path, test)))
+        elif op == "$exists":
+            exists = _leaf(path, lambda value: value is not MISSING)
+            parts.append(exists if _true_value(arg) else _negated(exists))
+        elif op == "$type":
+            parts.append(_leaf(path, type_test(_operand(arg))))
+        elif op == "$mod":
+            parts.append(_leaf(path, mod_test(_operand(arg))))
+        elif op in BITS:
+            parts.append(_leaf(path, bit_test(op, _operand(arg))))
+        elif op == "$size":
+            parts.append(_leaf(path, size_test(_operand(arg)), WHOLE))
+        elif op == "$not":
+            parts.append(_negated(_not_argument(path, arg)))
+        elif op == "$all":
+            parts.append(_all(path, arg))
+        elif op == "$elemMatch":
+            parts.append(_elem_match(path, arg))
+        elif op == "$comment":
+            raise fail("$comment belongs at the top level of the query")
+        else:
+            raise _refuse(op)
+    return _all_of(parts)
+
+
+def _true_value(value: Any) -> bool:
+    """BSONElement::trueValue: false for false, 0, null; true for anything else."""
+    if value is None or value is False:
+        return False
+    if BRACKET.get(type(value)) == NUMBER:
+        return bool(number_of(value)) or is_nan(value)
+    return True
+
+
+def _regex_operator(regex: Any, options: Any) -> ValueTest:
+    if options is not None and type(options) is not str:
+        raise fail("$options needs a string")
+    if type(regex) is Regex:
+        if options is not None and bson_order._flags(regex):
+            raise fail("$regex: options set in both $regex and $options")
+        return regex_test(regex.pattern, options if options is not None else bson_order._flags(regex))
+    if type(regex) is not str:
+        raise fail("$regex needs a string or a regular expression")
+    return regex_test(regex, options or "")
+
+
+def _not_argument(path: str, arg: Any) -> _Field:
+    if type(arg) is Regex:
+        return _leaf(path, regex_of(arg))
+    if not isinstance(arg, dict):
+        raise fail("$not needs a regular expression or a document of operators")
+    if not arg:
+        raise fail("$not cannot be empty")
+    if not _is_operator_document(arg):
+        raise fail("$not needs a document of operators")
+    return _operators(path, arg)
+
+
+def _all(path: str, arg: Any) -> _Field:
+    if type(arg) is not list:
+        raise fail("$all needs an array")
+    if not arg:
+        return _Field(lambda d: False, lambda v: False)  # $all: [] matches nothing
+    elem = [isinstance(one, dict) and next(iter(one), None) == "$elemMatch" for one in arg]
+    if any(elem) and not all(elem):
+        raise fail("$all cannot mix $elemMatch with values")
+    if all(elem):
+        return _all_of([_elem_match(path, one["$elemMatch"]) for one in arg])
+    parts = []
+    for one in arg:
+        if _is_operator_document(one):
+            raise fail(f"$all cannot hold an operator document ({next(iter(one))})")
+        parts.append(_equality(path, one))
+    return _all_of(parts)
+
+
+def _elem_match(path: str, arg: Any) -> _Field:
+    if not isinstance(arg, dict):
+        raise fail("$elemMatch needs a document")
+    first = next(iter(arg), "")
+    if _is_operator_document(arg) and first not in ("$and", "$or", "$nor", "$where", "$expr", "$comment"):
+        # on the elements themselves: each operator on the one element
+        inner = _operators("", arg).value
+
+        def element_values(value: Any) -> bool:
+            if type(value) is not list:
+                return False
+            return any(inner(element) for element in value)
+
+        return _leaf(path, element_values, WHOLE)
+    # on elements that are documents (or arrays, read as documents whose fields are "0", "1", ...)
+    query = _compile(arg)
+    decode = DECODE.get()
+
+    def element_documents(value: Any) -> bool:
+        if type(value) is not list:
+            return False
+        for element in value:
+            kind = BRACKET.get(type(element))
+            if kind == bson_order.OBJECT:
+                if query(decode(object_bytes(element))):
+                    return True
+            elif kind == bson_order.ARRAY and query({str(n): v for n, v in enumerate(element)}):
+                return True
+        return False
+
+    return _leaf(path, element_documents, WHOLE)
+
+
+# --- the query document -------------------------------------------------------------------------------
+
+
+def _compile(spec: Mapping[str, Any]) -> DocTest:
+    tests: list[DocTest] = []
+    for key, value in spec.items():
+        if key.startswith("$"):
+            if key in ("$and", "$or", "$nor"):
+                tests.append(_logical(key, value))
+            elif key == "$comment":
+                continue
+            else:
+                raise _refuse(key)
+        elif "" in key.split("."):
+            raise fail(f"the path {key!r} has an empty part")
+        elif _is_operator_document(value):
+            tests.append(_operators(key, value).doc)
+        else:
+            tests.append(_equality(key, value).doc)
+    if not tests:
+        return lambda doc: True
+    if len(tests) == 1:
+        return tests[0]
+    return lambda doc: all(t(doc) for t in tests)
+
+
+def _logical(op: str, value: Any) -> DocTest:
+    if type(value) is not list or not value:
+        raise fail(f"{op} needs a non-empty array of queries")
+    if not all(isinstance(one, dict) for one in value):
+        raise fail(f"{op}'s elements must be query documents")
+    branches = [_compile(one) for one in value]
+    if op == "$and":
+        return lambda doc: all(t(doc) for t in branches)
+    if op == "$or":
+        return lambda doc: any(t(doc) for t in branches)
+    return lambda doc: not any(t(doc) for t in branches)
+
+
+def _top_fields(spec: Mapping[str, Any]) -> set[str]:
+    names: set[str] = set()
+    for key, value in spec.items():
+        if key in ("$and", "$or", "$nor"):
+            for one in value:
+                names |= _top_fields(one)
+        elif not key.startswith("$"):
+            names.add(key.split(".", 1)[0])
+    return names
+
+
+class Query:
+    """A compiled query: :meth:`matches` says whether ``find(spec)`` returns a document."""
+
+    __slots__ = ("_decode", "_fields", "_test", "compares_strings", "spec")
+
+    def __init__(self, spec: Mapping[str, Any], test: DocTest, as_dicts: Mapping[str, Any], decode: Decode) -> None:
+        self.spec = spec
+        self._test = test
+        self._fields = frozenset(_top_fields(as_dicts))
+        self._decode = decode
+        #: does the query compare strings? The matcher compares them as the simple collation does; a
+        #: collection whose default collation is another one answers such a query otherwise
+        self.compares_strings = _compares_strings(as_dicts)
+
+    def matches(self, doc: Mapping[str, Any]) -> bool:
+        """Would the server's ``find(spec)`` return ``doc``? ``doc`` is a RawBSONDocument (read without
+        decoding its sub-documents) or any mapping bson can encode."""
+        data = raw_of(doc) if isinstance(doc, RawBSONDocument) else bson.encode(doc)
+        return self._test(self._decode(data))
+
+    def fields(self) -> frozenset[str]:
+        """The top-level fields the query reads."""
+        return self._fields
+
+    def __repr__(self) -> str:
+        return f"Query({self.spec!r})"
+
+
+def compile_query(spec: Mapping[str, Any]) -> Query:
+    """``spec`` (a find filter, as bson decodes one) compiled; ConfigError, one line naming the operator,
+    for what the matcher cannot decide exactly as the server does (or the server itself refuses)."""
+    if not isinstance(spec, Mapping):
+        raise fail("the query must be a document")
+    as_dicts = bson.decode(bson.encode(spec), _SPEC_CODEC)
+    decode = fields if _reads_types(as_dicts) else plain_fields
+    token = DECODE.set(decode)
+    try:
+        test = _compile(as_dicts)
+    finally:
+        DECODE.reset(token)
+    return Query(spec, test, as_dicts, decode)
+
+
+_COMPARED = frozenset({EQ, "$ne", LT, LTE, GT, GTE})
+
+
+def _reads_types(spec: Mapping[str, Any]) -> bool:
+    """Can the query's answer tell a symbol from a string or undefined from null? Only through $type, a
+    null operand, or a document or array operand (compared element by element, types first): elsewhere a
+    symbol compares as the string it holds, and undefined as pymongo's None (no number, string, ... either)."""
+    return any(
+        op == "$type" or (op in _COMPARED and (arg is None or isinstance(arg, (dict, list))))
+        for op, arg in _operands(spec)
+    )
+
+
+def _compares_strings(spec: Mapping[str, Any]) -> bool:
+    """Does the query compare strings (a collation other than the simple one would answer otherwise)?"""
+    return any(op in _COMPARED and _holds_string(arg) for op, arg in _operands(spec))
+
+
+def _holds_string(value: Any) -> bool:
+    if isinstance(value, str):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_string(one) for one in value.values())
+    return isinstance(value, list) and any(_holds_string(one) for one in value)
+
+
+def _operands(spec: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    """Every operator of a query with its argument, $in's, $nin's and $all's values as $eq's, through
+    $and, $or, $nor, $not and $elemMatch (a malformed part is skipped: compiling it says what is wrong)."""
+    for key, value in spec.items():
+        if key in ("$and", "$or", "$nor"):
+            for one in value if isinstance(value, list) else ():
+                if isinstance(one, dict):
+                    yield from _operands(one)
+        elif key.startswith("$"):
+            continue
+        elif _is_operator_document(value):
+            yield from _operator_operands(value)
+        else:
+            yield EQ, value
+
+
+def _operator_operands(ops: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    for op, arg in ops.items():
+        if op == "$elemMatch" and isinstance(arg, dict):
+            yield from _operator_operands(arg) if _is_operator_document(arg) else _operands(arg)
+        elif op == "$not" and isinstance(arg, dict):
+            yield from _operator_operands(arg)
+        elif op in ("$in", "$nin", "$all") and isinstance(arg, list):
+            for one in arg:
+                if isinstance(one, dict) and isinstance(one.get("$elemMatch"), dict):
+                    yield from _operator_operands(one)
+                else:
+                    yield EQ, one
+        else:
+            yield op, arg
