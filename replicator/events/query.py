@@ -41,7 +41,17 @@ from bson.regex import Regex
 from replicator.bsonkit.rawbson import SPAN_CODEC, raw_of
 from replicator.errors import ConfigError
 from replicator.events import bson_order
-from replicator.events.bson_order import BRACKET, MISSING, NUMBER, Decode, fields, is_nan, object_bytes, plain_fields
+from replicator.events.bson_order import (
+    BRACKET,
+    MISSING,
+    NUMBER,
+    Decode,
+    fields,
+    is_nan,
+    object_bytes,
+    plain_fields,
+    some_fields,
+)
 from replicator.events.query_paths import DECODE, TRAVERSE, WHOLE, DocTest, ValueTest, path_test
 from replicator.events.query_values import (
     BITS,
@@ -64,6 +74,11 @@ from replicator.events.query_values import (
 )
 
 __all__ = ["TYPE_ALIASES", "Query", "compile_query"]
+
+#: from this size on (bytes), the fields a query reads are found by their headers rather than by decoding
+#: the document's whole top level (measured on a 1 KB document: 5 us against 3.5; on 22 KB holding an
+#: array of 560 documents: 7 us against 70; on 1 MB: 5 us against 5.8 ms)
+LARGE_DOCUMENT = 16 * 1024
 
 #: how the query itself is read: documents as dicts (they are the query's structure), dates as DatetimeMS
 _SPEC_CODEC: CodecOptions[dict[str, Any]] = CodecOptions(
@@ -377,6 +392,8 @@ class Query:
         """Would the server's ``find(spec)`` return ``doc``? ``doc`` is a RawBSONDocument (read without
         decoding its sub-documents) or any mapping bson can encode."""
         data = raw_of(doc) if isinstance(doc, RawBSONDocument) else bson.encode(doc)
+        if len(data) > LARGE_DOCUMENT:
+            return self._test(some_fields(data, self._fields, self._decode))
         return self._test(self._decode(data))
 
     def fields(self) -> frozenset[str]:
