@@ -634,6 +634,18 @@ def test_a_large_document_is_read_by_its_headers(position: int) -> None:
     assert compile_query({"nothere": None, "f1": {"$exists": True}}).matches(raw)
 
 
+def test_a_native_uuid_is_binary_subtype_4() -> None:
+    value = uuid.uuid4()
+    assert matches({"a": value}, {"a": Binary(value.bytes, 4)})
+    assert compile_query({"a": value}).matches({"a": value})
+
+
+@pytest.mark.parametrize("query", [{"a": object()}, {"a": {"$in": [2**70]}}, {1: 2}])
+def test_what_bson_cannot_encode_is_refused_in_one_line(query: dict[Any, Any]) -> None:
+    with pytest.raises(ConfigError, match=r"^--filter: the query is no BSON document"):
+        compile_query(query)
+
+
 def test_fields_names_the_top_level_fields_read() -> None:
     query = compile_query({"a.b": 1, "$or": [{"c": 1}, {"d.e": {"$elemMatch": {"f": 1}}}], "$comment": "x"})
     assert query.fields() == frozenset({"a", "c", "d"})
