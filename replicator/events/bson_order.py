@@ -278,10 +278,10 @@ def _binary(value: Any) -> tuple[int, int, bytes]:
 
 
 def _cmp_regex(a: Regex[Any], b: Regex[Any]) -> int:
-    return _cmp_plain((a.pattern, _flags(a)), (b.pattern, _flags(b)))
+    return _cmp_plain((a.pattern, regex_flags(a)), (b.pattern, regex_flags(b)))
 
 
-def _flags(value: Regex[Any]) -> str:
+def regex_flags(value: Regex[Any]) -> str:
     """A decoded regex's flags as the letters the server stores (sorted, as drivers write them)."""
     flags = value.flags
     if isinstance(flags, str):

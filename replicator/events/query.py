@@ -259,9 +259,9 @@ def _regex_operator(regex: Any, options: Any) -> ValueTest:
     if options is not None and type(options) is not str:
         raise fail("$options needs a string")
     if type(regex) is Regex:
-        if options is not None and bson_order._flags(regex):
+        if options is not None and bson_order.regex_flags(regex):
             raise fail("$regex: options set in both $regex and $options")
-        return regex_test(regex.pattern, options if options is not None else bson_order._flags(regex))
+        return regex_test(regex.pattern, options if options is not None else bson_order.regex_flags(regex))
     if type(regex) is not str:
         raise fail("$regex needs a string or a regular expression")
     return regex_test(regex, options or "")
