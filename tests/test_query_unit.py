@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import pickle
 import random
 import uuid
 from typing import Any
@@ -644,6 +645,13 @@ def test_a_native_uuid_is_binary_subtype_4() -> None:
 def test_what_bson_cannot_encode_is_refused_in_one_line(query: dict[Any, Any]) -> None:
     with pytest.raises(ConfigError, match=r"^--filter: the query is no BSON document"):
         compile_query(query)
+
+
+def test_a_query_pickles_as_its_spec_and_compiles_again() -> None:
+    query = compile_query({"a.b": {"$gt": 1}, "c": Regex("^x", "i")})
+    again = pickle.loads(pickle.dumps(query))
+    assert again.spec == query.spec and again.fields() == query.fields()
+    assert again.matches({"a": [{"b": 2}], "c": "Xy"}) and not again.matches({"a": {"b": 1}, "c": "x"})
 
 
 def test_fields_names_the_top_level_fields_read() -> None:

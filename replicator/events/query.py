@@ -409,6 +409,11 @@ class Query:
     def __repr__(self) -> str:
         return f"Query({self.spec!r})"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its query, compiled again where it is unpickled (a Spark executor): the compiled
+        tests are closures, which pickle cannot carry."""
+        return compile_query, (self.spec,)
+
 
 def compile_query(spec: Mapping[str, Any]) -> Query:
     """``spec`` (a find filter, as bson decodes one) compiled; ConfigError, one line naming the operator,
