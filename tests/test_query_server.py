@@ -3,7 +3,8 @@ queries, the documents find(query) returns are exactly those the matcher accepts
 
 Where the test server (SecantusDB) answers otherwise than mongod, the matcher follows mongod (its code
 and MongoDB's documentation) and the case is left out here, each with the server's quirk named in
-:func:`_server_quirk`."""
+:func:`_server_quirk`. MCDC_QUERY_SEED and MCDC_QUERY_COUNT run other seeds and more queries (the seed is
+printed with any difference)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 import bson
-import pytest
 from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 from bson.raw_bson import RawBSONDocument
 
@@ -225,7 +225,7 @@ def test_matcher_agrees_with_find_on_a_random_corpus(clients: Clients) -> None:
     assert len(stored) == DOCUMENTS
     raw: list[RawBSONDocument] = stored  # type: ignore[assignment]
     plain = {doc["_id"]: bson.decode(bson.encode(doc)) for doc in raw}
-    checked, skipped, refused, quirks, wrong = 0, 0, 0, 0, []
+    checked, skipped, refused, quirks, telling, wrong = 0, 0, 0, 0, 0, []
     for _ in range(QUERIES):
         spec = query(rng)
         try:
@@ -246,12 +246,8 @@ def test_matcher_agrees_with_find_on_a_random_corpus(clients: Clients) -> None:
             wrong.append(f"{spec!r}: server {len(expected)}, matcher {len(got)}; e.g. {docs}")
         quirks += len(got ^ expected) - len(differ)
         checked += 1
+        telling += 0 < len(expected) < DOCUMENTS
     assert not wrong, f"seed {SEED}: {len(wrong)} of {checked} queries differ:\n" + "\n".join(wrong[:30])
-    print(f"checked {checked}, refused {refused}, server refused {skipped}, quirk answers {quirks}")
-    assert quirks < checked, f"{quirks} answers were left out as the server's quirks"
     assert checked > QUERIES * 0.7, f"the server refused {skipped} queries, the matcher {refused}"
-
-
-@pytest.mark.parametrize("seed", [1])
-def test_corpus_is_seeded(seed: int) -> None:
-    assert corpus(random.Random(seed)) == corpus(random.Random(seed))
+    assert quirks < checked, f"{quirks} answers were left out as the server's quirks"
+    assert telling > checked * 0.3, f"only {telling} of {checked} queries matched some documents but not all"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import pickle
 import random
 import uuid
 from typing import Any
@@ -16,6 +17,7 @@ from bson.raw_bson import RawBSONDocument
 
 from replicator.bsonkit.rawbson import RAW_CODEC
 from replicator.errors import ConfigError
+from replicator.events import query as query_module
 from replicator.events.query import compile_query
 
 
@@ -580,7 +582,9 @@ def _fuzz(rng: random.Random, depth: int = 0) -> Any:
     return {rng.choice(_FUZZ_KEYS): _fuzz(rng, depth + 1) for _ in range(rng.randint(0, 3))}
 
 
-def test_any_query_compiles_or_is_refused_in_one_line_and_any_document_gets_an_answer() -> None:
+def test_any_query_compiles_or_is_refused_in_one_line_and_any_document_gets_an_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     rng = random.Random(38)
     docs = [RawBSONDocument(bson.encode({"a": _fuzz(rng), "b": _fuzz(rng)}), RAW_CODEC) for _ in range(40)]
     compiled = 0
@@ -592,8 +596,11 @@ def test_any_query_compiles_or_is_refused_in_one_line_and_any_document_gets_an_a
             assert str(exc).startswith("--filter: ") and "\n" not in str(exc), spec
             continue
         compiled += 1
-        for doc in docs:
-            assert query.matches(doc) in (True, False)
+        answers = [query.matches(doc) for doc in docs]
+        assert set(answers) <= {True, False}
+        with monkeypatch.context() as large:  # every document read as a large one: the same answers
+            large.setattr(query_module, "LARGE_DOCUMENT", 0)
+            assert [query.matches(doc) for doc in docs] == answers, spec
     assert compiled > 200
 
 
@@ -613,6 +620,38 @@ def test_compares_strings_says_whether_a_collation_could_change_the_answer(
     query: dict[str, Any], compares: bool
 ) -> None:
     assert compile_query(query).compares_strings is compares
+
+
+@pytest.mark.parametrize("position", [0, 30, 99])
+def test_a_large_document_is_read_by_its_headers(position: int) -> None:
+    """Only the fields the query reads are decoded; past a few dozen headers the rest is decoded at once."""
+    doc: dict[str, Any] = {f"f{n}": n for n in range(100)}
+    doc[f"f{position}"] = {"b": [1, {"c": "x" * 20_000}], "d": Code("f()", {"s": 1})}
+    raw = RawBSONDocument(bson.encode(doc), RAW_CODEC)
+    assert len(raw.raw) > query_module.LARGE_DOCUMENT
+    assert compile_query({f"f{position}.b.c": {"$regex": "^x+$"}, "f50": 50}).matches(raw)
+    assert compile_query({f"f{position}.d": {"$type": "javascriptWithScope"}, "f50": {"$gt": 49}}).matches(raw)
+    assert not compile_query({f"f{position}.b": 2}).matches(raw)
+    assert compile_query({"nothere": None, "f1": {"$exists": True}}).matches(raw)
+
+
+def test_a_native_uuid_is_binary_subtype_4() -> None:
+    value = uuid.uuid4()
+    assert matches({"a": value}, {"a": Binary(value.bytes, 4)})
+    assert compile_query({"a": value}).matches({"a": value})
+
+
+@pytest.mark.parametrize("query", [{"a": object()}, {"a": {"$in": [2**70]}}, {1: 2}])
+def test_what_bson_cannot_encode_is_refused_in_one_line(query: dict[Any, Any]) -> None:
+    with pytest.raises(ConfigError, match=r"^--filter: the query is no BSON document"):
+        compile_query(query)
+
+
+def test_a_query_pickles_as_its_spec_and_compiles_again() -> None:
+    query = compile_query({"a.b": {"$gt": 1}, "c": Regex("^x", "i")})
+    again = pickle.loads(pickle.dumps(query))
+    assert again.spec == query.spec and again.fields() == query.fields()
+    assert again.matches({"a": [{"b": 2}], "c": "Xy"}) and not again.matches({"a": {"b": 1}, "c": "x"})
 
 
 def test_fields_names_the_top_level_fields_read() -> None:

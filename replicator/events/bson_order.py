@@ -143,6 +143,31 @@ def plain_fields(data: bytes) -> dict[str, Any]:
     return decoded
 
 
+def some_fields(data: bytes, names: frozenset[str], decode: Decode, walk: int = 48) -> dict[str, Any]:
+    """The top-level fields of ``names`` only, found by their element headers (each value skipped by its
+    length) and decoded one by one with ``decode``: for a large document, far cheaper than decoding all
+    of its top level (its arrays element by element) when a query reads a few fields. After ``walk``
+    elements (a document of many small fields) the rest is decoded at once, as the cheaper way there."""
+    out: dict[str, Any] = {}
+    wanted = {name.encode(): name for name in names}
+    pos, end = 4, len(data) - 1
+    while pos < end and len(out) < len(wanted):
+        if walk == 0:
+            rest = decode((end - pos + 5).to_bytes(4, "little") + data[pos:end] + b"\x00")
+            out.update((name, rest[name]) for name in names if name in rest and name not in out)
+            break
+        walk -= 1
+        kind = data[pos]
+        name_end = data.index(0, pos + 1)
+        stop = value_end(data, kind, name_end + 1)
+        name = wanted.get(data[pos + 1 : name_end])
+        if name is not None and name not in out:  # the first of a name given twice, as mongod's getField
+            element = data[pos:stop]
+            out[name] = decode((len(element) + 5).to_bytes(4, "little") + element + b"\x00")[name]
+        pos = stop
+    return out
+
+
 def _elements(data: bytes, pos: int, end: int) -> dict[str, Any]:
     """The elements between ``pos`` and ``end``, read one by one: a symbol and undefined as themselves,
     every other element through the decoder (a document holding a deprecated type, rare, goes this way)."""
@@ -253,10 +278,10 @@ def _binary(value: Any) -> tuple[int, int, bytes]:
 
 
 def _cmp_regex(a: Regex[Any], b: Regex[Any]) -> int:
-    return _cmp_plain((a.pattern, _flags(a)), (b.pattern, _flags(b)))
+    return _cmp_plain((a.pattern, regex_flags(a)), (b.pattern, regex_flags(b)))
 
 
-def _flags(value: Regex[Any]) -> str:
+def regex_flags(value: Regex[Any]) -> str:
     """A decoded regex's flags as the letters the server stores (sorted, as drivers write them)."""
     flags = value.flags
     if isinstance(flags, str):

@@ -32,7 +32,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import bson
+from bson.binary import UuidRepresentation
 from bson.codec_options import CodecOptions, DatetimeConversion
+from bson.errors import InvalidDocument
 from bson.max_key import MaxKey
 from bson.min_key import MinKey
 from bson.raw_bson import RawBSONDocument
@@ -41,7 +43,17 @@ from bson.regex import Regex
 from replicator.bsonkit.rawbson import SPAN_CODEC, raw_of
 from replicator.errors import ConfigError
 from replicator.events import bson_order
-from replicator.events.bson_order import BRACKET, MISSING, NUMBER, Decode, fields, is_nan, object_bytes, plain_fields
+from replicator.events.bson_order import (
+    BRACKET,
+    MISSING,
+    NUMBER,
+    Decode,
+    fields,
+    is_nan,
+    object_bytes,
+    plain_fields,
+    some_fields,
+)
 from replicator.events.query_paths import DECODE, TRAVERSE, WHOLE, DocTest, ValueTest, path_test
 from replicator.events.query_values import (
     BITS,
@@ -64,6 +76,15 @@ from replicator.events.query_values import (
 )
 
 __all__ = ["TYPE_ALIASES", "Query", "compile_query"]
+
+#: from this size on (bytes), the fields a query reads are found by their headers rather than by decoding
+#: the document's whole top level (measured on a 1 KB document: 5 us against 3.5; on 22 KB holding an
+#: array of 560 documents: 7 us against 70; on 1 MB: 5 us against 5.8 ms)
+LARGE_DOCUMENT = 16 * 1024
+
+#: how a query or a document given as Python values is encoded: a uuid.UUID as binary subtype 4, as a
+#: driver configured with the standard representation sends it
+_ENCODE: CodecOptions[Any] = CodecOptions(uuid_representation=UuidRepresentation.STANDARD)
 
 #: how the query itself is read: documents as dicts (they are the query's structure), dates as DatetimeMS
 _SPEC_CODEC: CodecOptions[dict[str, Any]] = CodecOptions(
@@ -138,7 +159,7 @@ def _is_operator_document(value: Any) -> bool:
 
 def _operand(value: Any) -> Any:
     """A value of the query as the matcher holds a document's values (sub-documents as bytes)."""
-    return fields(bson.encode({"v": value}))["v"]
+    return fields(bson.encode({"v": value}, codec_options=_ENCODE))["v"]
 
 
 def _equality(path: str, value: Any) -> _Field:
@@ -238,9 +259,9 @@ def _regex_operator(regex: Any, options: Any) -> ValueTest:
     if options is not None and type(options) is not str:
         raise fail("$options needs a string")
     if type(regex) is Regex:
-        if options is not None and bson_order._flags(regex):
+        if options is not None and bson_order.regex_flags(regex):
             raise fail("$regex: options set in both $regex and $options")
-        return regex_test(regex.pattern, options if options is not None else bson_order._flags(regex))
+        return regex_test(regex.pattern, options if options is not None else bson_order.regex_flags(regex))
     if type(regex) is not str:
         raise fail("$regex needs a string or a regular expression")
     return regex_test(regex, options or "")
@@ -376,7 +397,9 @@ class Query:
     def matches(self, doc: Mapping[str, Any]) -> bool:
         """Would the server's ``find(spec)`` return ``doc``? ``doc`` is a RawBSONDocument (read without
         decoding its sub-documents) or any mapping bson can encode."""
-        data = raw_of(doc) if isinstance(doc, RawBSONDocument) else bson.encode(doc)
+        data = raw_of(doc) if isinstance(doc, RawBSONDocument) else bson.encode(doc, codec_options=_ENCODE)
+        if len(data) > LARGE_DOCUMENT:
+            return self._test(some_fields(data, self._fields, self._decode))
         return self._test(self._decode(data))
 
     def fields(self) -> frozenset[str]:
@@ -386,13 +409,21 @@ class Query:
     def __repr__(self) -> str:
         return f"Query({self.spec!r})"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its query, compiled again where it is unpickled (a Spark executor): the compiled
+        tests are closures, which pickle cannot carry."""
+        return compile_query, (self.spec,)
+
 
 def compile_query(spec: Mapping[str, Any]) -> Query:
     """``spec`` (a find filter, as bson decodes one) compiled; ConfigError, one line naming the operator,
     for what the matcher cannot decide exactly as the server does (or the server itself refuses)."""
     if not isinstance(spec, Mapping):
         raise fail("the query must be a document")
-    as_dicts = bson.decode(bson.encode(spec), _SPEC_CODEC)
+    try:
+        as_dicts = bson.decode(bson.encode(spec, codec_options=_ENCODE), _SPEC_CODEC)
+    except (InvalidDocument, TypeError, ValueError, OverflowError) as exc:
+        raise fail(f"the query is no BSON document ({exc})") from None
     decode = fields if _reads_types(as_dicts) else plain_fields
     token = DECODE.set(decode)
     try:

@@ -131,14 +131,14 @@ def regex_test(pattern: str, flags: str) -> ValueTest:
         if type(value) is str or type(value) is Symbol:
             return search(value) is not None
         if type(value) is Regex:
-            return value.pattern == pattern and bson_order._flags(value) == letters
+            return value.pattern == pattern and bson_order.regex_flags(value) == letters
         return False
 
     return test
 
 
 def regex_of(value: Regex[Any]) -> ValueTest:
-    return regex_test(value.pattern, bson_order._flags(value))
+    return regex_test(value.pattern, bson_order.regex_flags(value))
 
 
 def in_test(operands: list[Any]) -> ValueTest:
