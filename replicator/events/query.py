@@ -399,7 +399,8 @@ class Query:
         decoding its sub-documents) or any mapping bson can encode."""
         data = raw_of(doc) if isinstance(doc, RawBSONDocument) else bson.encode(doc, codec_options=_ENCODE)
         if len(data) > LARGE_DOCUMENT:
-            return self._test(some_fields(data, self._fields, self._decode))
+            # a stream's raw documents may be views into the reply; the field walk searches bytes
+            return self._test(some_fields(bytes(data), self._fields, self._decode))
         return self._test(self._decode(data))
 
     def fields(self) -> frozenset[str]:
