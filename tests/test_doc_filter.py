@@ -285,3 +285,28 @@ def test_a_filtered_sync_copies_and_counts_the_matches_only(
     assert 0 < matches < IDS
     assert json.loads(done.stdout)["documents"] == matches + clients.source.flt.other.count_documents({})
     assert_identical(source_uri, target_uri, only=only_flt, where=where)
+
+
+def test_a_filter_comparing_strings_on_a_collection_with_another_collation_is_refused(
+    source_uri: str, target_uri: str, clients: Clients, tmp_path: Path
+) -> None:
+    """find() on a collection whose default collation is not the simple one compares strings by that
+    collation ("eu" equals "EU" at strength 2); the stream's matcher compares bytes, so such a filter would
+    let the target drift from find(QUERY): refused in one line naming the source side, before any write.
+    The same filter on a number field is taken, and the copy is what find() finds."""
+    clients.source.drop_database("flt")
+    clients.source.flt.create_collection("orders", collation={"locale": "en", "strength": 2})
+    clients.source.flt.orders.insert_many([{"_id": 1, "region": "eu", "n": 1}, {"_id": 2, "region": "US", "n": 2}])
+    cp = tmp_path / "cp.json"
+    done = _mcdc("sync", "-s", source_uri, "-t", target_uri, "-c", str(cp), "--include", "flt\\..*",
+                 "--filter", FILTER)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mcdc: error: source: --filter"), lines
+    assert "flt.orders" in lines[0] and "collation" in lines[0] and "en" in lines[0], lines
+    assert "flt" not in clients.target.list_database_names()
+    by_number = 'flt\\.orders={"n": {"$gte": 2}}'
+    done = _mcdc("sync", "-s", source_uri, "-t", target_uri, "-c", str(cp), "--include", "flt\\..*",
+                 "--filter", by_number)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert [d["_id"] for d in clients.target.flt.orders.find()] == [2]

@@ -306,6 +306,9 @@ class SyncJob:
         if not s.snapshot_only:
             position, shard_positions = await capture(reader)
         specs = await catalog.describe(client, s.selection)
+        refusal = s.filters.collation_refusal(specs)
+        if refusal is not None:
+            raise ConfigError(refusal)
         targets = await target_specs(client, s, sink, specs)
         drop = drops_target(saved, drop_target=s.drop_target, force=force)
         busy = await sink.existing([t.ns for t in targets if not t.is_view])

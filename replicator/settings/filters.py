@@ -26,7 +26,7 @@ from bson.errors import BSONError
 from bson.json_util import JSONOptions
 
 from replicator.errors import ConfigError, quoted
-from replicator.events import ChangeEvent, Namespace, Op
+from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op
 from replicator.events.query import Query, compile_query
 
 #: QUERY's Extended JSON: canonical or relaxed, as mongosh and mongoexport write it
@@ -98,6 +98,22 @@ class DocumentFilters:
             self._queries.clear()
         self._queries[ns] = query
         return query
+
+    def collation_refusal(self, specs: Sequence[CollectionSpec]) -> str | None:
+        """Why the filters cannot be decided as the source's find() decides them, or None. The stream's
+        matcher compares strings as the simple collation does; a collection whose default collation is
+        another one ("en", strength 2: "eu" equals "EU") answers a query comparing strings otherwise."""
+        for spec in specs:
+            collation = spec.options.get("collation")
+            locale = collation.get("locale") if isinstance(collation, Mapping) else None
+            query = self.for_namespace(spec.ns) if locale not in (None, "simple") else None
+            if query is not None and query.compares_strings:
+                return (
+                    f"source: --filter on {spec.ns} compares strings, but {spec.ns}'s default collation is "
+                    f"{quoted(str(locale))}, and mcdc decides the stream's documents with the simple collation "
+                    "(bytes): filter it on fields that are not strings, or leave it out of --filter"
+                )
+        return None
 
 
 #: namespaces remembered before starting again (the distinct ones of a deployment)

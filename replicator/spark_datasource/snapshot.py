@@ -117,6 +117,9 @@ async def plan_snapshot(s: Settings, at: Timestamp | None = None) -> tuple[Times
             if problem is not None:
                 raise ConfigError(problem)
         specs = await catalog.describe(client, s.selection)
+        refusal = s.filters.collation_refusal(specs)
+        if refusal is not None:
+            raise ConfigError(refusal)
         plan = await plan_specs(
             client, specs, s.partition_docs, split=s.split, read_preference=policy.preference, where=s.filters.where
         )
