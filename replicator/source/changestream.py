@@ -141,22 +141,30 @@ def after_refusal(plan: OversizePlan, exc: OperationFailure, kwargs: dict[str, A
     log.warning("the source has no showExpandedEvents (MongoDB < 6.0): index DDL is not streamed")
 
 
-def reopen_options(opened: dict[str, Any], token: Any) -> dict[str, Any]:
+def reopen_options(opened: dict[str, Any], token: Any, *, key: str = "resume_after") -> dict[str, Any]:
     """watch()'s options to open a stream again right after the last event it handed out (its resume
-    token; where it has none yet, where it was opened)."""
+    token, passed as ``key``; where it has none yet, where it was opened)."""
     if token is None:
         return dict(opened)
-    kwargs = {k: v for k, v in opened.items() if k not in ("resume_after", "start_at_operation_time")}
-    kwargs["resume_after"] = token
+    kwargs = {k: v for k, v in opened.items() if k not in ("resume_after", "start_after", "start_at_operation_time")}
+    kwargs[key] = token
     return kwargs
 
 
 class ChangeStreamReader:
-    """Reads the whole deployment's change stream (all databases but admin, local and config).
+    """Reads the whole deployment's change stream (all databases but admin, local and config), or with
+    ``database`` that one database's.
 
     MongoDB leaves those three databases out of a deployment's change stream, so no server-side filter is
     added for them (a $match costs the server work on every event); should a server send one anyway, the
-    selection (filters.py) drops it."""
+    selection (filters.py) drops it.
+
+    A database's stream (for a source user who may read only that database) ends with an ``invalidate``
+    event when the database is dropped. The reader opens it again right after (``startAfter`` that event's
+    token: ``resumeAfter`` refuses an invalidate's) and reads on: the events before and after are all read,
+    once, and the invalidate itself is never handed out (it is no change; it gets no place among the
+    events). Such a stream is always opened with ``startAfter``, which accepts every token of the stream, so
+    a checkpoint saved just before the invalidate resumes through it the same way."""
 
     def __init__(
         self,
@@ -170,14 +178,19 @@ class ChangeStreamReader:
         pre_images: str = "off",
         rs: str | None = None,
         shard: str | None = None,
+        database: str | None = None,
     ) -> None:
         """``track_time``: stamp batches with local read and poll times (``Batch.read_at`` and
         ``Batch.idle_since``), which merging several streams needs. ``oversize``: what to do with a
         change event over 16 MB where the server cannot split it ("fail" or "skip", logged). ``pre_images``:
         fullDocumentBeforeChange ("off", "whenAvailable" or "required"). ``rs``: the replica set's name,
         stamped on every event. ``shard``: the stream's name among a cluster's shards (None for a replica
-        set), stamped on every event's position."""
+        set), stamped on every event's position. ``database``: read that database's stream, not the
+        deployment's."""
         self.client = client
+        self._database = database
+        #: the option a resume token is passed with (see the class's docs)
+        self._token_key = "resume_after" if database is None else "start_after"
         self._track_time = track_time
         self._full_document = full_document
         self._batch_size = batch_size
@@ -207,7 +220,7 @@ class ChangeStreamReader:
         if self._pre_images != "off":
             kwargs["full_document_before_change"] = self._pre_images
         if start.resume_token is not None:
-            kwargs["resume_after"] = start.resume_token
+            kwargs[self._token_key] = start.resume_token
         elif start.cluster_time is not None:
             kwargs["start_at_operation_time"] = start.cluster_time
         await self._stop_reading()
@@ -219,7 +232,8 @@ class ChangeStreamReader:
     async def _watch(self, kwargs: dict[str, Any], start: Position | None) -> AsyncChangeStream[Any]:
         while True:
             try:
-                self._stream = await self.client.watch(self._plan.stages(), **kwargs)
+                watched = self.client if self._database is None else self.client[self._database]
+                self._stream = await watched.watch(self._plan.stages(), **kwargs)
                 return self._stream
             except OperationFailure as exc:
                 after_refusal(self._plan, exc, kwargs, start)
@@ -227,9 +241,15 @@ class ChangeStreamReader:
     async def _reopen_after_oversize(self, stream: AsyncChangeStream[Any]) -> AsyncChangeStream[Any]:
         """The stream opened again where ``stream`` stopped on an event over 16 MB, able to pass it."""
         self._plan.too_large()
-        kwargs = reopen_options(self._kwargs, stream.resume_token)
+        kwargs = reopen_options(self._kwargs, stream.resume_token, key=self._token_key)
         await stream.close()
         return await self._watch(kwargs, None)
+
+    async def _reopen_after_invalidate(self, stream: AsyncChangeStream[Any], token: Any) -> AsyncChangeStream[Any]:
+        """A database's stream opened again right after its ``invalidate`` event (``token``)."""
+        log.info("the change stream of database %s was invalidated (dropped): opening it again", self._database)
+        await stream.close()
+        return await self._watch(reopen_options(self._kwargs, token, key="start_after"), None)
 
     async def position_now(self) -> Position:
         """The stream's position now: the post-batch resume token of a stream opened without a start
@@ -293,7 +313,14 @@ class ChangeStreamReader:
         while True:
             try:
                 async for reply in _replies(stream, max(self._batch_size, 1)):
-                    yield reply
+                    invalidate = _invalidate_token(reply) if self._database is not None else None
+                    if invalidate is None:
+                        yield reply
+                        continue
+                    if len(reply.docs) > 1:
+                        yield Reply(reply.docs[:-1], drained=True)
+                    stream = await self._reopen_after_invalidate(stream, invalidate)
+                    break
             except _TooLarge:
                 stream = await self._reopen_after_oversize(stream)
 
@@ -302,6 +329,15 @@ class ChangeStreamReader:
         self._pending.clear()
         if reader is not None:
             await stop_pumps([reader], [self._replies])
+
+
+def _invalidate_token(reply: Reply) -> Any:
+    """The token of the ``invalidate`` event that ends ``reply`` (always the last event of its stream), or
+    None."""
+    if not reply.docs:
+        return None
+    last = reply.docs[-1]
+    return last["_id"] if last.get("operationType") == "invalidate" else None
 
 
 #: Replies of the server read ahead of the batch being assembled.
