@@ -460,3 +460,38 @@ def test_a_checkpoint_keeps_the_scope_of_its_stream(
 def _collections(server: SecureServer, db: str) -> list[str]:
     with admin_client(server) as client:
         return client[db].list_collection_names()
+
+
+def test_cutover_after_a_clean_verifier_pass_reads_the_database_stream_the_checkpoint_follows(
+    servers_clean: tuple[SecureServer, SecureServer], tmp_path: Path
+) -> None:
+    """cutover compares only what changed since tail --verify's last clean pass: it reads those changes from
+    the stream the checkpoint follows, here shop's own (the user may not open the deployment's)."""
+    source, target = servers_clean
+    src, tgt = source.user_uri("src_read"), target.user_uri("tgt_least")
+    out = Outputs(tmp_path)
+    cp, port, log = tmp_path / "cp.json", free_port(), tmp_path / "tail.log"
+    common = ["-s", src, "-t", tgt, "-c", str(cp), "--include", SHOP, "--no-progress"]
+    assert out.run("sync", *common).returncode == 0
+    tail = _tail(log, *common, "--verify", "--verify-interval", "3600", "--metrics-port", str(port))
+    try:
+        _wait(lambda: (_progress(port).get("verification") or {}).get("cleanPasses", 0) >= 1, "a clean verifier pass")
+        with admin_client(source) as client:  # after the pass began: not proven by it
+            client.shop.orders.update_many({"_id": {"$lt": 5}}, {"$set": {"n": -1}})
+        _wait(lambda: _same(source, target), "the updates replayed")
+    finally:
+        _stop(tail)
+    assert tail.returncode == 0, log.read_text()
+    result = out.run("cutover", *common, "--json")
+    assert result.returncode == 0, result.stderr
+    verified = json.loads(result.stdout)
+    assert verified["verified"] == "changes since the verifier's last clean pass" and verified["documents"] == 5
+    out.assert_no_credentials(src, tgt)
+
+
+def _progress(port: int) -> Any:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/progress", timeout=10) as reply:
+            return json.loads(reply.read())["progress"]
+    except OSError:
+        return {}
