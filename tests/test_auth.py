@@ -1,6 +1,7 @@
 """Users of least privilege, against servers started with ``--auth`` (SCRAM-SHA-256, built-in roles enforced):
-sync, catch-up, tail and cutover with the roles the README names; each missing privilege refused in one
-line naming the side and the role, before anything is written; no credential in any output.
+sync, catch-up, tail and cutover with the roles the README names (read on the one selected database follows
+that database's change stream); each missing privilege refused in one line naming the side and the role,
+before anything is written; no credential in any output.
 
 The test server's quirks (tests/INFRA): its readAnyDatabase lacks listDatabases (clusterMonitor grants it,
 as on mongod), and its connectionStatus names the roles without listing their privileges."""
@@ -42,7 +43,7 @@ def auth_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Secure
         {
             "src_least": ["readAnyDatabase"],  # a selection that names its databases
             "src_whole": ["readAnyDatabase", "clusterMonitor"],  # the deployment (mongod: readAnyDatabase)
-            "src_read": [_db("shop")],  # enough for --snapshot-only, not for a change stream
+            "src_read": [_db("shop")],  # one database: its own change stream, not the deployment's
         },
     )
     try:
@@ -284,9 +285,10 @@ def test_a_refusal_at_run_time_names_the_side_and_the_role(
 def test_the_spark_engine_with_the_least_roles(
     servers_clean: tuple[SecureServer, SecureServer], tmp_path: Path
 ) -> None:
-    """Spark's tasks connect with the same URIs, so the same roles do: sync and catch-up on --engine spark."""
+    """Spark's tasks connect with the same URIs, so the same roles do: sync and catch-up on --engine spark,
+    with read on the one selected database (the driver reads that database's change stream)."""
     source, target = servers_clean
-    src, tgt = source.user_uri("src_least"), target.user_uri("tgt_least")
+    src, tgt = source.user_uri("src_read"), target.user_uri("tgt_least")
     out = Outputs(tmp_path)
     spark = ["--engine", "spark", "--spark-master", "local[2]", "--spark-conf", "spark.ui.enabled=false",
              "--spark-conf", "spark.driver.host=127.0.0.1", *quick_jvm_conf()]  # fmt: skip
