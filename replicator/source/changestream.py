@@ -7,10 +7,11 @@ apply a transaction as one unit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -307,20 +308,25 @@ class ChangeStreamReader:
 
     async def _read_replies(self) -> AsyncIterator[Reply]:
         """The replies of the open stream; opened again with the split stage where an event over 16 MB
-        stopped it (the replies before it were all handed out: nothing is read twice or skipped)."""
+        stopped it (the replies before it were all handed out: nothing is read twice or skipped), and, for a
+        database's stream, right after an ``invalidate`` (the events before it handed out, not it)."""
         assert self._stream is not None
         stream = self._stream
         while True:
             try:
-                async for reply in _replies(stream, max(self._batch_size, 1)):
-                    invalidate = _invalidate_token(reply) if self._database is not None else None
-                    if invalidate is None:
-                        yield reply
-                        continue
-                    if len(reply.docs) > 1:
-                        yield Reply(reply.docs[:-1], drained=True)
-                    stream = await self._reopen_after_invalidate(stream, invalidate)
-                    break
+                invalidate: Any = None
+                async with contextlib.aclosing(_replies(stream, max(self._batch_size, 1))) as replies:
+                    async for reply in replies:
+                        invalidate = _invalidate_token(reply) if self._database is not None else None
+                        if invalidate is None:
+                            yield reply
+                            continue
+                        if len(reply.docs) > 1:
+                            yield Reply(reply.docs[:-1], drained=True)
+                        break
+                if invalidate is None:  # the replies never end but by an error: a stream is polled for ever
+                    return
+                stream = await self._reopen_after_invalidate(stream, invalidate)
             except _TooLarge:
                 stream = await self._reopen_after_oversize(stream)
 
@@ -355,7 +361,7 @@ class Reply:
     poll_started: float = 0.0
 
 
-async def _replies(stream: AsyncChangeStream[Any], most: int) -> AsyncIterator[Reply]:
+async def _replies(stream: AsyncChangeStream[Any], most: int) -> AsyncGenerator[Reply, None]:
     """The stream, one server reply at a time: the driver's buffered events are taken in one go (no I/O),
     so the next getMore is sent as soon as the previous reply is in. At most ``most`` events a Reply (a
     driver that does not show its buffer is read until it has nothing)."""
