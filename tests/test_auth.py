@@ -381,7 +381,8 @@ def test_a_tail_on_a_database_stream_killed_and_resumed_converges(
     servers_clean: tuple[SecureServer, SecureServer], tmp_path: Path
 ) -> None:
     """kill -9 a tail that follows shop's own stream just after a dropDatabase (its checkpoint before, at or
-    after the invalidate), write on, and tail again: the target converges to the source."""
+    after the invalidate), write on, and tail again: the target converges to the source. Then a drop while
+    no mcdc runs: the catch-up resumes from before the invalidate, through it."""
     source, target = servers_clean
     src, tgt = source.user_uri("src_read"), target.user_uri("tgt_least")
     out = Outputs(tmp_path)
@@ -412,6 +413,14 @@ def test_a_tail_on_a_database_stream_killed_and_resumed_converges(
     finally:
         _stop(tail)
     assert tail.returncode == 0, log.read_text()
+    with admin_client(source) as client:  # dropped while no mcdc runs: the checkpoint is before the invalidate
+        client.drop_database("shop")
+        client.shop.create_collection("orders")
+        client.shop.orders.insert_many([{"_id": i, "n": i} for i in range(900, 905)])
+    result = out.run("catch-up", *common)
+    assert result.returncode == 0, result.stderr
+    assert "invalidated" in result.stderr
+    assert _same(source, target) and _count(target, "shop", "orders") == 5
     result = out.run("verify", "-s", src, "-t", tgt, "--include", SHOP)
     assert result.returncode == 0, result.stdout + result.stderr
     out.assert_no_credentials(src, tgt)
