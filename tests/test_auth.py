@@ -374,7 +374,19 @@ def test_read_on_the_one_selected_database_syncs_catches_up_tails_through_a_drop
     result = out.run("cutover", *common, "--json")
     assert result.returncode == 0, result.stderr
     assert _same(source, target) and _count(target, "shop", "orders") == 49
-    out.assert_no_credentials(src, tgt)
+
+    # the way back: the reverse checkpoint names no stream yet; its first run, whose source user (the old
+    # target's) has readWrite on shop alone, follows shop's stream and records it
+    reverse = Path(json.loads(result.stdout)["reverse_checkpoint"])
+    assert _checkpoint(reverse)["stream"] is None
+    with admin_client(target) as client:
+        client.shop.orders.insert_one({"_id": "after cutover"})
+    back = source.user_uri("admin")
+    result = out.run("catch-up", "-s", tgt, "-t", back, "-c", str(reverse), "--include", SHOP, "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert _checkpoint(reverse)["stream"] == {"scope": "database", "database": "shop"}
+    assert _same(source, target) and _count(source, "shop", "orders") == 50
+    out.assert_no_credentials(src, tgt, back)
 
 
 def test_a_tail_on_a_database_stream_killed_and_resumed_converges(
