@@ -15,7 +15,7 @@ from bson import Binary, Int64, ObjectId
 from bson.timestamp import Timestamp
 from pymongo.errors import OperationFailure
 
-from replicator.checkpoint.store import Checkpoint, CheckpointStore, SnapshotProgress
+from replicator.checkpoint.store import DEPLOYMENT, Checkpoint, CheckpointStore, SnapshotProgress, StreamScope
 from replicator.errors import CheckpointError, CheckpointLocked, ConfigError
 from replicator.events import Namespace, Position
 from replicator.source.partitions import Partition
@@ -123,7 +123,7 @@ def _big_plan(parts: int) -> list[dict[str, object]]:
 _SAVE_UNDER_FILE_SIZE_LIMIT = """
 import resource, signal, sys
 from pathlib import Path
-from replicator.checkpoint.store import Checkpoint, CheckpointStore, SnapshotProgress
+from replicator.checkpoint.store import DEPLOYMENT, Checkpoint, CheckpointStore, SnapshotProgress, StreamScope
 from replicator.errors import CheckpointError
 from tests.test_checkpoint import _big_plan
 
@@ -402,3 +402,25 @@ def test_the_checkpoint_moves_its_positions_on_acknowledgement() -> None:
     cp.add_shard("s2", Position(cluster_time=Timestamp(9, 1)))
     cp.add_shard("s1", Position(cluster_time=Timestamp(1, 1)))  # known already: kept
     assert cp.shards["s1"] == shards["s1"] and cp.shards["s2"].cluster_time == Timestamp(9, 1)
+
+
+def test_the_stream_scope_round_trips_and_an_older_checkpoint_followed_the_deployment(tmp_path: Path) -> None:
+    """A checkpoint keeps the change stream its positions belong to: a database's, or the deployment's (what
+    a checkpoint written before scopes were recorded read); one that names none yet (a reverse checkpoint)
+    is left for the next run to decide."""
+    store = CheckpointStore(tmp_path / "cp.json")
+    for scope in (StreamScope("shop"), DEPLOYMENT, None):
+        cp = _sample()
+        cp.stream = scope
+        store.save(cp)
+        loaded = store.load()
+        assert loaded is not None and loaded.stream == scope
+    old = _sample().to_json()
+    old.pop("stream")
+    store.path.write_text(json.dumps(old))
+    loaded = store.load()
+    assert loaded is not None and loaded.stream == DEPLOYMENT and loaded.stream.database is None
+    bad = {**old, "stream": {"scope": "collection"}}
+    store.path.write_text(json.dumps(bad))
+    with pytest.raises(CheckpointError):
+        store.load()

@@ -19,6 +19,7 @@ from replicator.source.privileges import (
     missing,
     refusal,
     source_needs,
+    stream_database,
     target_needs,
 )
 
@@ -67,6 +68,32 @@ def test_read_on_one_database_is_refused_the_deployment_stream_with_the_role_to_
     assert (
         refusal("source", "app", lacking[0])
         == "source: user app may not run find on crm (grant read on crm, or readAnyDatabase)"
+    )
+
+
+def test_read_on_the_one_selected_database_follows_that_database_s_stream() -> None:
+    """The deployment's stream whenever the user may open it; a database's only for a user who may read
+    just the one database the selection names; none for several (refused, naming readAnyDatabase)."""
+    read_shop = grants_of(_status([("read", "shop")]))
+    read_two = grants_of(_status([("read", "shop"), ("read", "crm")]))
+    any_db = grants_of(_status([("readAnyDatabase", "admin")]))
+    assert read_shop is not None and read_two is not None and any_db is not None
+    assert stream_database(read_shop, ("shop",)) == "shop"
+    assert stream_database(any_db, ("shop",)) is None  # the deployment's stream stays the default
+    assert stream_database(None, ("shop",)) is None  # no authentication, or a user that cannot be judged
+    assert stream_database(read_shop, ("crm",)) is None  # not readable: refused below
+    assert stream_database(read_shop, None) is None
+    assert stream_database(read_two, ("crm", "shop")) is None
+    assert missing(source_needs(("shop",), stream=True, stream_db="shop"), read_shop) == []
+    lacking = missing(source_needs(("crm",), stream=True, stream_db="crm"), read_shop)
+    assert refusal("source", "app", lacking[0]) == (
+        "source: user app may not open a change stream on crm: changeStream on crm (grant read on crm, or "
+        "readAnyDatabase)"
+    )
+    lacking = missing(source_needs(("crm", "shop"), stream=True), read_two)
+    assert refusal("source", "app", lacking[0]) == (
+        "source: user app may not open a change stream on the whole deployment: changeStream on every database "
+        "(grant readAnyDatabase: read on a database is enough only for a selection of that database alone)"
     )
 
 

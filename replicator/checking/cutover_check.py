@@ -92,13 +92,22 @@ def proven_since(state: SweepState) -> Timestamp | None:
 
 
 async def changes_between(
-    settings: Settings, reporter: Reporter, client: Client, info: ServerInfo, since: Timestamp, until: Timestamp
+    settings: Settings,
+    reporter: Reporter,
+    client: Client,
+    info: ServerInfo,
+    since: Timestamp,
+    until: Timestamp,
+    *,
+    database: str | None = None,
 ) -> Changes | None:
     """The changes to the selection from ``since`` up to ``until``, read from the source's change stream
-    (one per shard); None when ``since`` is no longer in the oplog."""
+    (one per shard; with ``database``, that database's, as the checkpoint follows); None when ``since`` is
+    no longer in the oplog."""
     changes = Changes()
     # keys only: no document looked up, no pre-image
-    topology = StreamTopology(replace(settings, full_document="default", pre_images="off"), reporter, client)
+    settings = replace(settings, full_document="default", pre_images="off")
+    topology = StreamTopology(settings, reporter, client, database=database)
     reader = await topology.reader(info, max_await_ms=200)
     start = Position(cluster_time=since)
     try:

@@ -55,6 +55,35 @@ class SnapshotProgress:
     finished_at: float | None = None
 
 
+@dataclass(frozen=True)
+class StreamScope:
+    """The change stream a checkpoint's positions belong to: the whole deployment's (``database`` None), or
+    one database's (``db.watch``, for a source user with ``read`` on that database only). A resume token and
+    the events' places at a cluster time belong to one stream, so a checkpoint keeps its scope for life."""
+
+    database: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        if self.database is None:
+            return {"scope": "deployment"}
+        return {"scope": "database", "database": self.database}
+
+    @classmethod
+    def from_json(cls, data: Any) -> StreamScope:
+        if isinstance(data, dict) and data.get("scope") == "deployment":
+            return cls()
+        if isinstance(data, dict) and data.get("scope") == "database" and isinstance(data.get("database"), str):
+            return cls(data["database"])
+        raise ValueError(f"unknown change stream scope {data!r}")
+
+    def __str__(self) -> str:
+        return "the whole deployment" if self.database is None else f"database {self.database}"
+
+
+#: The scope of a checkpoint written before mcdc recorded one: the deployment's stream, all it read then.
+DEPLOYMENT = StreamScope()
+
+
 @dataclass
 class Checkpoint:
     """In-memory form of one checkpoint file.
@@ -95,6 +124,9 @@ class Checkpoint:
     #: the migration this checkpoint belongs to, made when its first version was: a copy of the file (a
     #: backup, an older version kept aside) has the same, and is that migration, not another one
     migration_id: str | None = None
+    #: the change stream its positions belong to; None while no stream was read for it (a reverse checkpoint
+    #: cutover wrote holds only a cluster time): the next run decides and records it
+    stream: StreamScope | None = None
 
     def acknowledge(
         self, position: Position, shard_positions: Mapping[str, Position] | None = None, *, applied: bool = True
@@ -129,6 +161,7 @@ class Checkpoint:
             "lag_s": self.lag_s,
             "owned": sorted(self.owned),
             "migration_id": self.migration_id,
+            "stream": self.stream.to_json() if self.stream is not None else None,
             "snapshot": {
                 "status": self.snapshot.status,
                 "plan": self.snapshot.plan,
@@ -162,6 +195,10 @@ class Checkpoint:
             lag_s=float(data["lag_s"]) if data.get("lag_s") is not None else None,
             owned={str(ns) for ns in data.get("owned") or ()},
             migration_id=_optional_str(data.get("migration_id")),
+            # absent from a checkpoint written before scopes were recorded: the deployment's stream
+            stream=StreamScope.from_json(data["stream"])
+            if data.get("stream") is not None
+            else (None if "stream" in data else DEPLOYMENT),
             snapshot=SnapshotProgress(
                 status=str(snap.get("status", "none")),
                 plan=list(snap.get("plan") or []),

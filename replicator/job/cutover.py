@@ -170,7 +170,9 @@ async def _verify(
     since = proven_since(state) if state is not None else None
     if state is not None and since is not None:
         info = await probe(source, settings.source, "source")
-        changes = await changes_between(settings, reporter, source, info, since, await current_time(source))
+        database = cp.stream.database if cp is not None and cp.stream is not None else None
+        now = await current_time(source)
+        changes = await changes_between(settings, reporter, source, info, since, now, database=database)
         if changes is not None:
             changes.add_rechecks(Entry.from_json(item) for item in state.recheck)
             what = f"{plural(changes.documents, '_id')} changed, {plural(len(changes.whole), 'namespace')} whole"

@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from replicator.checkpoint.store import Checkpoint, CheckpointStore, SnapshotProgress
+from replicator.checkpoint.store import DEPLOYMENT, Checkpoint, CheckpointStore, SnapshotProgress
 from replicator.errors import ConfigError, HistoryLost, TopologyError
 from replicator.events import Position
 from replicator.job.copy import SnapshotCopy, target_specs
@@ -89,6 +89,7 @@ class SyncJob:
         self.engine = open_engine(settings, self.store, reporter, stop=stop, metrics=metrics)
         self._resnapshot = False  # a new snapshot is due whatever the checkpoint says (history lost)
         self._started_snapshot = False  # this run planned the snapshot it copies
+        self._scope = DEPLOYMENT  # the change stream followed (decided with the source's privileges)
         self.summary = Summary(
             command=command,
             source=redact(settings.source),
@@ -132,7 +133,9 @@ class SyncJob:
                             "migration"
                         )
                     check_recorded(self.s, cp, str(self.store.path))
-                    await check_source_privileges(client, self.s)
+                    self._scope = await check_source_privileges(client, self.s, cp)
+                    if cp is not None and cp.stream is None:  # saved with its next position
+                        cp.stream = self._scope
                     namespaces = await check_selection(
                         client, self.s, self._fields, self.reporter, command=self.command, first_run=cp is None
                     )
@@ -184,7 +187,12 @@ class SyncJob:
             self.reporter.warn("--snapshot-only: writes made to the source during the copy are not replayed")
         # a bounded run stops at the first empty poll: a short await keeps its tail short
         await_ms = 1000 if self.command == "tail" else 200
-        self._topology = StreamTopology(s, self.reporter, client)
+        if self._scope.database is not None and not s.snapshot_only:
+            self.reporter.info(
+                f"following the change stream of database {self._scope.database} (the source user may read "
+                "only that database)"
+            )
+        self._topology = StreamTopology(s, self.reporter, client, database=self._scope.database)
         self._replay.bind(client, self._topology)
         reader = await self._topology.reader(info, max_await_ms=await_ms, cp=cp)
         try:
@@ -362,4 +370,6 @@ class SyncJob:
         """A checkpoint that starts here, recording the selection and rules its copies follow."""
         hosts = dict(self._topology.hosts)
         recorded = Recorded.of(self.s).to_json()
-        return Checkpoint(identity, recorded=recorded, shard_hosts=hosts, migration_id=uuid.uuid4().hex, **fields)
+        return Checkpoint(
+            identity, recorded=recorded, shard_hosts=hosts, migration_id=uuid.uuid4().hex, stream=self._scope, **fields
+        )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from replicator.checkpoint.store import Checkpoint, StreamScope
 from replicator.errors import ConfigError
 from replicator.events import Namespace
 from replicator.settings.config import Settings
@@ -16,7 +17,15 @@ from replicator.sinks.base import Sink
 from replicator.sinks.registry import scheme_of
 from replicator.source import catalog
 from replicator.source.connection import Client, ServerInfo, deployment_identity, grants
-from replicator.source.privileges import Grants, Need, missing, refusal, source_needs, target_needs
+from replicator.source.privileges import (
+    Grants,
+    Need,
+    missing,
+    refusal,
+    source_needs,
+    stream_database,
+    target_needs,
+)  # fmt: skip
 
 
 def refuse_lacking(side: str, granted: Grants | None, needs: Iterable[Need]) -> None:
@@ -29,11 +38,27 @@ def refuse_lacking(side: str, granted: Grants | None, needs: Iterable[Need]) -> 
         raise ConfigError(refusal(side, granted.user, lacking[0]))
 
 
-async def check_source_privileges(client: Client, settings: Settings) -> None:
-    """The source's user may read what the selection names and, unless --snapshot-only, open the
-    deployment-wide change stream: checked before anything is read or written."""
-    needs = source_needs(settings.selection.databases(), stream=not settings.snapshot_only)
-    refuse_lacking("source", await grants(client), needs)
+async def check_source_privileges(client: Client, settings: Settings, cp: Checkpoint | None) -> StreamScope:
+    """The source's user may read what the selection names and, unless --snapshot-only, open the change
+    stream the run follows: checked before anything is read or written. That stream is the checkpoint's
+    (``cp``: a resume token belongs to one stream), else the deployment's, else, for a user who may read
+    only the one database the selection names, that database's (see :func:`stream_database`)."""
+    granted = await grants(client)
+    databases = settings.selection.databases()
+    if cp is not None and cp.stream is not None:
+        scope = cp.stream
+        if scope.database is not None and databases != (scope.database,):
+            raise ConfigError(
+                f"checkpoint {settings.checkpoint_path()} follows the change stream of database {scope.database} "
+                f"alone (its source user could read only that database), and the selection now reaches beyond "
+                f"it: --include only {scope.database}'s collections, or begin another migration (another "
+                "--checkpoint) with readAnyDatabase on the source"
+            )
+    else:
+        scope = StreamScope(stream_database(granted, databases))
+    needs = source_needs(databases, stream=not settings.snapshot_only, stream_db=scope.database)
+    refuse_lacking("source", granted, needs)
+    return scope
 
 
 async def check_target_privileges(sink: Sink, settings: Settings, namespaces: Iterable[Namespace]) -> None:

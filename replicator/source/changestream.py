@@ -7,10 +7,11 @@ apply a transaction as one unit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,22 +142,30 @@ def after_refusal(plan: OversizePlan, exc: OperationFailure, kwargs: dict[str, A
     log.warning("the source has no showExpandedEvents (MongoDB < 6.0): index DDL is not streamed")
 
 
-def reopen_options(opened: dict[str, Any], token: Any) -> dict[str, Any]:
+def reopen_options(opened: dict[str, Any], token: Any, *, key: str = "resume_after") -> dict[str, Any]:
     """watch()'s options to open a stream again right after the last event it handed out (its resume
-    token; where it has none yet, where it was opened)."""
+    token, passed as ``key``; where it has none yet, where it was opened)."""
     if token is None:
         return dict(opened)
-    kwargs = {k: v for k, v in opened.items() if k not in ("resume_after", "start_at_operation_time")}
-    kwargs["resume_after"] = token
+    kwargs = {k: v for k, v in opened.items() if k not in ("resume_after", "start_after", "start_at_operation_time")}
+    kwargs[key] = token
     return kwargs
 
 
 class ChangeStreamReader:
-    """Reads the whole deployment's change stream (all databases but admin, local and config).
+    """Reads the whole deployment's change stream (all databases but admin, local and config), or with
+    ``database`` that one database's.
 
     MongoDB leaves those three databases out of a deployment's change stream, so no server-side filter is
     added for them (a $match costs the server work on every event); should a server send one anyway, the
-    selection (filters.py) drops it."""
+    selection (filters.py) drops it.
+
+    A database's stream (for a source user who may read only that database) ends with an ``invalidate``
+    event when the database is dropped. The reader opens it again right after (``startAfter`` that event's
+    token: ``resumeAfter`` refuses an invalidate's) and reads on: the events before and after are all read,
+    once, and the invalidate itself is never handed out (it is no change; it gets no place among the
+    events). Such a stream is always opened with ``startAfter``, which accepts every token of the stream, so
+    a checkpoint saved just before the invalidate resumes through it the same way."""
 
     def __init__(
         self,
@@ -170,14 +179,19 @@ class ChangeStreamReader:
         pre_images: str = "off",
         rs: str | None = None,
         shard: str | None = None,
+        database: str | None = None,
     ) -> None:
         """``track_time``: stamp batches with local read and poll times (``Batch.read_at`` and
         ``Batch.idle_since``), which merging several streams needs. ``oversize``: what to do with a
         change event over 16 MB where the server cannot split it ("fail" or "skip", logged). ``pre_images``:
         fullDocumentBeforeChange ("off", "whenAvailable" or "required"). ``rs``: the replica set's name,
         stamped on every event. ``shard``: the stream's name among a cluster's shards (None for a replica
-        set), stamped on every event's position."""
+        set), stamped on every event's position. ``database``: read that database's stream, not the
+        deployment's."""
         self.client = client
+        self._database = database
+        #: the option a resume token is passed with (see the class's docs)
+        self._token_key = "resume_after" if database is None else "start_after"
         self._track_time = track_time
         self._full_document = full_document
         self._batch_size = batch_size
@@ -207,7 +221,7 @@ class ChangeStreamReader:
         if self._pre_images != "off":
             kwargs["full_document_before_change"] = self._pre_images
         if start.resume_token is not None:
-            kwargs["resume_after"] = start.resume_token
+            kwargs[self._token_key] = start.resume_token
         elif start.cluster_time is not None:
             kwargs["start_at_operation_time"] = start.cluster_time
         await self._stop_reading()
@@ -219,7 +233,8 @@ class ChangeStreamReader:
     async def _watch(self, kwargs: dict[str, Any], start: Position | None) -> AsyncChangeStream[Any]:
         while True:
             try:
-                self._stream = await self.client.watch(self._plan.stages(), **kwargs)
+                watched = self.client if self._database is None else self.client[self._database]
+                self._stream = await watched.watch(self._plan.stages(), **kwargs)
                 return self._stream
             except OperationFailure as exc:
                 after_refusal(self._plan, exc, kwargs, start)
@@ -227,9 +242,15 @@ class ChangeStreamReader:
     async def _reopen_after_oversize(self, stream: AsyncChangeStream[Any]) -> AsyncChangeStream[Any]:
         """The stream opened again where ``stream`` stopped on an event over 16 MB, able to pass it."""
         self._plan.too_large()
-        kwargs = reopen_options(self._kwargs, stream.resume_token)
+        kwargs = reopen_options(self._kwargs, stream.resume_token, key=self._token_key)
         await stream.close()
         return await self._watch(kwargs, None)
+
+    async def _reopen_after_invalidate(self, stream: AsyncChangeStream[Any], token: Any) -> AsyncChangeStream[Any]:
+        """A database's stream opened again right after its ``invalidate`` event (``token``)."""
+        log.info("the change stream of database %s was invalidated (dropped): opening it again", self._database)
+        await stream.close()
+        return await self._watch(reopen_options(self._kwargs, token, key="start_after"), None)
 
     async def position_now(self) -> Position:
         """The stream's position now: the post-batch resume token of a stream opened without a start
@@ -287,13 +308,25 @@ class ChangeStreamReader:
 
     async def _read_replies(self) -> AsyncIterator[Reply]:
         """The replies of the open stream; opened again with the split stage where an event over 16 MB
-        stopped it (the replies before it were all handed out: nothing is read twice or skipped)."""
+        stopped it (the replies before it were all handed out: nothing is read twice or skipped), and, for a
+        database's stream, right after an ``invalidate`` (the events before it handed out, not it)."""
         assert self._stream is not None
         stream = self._stream
         while True:
             try:
-                async for reply in _replies(stream, max(self._batch_size, 1)):
-                    yield reply
+                invalidate: Any = None
+                async with contextlib.aclosing(_replies(stream, max(self._batch_size, 1))) as replies:
+                    async for reply in replies:
+                        invalidate = _invalidate_token(reply) if self._database is not None else None
+                        if invalidate is None:
+                            yield reply
+                            continue
+                        if len(reply.docs) > 1:
+                            yield Reply(reply.docs[:-1], drained=True)
+                        break
+                if invalidate is None:  # the replies never end but by an error: a stream is polled for ever
+                    return
+                stream = await self._reopen_after_invalidate(stream, invalidate)
             except _TooLarge:
                 stream = await self._reopen_after_oversize(stream)
 
@@ -302,6 +335,15 @@ class ChangeStreamReader:
         self._pending.clear()
         if reader is not None:
             await stop_pumps([reader], [self._replies])
+
+
+def _invalidate_token(reply: Reply) -> Any:
+    """The token of the ``invalidate`` event that ends ``reply`` (always the last event of its stream), or
+    None."""
+    if not reply.docs:
+        return None
+    last = reply.docs[-1]
+    return last["_id"] if last.get("operationType") == "invalidate" else None
 
 
 #: Replies of the server read ahead of the batch being assembled.
@@ -319,7 +361,7 @@ class Reply:
     poll_started: float = 0.0
 
 
-async def _replies(stream: AsyncChangeStream[Any], most: int) -> AsyncIterator[Reply]:
+async def _replies(stream: AsyncChangeStream[Any], most: int) -> AsyncGenerator[Reply, None]:
     """The stream, one server reply at a time: the driver's buffered events are taken in one go (no I/O),
     so the next getMore is sent as soon as the previous reply is in. At most ``most`` events a Reply (a
     driver that does not show its buffer is read until it has nothing)."""

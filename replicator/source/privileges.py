@@ -146,21 +146,44 @@ class Need:
     roles: str
 
 
-def source_needs(databases: Sequence[str] | None, *, stream: bool) -> list[Need]:
+def source_needs(databases: Sequence[str] | None, *, stream: bool, stream_db: str | None = None) -> list[Need]:
     """What the source's user needs: read on each database the selection names (``databases``; None when
     it names none literally: then every database is read, and the stream's need covers it), and with
-    ``stream`` (sync, catch-up and tail without --snapshot-only) a change stream on the whole deployment,
-    which MongoDB grants with find and changeStream on every database: readAnyDatabase."""
+    ``stream`` (sync, catch-up and tail without --snapshot-only) a change stream: on the whole deployment,
+    which MongoDB grants with find and changeStream on every database (readAnyDatabase), or with
+    ``stream_db`` on that one database (read on it)."""
     needs: list[Need] = []
-    if stream:
+    if stream and stream_db is not None:
+        grant = f"read on {stream_db}, or readAnyDatabase"
         needs += [
-            Need("changeStream", "", _STREAM, "readAnyDatabase"),
-            Need("find", "", "read the whole deployment's change events: find on every database", "readAnyDatabase"),
+            Need("changeStream", stream_db, f"open a change stream on {stream_db}: changeStream on {stream_db}", grant),
+            Need("find", stream_db, f"read the change events of {stream_db}: find on {stream_db}", grant),
+        ]
+    elif stream:
+        grant = "readAnyDatabase"
+        if databases is not None and len(databases) > 1:
+            grant += ": read on a database is enough only for a selection of that database alone"
+        needs += [
+            Need("changeStream", "", _STREAM, grant),
+            Need("find", "", "read the whole deployment's change events: find on every database", grant),
         ]
     for db in databases or ():
         for action in ("find", "listCollections", "listIndexes"):
             needs.append(Need(action, db, f"run {action} on {db}", f"read on {db}, or readAnyDatabase"))
     return needs
+
+
+def stream_database(granted: Grants | None, databases: Sequence[str] | None) -> str | None:
+    """The one database whose change stream (``db.watch``) a run follows instead of the deployment's: when
+    the user may not open the deployment's, the selection names exactly one database literally, and the
+    user may read that database's changes. None: the deployment's stream, the default (also for a server
+    without authentication, and a user whose privileges cannot be judged)."""
+    if granted is None or not missing(source_needs(None, stream=True), granted):
+        return None
+    if databases is None or len(databases) != 1:
+        return None
+    (db,) = databases
+    return None if missing(source_needs(None, stream=True, stream_db=db), granted) else db
 
 
 def target_needs(databases: Iterable[str]) -> list[Need]:

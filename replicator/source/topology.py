@@ -43,10 +43,12 @@ class ShardChange:
 class StreamTopology:
     """Builds the run's reader and, for a discovered sharded cluster, follows its shard set."""
 
-    def __init__(self, settings: Settings, reporter: Reporter, client: Client) -> None:
+    def __init__(self, settings: Settings, reporter: Reporter, client: Client, *, database: str | None = None) -> None:
+        """``database``: follow that database's change stream (on each shard), not the deployment's."""
         self.s = settings
         self.reporter = reporter
         self.client = client
+        self.database = database
         self.discovered = False  # shards found through listShards (so they can change), not --shard
         self.listed_at: Timestamp | None = None  # the source's time just before the last shard listing
         self.hosts: dict[str, str] = {}  # the discovered shards' listShards hosts
@@ -64,6 +66,7 @@ class StreamTopology:
             return ChangeStreamReader(
                 self.client, full_document=s.full_document, batch_size=s.replay_batch, max_await_ms=max_await_ms,
                 track_time=True, oversize=s.oversize, pre_images=s.pre_images, rs=info.set_name,
+                database=self.database,
             )  # fmt: skip
         self.reporter.info("one change stream per shard: " + ", ".join(str(sh) for sh in shards))
         merged = MergedReader({sh.name: await self._shard_reader(sh) for sh in shards}, batch_size=s.replay_batch)
@@ -108,7 +111,7 @@ class StreamTopology:
         return ChangeStreamReader(
             client, full_document=self.s.full_document, batch_size=self.s.replay_batch, max_await_ms=100,
             track_time=True, oversize=self.s.oversize, pre_images=self.s.pre_images, rs=info.set_name,
-            shard=shard.name,
+            shard=shard.name, database=self.database,
         )  # fmt: skip
 
     async def watch(self, reader: MergedReader, stop: asyncio.Event, user_stop: asyncio.Event | None) -> ShardChange:
