@@ -91,6 +91,10 @@ RESELECT_SINKS = ("mongo", "kafka")
 WAY_BACK_FAULTS = ("kill", "restore", "restart source", "restart target", "crash target", "stop")
 #: another migration's selection, onto namespaces every selection above maps: it must be refused
 OVERLAPPING = ("--include", r"chaos\.(a|b)")
+#: the read preferences and read caps (documents/s; 0: none) plans draw from: a cap low enough that a
+#: snapshot of the workload's collections is paced, not so low that a plan's time goes to waiting
+READ_PREFERENCES = ("", "", "primaryPreferred", "secondaryPreferred", "nearest")
+READ_RATES = (0, 0, 1500, 4000)
 #: the share of plans drawn with a --filter, and the filters they draw from: on collections no DDL renames
 #: (a filter follows the source's name), on fields the workload's "flip" writes move across (a region that
 #: may be an array, missing or null) and on the "v" its updates raise
@@ -141,6 +145,8 @@ class Plan:
     back: bool = False
     #: the runs' --filter (REGEX=QUERY), or "": the target holds the source's matching documents only
     filter: str = ""
+    #: the runs' --read-preference and --max-read-rate flags (the source's load options), or ()
+    reads: tuple[str, ...] = ()
 
     @classmethod
     def draw(
@@ -184,12 +190,20 @@ class Plan:
         chosen = pick if (drawn if filtered is None else filtered) else ""
         # a filtered migration's way back carries what the new side holds (the matches) onto an old side that
         # keeps the rest too: it is never identical, by design (README: Partial replication)
-        return cls(seed, mode, engine, sink, tuple(steps), replays, back and not chosen, chosen)
+        # the source's load options, drawn apart too: reads through a causally consistent session at a
+        # preference the single-node source serves from its primary, and a cap the copy must live with
+        loads = random.Random(seed * 7919 + 11)
+        preference, rate = loads.choice(READ_PREFERENCES), loads.choice(READ_RATES)
+        reads = (("--read-preference", preference) if preference else ()) + (
+            ("--max-read-rate", str(rate)) if rate else ()
+        )
+        return cls(seed, mode, engine, sink, tuple(steps), replays, back and not chosen, chosen, reads)
 
     def __str__(self) -> str:
         return (
             f"seed={self.seed} mode={self.mode} engine={self.engine} sink={self.sink} replays={self.replays}"
-            f"{' then cutover and back' if self.back else ''}{f' filter={self.filter}' if self.filter else ''}\n"
+            f"{' then cutover and back' if self.back else ''}{f' filter={self.filter}' if self.filter else ''}"
+            f"{' ' + ' '.join(self.reads) if self.reads else ''}\n"
             f"  steps: {', '.join(self.steps)}"
         )
 
@@ -335,6 +349,8 @@ class Runner:
         argv += self.flags if flags is None else flags
         if self.plan.filter and self.way_back is None:
             argv += ["--filter", self.plan.filter]
+        if self.way_back is None:
+            argv += self.plan.reads
         argv += ["--retry-initial-delay", "0.2", "--retry-max-delay", "1", "--max-retries", "-1"]
         if self.plan.sink == "kafka":
             argv += ["--topic-prefix", self.prefix]
