@@ -83,11 +83,12 @@ def test_shard_target_rules_first_match_wins_and_bad_ones_are_one_line_errors() 
     assert rules(Namespace("shop", "items")) == {}
     assert rules(Namespace("other", "orders")) is None
     for bad, says in [
-        ("shop", "must be REGEX=KEY"),
-        ('(={"a": 1}', "bad regular expression"),
+        ("shop", "must look like REGEX=KEY"),
+        ('(={"a": 1}', "is not a valid regular expression"),
         ('x={"a": 2}', 'must be 1 (a range) or "hashed"'),
         ('x={"a": "hashed", "b": "hashed"}', "at most one hashed"),
-        ("x={a: 1}", "not Extended JSON"),
+        ("x={a: 1}", "KEY is not valid Extended JSON"),
+        ('x={"a": {"$numberDecimal": "x"}}', "KEY is not valid Extended JSON"),
     ]:
         with pytest.raises(ConfigError, match="--shard-target") as info:
             ShardTargets.from_rules([bad])

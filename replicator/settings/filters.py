@@ -21,18 +21,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from bson import json_util
-from bson.errors import BSONError
-from bson.json_util import JSONOptions
-
 from replicator.errors import ConfigError, quoted
 from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op
 from replicator.events.query import Query, compile_query
-
-#: QUERY's Extended JSON: canonical or relaxed, as mongosh and mongoexport write it
-_JSON = JSONOptions(document_class=dict)
-#: REGEX=QUERY: split at the first "=" that a JSON object follows (a regex may hold "=" itself)
-_FORM = re.compile(r"(?s)(.*?)=\s*(\{.*)")
+from replicator.settings.rules import regex_and_document
 
 
 @dataclass(frozen=True)
@@ -42,26 +34,12 @@ class _Filter:
 
 
 def _parse(text: str) -> _Filter:
-    flag = f"--filter {quoted(text)}"
-    found = _FORM.fullmatch(text.strip())
-    if found is None or not found.group(1).strip():
-        raise ConfigError(f'{flag} must look like REGEX=QUERY, e.g. \'shop\\.orders={{"region": "EU"}}\'')
-    regex, query = found.group(1).strip(), found.group(2)
-    try:
-        pattern = re.compile(regex)
-    except re.error as exc:
-        raise ConfigError(f"{flag}: {quoted(regex)} is not a valid regular expression: {exc}") from None
-    try:
-        spec = json_util.loads(query, json_options=_JSON)
-    except (ValueError, TypeError, KeyError, ArithmeticError, BSONError) as exc:  # a bad $oid, $numberDecimal...
-        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"{flag}: the query is not valid Extended JSON: {detail}") from None
-    if not isinstance(spec, dict):
-        raise ConfigError(f"{flag}: the query must be a JSON object")
+    example = '\'shop\\.orders={"region": "EU"}\''
+    pattern, spec = regex_and_document("--filter", text, "REGEX=QUERY", example)
     try:
         compile_query(spec)
     except ConfigError as exc:
-        raise ConfigError(f"{flag}: {str(exc).removeprefix('--filter: ')}") from None
+        raise ConfigError(f"--filter {quoted(text)}: {str(exc).removeprefix('--filter: ')}") from None
     return _Filter(pattern, spec)
 
 

@@ -16,14 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bson import json_util
-from bson.json_util import JSONOptions
-
 from replicator.errors import ConfigError, quoted
 from replicator.events import Namespace
-
-_RULE = re.compile(r"(?s)(.*?)=\s*(\{.*\})\s*")
-_JSON = JSONOptions(document_class=dict)
+from replicator.settings.rules import regex_and_document
 
 
 @dataclass(frozen=True)
@@ -44,18 +39,7 @@ class ShardTargets:
 
 def _parse(rule: str) -> tuple[re.Pattern[str], Mapping[str, Any]]:
     example = 'e.g. \'shop\\.orders={"region": 1, "_id": "hashed"}\''
-    match = _RULE.fullmatch(rule)
-    if match is None or not match.group(1):
-        raise ConfigError(f"--shard-target {quoted(rule)} must be REGEX=KEY ({example})")
-    pattern, text = match.groups()
-    try:
-        compiled = re.compile(pattern)
-    except re.error as exc:
-        raise ConfigError(f"--shard-target {quoted(rule)}: bad regular expression: {exc}") from None
-    try:
-        key = json_util.loads(text, json_options=_JSON)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"--shard-target {quoted(rule)}: KEY is not Extended JSON ({exc})") from None
+    compiled, key = regex_and_document("--shard-target", rule, "REGEX=KEY", example.removeprefix("e.g. "))
     problem = key_problem(key)
     if problem is not None:
         raise ConfigError(f"--shard-target {quoted(rule)}: {problem} ({example})")
