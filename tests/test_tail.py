@@ -469,3 +469,32 @@ def test_a_live_tail_follows_log_rotation(source_uri: str, target_uri: str, tmp_
         proc.send_signal(signal.SIGCONT)
     _wait(_converged(source_uri, target_uri), what="convergence after the rotations")
     assert _stop(proc)[0] == 0
+
+
+def test_a_resumed_tail_with_nothing_to_replay_says_so_at_once(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    """A tail resumed from its checkpoint on a quiet source logs where it goes on from before any change
+    comes (it said nothing until the first event: a user, or a supervisor waiting for a first line, saw a
+    silent process). The chaos harness's soak seed 4400 (tail, kafka) waited on such a tail for 120 s."""
+    cp = tmp_path / "cp.json"
+    with pymongo.MongoClient(source_uri) as client:
+        client.quiet.c.insert_one({"_id": 1})
+    first = subprocess.run(
+        [sys.executable, "-m", "replicator.cli", "catch-up", "-s", source_uri, "-t", target_uri, "-c", str(cp),
+         "--include", r"quiet\..*", "--no-progress"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    log = tmp_path / "tail.log"
+    with log.open("w") as err:
+        args = [sys.executable, "-m", "replicator.cli", "tail", "-s", source_uri, "-t", target_uri, "-c", str(cp)]
+        proc = subprocess.Popen([*args, "--include", r"quiet\..*", "--no-progress"], stderr=err, text=True)
+        _STARTED.append(proc)
+        try:
+            _wait(lambda: "replaying changes from the checkpoint" in log.read_text(), what="the resume line")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0, log.read_text()
+    said = log.read_text()
+    assert str(cp) in said and "events applied" in said, said

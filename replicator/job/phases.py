@@ -309,6 +309,10 @@ class SyncJob:
                 cp = self._new_checkpoint(identity, position=position, shards=shard_positions)
                 self.store.save(cp)
                 self.reporter.info("no snapshot (--snapshot never): replicating from now")
+            else:  # said before any change comes: a quiet source would leave a resumed run silent
+                at = cp.position.cluster_time
+                since = f" (its position at {format_ts(at)})" if at is not None else ""
+                self.reporter.info(f"replaying changes from the checkpoint {self.store.path}{since}")
             return cp
         position, shard_positions = Position(), {}
         if not s.snapshot_only:
