@@ -310,8 +310,8 @@ class SyncJob:
                 self.store.save(cp)
                 self.reporter.info("no snapshot (--snapshot never): replicating from now")
             else:  # said before any change comes: a quiet source would leave a resumed run silent
-                at = cp.position.cluster_time
-                since = f" (its position at {format_ts(at)})" if at is not None else ""
+                resumed = cp.position.cluster_time
+                since = f" (its position at {format_ts(resumed)})" if resumed is not None else ""
                 self.reporter.info(f"replaying changes from the checkpoint {self.store.path}{since}")
             return cp
         position, shard_positions = Position(), {}
