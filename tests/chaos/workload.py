@@ -334,7 +334,11 @@ class SideWorkload:
     must hold, so a test can tell that nobody else wrote them (:meth:`check`)."""
 
     def __init__(self, uri: str, rng: random.Random) -> None:
-        self.client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(uri, serverSelectionTimeoutMS=5000)
+        # journaled: a "crash target" (kill -9) must not lose a write it believes made (an unjournaled delete
+        # of side.keep's document came back after one: "side.keep ... was written")
+        self.client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
+            uri, serverSelectionTimeoutMS=5000, journal=True
+        )
         self.rng = rng
         self.expected: dict[str, dict[int, dict[str, Any]]] = {ns: {} for ns in SIDE}
         self._n = 0
