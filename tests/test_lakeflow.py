@@ -1,0 +1,215 @@
+"""The Lakeflow Connect source against the real test server, driven as Databricks' framework drives it:
+each table's two flows (``read_table``, ``read_table_deletes``) paged from their last committed offset
+until it comes back unchanged, the records applied by key in ``sequence`` order, deletes as tombstones.
+Plus Databricks Labs' own conformance suite, when a checkout of it is at hand (LAKEFLOW_REPO)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import bson
+import pymongo
+import pytest
+from bson import json_util
+from bson.raw_bson import RawBSONDocument
+
+from replicator.bsonkit.extjson import CANONICAL, dumps_str
+from replicator.bsonkit.rawbson import RAW_CODEC
+from replicator.lakeflow import LakeflowError, MongoLakeflowConnect
+from tests.support.scripts import run_script
+from tests.support.servers import connect
+from tests.support.workload import random_workload
+
+pytestmark = pytest.mark.integration
+
+TABLES = ("work.a", "work.b")
+Seq = tuple[int, int, str, int]
+
+
+class Table:
+    """A Lakeflow table as Auto CDC (SCD type 1) keeps it: per key, the highest sequence applied and the
+    document (None: deleted, kept as a tombstone so an older upsert arriving later cannot bring it back)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, tuple[Seq, str | None]] = {}
+        self.seen: set[str] = set()  # the ops applied, "txn" for a record of a transaction
+
+    def apply(self, record: dict[str, Any], *, delete: bool) -> None:
+        self.seen |= {record["op"], "txn"} if record["txn"] is not None else {record["op"]}
+        s = record["sequence"]
+        seq = (s["t"], s["i"], s["shard"], s["n"])
+        held = self.rows.get(record["key"])
+        if held is None or seq > held[0]:
+            self.rows[record["key"]] = (seq, None if delete else record["document"])
+
+    def documents(self) -> dict[str, bytes]:
+        """key -> the document's BSON, from its canonical Extended JSON (types and field order kept)."""
+        return {
+            key: bson.encode(json_util.loads(doc, json_options=CANONICAL), codec_options=RAW_CODEC)
+            for key, (_, doc) in self.rows.items()
+            if doc is not None
+        }
+
+
+class Flow:
+    """One of the framework's flows of a table: its committed offset, stored as JSON between pages."""
+
+    def __init__(self, table: str, method: str) -> None:
+        self.table, self.method = table, method
+        self.offset: str = "null"
+
+    def read(self, connector: MongoLakeflowConnect) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        read: Callable[..., Any] = getattr(connector, self.method)
+        records, end = read(self.table, json.loads(self.offset), {})
+        return list(records), end
+
+
+def _source_documents(uri: str, table: str) -> dict[str, bytes]:
+    db, coll = table.split(".", 1)
+    with pymongo.MongoClient(uri, document_class=RawBSONDocument) as client:
+        return {dumps_str({"_id": doc["_id"]}): bytes(doc.raw) for doc in client[db][coll].find()}
+
+
+def _stream_keys(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(r["key"], json.dumps(r["sequence"])) for r in records]
+
+
+def test_pages_with_kills_between_them_under_a_workload_equal_the_source(own_source: str) -> None:
+    seed = 3901
+    rng = random.Random(seed)
+    with connect(own_source) as client:
+        for name in ("a", "b", "c"):
+            client.work.create_collection(name)
+        client.work.a.insert_many([{"_id": i, "v": i, "arr": [i]} for i in range(0, 200, 2)])
+        client.work.b.insert_many([{"_id": i, "w": str(i)} for i in range(1, 200, 3)])
+    options = {"source": own_source, "include": r"work\.(a|b)", "partition-docs": "15", "split": "always",
+               "max-batch-size": "25"}  # fmt: skip
+    workload = threading.Thread(target=random_workload, args=(own_source, 400, seed), kwargs={"ddl": False})
+    tables = {name: Table() for name in TABLES}
+    flows = [Flow(name, method) for name in TABLES for method in ("read_table", "read_table_deletes")]
+    connector = MongoLakeflowConnect(options)
+    assert connector.list_tables() == list(TABLES)
+    workload.start()
+    crashes = rereads = during = 0
+    quiet_rounds = 0
+    while quiet_rounds < 2:  # every flow came back unchanged in a round begun after the workload ended
+        ended = not workload.is_alive()
+        moved = False
+        for flow in flows:
+            records, end = flow.read(connector)
+            during += bool(records) and not ended
+            if rng.random() < 0.25:
+                # the process dies after the page was read, before its offset was committed: a new one
+                # reads the page again from the same offset (Spark's readBetweenOffsets reads from the
+                # start and keeps the end it logged)
+                crashes += 1
+                connector = MongoLakeflowConnect(options)
+                again, _ = flow.read(connector)
+                if records and records[0]["cluster_time"] is not None:  # a stream page: the same records first
+                    assert _stream_keys(again)[: len(records)] == _stream_keys(records)
+                    rereads += 1
+                records = again
+            for record in records:
+                tables[flow.table].apply(record, delete=flow.method == "read_table_deletes")
+            if json.dumps(end, sort_keys=True) != json.dumps(json.loads(flow.offset), sort_keys=True):
+                moved = True
+            flow.offset = json.dumps(end)
+        quiet_rounds = quiet_rounds + 1 if ended and not moved else 0
+    workload.join()
+    assert crashes and rereads and during > 5, (crashes, rereads, during)
+    for name in TABLES:
+        source = _source_documents(own_source, name)
+        assert source, f"{name} is empty: the workload wrote nothing"
+        assert tables[name].documents() == source, name
+        assert {"r", "c", "u", "replace", "d", "txn"} <= tables[name].seen, (name, tables[name].seen)
+
+
+def test_a_page_read_again_from_its_offset_gives_the_same_records_and_reading_ends(source_uri: str) -> None:
+    with connect(source_uri) as client:
+        client.shop.create_collection("orders")
+        client.shop.orders.insert_many([{"_id": i} for i in range(10)])
+    connector = MongoLakeflowConnect({"source": source_uri, "include": r"shop\..*", "max-batch-size": "4"})
+    records, offset = connector.read_table("shop.orders", None, {})
+    assert list(records) == [] and offset  # the first call plans the snapshot: its offset, no record yet
+    snapshot, offset = connector.read_table("shop.orders", offset, {})
+    assert sorted(r["_id"] for r in snapshot) == sorted(f'{{"$numberInt":"{i}"}}' for i in range(10))
+    with connect(source_uri) as client:
+        for i in range(10):
+            client.shop.orders.update_one({"_id": i}, {"$set": {"v": i}})
+    seen: list[dict[str, Any]] = []
+    for _ in range(20):
+        page, end = connector.read_table("shop.orders", offset, {})
+        page = list(page)
+        fresh = MongoLakeflowConnect({"source": source_uri, "include": r"shop\..*", "max-batch-size": "4"})
+        again, end_again = fresh.read_table("shop.orders", json.loads(json.dumps(offset)), {})
+        assert list(again) == page and end_again == end
+        seen += page
+        if end == offset:
+            break
+        offset = end
+    else:
+        pytest.fail("read_table never gave its offset back unchanged")
+    # the stream starts at the snapshot's time itself: the last insert, made at that time, comes again
+    assert [r["op"] for r in seen if r["op"] != "c"] == ["u"] * 10 and len(seen) <= 11
+    sequences = [tuple(r["sequence"].values()) for r in seen]
+    assert sequences == sorted(sequences) and len(set(sequences)) == len(seen)
+
+
+def test_list_tables_is_the_selection_and_an_unknown_table_is_one_line(source_uri: str) -> None:
+    with connect(source_uri) as client:
+        for name in ("orders", "carts", "tmp_x"):
+            client.shop.create_collection(name)
+        client.crm.create_collection("people")
+        client.shop.command({"create": "big_orders", "viewOn": "orders", "pipeline": []})
+    connector = MongoLakeflowConnect({"source": source_uri, "include": r"shop\..*", "exclude": r".*\.tmp_.*"})
+    assert connector.list_tables() == ["shop.carts", "shop.orders"]  # no view, nothing excluded or unselected
+    for call in (
+        lambda: connector.get_table_schema("shop.order", {}),
+        lambda: connector.read_table_metadata("crm.people", {}),
+        lambda: connector.read_table("shop.tmp_x", {}, {}),
+        lambda: connector.read_table_deletes("shop.big_orders", {}, {}),
+    ):
+        with pytest.raises(LakeflowError, match="is not a selected collection of the source") as caught:
+            call()
+        assert "\n" not in str(caught.value)
+    with pytest.raises(LakeflowError, match=r"did you mean 'shop\.orders'"):
+        connector.read_table_metadata("shop.order", {})
+
+
+@pytest.mark.parametrize(("wrong", "said"), [("set", "replica set"), ("port", "unreachable")])
+def test_a_source_it_cannot_use_is_one_line_without_credentials(source_uri: str, wrong: str, said: str) -> None:
+    host = "127.0.0.1:1" if wrong == "port" else source_uri.split("/")[2]
+    query = "replicaSet=elsewhere" if wrong == "set" else "directConnection=true"
+    uri = f"mongodb://reader:s3cret@{host}/?{query}&serverSelectionTimeoutMS=1500"
+    connector = MongoLakeflowConnect({"source": uri})
+    with pytest.raises(LakeflowError) as caught:
+        connector.list_tables()
+    text = str(caught.value)
+    assert said in text and "s3cret" not in text and "\n" not in text, text
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+_REPO = os.environ.get("LAKEFLOW_REPO")
+
+
+@pytest.mark.skipif(
+    not _REPO,
+    reason="LAKEFLOW_REPO names no checkout of databrickslabs/lakeflow-community-connectors (its conformance "
+    "suite is not on PyPI): scripts/lakeflow_conformance.py runs it",
+)
+def test_databricks_labs_conformance_suite_passes_live() -> None:
+    result = run_script("lakeflow_conformance.py", str(Path(_REPO or "")), timeout=900)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-6000:]
+    for name in ("test_list_tables", "test_invalid_table_name", "test_get_table_schema", "test_read_table_metadata",
+                 "test_read_table ", "test_read_table_deletes ", "test_read_terminates ", "test_read_table_records",
+                 "test_read_table_deletes_records"):  # fmt: skip
+        assert re.search(rf"::{name}.* PASSED", out), f"{name} did not pass:\n{out[-6000:]}"
+    assert "FAILED" not in out
