@@ -23,6 +23,7 @@ from bson.raw_bson import RawBSONDocument
 from replicator.bsonkit.extjson import CANONICAL, dumps_str
 from replicator.bsonkit.rawbson import RAW_CODEC
 from replicator.lakeflow import LakeflowError, MongoLakeflowConnect
+from tests.support.mongos import mongos
 from tests.support.scripts import run_script
 from tests.support.servers import connect
 from tests.support.workload import random_workload
@@ -194,6 +195,24 @@ def test_a_source_it_cannot_use_is_one_line_without_credentials(source_uri: str,
     text = str(caught.value)
     assert said in text and "s3cret" not in text and "\n" not in text, text
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def test_a_collection_sharded_on_other_fields_is_keyed_by_its_shard_key_and_id(source_uri: str) -> None:
+    with connect(source_uri) as client:
+        for name in ("orders", "users"):
+            client.shop.create_collection(name)
+        client.shop.orders.insert_many([{"_id": i, "region": ["eu", "us"][i % 2], "n": i} for i in range(6)])
+        client.shop.users.insert_one({"_id": 1})
+    with mongos(source_uri) as stand_in:  # a mongos in front of the server, its one shard given by --shard
+        stand_in.shard_source("shop.orders", {"region": 1, "_id": 1})
+        stand_in.shard_source("shop.users", {"_id": "hashed"})
+        connector = MongoLakeflowConnect({"source": stand_in.uri, "shard": source_uri, "include": r"shop\..*"})
+        assert connector.read_table_metadata("shop.orders", {})["primary_keys"] == ["key"]
+        assert connector.read_table_metadata("shop.users", {})["primary_keys"] == ["_id"]
+        _, offset = connector.read_table("shop.orders", None, {})
+        records, _ = connector.read_table("shop.orders", offset, {})
+        keys = sorted(r["key"] for r in records)
+    assert keys == sorted(f'{{"region":"{["eu", "us"][i % 2]}","_id":{{"$numberInt":"{i}"}}}}' for i in range(6))
 
 
 _REPO = os.environ.get("LAKEFLOW_REPO")

@@ -18,7 +18,7 @@ from replicator.events.positions import snapshot_position
 from replicator.events.rows import event_row, snapshot_row
 from replicator.lakeflow import SCHEMA, LakeflowError, MongoLakeflowConnect
 from replicator.lakeflow.connect import _hold_idle
-from replicator.lakeflow.records import mcdc_options, metadata, namespace_of, record_of
+from replicator.lakeflow.records import mcdc_options, metadata, namespace_of, record_of, shard_fields
 
 URI = "mongodb://127.0.0.1:1/?directConnection=true"
 NS = Namespace("shop", "orders")
@@ -117,3 +117,20 @@ def test_an_idle_stream_s_offset_moves_only_after_the_interval() -> None:
     assert _hold_idle(start, _offset(1030, idle=True), 60) == start  # the clock moved: no new offset
     assert _hold_idle(start, _offset(1060, idle=True), 60) == _offset(1060, idle=True)  # keeps inside the oplog
     assert _hold_idle(start, _offset(1001), 60) == _offset(1001)  # an event: always
+
+
+def test_a_sharded_collection_s_key_is_its_shard_key_then_id_the_same_from_a_row_and_from_an_event() -> None:
+    shard_key = ("region", "loc.zip")
+    doc = {"_id": 7, "loc": {"zip": "75001", "city": "Paris"}, "region": "eu", "n": 1}
+    snap = record_of(snapshot_row(NS, _raw(doc), snapshot_position(Timestamp(10, 1))), shard_key)
+    at = Position({"_data": "01"}, Timestamp(11, 1), 0)
+    # the server's documentKey: shard key fields by their (dotted) paths, in whatever order it writes them
+    document_key = _raw({"_id": 7, "loc.zip": "75001", "region": "eu"})
+    delete = record_of(event_row(ChangeEvent(Op.DELETE, NS, key=document_key, position=at)), shard_key)
+    assert snap is not None and delete is not None
+    assert snap["key"] == delete["key"] == '{"region":"eu","loc.zip":"75001","_id":{"$numberInt":"7"}}'
+    assert snap["_id"] == delete["_id"] == '{"$numberInt":"7"}'
+    lacking = record_of(snapshot_row(NS, _raw({"_id": 8}), snapshot_position(Timestamp(10, 1))), shard_key)
+    assert lacking is not None and lacking["key"] == '{"region":null,"loc.zip":null,"_id":{"$numberInt":"8"}}'
+    assert metadata(shard_key)["primary_keys"] == ["key"] and metadata(())["primary_keys"] == ["_id"]
+    assert shard_fields({"_id": "hashed"}) == () and shard_fields({"region": 1, "_id": 1}) == ("region",)

@@ -8,7 +8,7 @@ it is read. So a page is a function of its start offset: read again from the sam
 it gives the same records in the same order (a stream page that had reached the end of the stream may
 go on with changes made since, which the next page would have brought, at their own ``sequence``).
 
-How the two flows stay consistent: the framework applies both to one table by ``_id`` in ``sequence``
+How the two flows stay consistent: the framework applies both to one table by key in ``sequence``
 order (Auto CDC keeps a deleted key's sequence as a tombstone). Both number the same server-filtered
 stream, so a delete orders against every upsert of its document. The upserts start with the snapshot,
 at its read time; the deletes start earlier, at the oldest time the oplog holds, so no delete after the
@@ -33,11 +33,21 @@ from pyspark.sql.types import StructType
 
 from replicator.errors import ConfigError, McdcError, quoted
 from replicator.events import Namespace
-from replicator.lakeflow.records import DELETES, SCHEMA, UPSERTS, mcdc_options, metadata, namespace_of, record_of
+from replicator.lakeflow.records import (
+    DELETES,
+    SCHEMA,
+    UPSERTS,
+    mcdc_options,
+    metadata,
+    namespace_of,
+    record_of,
+    shard_fields,
+)
 from replicator.settings.config import Settings
 from replicator.source import catalog
 from replicator.source.changestream import oplog_window
 from replicator.source.connection import make_client, probe, server_message
+from replicator.source.sharding import is_mongos, read_sharding
 from replicator.spark_datasource import offsets
 from replicator.spark_datasource.changes import sync_client
 from replicator.spark_datasource.offsets import ShardOffset
@@ -89,6 +99,7 @@ class MongoLakeflowConnect:
         with _one_line():
             self._settings = _checked(settings_for(mcdc_options(self.options), "source"))
         self._tables: list[str] | None = None
+        self._shard_keys: dict[Namespace, tuple[str, ...]] = {}
 
     # --- the interface ------------------------------------------------------------------------------------
 
@@ -106,8 +117,7 @@ class MongoLakeflowConnect:
 
     def read_table_metadata(self, table_name: str, table_options: dict[str, str]) -> dict[str, Any]:
         with _one_line():
-            self._known(table_name)
-            return metadata()
+            return metadata(self._shard_key(self._known(table_name)))
 
     def read_table(
         self, table_name: str, start_offset: dict[str, Any] | None, table_options: dict[str, str]
@@ -118,7 +128,7 @@ class MongoLakeflowConnect:
             reader = self._reader(table_name, table_options, snapshot=True)
             if not start_offset:
                 return iter(()), reader.initialOffset()
-            return self._page(reader, start_offset, UPSERTS)
+            return self._page(reader, start_offset, UPSERTS, self._shard_key(namespace_of(table_name)))
 
     def read_table_deletes(
         self, table_name: str, start_offset: dict[str, Any] | None, table_options: dict[str, str]
@@ -129,12 +139,12 @@ class MongoLakeflowConnect:
             reader = self._reader(table_name, table_options, snapshot=False)
             if not start_offset:
                 return iter(()), _oldest(reader)
-            return self._page(reader, start_offset, DELETES)
+            return self._page(reader, start_offset, DELETES, self._shard_key(namespace_of(table_name)))
 
     # --- paging ---------------------------------------------------------------------------------------------
 
     def _page(
-        self, reader: ChangeStreamReader, start: dict[str, Any], ops: frozenset[str]
+        self, reader: ChangeStreamReader, start: dict[str, Any], ops: frozenset[str], shard_key: tuple[str, ...]
     ) -> tuple[Iterator[dict[str, Any]], dict[str, Any]]:
         s = reader.settings
         end = reader.latestOffset(start, ReadMaxRows(s.replay_batch))
@@ -144,7 +154,7 @@ class MongoLakeflowConnect:
         records = []
         for part in reader.partitions(start, end):
             for row in reader.read(part):
-                record = record_of(row)
+                record = record_of(row, shard_key)
                 if record is not None and record["op"] in ops:
                     records.append(record)
         return iter(records), end
@@ -164,6 +174,13 @@ class MongoLakeflowConnect:
         reader = ChangeStreamReader(options)
         reader.match = {"ns.db": ns.db, "ns.coll": ns.coll}
         return reader
+
+    def _shard_key(self, ns: Namespace) -> tuple[str, ...]:
+        """The fields besides ``_id`` the collection is sharded on, read once through the source's mongos
+        (none on a replica set, or for a collection sharded on ``_id`` alone, hashed or not)."""
+        if ns not in self._shard_keys:
+            self._shard_keys[ns] = asyncio.run(_shard_fields(self._settings, ns))
+        return self._shard_keys[ns]
 
     def _known(self, table: str) -> Namespace:
         """The collection of a table the connector lists, else a ConfigError naming the closest."""
@@ -194,6 +211,24 @@ async def _collections(s: Settings) -> list[str]:
         await probe(client, s.source, "source")
         specs = await catalog.describe(client, s.selection)
         return sorted(str(spec.ns) for spec in specs if spec.kind == "collection")
+    finally:
+        await client.close()
+
+
+async def _shard_fields(s: Settings, ns: Namespace) -> tuple[str, ...]:
+    client = make_client(s.source, timeout_s=s.connect_timeout_s, io_timeout_s=s.io_timeout_s)
+    try:
+        await probe(client, s.source, "source")
+        if not is_mongos(client):
+            return ()
+        try:
+            found = await read_sharding(client, [ns], bounds=False)
+        except ConfigError:
+            raise ConfigError(
+                f"source: reading config.collections (how {ns} is sharded: its records' key) was refused; "
+                "grant the source user clusterMonitor"
+            ) from None
+        return shard_fields(found[ns].key) if ns in found else ()
     finally:
         await client.close()
 
