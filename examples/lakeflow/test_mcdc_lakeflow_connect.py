@@ -7,10 +7,16 @@ pytest there with CONNECTOR_TEST_MODE=live and CONNECTOR_TEST_CONFIG_JSON={"sour
 The suite reads each table from ``{}``: mcdc's first call plans the snapshot and returns its offset with
 no record (a first page read again after a crash must be the same page). So the two tests of this class
 below read the next page of each flow too, through the suite's own record checks (schema parsing,
-non-nullable fields, primary keys of upserts and of deletes).
+non-nullable fields, primary keys of upserts and of deletes). A third streams both flows of every table
+through their Spark data source (``LakeflowSource``, format ``lakeflow_connect``) with availableNow.
 """
 
-from databricks.labs.community_connector.sources.mcdc import McdcLakeflowConnect
+import json
+import os
+import sys
+import tempfile
+
+from databricks.labs.community_connector.sources.mcdc import McdcDataSource, McdcLakeflowConnect
 from tests.unit.sources.test_suite import LakeflowConnectTests
 
 
@@ -48,3 +54,45 @@ class TestMcdcConnector(LakeflowConnectTests):
             if (err := self._validate_read(table, read, "read_table_deletes", is_read_table=False))
         ]
         assert not errors, "\n\n".join(errors)
+
+    def test_both_flows_stream_through_their_spark_data_source(self):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        from pyspark.sql import SparkSession
+
+        spark = (
+            SparkSession.builder.master("local[2]")
+            .config("spark.ui.enabled", "false")
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .getOrCreate()
+        )
+        try:
+            spark.dataSource.register(McdcDataSource)
+            options = {k: str(v) for k, v in self.config.items()}
+            tables = self._tables()
+            meta = (
+                spark.read.format("lakeflow_connect")
+                .options(**options)
+                .options(tableName="_community_table_metadata", tableNameList=json.dumps(tables))
+                .load()
+            )
+            assert {row["tableName"]: row["cursor_field"] for row in meta.collect()} == dict.fromkeys(
+                tables, "sequence"
+            )
+            with tempfile.TemporaryDirectory() as checkpoints:
+                for n, (table, flow) in enumerate((t, f) for t in tables for f in ("upserts", "deletes")):
+                    reader = spark.readStream.format("lakeflow_connect").options(**options).option("tableName", table)
+                    if flow == "deletes":
+                        reader = reader.option("isDeleteFlow", "true")
+                    query = (
+                        reader.load().writeStream.format("memory").queryName(f"flow{n}")
+                        .option("checkpointLocation", f"{checkpoints}/{n}").trigger(availableNow=True).start()
+                    )  # fmt: skip
+                    query.awaitTermination()
+                    rows = spark.sql(f"SELECT _id, op, sequence FROM flow{n}").collect()
+                    ops = {row["op"] for row in rows}
+                    assert rows and all(row["sequence"] is not None for row in rows), (table, flow)
+                    expected = ops == {"d"} if flow == "deletes" else ("r" in ops and "d" not in ops)
+                    assert expected, (table, flow, ops)
+        finally:
+            spark.stop()
