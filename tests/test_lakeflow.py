@@ -223,7 +223,7 @@ _REPO = os.environ.get("LAKEFLOW_REPO")
     reason="LAKEFLOW_REPO names no checkout of databrickslabs/lakeflow-community-connectors (its conformance "
     "suite is not on PyPI): scripts/lakeflow_conformance.py runs it",
 )
-def test_databricks_labs_conformance_suite_passes_live() -> None:
+def test_databricks_labs_conformance_suite_passes_live_and_through_their_spark_data_source() -> None:
     result = run_script("lakeflow_conformance.py", str(Path(_REPO or "")), timeout=900)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-6000:]
