@@ -163,6 +163,28 @@ def test_a_page_read_again_from_its_offset_gives_the_same_records_and_reading_en
     assert sequences == sorted(sequences) and len(set(sequences)) == len(seen)
 
 
+def test_a_table_s_options_override_the_connector_s_and_a_mistake_in_them_is_one_line(source_uri: str) -> None:
+    with connect(source_uri) as client:
+        client.shop.create_collection("orders")
+    connector = MongoLakeflowConnect({"source": source_uri, "max-batch-size": "100", "tableName": "shop.orders"})
+    _, offset = connector.read_table("shop.orders", None, {})
+    _, offset = connector.read_table("shop.orders", offset, {})  # the (empty) snapshot
+    with connect(source_uri) as client:
+        client.shop.orders.insert_many([{"_id": i} for i in range(5)])
+    small = {"max-batch-size": "2", "isDeleteFlow": "true"}
+    sizes = []
+    for _ in range(10):
+        records, end = connector.read_table("shop.orders", offset, small)
+        if end == offset:
+            break
+        sizes.append(len(list(records)))
+        offset = end
+    assert sizes == [2, 2, 1], sizes
+    with pytest.raises(LakeflowError, match="unknown option 'max-batch'") as caught:
+        connector.read_table("shop.orders", offset, {"max-batch": "2"})
+    assert "\n" not in str(caught.value)
+
+
 def test_list_tables_is_the_selection_and_an_unknown_table_is_one_line(source_uri: str) -> None:
     with connect(source_uri) as client:
         for name in ("orders", "carts", "tmp_x"):
