@@ -3,9 +3,8 @@ file, as pipeline-spec/example_ingest.py of lakeflow-community-connectors). The 
 connection ``mongodb_mcdc`` holds mcdc's options: ``source`` (a secret), and ``include`` / ``exclude``
 / ``full-document`` / ``max-batch-size`` / ``partition-docs`` as needed."""
 
-from databricks.labs.community_connector import register
 from databricks.labs.community_connector.pipeline import ingest
-from databricks.labs.community_connector.sources.mcdc import McdcLakeflowConnect
+from databricks.labs.community_connector.sources.mcdc import McdcDataSource
 
 spark.conf.set("spark.databricks.unityCatalog.connectionDfOptionInjection.enabled", "true")  # noqa: F821
 
@@ -24,5 +23,5 @@ pipeline_spec = {
     ],
 }
 
-register(spark, McdcLakeflowConnect)  # noqa: F821
+spark.dataSource.register(McdcDataSource)  # noqa: F821  (format "lakeflow_connect", which ingest reads)
 ingest(spark, pipeline_spec)  # noqa: F821
