@@ -185,6 +185,25 @@ def test_a_table_s_options_override_the_connector_s_and_a_mistake_in_them_is_one
     assert "\n" not in str(caught.value)
 
 
+def test_deletes_start_at_the_oldest_oplog_entry_or_now_said_in_the_log_where_it_cannot_be_read(
+    source_uri: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    with connect(source_uri) as client:
+        client.shop.create_collection("orders")
+        oldest = client.local["oplog.rs"].find_one({}, sort=[("$natural", 1)])["ts"]
+    connector = MongoLakeflowConnect({"source": source_uri})
+    _, offset = connector.read_table_deletes("shop.orders", None, {})
+    assert offset["shards"][""] == {"token": None, "t": oldest.time, "i": oldest.inc}
+
+    async def unreadable(client: Any) -> None:
+        return None
+
+    monkeypatch.setattr("replicator.lakeflow.connect.oplog_window", unreadable)
+    _, offset = connector.read_table_deletes("shop.orders", None, {})
+    assert offset["shards"][""]["token"] is not None  # the stream's position now
+    assert "deletes start now" in caplog.text and "127.0.0.1" not in caplog.text
+
+
 def test_list_tables_is_the_selection_and_an_unknown_table_is_one_line(source_uri: str) -> None:
     with connect(source_uri) as client:
         for name in ("orders", "carts", "tmp_x"):
