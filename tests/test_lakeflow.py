@@ -95,34 +95,41 @@ def test_pages_with_kills_between_them_under_a_workload_equal_the_source(own_sou
     workload = threading.Thread(target=random_workload, args=(own_source, 400, seed), kwargs={"ddl": False})
     tables = {name: Table() for name in TABLES}
     flows = [Flow(name, method) for name in TABLES for method in ("read_table", "read_table_deletes")]
-    connector = MongoLakeflowConnect(options)
-    assert connector.list_tables() == list(TABLES)
+    assert MongoLakeflowConnect(options).list_tables() == list(TABLES)
     workload.start()
     crashes = rereads = during = 0
-    quiet_rounds = 0
-    while quiet_rounds < 2:  # every flow came back unchanged in a round begun after the workload ended
-        ended = not workload.is_alive()
-        moved = False
-        for flow in flows:
-            records, end = flow.read(connector)
-            during += bool(records) and not ended
-            if rng.random() < 0.25:
-                # the process dies after the page was read, before its offset was committed: a new one
-                # reads the page again from the same offset (Spark's readBetweenOffsets reads from the
-                # start and keeps the end it logged)
-                crashes += 1
-                connector = MongoLakeflowConnect(options)
-                again, _ = flow.read(connector)
-                if records and records[0]["cluster_time"] is not None:  # a stream page: the same records first
-                    assert _stream_keys(again)[: len(records)] == _stream_keys(records)
-                    rereads += 1
-                records = again
-            for record in records:
-                tables[flow.table].apply(record, delete=flow.method == "read_table_deletes")
-            if json.dumps(end, sort_keys=True) != json.dumps(json.loads(flow.offset), sort_keys=True):
-                moved = True
-            flow.offset = json.dumps(end)
-        quiet_rounds = quiet_rounds + 1 if ended and not moved else 0
+    while True:
+        ended = not workload.is_alive()  # this run begins after the workload's last write
+        connector = MongoLakeflowConnect(options)  # a pipeline update: the framework makes a new connector
+        paging, moved = list(flows), False
+        for _ in range(200):  # each flow pages until its offset comes back unchanged, writes going on or not
+            for flow in list(paging):
+                records, end = flow.read(connector)
+                during += bool(records) and not ended
+                if rng.random() < 0.25:
+                    # the process dies after the page was read, before its offset was committed: a new one
+                    # reads the page again from the same offset (Spark's readBetweenOffsets reads from the
+                    # start and keeps the end it logged)
+                    crashes += 1
+                    connector = MongoLakeflowConnect(options)
+                    again, _ = flow.read(connector)
+                    if records and records[0]["cluster_time"] is not None:  # a stream page: the same first
+                        assert _stream_keys(again)[: len(records)] == _stream_keys(records)
+                        rereads += 1
+                    records = again
+                for record in records:
+                    tables[flow.table].apply(record, delete=flow.method == "read_table_deletes")
+                if json.dumps(end, sort_keys=True) == json.dumps(json.loads(flow.offset), sort_keys=True):
+                    paging.remove(flow)
+                else:
+                    moved = True
+                flow.offset = json.dumps(end)
+            if not paging:
+                break
+        else:
+            pytest.fail("a run's paging never ended: an offset kept moving")
+        if ended and not moved:
+            break
     workload.join()
     assert crashes and rereads and during > 5, (crashes, rereads, during)
     for name in TABLES:
@@ -139,11 +146,11 @@ def test_a_page_read_again_from_its_offset_gives_the_same_records_and_reading_en
     connector = MongoLakeflowConnect({"source": source_uri, "include": r"shop\..*", "max-batch-size": "4"})
     records, offset = connector.read_table("shop.orders", None, {})
     assert list(records) == [] and offset  # the first call plans the snapshot: its offset, no record yet
-    snapshot, offset = connector.read_table("shop.orders", offset, {})
-    assert sorted(r["_id"] for r in snapshot) == sorted(f'{{"$numberInt":"{i}"}}' for i in range(10))
-    with connect(source_uri) as client:
+    with connect(source_uri) as client:  # after the snapshot's time, before its pages: they follow
         for i in range(10):
             client.shop.orders.update_one({"_id": i}, {"$set": {"v": i}})
+    snapshot, offset = connector.read_table("shop.orders", offset, {})
+    assert sorted(r["_id"] for r in snapshot) == sorted(f'{{"$numberInt":"{i}"}}' for i in range(10))
     seen: list[dict[str, Any]] = []
     for _ in range(20):
         page, end = connector.read_table("shop.orders", offset, {})
@@ -163,14 +170,54 @@ def test_a_page_read_again_from_its_offset_gives_the_same_records_and_reading_en
     assert sequences == sorted(sequences) and len(set(sequences)) == len(seen)
 
 
+def test_paging_ends_while_writes_go_on_and_the_next_paging_goes_on_from_there(source_uri: str) -> None:
+    with connect(source_uri) as client:
+        client.shop.create_collection("orders")
+    stop = threading.Event()
+
+    def write() -> None:
+        with connect(source_uri) as client:
+            n = 0
+            while not stop.is_set():
+                client.shop.orders.insert_one({"_id": n})
+                n += 1
+
+    writer = threading.Thread(target=write)
+    connector = MongoLakeflowConnect({"source": source_uri, "max-batch-size": "10"})
+
+    def drain(offset: Any) -> tuple[Any, int]:
+        """Pages until the offset comes back unchanged (Trigger.AvailableNow's end), and the records read."""
+        count = 0
+        for _ in range(500):
+            records, end = connector.read_table("shop.orders", offset, {})
+            count += len(list(records))
+            if end == offset:
+                return end, count
+            offset = end
+        pytest.fail("paging never ended while the writes went on")
+
+    writer.start()
+    try:
+        with connect(source_uri) as client:  # the writes have begun
+            while client.shop.orders.estimated_document_count() < 20:
+                pass
+        offset, first = drain(None)
+        assert writer.is_alive()
+        offset, second = drain(offset)  # the next run reads what came since
+        assert writer.is_alive() and first >= 20 and second > 0
+    finally:
+        stop.set()
+        writer.join()
+
+
 def test_a_table_s_options_override_the_connector_s_and_a_mistake_in_them_is_one_line(source_uri: str) -> None:
     with connect(source_uri) as client:
         client.shop.create_collection("orders")
     connector = MongoLakeflowConnect({"source": source_uri, "max-batch-size": "100", "tableName": "shop.orders"})
     _, offset = connector.read_table("shop.orders", None, {})
-    _, offset = connector.read_table("shop.orders", offset, {})  # the (empty) snapshot
     with connect(source_uri) as client:
         client.shop.orders.insert_many([{"_id": i} for i in range(5)])
+    _, offset = connector.read_table("shop.orders", offset, {})  # the snapshot, then the inserts' events
     small = {"max-batch-size": "2", "isDeleteFlow": "true"}
     sizes = []
     for _ in range(10):

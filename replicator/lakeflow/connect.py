@@ -14,6 +14,9 @@ stream, so a delete orders against every upsert of its document. The upserts sta
 at its read time; the deletes start earlier, at the oldest time the oplog holds, so no delete after the
 snapshot's time is missed whichever flow begins first (deletes older than a document's row are ignored
 by its sequence).
+
+A flow's paging reads no event later than the source's time at its first page, so that it ends (the
+framework stops when an offset comes back unchanged) while writes go on; the next paging goes on from there.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from bson.timestamp import Timestamp
 from pymongo.errors import PyMongoError
 from pyspark.sql.streaming.datasource import ReadMaxRows
 from pyspark.sql.types import StructType
@@ -100,6 +104,9 @@ class MongoLakeflowConnect:
             self._settings = _checked(settings_for(mcdc_options(self.options), "source"))
         self._tables: list[str] | None = None
         self._shard_keys: dict[Namespace, tuple[str, ...]] = {}
+        # (table, flow) -> the source's time when its pages began: what they read up to, so that paging ends
+        # under a steady stream of writes (the framework's "init-time cap"); forgotten once they ended
+        self._until: dict[tuple[str, bool], Timestamp] = {}
 
     # --- the interface ------------------------------------------------------------------------------------
 
@@ -128,7 +135,7 @@ class MongoLakeflowConnect:
             reader = self._reader(table_name, table_options, snapshot=True)
             if not start_offset:
                 return iter(()), reader.initialOffset()
-            return self._page(reader, start_offset, UPSERTS, self._shard_key(namespace_of(table_name)))
+            return self._page(reader, start_offset, UPSERTS, (table_name, False))
 
     def read_table_deletes(
         self, table_name: str, start_offset: dict[str, Any] | None, table_options: dict[str, str]
@@ -139,18 +146,27 @@ class MongoLakeflowConnect:
             reader = self._reader(table_name, table_options, snapshot=False)
             if not start_offset:
                 return iter(()), _oldest(reader)
-            return self._page(reader, start_offset, DELETES, self._shard_key(namespace_of(table_name)))
+            return self._page(reader, start_offset, DELETES, (table_name, True))
 
     # --- paging ---------------------------------------------------------------------------------------------
 
     def _page(
-        self, reader: ChangeStreamReader, start: dict[str, Any], ops: frozenset[str], shard_key: tuple[str, ...]
+        self, reader: ChangeStreamReader, start: dict[str, Any], ops: frozenset[str], flow: tuple[str, bool]
     ) -> tuple[Iterator[dict[str, Any]], dict[str, Any]]:
+        """The page after ``start``, no event later than the time the flow's paging began (taken at its
+        first page, forgotten at its last: a flow paged again later, or in continuous mode, goes on)."""
         s = reader.settings
+        if flow not in self._until:
+            reader.prepareForTriggerAvailableNow()
+            assert reader.until is not None
+            self._until[flow] = reader.until
+        reader.until = self._until[flow]
         end = reader.latestOffset(start, ReadMaxRows(s.replay_batch))
         end = _hold_idle(start, end, s.heartbeat_interval_s or IDLE_MOVE_S)
         if end == start:
+            del self._until[flow]
             return iter(()), start
+        shard_key = self._shard_key(namespace_of(flow[0]))
         records = []
         for part in reader.partitions(start, end):
             for row in reader.read(part):

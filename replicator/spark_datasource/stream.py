@@ -151,6 +151,15 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 times.append(source_time(client))
         return min(times)
 
+    @property
+    def until(self) -> Timestamp | None:
+        """The latest cluster time read (None: no end): Trigger.AvailableNow's, or a Lakeflow table's drain's."""
+        return self._until
+
+    @until.setter
+    def until(self, value: Timestamp | None) -> None:
+        self._until = value
+
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.settings.replay_batch)
 
