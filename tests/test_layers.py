@@ -29,6 +29,7 @@ LAYERS: list[set[str]] = [
     {"engines.asyncio", "engines.spark"},
     {"job"},
     {"spark_datasource"},
+    {"lakeflow"},
     {"spark"},
     {"cli"},
 ]

@@ -75,7 +75,13 @@ class ShardRange(InputPartition):
 
 class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The ``mcdc`` source's stream reader. It is pickled to the executors with its option strings only:
-    the events the driver read while planning go with each micro-batch's partitions, not with it."""
+    the events the driver read while planning go with each micro-batch's partitions, not with it.
+
+    ``match``: a ``$match`` on the change-stream documents, filtered on the server (a Lakeflow table reads
+    its one collection's events): offsets then move over the events it lets through, and each event is
+    numbered among them, the same on every read."""
+
+    match: Mapping[str, Any] | None = None
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self.options = dict(options)
@@ -145,6 +151,15 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 times.append(source_time(client))
         return min(times)
 
+    @property
+    def until(self) -> Timestamp | None:
+        """The latest cluster time read (None: no end): Trigger.AvailableNow's, or a Lakeflow table's drain's."""
+        return self._until
+
+    @until.setter
+    def until(self, value: Timestamp | None) -> None:
+        self._until = value
+
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.settings.replay_batch)
 
@@ -189,7 +204,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """One shard's end (see :func:`advance`), or its post-batch token when it had no event."""
         s = self.settings
         with sync_client(self.shards()[name], s.connect_timeout_s, s.io_timeout_s) as client:
-            stream = RawChangeStream(client, s)
+            stream = RawChangeStream(client, s, match=self.match)
             first = offsets.start_of(begin, name)
             stream.open(first.position())
             try:
@@ -241,7 +256,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         events: Sequence[Mapping[str, Any]] | None = partition.events  # read by the driver as it planned
         if events is None:
             with sync_client(partition.uri, s.connect_timeout_s, s.io_timeout_s) as client:
-                stream = RawChangeStream(client, s)
+                stream = RawChangeStream(client, s, match=self.match)
                 stream.open(first.position())
                 try:
                     events = read_range(stream, partition.shard, ShardOffset.from_json(partition.end))

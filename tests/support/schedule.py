@@ -60,6 +60,8 @@ MEASURED_S: dict[str, float] = {
     "test_demo_syncs_catches_up_and_verifies": 15,
     "test_kill_9_mid_snapshot_then_resume": 14,
     "test_kill_9_mid_partition_copies_again_only_the_batches_in_flight": 14,
+    "test_databricks_labs_conformance_suite_passes_live_and_through_their_spark_data_source": 60,  # LAKEFLOW_REPO
+    "test_pages_with_kills_between_them_under_a_workload_equal_the_source": 24,
     # the SparkSession's unit (their session's start, on its first test, left out)
     "test_sync_on_spark_to_kafka_writes_from_the_executors_and_rebuilds_exactly": 25,
     "test_stream_available_now_reads_each_change_once_in_order_with_token_offsets": 24,
