@@ -38,8 +38,9 @@ STORAGE = "file:///tmp/mcdc-auto-cdc/storage"
 DEV_SERVER_URI = f"mongodb://{devserver.HOST}:{devserver.DEFAULT_PORT}/?replicaSet=secantus"
 #: A run that fails must fail before this line of spark-pipelines (no stream started).
 RUN_STARTS = "Starting run..."
-#: A spark-pipelines or spark-sql command is done within this (a safety net, not a measure).
-TIMEOUT_S = 600
+#: A spark-pipelines or spark-sql command, or the README's steps, are done within this (a safety net, not a
+#: measure: the steps take about five minutes on a busy 2-core machine).
+TIMEOUT_S = 1200
 
 
 def _blocks() -> list[str]:
@@ -115,42 +116,44 @@ def _source(uri: str) -> dict[str, list[tuple[str, ...]]]:
         return {dumps_str(d["_id"]): [(d["name"], str(d["age"]))] for d in client.shop.users.find()}
 
 
-def _run_block(block: str, cwd: Path, env: dict[str, str]) -> str:
+#: Printed between the README's blocks, to cut the shell's output into each block's.
+MARK = "=== mcdc test: next block ==="
+
+
+def _run_blocks(blocks: list[str], cwd: Path, env: dict[str, str]) -> list[str]:
+    """Run ``blocks`` in order in one shell, as a reader does in one terminal; each one's standard output."""
+    script = f"\necho '{MARK}'\n".join(blocks)
     proc = subprocess.run(
-        ["bash", "-e", "-c", block], cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+        ["bash", "-e", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
     )
     output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"exit {proc.returncode}:\n{block}\n{output[-6000:]}"
-    return proc.stdout
+    assert proc.returncode == 0, f"exit {proc.returncode}:\n{script}\n{output[-6000:]}"
+    return proc.stdout.split(MARK + "\n")
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(TIMEOUT_S + 60)  # two pipeline runs and four spark-sql, each a JVM of its own
 def test_spark_pipelines_runs_the_example_as_its_readme_says_into_scd1_and_scd2_tables(
     catalog_jar: Path, source_uri: str, tmp_path: Path
 ) -> None:
     _checkout(tmp_path, _test_catalog(catalog_jar, tmp_path / "lake", strict=True))
-    env = _environment()
-    first, second = _steps()
-    # step 2: ten documents, the schema, a run, the SCD1 table
-    output = _run_block(first.replace(DEV_SERVER_URI, source_uri), tmp_path, env)
-    assert _rows(output, 3) == _source(source_uri) and len(_source(source_uri)) == 10
-    # step 3: an update, a delete and an insert, a run, the SCD2 table
-    output = _run_block(second.replace(DEV_SERVER_URI, source_uri), tmp_path, env)
-    history = _rows(output, 5)
+    first, second = (block.replace(DEV_SERVER_URI, source_uri) for block in _steps())
+    # step 2 (ten documents, the schema, a run, the SCD1 table), step 3 (an update, a delete and an insert,
+    # a run, the SCD2 table), then step 2's look at the SCD1 table again
+    after_first, after_second, scd1 = _run_blocks([first, second, first.splitlines()[-1]], tmp_path, _environment())
+    ten = {dumps_str(i): [(f"user{i}", str(20 + i))] for i in range(10)}
+    assert _rows(after_first, 3) == ten
     source = _source(source_uri)
-    assert len(source) == 10 and '{"$numberInt":"2"}' not in source
+    assert len(source) == 10 and dumps_str(2) not in source and dumps_str(10) in source
+    assert _rows(scd1, 3) == source
+    history = _rows(after_second, 5)
     current = {key: [v[:2] for v in versions if v[3] == "NULL"] for key, versions in history.items()}
     assert {key: rows for key, rows in current.items() if rows} == source
     versions = {key: [(name, age, end == "NULL") for name, age, _, end in rows] for key, rows in history.items()}
-    assert versions['{"$numberInt":"1"}'] == [("user1", "21", False), ("user1", "40", True)]
-    assert versions['{"$numberInt":"2"}'] == [("user2", "22", False)]  # deleted: its version closed
-    assert versions['{"$numberInt":"10"}'] == [("new", "1", True)]
-    changed = {'{"$numberInt":"1"}', '{"$numberInt":"2"}', '{"$numberInt":"10"}'}
-    assert all(len(rows) == 1 and rows[0][2] for key, rows in versions.items() if key not in changed)
-    assert len(versions) == 11
-    # the SCD1 table after the changes: SELECT it as step 2 does
-    scd1 = _run_block(first.splitlines()[-1].replace(DEV_SERVER_URI, source_uri), tmp_path, env)
-    assert _rows(scd1, 3) == source
+    assert versions.pop(dumps_str(1)) == [("user1", "21", False), ("user1", "40", True)]
+    assert versions.pop(dumps_str(2)) == [("user2", "22", False)]  # deleted: its version closed
+    assert versions.pop(dumps_str(10)) == [("new", "1", True)]
+    assert versions == {dumps_str(i): [(f"user{i}", str(20 + i), True)] for i in (0, *range(3, 10))}
 
 
 @pytest.mark.integration
@@ -230,3 +233,77 @@ def test_the_example_spec_resolves_unqualified_names_in_spark_s_own_catalog() ->
     # always there, so that Spark's graph creation cannot fail before mcdc's check speaks
     assert (spec.catalog, spec.database) == ("spark_catalog", "default")
     assert spec.configuration["mcdc.fields"] == "name STRING, age INT"
+
+
+def _commands(block: str) -> list[str]:
+    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+@pytest.mark.parametrize("readme", ["README.md", "examples/spark/README.md"])
+def test_the_other_readmes_give_the_example_s_commands_as_its_readme_does(readme: str) -> None:
+    text = (REPO / readme).read_text()
+    section = text[text.index("Auto CDC") if readme == "README.md" else text.index("(`auto_cdc/`)") :]
+    block = next(b for b in re.findall(r"^```bash\n(.*?)^```", section, re.S | re.M) if "spark-pipelines run" in b)
+    step = _commands(_steps()[0])
+    assert [c for c in _commands(block) if not c.startswith("pip install")] == [c for c in step if c in block]
+    assert f"spark-pipelines run --spec {SPEC}" in _commands(block)
+
+
+class _Conf:
+    def __init__(self, settings: dict[str, str]) -> None:
+        self.settings = settings
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        return self.settings.get(key, default)
+
+
+class _Catalog:
+    def __init__(self, schemas: set[str], error: Exception | None) -> None:
+        self.schemas, self.error, self.asked = schemas, error, []
+
+    def databaseExists(self, name: str) -> bool:  # Spark's name
+        self.asked.append(name)
+        if self.error is not None:
+            raise self.error
+        return name in self.schemas
+
+
+class _Session:
+    """What merge_catalog reads of a SparkSession: its settings and its catalog's schemas."""
+
+    def __init__(self, settings: dict[str, str], schemas: set[str] = frozenset(), error: Exception | None = None):
+        self.conf, self.catalog = _Conf(settings), _Catalog(set(schemas), error)
+
+
+ICEBERG = {"spark.sql.catalog.lake": "org.apache.iceberg.spark.SparkCatalog"}
+DELTA = {"spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog"}
+
+
+def test_merge_catalog_takes_the_named_catalog_else_spark_s_own_replaced_by_delta() -> None:
+    from replicator.spark import merge_catalog
+
+    iceberg = _Session(ICEBERG, {"`lake`.`shop`"})
+    assert merge_catalog(iceberg, "shop", "lake") == "lake" and iceberg.catalog.asked == ["`lake`.`shop`"]
+    delta = _Session(DELTA, {"`spark_catalog`.`shop`"})
+    assert merge_catalog(delta, "shop", "lake") == "spark_catalog"
+    both = _Session({**ICEBERG, **DELTA}, {"`lake`.`shop`"})
+    assert merge_catalog(both, "shop", "lake") == "lake"
+
+
+def test_merge_catalog_refuses_in_one_line_what_spark_would_refuse_after_the_run_started() -> None:
+    from replicator.errors import ConfigError
+    from replicator.spark import merge_catalog
+
+    with pytest.raises(ConfigError, match=r"^Auto CDC merges into its tables, and no catalog here takes MERGE: set "
+                       r"spark\.sql\.catalog\.lake .* or spark\.sql\.catalog\.spark_catalog "):  # fmt: skip
+        merge_catalog(_Session({}), "shop", "lake")
+    with pytest.raises(ConfigError, match=r"^the schema spark_catalog\.crm does not exist: create it with spark-sql"):
+        merge_catalog(_Session(DELTA, {"`spark_catalog`.`shop`"}), "crm", "lake")
+    missing = RuntimeError("[CANNOT_LOAD_CATALOG.PLUGIN_CLASS_NOT_FOUND] Cannot load catalog 'lake'\n\tat ...")
+    with pytest.raises(ConfigError) as raised:
+        merge_catalog(_Session(ICEBERG, error=missing), "shop", "lake")
+    assert str(raised.value) == (
+        "the catalog lake (spark.sql.catalog.lake=org.apache.iceberg.spark.SparkCatalog) cannot be loaded: are its "
+        "jars on the classpath (spark.jars.packages)? [CANNOT_LOAD_CATALOG.PLUGIN_CLASS_NOT_FOUND] Cannot load "
+        "catalog 'lake'"
+    )

@@ -2,17 +2,18 @@
 SCD type 1 and 2 tables from an existing collection and its change stream, in three lines.
 
     from pyspark import pipelines as dp
-    from replicator.spark import auto_cdc_source, register
+    from replicator.spark import auto_cdc_source, merge_catalog, register
 
     register(spark)  # at the top of the file: a pipeline's query functions may not register anything
+    catalog = merge_catalog(spark, "shop", "lake")  # one line, before the run, if it takes no MERGE
 
     @dp.temporary_view
     def users_changes():
         return auto_cdc_source(spark, "mongodb://src/?replicaSet=rs0", "shop.users", "name STRING, age INT")
 
-    dp.create_streaming_table("users")
+    dp.create_streaming_table(f"{catalog}.shop.users")
     dp.create_auto_cdc_flow(
-        target="users", source="users_changes", keys=["key"], sequence_by="sequence",
+        target=f"{catalog}.shop.users", source="users_changes", keys=["key"], sequence_by="sequence",
         apply_as_deletes="op = 'd'", except_column_list=["op", "sequence"], stored_as_scd_type=2,
     )
 
