@@ -194,7 +194,9 @@ def test_the_example_pipeline_keeps_scd1_and_scd2_tables_of_a_collection_and_its
     argv = [sys.executable, "-m", "tests.support.auto_cdc_run", str(catalog_jar), str(tmp_path / "catalog")]
     with open(log, "wb") as sink:
         proc = subprocess.Popen([*argv, str(pipeline / "spark-pipeline.yml"), str(out), "2"], cwd=REPO,
-                                env={**os.environ, "MCDC_SOURCE": source_uri},
+                                # SPARK_TESTING: an ephemeral port for the Connect server, not 15002,
+                                # which another test's server may hold (pyspark's own tests, SPARK-42272)
+                                env={**os.environ, "MCDC_SOURCE": source_uri, "SPARK_TESTING": "1"},
                                 stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
     try:
         first = _wait_for(out / "run-1.json", proc, log)

@@ -61,12 +61,16 @@ def _quoted_errors() -> list[str]:
 
 
 def _environment(**extra: str) -> dict[str, str]:
-    """The reader's environment: this venv's commands first on PATH, nothing of the reader's Spark or mcdc."""
+    """The reader's environment: this venv's commands first on PATH, nothing of the reader's Spark or mcdc.
+
+    One difference: SPARK_TESTING makes the local Spark Connect server that spark-pipelines starts take an
+    ephemeral port (pyspark's own tests do so, SPARK-42272), not 15002, which two runs at once (two
+    pytest workers) would fight over."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_", "MCDC_SOURCE"))}
     env.pop("MCDC_DATABASE", None)
     env.pop("MCDC_COLLECTION", None)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    return {**env, **extra}
+    return {**env, "SPARK_TESTING": "1", **extra}
 
 
 def _checkout(root: Path, conf: str | None) -> Path:
