@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -23,13 +24,13 @@ import pytest
 from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
+from tests.support.rowlevel_catalog import compile_catalog
 from tests.support.scd import scd1, scd2
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "spark" / "auto_cdc"
-CATALOG_SOURCE = Path(__file__).parent / "support" / "autocdc" / "RowLevelCatalog.java"
 FIELDS = ("name", "age")
 
 
@@ -164,19 +165,7 @@ def _post_images(cdc: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[
 @pytest.fixture(scope="module")
 def catalog_jar(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The test catalog whose tables take MERGE, compiled against the installed PySpark's jars."""
-    if shutil.which("javac") is None or shutil.which("jar") is None:
-        pytest.skip("needs a JDK (javac, jar) to compile the test catalog")
-    import pyspark
-
-    build = tmp_path_factory.mktemp("catalog")
-    jars = Path(pyspark.__file__).parent / "jars"
-    subprocess.run(
-        ["javac", "-nowarn", "--release", "17", "-d", str(build / "classes"), "-cp", f"{jars}/*", str(CATALOG_SOURCE)],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    jar = build / "rowlevel-catalog.jar"
-    subprocess.run(["jar", "cf", str(jar), "-C", str(build / "classes"), "."], check=True, capture_output=True)
-    return jar
+    return compile_catalog(tmp_path_factory.mktemp("catalog"))
 
 
 def _wait_for(path: Path, proc: subprocess.Popen[bytes], log: Path, timeout: float = 420) -> dict[str, Any]:
@@ -199,13 +188,15 @@ def test_the_example_pipeline_keeps_scd1_and_scd2_tables_of_a_collection_and_its
     shutil.copytree(EXAMPLE / "transformations", pipeline / "transformations")
     spec = (EXAMPLE / "spark-pipeline.yml").read_text()
     spec = spec.replace("file:///tmp/mcdc-auto-cdc/storage", (tmp_path / "storage").as_uri())
-    spec = spec.replace('"mongodb://localhost:27017/?replicaSet=rs0"', json.dumps(source_uri))
     (pipeline / "spark-pipeline.yml").write_text(spec)
     out, log = tmp_path / "out", tmp_path / "pipeline.log"
     out.mkdir()
     argv = [sys.executable, "-m", "tests.support.auto_cdc_run", str(catalog_jar), str(tmp_path / "catalog")]
     with open(log, "wb") as sink:
         proc = subprocess.Popen([*argv, str(pipeline / "spark-pipeline.yml"), str(out), "2"], cwd=REPO,
+                                # SPARK_TESTING: an ephemeral port for the Connect server, not 15002,
+                                # which another test's server may hold (pyspark's own tests, SPARK-42272)
+                                env={**os.environ, "MCDC_SOURCE": source_uri, "SPARK_TESTING": "1"},
                                 stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
     try:
         first = _wait_for(out / "run-1.json", proc, log)

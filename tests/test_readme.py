@@ -35,7 +35,7 @@ NOT_RUN = {
     "spark-submit --master yarn": "needs YARN",
     "python scripts/soak.py --minutes 30": "a 30-minute soak; CI runs the chaos seeds (tests/chaos)",
     "pip install 'mcdc[pipelines]'": "needs a catalog whose tables take MERGE (Delta's or Iceberg's jars); "
-    "tests/test_auto_cdc.py runs the example pipeline over a test catalog",
+    "tests/test_auto_cdc_example.py runs the example's README steps, these among them, over a test catalog",
     "mcdc sync -s 'mongodb://a,b,c/?replicaSet=rs0'": "a three-member replica set is not here; "
     "tests/test_read_policy.py runs both options end to end on the test server",
     'mcdc sync -s "$SRC" -t delta:/data/lake': "an object store and a REST catalog are not here; tests/test_lake.py "

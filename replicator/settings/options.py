@@ -21,10 +21,11 @@ REPLICATE = ("sync", "catch-up", "tail")
 SELECTING = (*JOB, "verify")
 COMMANDS = (*SELECTING, "status")
 
-#: MCDC_* variables that are not options but belong to mcdc: --config's file, the test suite's servers
-#: and the scripts' virtual environment. They never draw an "unknown variable" warning.
+#: MCDC_* variables that are not options but belong to mcdc: --config's file, the test suite's servers,
+#: the scripts' virtual environment and the collection the Auto CDC example reads (examples/spark/auto_cdc,
+#: beside MCDC_SOURCE). They never draw an "unknown variable" warning.
 ENV_CONFIG = "MCDC_CONFIG"
-OTHER_ENV = frozenset({ENV_CONFIG, "MCDC_VENV"})
+OTHER_ENV = frozenset({ENV_CONFIG, "MCDC_VENV", "MCDC_DATABASE", "MCDC_COLLECTION"})
 OTHER_ENV_PREFIXES = ("MCDC_TEST_",)
 
 

@@ -26,8 +26,10 @@ __all__ = ["SCHEMA", "MongoChanges", "event_from_row", "register"]
 
 def register(spark: Any) -> None:
     """Make ``format("mcdc")`` available in ``spark``'s session (on Spark Connect, a pipeline's run then
-    ends cleanly too: :func:`replicator.spark_datasource.auto_cdc.tolerate_observed_metrics`)."""
-    from replicator.spark_datasource.auto_cdc import tolerate_observed_metrics
+    ends cleanly too: :func:`replicator.spark_datasource.auto_cdc.tolerate_observed_metrics`; and under
+    ``spark-pipelines``, mcdc's errors are one line: :func:`~replicator.spark_datasource.auto_cdc.one_line_errors`)."""
+    from replicator.spark_datasource.auto_cdc import one_line_errors, tolerate_observed_metrics
 
     spark.dataSource.register(MongoChanges)
     tolerate_observed_metrics(spark)
+    one_line_errors()

@@ -5,7 +5,8 @@ RowLevelCatalog: Auto CDC needs one, and Delta's and Iceberg's jars cannot be ha
     python -m tests.support.auto_cdc_run JAR CATALOG_DIR SPEC OUT RUNS
 
 Each run does what ``spark-pipelines run --spec SPEC`` does (pyspark.pipelines.cli: the graph, the spec's
-files registered, the run and its events), then writes every table of the spec's database to
+files registered, the run and its events), then writes every table of ``lake.$MCDC_DATABASE`` (the
+example's schema, ``shop`` by default) to
 ``OUT/run-<k>.json`` and, before the next run, waits for the file ``OUT/go-<k+1>`` (the test changes the
 source in between).
 """
@@ -69,9 +70,10 @@ def main(jar: str, catalog_dir: str, spec_path: str, out: str, runs: str) -> Non
         )
         handle_pipeline_events(events)  # raises on a failed run, and (without mcdc's mend) on its last response
         tables = {}
-        for row in spark.sql(f"SHOW TABLES IN {CATALOG}.{spec.database}").collect():
+        schema = os.environ.get("MCDC_DATABASE") or "shop"
+        for row in spark.sql(f"SHOW TABLES IN {CATALOG}.{schema}").collect():
             name = row["tableName"]
-            tables[name] = [_plain(r) for r in spark.table(f"{CATALOG}.{spec.database}.{name}").collect()]
+            tables[name] = [_plain(r) for r in spark.table(f"{CATALOG}.{schema}.{name}").collect()]
         tmp = target / f".run-{k}.json"
         tmp.write_text(json.dumps(tables))
         tmp.replace(target / f"run-{k}.json")

@@ -37,6 +37,8 @@ MEASURED_S: dict[str, float] = {
     "test_a_churning_tail_on_spark_converges_and_four_saved_checkpoints_replay": 240,
     "test_a_stream_with_the_snapshot_first_killed_at_random_micro_batches_delivers_everything_once": 110,
     "test_the_example_pipeline_keeps_scd1_and_scd2_tables_of_a_collection_and_its_changes": 60,
+    "test_spark_pipelines_runs_the_example_as_its_readme_says_into_scd1_and_scd2_tables": 280,
+    "test_spark_pipelines_stops_the_example_in_the_readme_s_one_line_before_the_run": 25,
     "test_a_collection_renamed_during_the_snapshot_has_every_document_delivered": 60,
     "test_the_spark_engine_with_the_least_roles": 40,
     "test_least_roles_sync_catch_up_tail_and_cutover": 15,

@@ -32,6 +32,8 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  *
  * Config: spark.sql.catalog.NAME=mcdc.testcatalog.RowLevelCatalog
  *         spark.sql.catalog.NAME.path=/some/dir   (optional)
+ *         spark.sql.catalog.NAME.namespaces=strict (optional, with path: a namespace exists only once
+ *           created, as in Iceberg's and Delta's catalogs; by default every namespace exists)
  * Not for production: no concurrency control beyond one lock, whole-table rewrites.
  */
 public class RowLevelCatalog implements TableCatalog, SupportsNamespaces {
@@ -40,6 +42,7 @@ public class RowLevelCatalog implements TableCatalog, SupportsNamespaces {
 
   private String name;
   private String path;  // null: memory only
+  private boolean strict;  // namespaces exist only once created (a file NS.namespace under path)
 
   /** One table's state: schema, properties and rows (UnsafeRow copies). Serializable to a file. */
   static final class TableData implements Serializable {
@@ -69,6 +72,7 @@ public class RowLevelCatalog implements TableCatalog, SupportsNamespaces {
   @Override public void initialize(String name, CaseInsensitiveStringMap options) {
     this.name = name;
     this.path = options.get("path");
+    this.strict = path != null && "strict".equals(options.get("namespaces"));
     if (path != null) new File(path).mkdirs();
   }
 
@@ -157,7 +161,8 @@ public class RowLevelCatalog implements TableCatalog, SupportsNamespaces {
   }
 
   @Override public Table createTable(Identifier ident, TableInfo info)
-      throws TableAlreadyExistsException {
+      throws TableAlreadyExistsException, NoSuchNamespaceException {
+    if (!namespaceExists(ident.namespace())) throw new NoSuchNamespaceException(ident.namespace());
     synchronized (LOCK) {
       if (read(ident) != null) throw new TableAlreadyExistsException(ident);
       TableData d = new TableData();
@@ -170,7 +175,7 @@ public class RowLevelCatalog implements TableCatalog, SupportsNamespaces {
   }
 
   @Override public Table createTable(Identifier ident, Column[] columns, Transform[] partitions,
-      Map<String, String> properties) throws TableAlreadyExistsException {
+      Map<String, String> properties) throws TableAlreadyExistsException, NoSuchNamespaceException {
     return createTable(ident, new TableInfo.Builder().withColumns(columns)
         .withPartitions(partitions).withProperties(properties).build());
   }
@@ -221,13 +226,28 @@ public class RowLevelCatalog implements TableCatalog, SupportsNamespaces {
     }
   }
 
-  // ---- SupportsNamespaces: every namespace exists ----
+  // ---- SupportsNamespaces: every namespace exists, unless namespaces=strict ----
 
+  private File namespaceFile(String[] ns) { return new File(path, String.join(".", ns) + ".namespace"); }
+
+  // as Iceberg's catalogs (option default-namespace): Spark's default is none, which a pipeline cannot use
+  @Override public String[] defaultNamespace() { return new String[] {"default"}; }
   @Override public String[][] listNamespaces() { return new String[][] {{"default"}}; }
   @Override public String[][] listNamespaces(String[] ns) { return new String[0][]; }
-  @Override public Map<String, String> loadNamespaceMetadata(String[] ns) { return new HashMap<>(); }
-  @Override public boolean namespaceExists(String[] ns) { return true; }
-  @Override public void createNamespace(String[] ns, Map<String, String> md) {}
+  @Override public Map<String, String> loadNamespaceMetadata(String[] ns)
+      throws NoSuchNamespaceException {
+    if (!namespaceExists(ns)) throw new NoSuchNamespaceException(ns);
+    return new HashMap<>();
+  }
+  @Override public boolean namespaceExists(String[] ns) { return !strict || namespaceFile(ns).exists(); }
+  @Override public void createNamespace(String[] ns, Map<String, String> md) {
+    if (!strict) return;
+    try {
+      namespaceFile(ns).createNewFile();
+    } catch (IOException e) {
+      throw new RuntimeException(e);
+    }
+  }
   @Override public void alterNamespace(String[] ns, NamespaceChange... changes) {}
   @Override public boolean dropNamespace(String[] ns, boolean cascade) { return false; }
 
