@@ -26,8 +26,13 @@ __all__ = ["SCHEMA", "MongoChanges", "event_from_row", "register"]
 
 def register(spark: Any) -> None:
     """Make ``format("mcdc")`` available in ``spark``'s session (on Spark Connect, a pipeline's run then
-    ends cleanly too: :func:`replicator.spark_datasource.auto_cdc.tolerate_observed_metrics`)."""
+    ends cleanly too: :func:`replicator.spark_datasource.auto_cdc.tolerate_observed_metrics`).
+
+    Raises a one-line ConfigError when Spark's Python workers run a Python without mcdc (see
+    :mod:`.workers`): ``PYSPARK_PYTHON`` names the one to use."""
+    from replicator.spark_datasource import workers
     from replicator.spark_datasource.auto_cdc import tolerate_observed_metrics
 
+    workers.check(spark)
     spark.dataSource.register(MongoChanges)
     tolerate_observed_metrics(spark)
