@@ -15,7 +15,9 @@ from replicator.settings.resolve import settings_from_strings
 SPARK_OWN = frozenset({"path", "checkpointlocation"})
 #: The stream's start as an offset (offsets.py's JSON): the Spark engine passes mcdc's checkpoint position.
 START_POSITIONS = "start-positions"
-_OWN = frozenset({START_POSITIONS})
+#: json (the default: Extended JSON strings) or variant: the type of the document columns (variant.py).
+DOCUMENT_TYPE = "document-type"
+_OWN = frozenset({START_POSITIONS, DOCUMENT_TYPE})
 
 
 class DataSourceError(McdcError):

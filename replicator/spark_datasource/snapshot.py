@@ -35,6 +35,7 @@ from replicator.source.reads import ReadPolicy, SourceReads, check_members
 from replicator.spark_datasource.changes import sync_client
 from replicator.spark_datasource.moves import documents, moved_since
 from replicator.spark_datasource.options import one_line, settings_for
+from replicator.spark_datasource.variant import VARIANT, as_variant, document_type
 
 log = logging.getLogger("mcdc.spark")
 
@@ -74,7 +75,8 @@ class SnapshotReader(DataSourceReader):
         if not isinstance(partition, Range):  # Spark's own stand-in for an empty plan: nothing to read
             return
         with one_line():
-            yield from read_range(settings_for(self.options, "source"), partition)
+            rows = read_range(settings_for(self.options, "source"), partition)
+            yield from as_variant(rows) if document_type(self.options) == VARIANT else rows
 
 
 def read_range(s: Settings, part: Range) -> Iterator[Row]:

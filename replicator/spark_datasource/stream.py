@@ -53,6 +53,7 @@ from replicator.spark_datasource.offsets import REPLICA_SET, ShardOffset, Snapsh
 from replicator.spark_datasource.options import START_POSITIONS, one_line, settings_for
 from replicator.spark_datasource.snapshot import Range, plan_steadily, read_next, snapshot_first
 from replicator.spark_datasource.snapshot import read_range as read_snapshot_range
+from replicator.spark_datasource.variant import VARIANT, as_variant, document_type
 
 log = logging.getLogger("mcdc.spark")
 
@@ -238,7 +239,8 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[Row]:
         with one_line():
-            yield from self._read(partition)
+            rows = self._read(partition)
+            yield from as_variant(rows) if document_type(self.options) == VARIANT else rows
 
     def _read(self, partition: InputPartition) -> Iterator[Row]:
         s = self.settings

@@ -28,6 +28,7 @@ SESSION_MODULES = (
     "tests/test_spark_engine.py",
     "tests/test_spark_datasource.py",
     "tests/test_spark_datasource_errors.py",
+    "tests/test_spark_variant.py",
 )
 #: The work unit of those tests.
 SPARK_SESSION = "spark-session"
