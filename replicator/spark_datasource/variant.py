@@ -3,8 +3,8 @@
 (:mod:`replicator.bsonkit.variant` says how each BSON type maps). The default, ``json``, keeps them
 Extended JSON strings. A data-source-only option: the CLI has no VARIANT to write.
 
-PySpark 4.0 and later read a ``VariantVal`` from a Python data source's rows into a VARIANT column (checked
-on 4.3 by tests/test_spark_variant.py); the data source itself needs 4.2+.
+PySpark reads a ``VariantVal`` from a Python data source's rows into a VARIANT column (checked on 4.3 by
+tests/test_spark_variant.py).
 """
 
 from __future__ import annotations
