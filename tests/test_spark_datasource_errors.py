@@ -20,6 +20,7 @@ import pytest
 from replicator.errors import McdcError
 from replicator.source.connection import make_client, probe
 from replicator.spark import register
+from replicator.spark_datasource import workers
 from replicator.spark_datasource.options import DataSourceError, OptionError
 from replicator.spark_datasource.snapshot import Range, SnapshotReader
 from replicator.spark_datasource.stream import ChangeStreamReader, ShardRange
@@ -197,3 +198,23 @@ def test_workers_running_a_python_without_mcdc_are_told_at_register_naming_pyspa
                               "import mcdc (ModuleNotFoundError: No module named "), message  # fmt: skip
     assert "set PYSPARK_PYTHON" in message and "spark.pyspark.python" in message and sys.executable in message
     assert len(message.splitlines()) == 1
+
+
+def test_a_worker_python_without_mcdc_that_register_could_not_check_says_so_at_load(
+    spark: Any, python_without_mcdc: str, source_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As on Spark Connect, whose server's Python register() cannot run: the worker itself says it, in one
+    line, where Spark makes the data source."""
+    monkeypatch.setattr(workers, "check", lambda _: None)
+    monkeypatch.setattr(spark.sparkContext, "pythonExec", python_without_mcdc)
+    register(spark)  # the class goes to that Python's workers
+    try:
+        text = failure_of(lambda: spark.read.format("mcdc").option("source", source_uri).load())
+    finally:
+        monkeypatch.undo()
+        register(spark)  # the session's own Python again, for the tests after this one
+    assert text.startswith(
+        "[PYTHON_DATA_SOURCE_ERROR] Failed to create Python data source instance: mcdc: Spark's Python workers "
+        f"run {python_without_mcdc}, which cannot import mcdc (ModuleNotFoundError: No module named "
+    ), text
+    assert "set PYSPARK_PYTHON" in text and "spark.pyspark.python" in text, text

@@ -29,10 +29,14 @@ def register(spark: Any) -> None:
     ends cleanly too: :func:`replicator.spark_datasource.auto_cdc.tolerate_observed_metrics`).
 
     Raises a one-line ConfigError when Spark's Python workers run a Python without mcdc (see
-    :mod:`.workers`): ``PYSPARK_PYTHON`` names the one to use."""
-    from replicator.spark_datasource import workers
+    :mod:`.workers`): ``PYSPARK_PYTHON`` names the one to use. Where that cannot be checked (Spark
+    Connect), such a worker says it in one line when it makes the data source (:mod:`.guard`)."""
+    from pyspark import cloudpickle
+
+    from replicator.spark_datasource import guard, workers
     from replicator.spark_datasource.auto_cdc import tolerate_observed_metrics
 
     workers.check(spark)
-    spark.dataSource.register(MongoChanges)
+    cloudpickle.register_pickle_by_value(guard)  # type: ignore[no-untyped-call]  # sent whole, see guard.py
+    spark.dataSource.register(guard.GuardedSource)
     tolerate_observed_metrics(spark)

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from typing import Any
 
+from replicator.spark_datasource.guard import FIX, cannot_import
 from replicator.spark_datasource.options import OptionError
 
 #: What a worker imports to run the data source.
@@ -50,26 +51,23 @@ def worker_problem(python: str, local: bool) -> str | None:
     if found is None:
         if not local:
             return None
-        return f"Spark's Python workers would run {named}, which is not there: {_FIX}"
+        return f"Spark's Python workers would run {named}, which is not there: {_fix()}"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*_spark_python_path(), os.environ.get("PYTHONPATH", "")])}
     try:
         result = subprocess.run(
             [found, "-c", f"import {MODULE}"], env=env, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"Spark's Python workers run {named}, which cannot be run ({exc}): {_FIX}"
+        return f"Spark's Python workers run {named}, which cannot be run ({exc}): {_fix()}"
     if result.returncode == 0:
         return None
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     why = lines[-1].strip() if lines else f"exit status {result.returncode}"
-    return f"Spark's Python workers run {named}, which cannot import mcdc ({why}): {_FIX}"
+    return cannot_import(named, why, sys.executable)
 
 
-#: How a user points the workers at the Python mcdc is installed in.
-_FIX = (
-    f"set PYSPARK_PYTHON to the Python mcdc is installed in ({sys.executable} here) before the session "
-    "starts (spark-submit: --conf spark.pyspark.python=...), or install mcdc in that Python"
-)
+def _fix() -> str:
+    return FIX.format(here=f" ({sys.executable} here)")
 
 
 def _named(python: str) -> str:
