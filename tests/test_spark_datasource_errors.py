@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from replicator.errors import McdcError
+from replicator.events.rows import SCHEMA
 from replicator.source.connection import make_client, probe
 from replicator.spark import register
 from replicator.spark_datasource import workers
@@ -175,6 +176,16 @@ def test_an_executor_s_read_of_an_unreachable_source_is_the_cli_s_line(monkeypat
         assert str(caught.value).startswith(f"source {uri} is unreachable: 127.0.0.1:"), caught.value
         assert type(caught.value).__qualname__ == "mcdc" and caught.value.__cause__ is None
     assert os.environ["SPARK_HIDE_TRACEBACK"] == "1"
+
+
+def test_a_task_s_write_to_an_unreachable_target_is_the_cli_s_line_after_spark_s(mcdc: Any) -> None:
+    """The writer's tasks run on the executors: Spark shows a task's error on the line after its own."""
+    uri = f"mongodb://127.0.0.1:{free_port()}/?directConnection=true"
+    rows = mcdc.createDataFrame([], SCHEMA)  # one (empty) task: the sink starts, and finds no target
+    writing = rows.write.format("mcdc").option("target", uri).option("connect-timeout", TIMEOUT).mode("append")
+    lines = failure_of(writing.save).splitlines()
+    assert lines[0] == "An exception was thrown from the Python worker:", lines
+    assert lines[1].startswith(f"mcdc: target {uri} is unreachable: 127.0.0.1:") and len(lines) == 2, lines
 
 
 @pytest.fixture(scope="module")
