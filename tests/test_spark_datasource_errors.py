@@ -162,8 +162,8 @@ def test_an_executor_s_read_of_an_unreachable_source_is_the_cli_s_line(monkeypat
     ("An exception was thrown from the Python worker:"); in the worker, the traceback is hidden."""
     uri = f"mongodb://127.0.0.1:{free_port()}/?directConnection=true"
     options = {"source": uri, "connect-timeout": TIMEOUT}
-    monkeypatch.setenv("SPARK_PYTHON_RUNTIME", "PYTHON_WORKER")
-    monkeypatch.delenv("SPARK_HIDE_TRACEBACK", raising=False)
+    worker_env = {k: v for k, v in os.environ.items() if k != "SPARK_HIDE_TRACEBACK"}
+    monkeypatch.setattr(os, "environ", {**worker_env, "SPARK_PYTHON_RUNTIME": "PYTHON_WORKER"})
     snapshot = Range({"db": "shop", "coll": "orders", "index": 0, "bracket": "*"})
     stream = ShardRange("", uri, {"t": 1, "i": 1}, {"t": 2, "i": 1})
     reads = (
