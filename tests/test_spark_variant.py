@@ -19,6 +19,7 @@ from bson.timestamp import Timestamp
 
 from replicator.spark import register
 from tests.support.servers import Clients
+from tests.test_spark_datasource import stream_rows
 
 pytestmark = pytest.mark.integration
 
@@ -94,33 +95,16 @@ def test_a_stream_gives_variant_documents_and_pre_images(
     mcdc: Any, clients: Clients, source_uri: str, tmp_path: Path
 ) -> None:
     clients.source.shop.create_collection("things", changeStreamPreAndPostImages={"enabled": True})
-    rows: list[Any] = []
-    reader = (
-        mcdc.readStream.format("mcdc")
-        .option("source", source_uri)
-        .option("document-type", "variant")
-        .option("full-document", "updateLookup")
-        .option("pre-images", "whenAvailable")
-    )
-    frame = reader.load()
-    assert frame.schema["document"].dataType.typeName() == "variant"
-
-    def run() -> None:
-        query = (
-            frame.writeStream.foreachBatch(lambda df, _: rows.extend(df.collect()))
-            .option("checkpointLocation", str(tmp_path / "cp"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination(120)
-        assert query.exception() is None, query.exception()
-
-    run()  # the stream's start
+    options = {"document-type": "variant", "full-document": "updateLookup", "pre-images": "whenAvailable"}
+    checkpoint = tmp_path / "cp"
+    stream_rows(mcdc, source_uri, checkpoint, **options)  # the stream's start
     clients.source.shop.things.insert_one(DOCUMENT)
     clients.source.shop.things.update_one({"_id": OID}, {"$set": {"i": 43}})
-    run()
+    rows, _ = stream_rows(mcdc, source_uri, checkpoint, **options)
+    schema = mcdc.readStream.format("mcdc").option("source", source_uri).options(**options).load().schema
+    assert schema["document"].dataType.typeName() == "variant"
     assert [row["op"] for row in rows] == ["c", "u"]
-    mcdc.createDataFrame(rows, frame.schema).createOrReplaceTempView("changes")
+    mcdc.createDataFrame(rows, schema).createOrReplaceTempView("changes")
     assert _values(mcdc, "changes", "op = 'c'") == READS
     assert _values(mcdc, "changes", "op = 'u'") == {**READS, "document:i::int": 43}
     (before,) = mcdc.sql("SELECT before:i::int AS i, before:when::timestamp AS t FROM changes WHERE op = 'u'").collect()
