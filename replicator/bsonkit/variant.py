@@ -11,11 +11,11 @@ double                          double
 int32 / int64                   int (4 bytes) / long (8 bytes)
 string, symbol                  string
 boolean, null, undefined        boolean, null, null
-document, array                 object (fields in name order, as VARIANT keeps them), array
+document, array, DBRef           object (fields in name order, as VARIANT keeps them), array, object
 date                            timestamp (UTC, microseconds); one outside years 1-9999: as below
 decimal128                      decimal (up to 38 digits); NaN, infinities, more digits: as below
 binary of subtype 0             binary
-ObjectId                        string of its 24 hex digits (as the MongoDB Spark Connector shows it)
+ObjectId                        string of its 24 hex digits
 anything else                   its canonical Extended JSON, as an object: ``{"$timestamp": {"t", "i"}}``,
                                 ``{"$binary": ...}`` (other subtypes, UUIDs), ``{"$regularExpression":
                                 ...}``, ``{"$code": ...}``, ``{"$minKey": 1}``, ``{"$maxKey": 1}``, ...
