@@ -94,17 +94,23 @@ def test_a_batch_read_gives_variant_documents_that_sql_reads_as_the_source_s_val
 def test_a_stream_gives_variant_documents_and_pre_images(
     mcdc: Any, clients: Clients, source_uri: str, tmp_path: Path
 ) -> None:
+    """The snapshot first (``r`` rows, read by the stream's own snapshot tasks), then the changes."""
     clients.source.shop.create_collection("things", changeStreamPreAndPostImages={"enabled": True})
+    clients.source.shop.things.insert_one({"_id": "early", "when": WHEN})
     options = {"document-type": "variant", "full-document": "updateLookup", "pre-images": "whenAvailable"}
     checkpoint = tmp_path / "cp"
-    stream_rows(mcdc, source_uri, checkpoint, **options)  # the stream's start
+    first, _ = stream_rows(mcdc, source_uri, checkpoint, snapshot="initial", **options)  # the snapshot
     clients.source.shop.things.insert_one(DOCUMENT)
     clients.source.shop.things.update_one({"_id": OID}, {"$set": {"i": 43}})
-    rows, _ = stream_rows(mcdc, source_uri, checkpoint, **options)
+    rows, _ = stream_rows(mcdc, source_uri, checkpoint, snapshot="initial", **options)
     schema = mcdc.readStream.format("mcdc").option("source", source_uri).options(**options).load().schema
     assert schema["document"].dataType.typeName() == "variant"
     assert [row["op"] for row in rows] == ["c", "u"]
-    mcdc.createDataFrame(rows, schema).createOrReplaceTempView("changes")
+    assert [row["op"] for row in first] == ["r"]
+    mcdc.createDataFrame([*first, *rows], schema).createOrReplaceTempView("changes")
+    query = "SELECT document:_id::string AS id, document:when::timestamp AS t FROM changes WHERE op = 'r'"
+    (read,) = mcdc.sql(query).collect()
+    assert read["id"] == "early" and read["t"].replace(tzinfo=datetime.UTC) == WHEN
     assert _values(mcdc, "changes", "op = 'c'") == READS
     assert _values(mcdc, "changes", "op = 'u'") == {**READS, "document:i::int": 43}
     (before,) = mcdc.sql("SELECT before:i::int AS i, before:when::timestamp AS t FROM changes WHERE op = 'u'").collect()
