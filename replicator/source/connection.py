@@ -12,16 +12,18 @@ from urllib.parse import parse_qs
 
 from bson.codec_options import DatetimeConversion
 from bson.raw_bson import RawBSONDocument
-from pymongo import AsyncMongoClient, monitoring, uri_parser
+from pymongo import AsyncMongoClient, MongoClient, monitoring, uri_parser
 from pymongo.errors import BulkWriteError, ConfigurationError, OperationFailure, PyMongoError
 
 from replicator.bsonkit.rawbson import DICT_CODEC as DICT_CODEC  # re-exported: the source's codecs
 from replicator.bsonkit.rawbson import RAW_CODEC as RAW_CODEC
-from replicator.errors import ConfigError, ConnectionFailed, ServerUnavailable, quoted
+from replicator.errors import ConfigError, ConnectionFailed, McdcError, ServerUnavailable, quoted
 from replicator.settings.uri import host_set, redact
 from replicator.source.privileges import UNAUTHORIZED, Grants, command_refusal, grants_of
 
 Client = AsyncMongoClient[RawBSONDocument]
+#: Either driver's client: what a failure is told from (its topology) is the same in both.
+AnyClient = AsyncMongoClient[Any] | MongoClient[Any]
 
 
 @dataclass(frozen=True)
@@ -124,19 +126,8 @@ async def probe(client: Client, uri: str, role: str) -> ServerInfo:
     try:
         hello = await _hello(client, uri, role)
         deployment_id = await _deployment_id(client, hello)
-    except OperationFailure as exc:
-        raise ConnectionFailed(f"{role} {redact(uri)} refused us: {server_message(exc)}") from None
     except PyMongoError as exc:
-        problem = _configuration_problem(client)
-        if problem is not None:
-            raise ConfigError(f"{role} {redact(uri)}: {problem}") from None
-        # pymongo drops a seed whose set is not the URI's, then finds no member: ask the seeds directly
-        no_member = "No replica set members" in str(exc)
-        wrong_set = await _other_set_name(uri, client.options.server_selection_timeout) if no_member else None
-        if wrong_set is not None:
-            raise ConfigError(f"{role} {redact(uri)}: {wrong_set}") from None
-        reason = redact(str(exc)).split(", Timeout:")[0].split(" (configured timeouts")[0]
-        raise ServerUnavailable(f"{role} {redact(uri)} is unreachable: {reason}") from None
+        raise await failure(exc, client, uri, role) from None
     topology = hello.get("topologyVersion") or {}
     pid = topology.get("processId")
     return ServerInfo(
@@ -146,6 +137,24 @@ async def probe(client: Client, uri: str, role: str) -> ServerInfo:
         max_wire_version=int(hello.get("maxWireVersion", 0)),
         deployment_id=deployment_id,
     )
+
+
+async def failure(exc: PyMongoError, client: AnyClient, uri: str, role: str) -> McdcError:
+    """What :func:`probe` says of ``exc``, raised by ``client`` (async or sync) of ``uri``: a refusal is a
+    ConnectionFailed, what no retry mends a ConfigError, anything else no answer (ServerUnavailable)."""
+    if isinstance(exc, OperationFailure):
+        refused = explain_refusal(exc)  # a command the user may not run: the role that grants it
+        return ConnectionFailed(refused or f"{role} {redact(uri)} refused us: {server_message(exc)}")
+    problem = _configuration_problem(client)
+    if problem is not None:
+        return ConfigError(f"{role} {redact(uri)}: {problem}")
+    # pymongo drops a seed whose set is not the URI's, then finds no member: ask the seeds directly
+    no_member = "No replica set members" in str(exc)
+    wrong_set = await _other_set_name(uri, client.options.server_selection_timeout) if no_member else None
+    if wrong_set is not None:
+        return ConfigError(f"{role} {redact(uri)}: {wrong_set}")
+    reason = redact(str(exc)).split(", Timeout:")[0].split(" (configured timeouts")[0]
+    return ServerUnavailable(f"{role} {redact(uri)} is unreachable: {reason}")
 
 
 async def _hello(client: Client, uri: str, role: str) -> dict[str, Any]:
@@ -166,7 +175,7 @@ async def _hello(client: Client, uri: str, role: str) -> dict[str, Any]:
             await asyncio.gather(asked, return_exceptions=True)
 
 
-def _configuration_problem(client: Client) -> str | None:
+def _configuration_problem(client: AnyClient) -> str | None:
     """What to fix, when every server the client knows failed for a reason no retry mends."""
     servers = list(client.topology_description.server_descriptions().values())
     problems = [configuration_problem(str(sd.error), sd.address[0]) if sd.error else None for sd in servers]
@@ -214,6 +223,12 @@ async def grants(client: Client) -> Grants | None:
     except OperationFailure:
         return None
     return grants_of(reply)
+
+
+def refusals(side: str) -> monitoring.CommandListener:
+    """The listener a client needs for :func:`explain_refusal` to name the role a refused command needs
+    (every client :func:`make_client` makes has one)."""
+    return _Refusals(side)
 
 
 class _Refusals(monitoring.CommandListener):

@@ -8,14 +8,16 @@ normalizing: a row keeps the change document's bytes, and offsets need only each
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pymongo
 from bson.raw_bson import RawBSONDocument
 from pymongo.change_stream import ChangeStream
-from pymongo.errors import OperationFailure
+from pymongo.errors import ConnectionFailure, OperationFailure
 
 from replicator.events import Position
 from replicator.settings.config import Settings
@@ -28,18 +30,33 @@ from replicator.source.changestream import (
     after_refusal,
     reopen_options,
 )
-from replicator.source.connection import client_options, read_timeout
+from replicator.source.connection import client_options, failure, read_timeout, refusals
 
 log = logging.getLogger("mcdc.spark")
 
 SyncClient = pymongo.MongoClient[RawBSONDocument]
 
 
-def sync_client(uri: str, timeout_s: float, io_timeout_s: float | None = None) -> SyncClient:
+@contextlib.contextmanager
+def sync_client(
+    uri: str, timeout_s: float, io_timeout_s: float | None = None, *, role: str = "source"
+) -> Iterator[SyncClient]:
     """A synchronous client returning raw BSON, with the codec options of the asyncio engine's clients
     (dates outside Python's range kept, UUIDs left as binary); ``io_timeout_s`` for a source (see
-    connection.read_timeout)."""
-    return pymongo.MongoClient(uri, **client_options(timeout_s, "mcdc-spark", uri), **read_timeout(uri, io_timeout_s))
+    connection.read_timeout). Closed on leaving. A server that cannot be reached, or refuses us, while it
+    is in use is told as the CLI tells it (:func:`~replicator.source.connection.failure`), in one line
+    naming ``role`` and the URI without credentials."""
+    options = client_options(timeout_s, "mcdc-spark", uri)
+    listeners = [refusals("source")]  # a refused command is told with the role that grants it
+    client: SyncClient = pymongo.MongoClient(
+        uri, **options, **read_timeout(uri, io_timeout_s), event_listeners=listeners
+    )
+    try:
+        yield client
+    except (ConnectionFailure, OperationFailure) as exc:
+        raise asyncio.run(failure(exc, client, uri, role)) from None
+    finally:
+        client.close()
 
 
 def transaction_of(raw: Mapping[str, Any]) -> tuple[bytes, int] | None:

@@ -11,6 +11,7 @@ from replicator.events.rows import SCHEMA
 from replicator.spark_datasource.options import one_line, settings_for
 from replicator.spark_datasource.snapshot import SnapshotReader
 from replicator.spark_datasource.stream import ChangeStreamReader
+from replicator.spark_datasource.variant import VARIANT, VARIANT_SCHEMA, document_type
 from replicator.spark_datasource.writer import TargetStreamWriter, TargetWriter, check_mode
 
 
@@ -26,6 +27,7 @@ class MongoChanges(DataSource):
         super().__init__(options)
         with one_line():
             settings_for(self.options)
+            document_type(self.options)
 
     @classmethod
     def name(cls) -> str:
@@ -34,7 +36,7 @@ class MongoChanges(DataSource):
     def schema(self) -> str:
         with one_line():  # only a read asks for the schema (at load()): the moment to miss its source
             settings_for(self.options, "source")
-        return SCHEMA
+            return VARIANT_SCHEMA if document_type(self.options) == VARIANT else SCHEMA
 
     def reader(self, schema: object) -> SnapshotReader:
         with one_line():

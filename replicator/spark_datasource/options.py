@@ -7,7 +7,7 @@ import contextlib
 import os
 from collections.abc import Iterator, Mapping
 
-from replicator.errors import ConfigError
+from replicator.errors import ConfigError, McdcError
 from replicator.settings.config import Settings
 from replicator.settings.resolve import settings_from_strings
 
@@ -15,15 +15,24 @@ from replicator.settings.resolve import settings_from_strings
 SPARK_OWN = frozenset({"path", "checkpointlocation"})
 #: The stream's start as an offset (offsets.py's JSON): the Spark engine passes mcdc's checkpoint position.
 START_POSITIONS = "start-positions"
-_OWN = frozenset({START_POSITIONS})
+#: json (the default: Extended JSON strings) or variant: the type of the document columns (variant.py).
+DOCUMENT_TYPE = "document-type"
+_OWN = frozenset({START_POSITIONS, DOCUMENT_TYPE})
 
 
-class OptionError(ConfigError):
-    """A mistake in the data source's options, as Spark shows it: ``mcdc: <the CLI's one line>``.
+class DataSourceError(McdcError):
+    """An error of the data source that is the user's to fix, as Spark shows it: ``mcdc: <the CLI's line>``.
 
     Spark puts a Python data source's error after its own prefix the way Python prints an exception's last
     line, ``module.Class: message``, and Python leaves the module out for a class of ``builtins``: so this
-    class says it is ``builtins.mcdc``, and the user reads ``...: mcdc: option workers must be ...``."""
+    class says it is ``builtins.mcdc``, and the user reads ``...: mcdc: source ... is unreachable: ...``."""
+
+    __module__ = "builtins"
+    __qualname__ = "mcdc"
+
+
+class OptionError(DataSourceError, ConfigError):
+    """A mistake in the data source's options or set-up (``...: mcdc: option workers must be ...``)."""
 
     __module__ = "builtins"
     __qualname__ = "mcdc"
@@ -43,15 +52,20 @@ def settings_for(options: Mapping[str, str], need: str | None = None) -> Setting
 
 @contextlib.contextmanager
 def one_line() -> Iterator[None]:
-    """Around the data source's own checks, which Spark runs in a Python worker of the driver: a mistake
-    reaches the user as mcdc's one line (:class:`OptionError`), without a traceback of mcdc's code.
+    """Around what the data source does in Spark's Python workers (the driver's: options, schema, plans
+    and offsets; the executors': reads): an error that is the user's to fix (a McdcError: a mistake in
+    the options, a source that cannot be reached or refuses us, ...) reaches the user as mcdc's one line
+    (:class:`DataSourceError`, :class:`OptionError` for a ConfigError), without a traceback of mcdc's code.
 
     Spark's worker prints the error with its traceback unless SPARK_HIDE_TRACEBACK is set
     (spark.sql.execution.pyspark.udf.hideTraceback.enabled), which it reads when it formats the error,
     after this has raised; then the worker exits. So only this worker, about to end, is told."""
     try:
         yield
-    except ConfigError as exc:
+    except DataSourceError:
+        raise  # told already, by a one_line() within this one
+    except McdcError as exc:
         if os.environ.get("SPARK_PYTHON_RUNTIME") == "PYTHON_WORKER":  # never the user's own process
             os.environ["SPARK_HIDE_TRACEBACK"] = "1"
-        raise OptionError(str(exc)) from None
+        shown = OptionError if isinstance(exc, ConfigError) else DataSourceError
+        raise shown(str(exc)) from None

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bson.timestamp import Timestamp
+from pymongo.errors import ConnectionFailure, OperationFailure
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from replicator.errors import ConfigError, McdcError
@@ -27,13 +28,14 @@ from replicator.events.rows import Row, snapshot_row
 from replicator.settings.config import Settings
 from replicator.source import catalog
 from replicator.source.changestream import current_time
-from replicator.source.connection import make_client
+from replicator.source.connection import failure, make_client, probe
 from replicator.source.incarnations import collection_uuids
 from replicator.source.partitions import Partition, plan_specs
 from replicator.source.reads import ReadPolicy, SourceReads, check_members
 from replicator.spark_datasource.changes import sync_client
 from replicator.spark_datasource.moves import documents, moved_since
-from replicator.spark_datasource.options import settings_for
+from replicator.spark_datasource.options import one_line, settings_for
+from replicator.spark_datasource.variant import VARIANT, as_variant, document_type
 
 log = logging.getLogger("mcdc.spark")
 
@@ -65,12 +67,16 @@ class SnapshotReader(DataSourceReader):
         settings_for(self.options, "source")  # a bad option fails now, on the driver
 
     def partitions(self) -> list[Range]:
-        at, plan = plan_steadily(settings_for(self.options, "source"), lambda: None)
+        with one_line():
+            at, plan = plan_steadily(settings_for(self.options, "source"), lambda: None)
         return [Range(part, at.time, at.inc, len(plan)) for part in plan]
 
     def read(self, partition: InputPartition) -> Iterator[Row]:
-        assert isinstance(partition, Range)
-        yield from read_range(settings_for(self.options, "source"), partition)
+        if not isinstance(partition, Range):  # Spark's own stand-in for an empty plan: nothing to read
+            return
+        with one_line():
+            rows = read_range(settings_for(self.options, "source"), partition)
+            yield from as_variant(rows) if document_type(self.options) == VARIANT else rows
 
 
 def read_range(s: Settings, part: Range) -> Iterator[Row]:
@@ -109,6 +115,7 @@ async def plan_snapshot(s: Settings, at: Timestamp | None = None) -> tuple[Times
     ``Partition.to_json`` with its collection's ``uuid`` (hex) when the source reports one."""
     client = make_client(s.source, timeout_s=s.connect_timeout_s, io_timeout_s=s.io_timeout_s)
     try:
+        await probe(client, s.source, "source")  # unreachable, refusing us: the CLI's one line
         policy = ReadPolicy.of(s)
         await check_members(client, policy)  # --read-preference secondary: servable?
         at = at if at is not None else await current_time(client)
@@ -125,6 +132,8 @@ async def plan_snapshot(s: Settings, at: Timestamp | None = None) -> tuple[Times
         )
         uuids = await collection_uuids(client, {p.ns for p in plan})
         return at, [_with_uuid(p.to_json(), uuids.get(p.ns)) for p in plan]
+    except (ConnectionFailure, OperationFailure) as exc:  # gone since, or refusing a command: one line
+        raise await failure(exc, client, s.source, "source") from None
     finally:
         await client.close()
 

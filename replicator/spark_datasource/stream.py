@@ -50,9 +50,10 @@ from replicator.spark_datasource.changes import (
     transaction_of,
 )
 from replicator.spark_datasource.offsets import REPLICA_SET, ShardOffset, SnapshotOffset
-from replicator.spark_datasource.options import START_POSITIONS, settings_for
+from replicator.spark_datasource.options import START_POSITIONS, one_line, settings_for
 from replicator.spark_datasource.snapshot import Range, plan_steadily, read_next, snapshot_first
 from replicator.spark_datasource.snapshot import read_range as read_snapshot_range
+from replicator.spark_datasource.variant import VARIANT, as_variant, document_type
 
 log = logging.getLogger("mcdc.spark")
 
@@ -112,7 +113,8 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         with ``snapshot=initial``, the snapshot's plan from then). Always the same answer: Spark asks again
         when it plans the first micro-batch."""
         if self._initial is None:
-            self._initial = self._first_offset()
+            with one_line():
+                self._initial = self._first_offset()
         return self._initial
 
     def _first_offset(self) -> dict[str, Any]:
@@ -137,7 +139,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             log.info("mcdc stream reads a snapshot of %d partitions first, at %s", len(plan), at)
         else:
             for name, uri in self.shards().items():
-                with sync_client(uri, s.connect_timeout_s, s.io_timeout_s) as client:
+                with sync_client(uri, s.connect_timeout_s, s.io_timeout_s, role=_role(name)) as client:
                     start[name] = position_now(client, s)
         log.info("mcdc stream starts at %s", start)
         return offsets.to_json(start, initial=True, snapshot=snapshot)
@@ -146,8 +148,8 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The earliest of the streams' times now (the snapshot's: every stream starts there)."""
         s = self.settings
         times: list[Timestamp] = []
-        for uri in self.shards().values():
-            with sync_client(uri, s.connect_timeout_s, s.io_timeout_s) as client:
+        for name, uri in self.shards().items():
+            with sync_client(uri, s.connect_timeout_s, s.io_timeout_s, role=_role(name)) as client:
                 times.append(source_time(client))
         return min(times)
 
@@ -165,7 +167,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         s = self.settings
-        with sync_client(s.source, s.connect_timeout_s, s.io_timeout_s) as client:
+        with one_line(), sync_client(s.source, s.connect_timeout_s, s.io_timeout_s) as client:
             self._until = source_time(client)
         log.info("mcdc stream: available now = up to %s", self._until)
 
@@ -174,6 +176,10 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         cut by the limit (so no shard's later event is applied before another shard's earlier one, which
         a later micro-batch would bring: a document moving between shards keeps its order), never past
         the availableNow time. A shard with nothing new moves to its post-batch token (idle)."""
+        with one_line():
+            return self._latest(start, limit)
+
+    def _latest(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin = offsets.from_json(start)
         rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None  # None: ReadAllAvailable
         snapshot = offsets.snapshot_of(start)
@@ -203,7 +209,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     ) -> tuple[ShardOffset, bool]:
         """One shard's end (see :func:`advance`), or its post-batch token when it had no event."""
         s = self.settings
-        with sync_client(self.shards()[name], s.connect_timeout_s, s.io_timeout_s) as client:
+        with sync_client(self.shards()[name], s.connect_timeout_s, s.io_timeout_s, role=_role(name)) as client:
             stream = RawChangeStream(client, s, match=self.match)
             first = offsets.start_of(begin, name)
             stream.open(first.position())
@@ -247,6 +253,11 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # --- executors ------------------------------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[Row]:
+        with one_line():
+            rows = self._read(partition)
+            yield from as_variant(rows) if document_type(self.options) == VARIANT else rows
+
+    def _read(self, partition: InputPartition) -> Iterator[Row]:
         s = self.settings
         if isinstance(partition, Range):
             yield from read_snapshot_range(s, partition)
@@ -255,7 +266,7 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         first = ShardOffset.from_json(partition.start)
         events: Sequence[Mapping[str, Any]] | None = partition.events  # read by the driver as it planned
         if events is None:
-            with sync_client(partition.uri, s.connect_timeout_s, s.io_timeout_s) as client:
+            with sync_client(partition.uri, s.connect_timeout_s, s.io_timeout_s, role=_role(partition.shard)) as client:
                 stream = RawChangeStream(client, s, match=self.match)
                 stream.open(first.position())
                 try:
@@ -342,6 +353,11 @@ def _key(offset: ShardOffset) -> str:
 
 def _of(shard: str) -> str:
     return f" of shard {shard}" if shard else ""
+
+
+def _role(shard: str) -> str:
+    """How a message names the server of ``shard``'s stream."""
+    return f"shard {shard}" if shard else "source"
 
 
 def source_time(client: SyncClient) -> Timestamp:

@@ -23,7 +23,7 @@ from replicator.settings.config import Settings
 from replicator.settings.fields import FieldRules
 from replicator.settings.selection import make_transform
 from replicator.sinks.registry import open_sink
-from replicator.spark_datasource.options import settings_for
+from replicator.spark_datasource.options import one_line, settings_for
 
 log = logging.getLogger("mcdc.spark")
 
@@ -51,7 +51,8 @@ class _Rows:
         settings_for(self.options, "target")  # a bad option fails now, on the driver
 
     def write(self, iterator: Iterable[Any]) -> Written:
-        return Written(asyncio.run(apply_rows(settings_for(self.options, "target"), iterator)))
+        with one_line():  # the target unreachable, refusing us or a write: the CLI's line
+            return Written(asyncio.run(apply_rows(settings_for(self.options, "target"), iterator)))
 
 
 class TargetWriter(_Rows, DataSourceWriter):

@@ -24,7 +24,12 @@ from xdist.scheduler import LoadScopeScheduling
 from xdist.workermanage import WorkerController
 
 #: The modules whose tests use the ``spark`` fixture (the conftest refuses one elsewhere).
-SESSION_MODULES = ("tests/test_spark_engine.py", "tests/test_spark_datasource.py")
+SESSION_MODULES = (
+    "tests/test_spark_engine.py",
+    "tests/test_spark_datasource.py",
+    "tests/test_spark_datasource_errors.py",
+    "tests/test_spark_variant.py",
+)
 #: The work unit of those tests.
 SPARK_SESSION = "spark-session"
 #: What a test not in :data:`MEASURED_S` counts for.
