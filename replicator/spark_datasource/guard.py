@@ -31,7 +31,7 @@ def cannot_import(python: str, why: str, here: str = "") -> str:
     return f"Spark's Python workers run {python}, which cannot import mcdc ({why}): {FIX.format(here=where)}"
 
 
-class mcdc(Exception):  # noqa: N801: Spark shows a worker's error as "<class>: <message>"
+class mcdc(Exception):  # Spark shows a worker's error as "<class>: <message>"
     """A worker's Python cannot import mcdc (``mcdc: ...`` as Spark shows it, see options.DataSourceError)."""
 
     __module__ = "builtins"
