@@ -123,6 +123,48 @@ def test_snapshot_read_is_op_r_with_snapshot_true_and_the_source_name() -> None:
     assert value["source"]["ts_ms"] == int(NOW * 1000)
 
 
+def test_source_carries_debezium_3_ts_us_and_ts_ns_of_the_same_instant_in_debeziums_order() -> None:
+    """Debezium 2.6+: source.ts_us/ts_ns after sequence; a change's from its wallTime (milliseconds), a
+    snapshot read's from the time it was read (to the microsecond); the envelope itself has neither (as
+    Debezium 3.6's MongoDB connector writes it)."""
+    for direct in (True, False):
+        enc = Encoder(EnvelopeOptions(), TopicNamer("fulfillment"), clock=lambda: NOW, direct=direct)
+        insert = change("insert", documentKey={"_id": 1}, fullDocument={"_id": 1})
+        no_wall = change("insert", documentKey={"_id": 2}, fullDocument={"_id": 2}, wallTime=None)
+        read = snapshot_read(Namespace("shop", "orders"), raw(DOC))
+        values = [decode(m)[1] for m in enc.encode([insert, no_wall, read])]
+        sources = [v["source"] for v in values if v is not None]
+        assert [(s["ts_ms"], s["ts_us"], s["ts_ns"]) for s in sources] == [
+            (1_700_000_000_000, 1_700_000_000_000_000, 1_700_000_000_000_000_000),
+            (1_700_000_000_000, 1_700_000_000_000_000, 1_700_000_000_000_000_000),  # the cluster time's seconds
+            (1_800_000_000_123, int(NOW * 1_000_000), int(NOW * 1_000_000) * 1000),
+        ]
+        assert sources[2]["ts_us"] // 1000 == sources[2]["ts_ms"]
+        order = [k for k in sources[0] if k != "rs"]
+        assert order == ["version", "connector", "name", "ts_ms", "snapshot", "db", "sequence", "ts_us", "ts_ns",
+                         "collection", "ord", "lsid", "txnNumber", "wallTime"]  # fmt: skip
+        assert all(list(v) == ["before", "after", "updateDescription", "source", "op", "ts_ms", "transaction"]
+                   for v in values if v is not None)  # fmt: skip
+
+
+def test_snapshot_read_has_ord_minus_one_as_debezium_3_and_a_change_its_increment() -> None:
+    for direct in (True, False):
+        enc = Encoder(EnvelopeOptions(), TopicNamer("p"), clock=lambda: NOW, direct=direct)
+        read = snapshot_read(Namespace("shop", "orders"), raw(DOC))
+        insert = change("insert", documentKey={"_id": 1}, fullDocument={"_id": 1})
+        [r, c] = [decode(m)[1] for m in enc.encode([read, insert])]
+        assert r is not None and c is not None
+        assert (r["source"]["ord"], c["source"]["ord"]) == (-1, 7)
+        assert r["source"]["wallTime"] is None and r["source"]["snapshot"] == "true"
+
+
+def test_legacy_envelope_keeps_debezium_1_source_without_ts_us() -> None:
+    read = snapshot_read(Namespace("shop", "orders"), raw(DOC))
+    [msg] = encoder("debezium-legacy").encode([read])
+    _, value = decode(msg)
+    assert value is not None and "ts_us" not in value["source"] and value["source"]["ord"] == 0
+
+
 def test_relaxed_extended_json_on_request() -> None:
     [msg] = encoder(relaxed=True).encode([change("insert", documentKey={"_id": 1}, fullDocument={"_id": 1, "n": 2})])
     key, value = decode(msg)
@@ -234,6 +276,12 @@ def test_schemas_wrap_key_and_value_like_the_json_converter() -> None:
     assert set(fields) == set(value["payload"])
     assert fields["source"]["name"] == "io.debezium.connector.mongo.Source"
     assert {f["field"] for f in fields["source"]["fields"]} == set(value["payload"]["source"])
+    assert [f["field"] for f in fields["source"]["fields"]] == list(value["payload"]["source"])
+    snapshot = next(f for f in fields["source"]["fields"] if f["field"] == "snapshot")
+    assert list(snapshot) == ["type", "optional", "name", "version", "parameters", "default", "field"]
+    assert snapshot["parameters"]["allowed"].split(",") == [
+        "true", "first", "first_in_data_collection", "last_in_data_collection", "last", "false", "incremental"
+    ]  # fmt: skip
 
 
 def test_plain_format_is_mcdcs_own_event_with_extended_json_objects() -> None:

@@ -13,8 +13,10 @@ Envelopes (``--envelope``):
 ``debezium``
     Debezium 2.x's change-stream envelope: ``op`` (r/c/u/d), ``after`` (the full document as an extended
     JSON string, when known), ``before`` (the pre-image, with --pre-images), ``updateDescription``
-    (``updatedFields`` as an extended JSON string, ``removedFields``, ``truncatedArrays``), ``source``,
-    ``ts_ms`` and ``transaction``. A replace is ``u`` with ``after``.
+    (``updatedFields`` as an extended JSON string, ``removedFields``, ``truncatedArrays``), ``source``
+    (with Debezium 3.x's ``ts_us``/``ts_ns``, see ``source_block.py``), ``ts_ms`` and ``transaction``. A
+    replace is ``u`` with ``after``. As Debezium 3.6's MongoDB connector, the envelope itself has no
+    ``ts_us``/``ts_ns`` (its ``MongoDbSchema`` defines ``op``, ``ts_ms`` and ``transaction`` only).
 ``debezium-legacy``
     Debezium 1.x: ``after`` for reads, inserts and replaces, ``patch`` (an idempotent MongoDB update as a
     string; a list of them, to apply in order, where one cannot hold the change) for updates, ``filter``
@@ -42,7 +44,7 @@ from replicator.events.update_ops import update_document, update_steps
 from replicator.settings.config import Settings
 from replicator.sinks.records import connect_schema
 from replicator.sinks.records.plain import plain_event, transaction_id
-from replicator.sinks.records.source_block import SourceBlocks, source_ts
+from replicator.sinks.records.source_block import SNAPSHOT_ORD, SourceBlocks, source_ts, source_ts_us
 from replicator.sinks.records.templates import (
     MARKERS,
     NULL,
@@ -58,6 +60,7 @@ from replicator.sinks.records.topics import TopicNamer
 _DATA_OPS = frozenset({Op.READ, Op.INSERT, Op.UPDATE, Op.REPLACE, Op.DELETE})
 #: Debezium's op letter for each data op (a replace is an update whose after is the whole document).
 _OP_LETTER = {Op.READ: "r", Op.INSERT: "c", Op.UPDATE: "u", Op.REPLACE: "u", Op.DELETE: "d"}
+_SNAPSHOT_ORD = b"%d" % SNAPSHOT_ORD
 
 
 #: Per namespace, replica set and op: the topic, and the key's and Debezium value's templates (None: dicts)
@@ -118,6 +121,7 @@ class Encoder:
         self._sources = SourceBlocks(topics.prefix)
         self._direct = direct
         self._routes: dict[tuple[Namespace, str, Op], _Route] = {}
+        self._now_us = 0  # the batch's time in microseconds, beside the now_ms passed along
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Encoder:
@@ -132,7 +136,10 @@ class Encoder:
         return list(self.iter_encode(batch))
 
     def iter_encode(self, batch: Sequence[ChangeEvent]) -> Iterator[Message]:
-        now_ms = int(self._clock() * 1000)
+        now = self._clock()
+        now_ms = int(now * 1000)
+        # to the microsecond, and never another millisecond than now_ms (float rounding)
+        self._now_us = min(max(int(now * 1_000_000), now_ms * 1000), now_ms * 1000 + 999)
         tx_meta = self.options.tx_metadata
         i, n = 0, len(batch)
         while i < n:
@@ -279,6 +286,7 @@ class Encoder:
         ct = event.change_time
         txn, update, before, relaxed = event.txn, event.update, event.before, self._relaxed
         ts, wall = source_ts(event, ct, now_ms), event.wall_time_ms
+        ts_us = source_ts_us(event, ct, ts, self._now_us)
         # integers written inline where they are ints (they always are from normalize): a call less for each
         return debezium_value(
             parts,
@@ -286,7 +294,9 @@ class Encoder:
             NULL if after is None else json_string(orjson.dumps(after)),
             orjson.dumps(self._update_description(update)) if event.op is Op.UPDATE and update is not None else NULL,
             b"%d" % ts if type(ts) is int else number(ts),
-            b"0" if ct is None else b"%d" % ct.inc,
+            b"%d" % ts_us,
+            b"%d" % (ts_us * 1000),
+            b"%d" % ct.inc if ct is not None else _SNAPSHOT_ORD if event.op is Op.READ else b"0",
             NULL if txn is None else json_string(orjson.dumps(to_json_value(txn.lsid, relaxed=relaxed))),
             NULL if txn is None else number(txn.txn_number),
             b"%d" % wall if type(wall) is int else number(wall),
@@ -313,7 +323,8 @@ class Encoder:
 
     def _source(self, event: ChangeEvent, now_ms: int, *, legacy: bool) -> dict[str, Any]:
         lsid = self._json(event.txn.lsid) if event.txn is not None and not legacy else None
-        return self._sources.block(event, event.rs or self.source_name, now_ms, legacy=legacy, lsid=lsid)
+        rs = event.rs or self.source_name
+        return self._sources.block(event, rs, now_ms, legacy=legacy, lsid=lsid, now_us=self._now_us)
 
     def _ddl(self, event: ChangeEvent, now_ms: int) -> Message:
         if self.options.style == "plain":
