@@ -232,8 +232,12 @@ def test_transaction_metadata_wraps_a_transaction_in_begin_and_end() -> None:
     topics = [m.topic for m in messages]
     assert topics[0] == topics[5] == "fulfillment.transaction"
     begin, end = decode(messages[0])[1], decode(messages[5])[1]
-    tx_id = transaction_id(events[0].txn)  # type: ignore[arg-type]
-    assert tx_id == "00010203-0405-0607-0809-0a0b0c0d0e0f:4"
+    # as Debezium 3.6 names a transaction: its lsid in the Java driver's strict JSON, then the txnNumber
+    lsid = '{"id": {"$binary": "AAECAwQFBgcICQoLDA0ODw==","$type": "04"},"uid": {"$binary": "%s","$type": "00"}}' % (
+        "A" * 43 + "="
+    )
+    tx_id = f"{lsid}:4"
+    assert transaction_id(events[0].txn) == "00010203-0405-0607-0809-0a0b0c0d0e0f:4"  # type: ignore[arg-type]
     assert begin == {
         "status": "BEGIN",
         "id": tx_id,
@@ -243,8 +247,8 @@ def test_transaction_metadata_wraps_a_transaction_in_begin_and_end() -> None:
     }
     assert end is not None and end["status"] == "END" and end["event_count"] == 3
     assert end["data_collections"] == [
-        {"data_collection": "rs0.shop.orders", "event_count": 2},
-        {"data_collection": "rs0.shop.items", "event_count": 1},
+        {"data_collection": "shop.orders", "event_count": 2},
+        {"data_collection": "shop.items", "event_count": 1},
     ]
     blocks = [decode(m)[1]["transaction"] for m in messages[1:5] if m.value is not None]  # type: ignore[index]
     assert blocks == [
@@ -253,6 +257,9 @@ def test_transaction_metadata_wraps_a_transaction_in_begin_and_end() -> None:
         {"id": tx_id, "total_order": 3, "data_collection_order": 2},
     ]
     assert decode(messages[1])[1]["source"]["txnNumber"] == 4  # type: ignore[index]
+    assert {decode(m)[1]["source"]["lsid"] for m in messages[1:4] if m.value} == {lsid}  # type: ignore[index]
+    slow = Encoder(EnvelopeOptions(tx_metadata=True), TopicNamer("fulfillment"), clock=lambda: NOW, direct=False)
+    assert slow.encode(events) == messages
     assert decode(messages[-1])[1]["transaction"] is None  # type: ignore[index]
 
 

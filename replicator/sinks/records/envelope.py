@@ -44,7 +44,14 @@ from replicator.events.update_ops import update_document, update_steps
 from replicator.settings.config import Settings
 from replicator.sinks.records import connect_schema
 from replicator.sinks.records.plain import plain_event, transaction_id
-from replicator.sinks.records.source_block import SNAPSHOT_ORD, SourceBlocks, source_ts, source_ts_us
+from replicator.sinks.records.source_block import (
+    SNAPSHOT_ORD,
+    SourceBlocks,
+    debezium_transaction_id,
+    session_json,
+    source_ts,
+    source_ts_us,
+)
 from replicator.sinks.records.templates import (
     MARKERS,
     NULL,
@@ -155,13 +162,15 @@ class Encoder:
             i += 1
 
     def _transaction(self, events: Sequence[ChangeEvent], txn: Transaction, now_ms: int) -> Iterator[Message]:
-        tx_id = transaction_id(txn)
+        debezium = self.options.style == "debezium"
+        # Debezium 3.x: the transaction's session id in strict JSON, and collections as db.coll (1.x: rs.db.coll)
+        tx_id = debezium_transaction_id(txn) if debezium else transaction_id(txn)
         per_collection: Counter[str] = Counter()
         yield self._tx_message(tx_id, "BEGIN", None, events[0], now_ms)
         for total, event in enumerate(events, 1):
             block = None
             if event.op in _DATA_OPS:
-                name = f"{event.rs or self.source_name}.{event.ns}"
+                name = str(event.ns) if debezium else f"{event.rs or self.source_name}.{event.ns}"
                 per_collection[name] += 1
                 block = {"id": tx_id, "total_order": total, "data_collection_order": per_collection[name]}
             yield from self._event(event, now_ms, block)
@@ -297,7 +306,7 @@ class Encoder:
             b"%d" % ts_us,
             b"%d" % (ts_us * 1000),
             b"%d" % ct.inc if ct is not None else _SNAPSHOT_ORD if event.op is Op.READ else b"0",
-            NULL if txn is None else json_string(orjson.dumps(to_json_value(txn.lsid, relaxed=relaxed))),
+            NULL if txn is None else orjson.dumps(session_json(txn.lsid)),
             NULL if txn is None else number(txn.txn_number),
             b"%d" % wall if type(wall) is int else number(wall),
             b"%d" % now_ms,
@@ -322,7 +331,7 @@ class Encoder:
         }
 
     def _source(self, event: ChangeEvent, now_ms: int, *, legacy: bool) -> dict[str, Any]:
-        lsid = self._json(event.txn.lsid) if event.txn is not None and not legacy else None
+        lsid = session_json(event.txn.lsid) if event.txn is not None and not legacy else None
         rs = event.rs or self.source_name
         return self._sources.block(event, rs, now_ms, legacy=legacy, lsid=lsid, now_us=self._now_us)
 

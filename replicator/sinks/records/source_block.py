@@ -13,12 +13,18 @@ gone from Debezium 2.x's block) and ``version``/``connector`` (mcdc's) are mcdc'
 
 from __future__ import annotations
 
+import base64
+import uuid
+from collections.abc import Mapping
 from typing import Any
 
+import orjson
+from bson.binary import Binary
 from bson.timestamp import Timestamp
 
 from replicator import __version__
-from replicator.events import ChangeEvent, Namespace, Op
+from replicator.bsonkit.extjson import to_json_value
+from replicator.events import ChangeEvent, Namespace, Op, Transaction
 from replicator.sinks.records.plain import transaction_id
 
 
@@ -96,3 +102,26 @@ def source_ts_us(event: ChangeEvent, ct: Timestamp | None, ts_ms: int, now_us: i
     if event.wall_time_ms is None and ct is None and now_us is not None:
         return now_us
     return ts_ms * 1000
+
+
+def session_json(lsid: Mapping[str, Any]) -> str:
+    """A transaction's session id as Debezium writes it in ``source.lsid`` and in transaction ids, whatever
+    ``--extended-json`` says: the Java driver's legacy "strict" JSON, compact (Debezium's
+    ``JsonSerialization.COMPACT_JSON_SETTINGS``): ``{"id": {"$binary": "<base64>","$type": "04"}}``."""
+    members = ",".join(f"{orjson.dumps(name).decode()}: {_strict(value)}" for name, value in lsid.items())
+    return "{" + members + "}"
+
+
+def _strict(value: Any) -> str:
+    if isinstance(value, uuid.UUID):
+        value = Binary(value.bytes, 4)
+    elif type(value) is bytes:  # binary subtype 0, as pymongo decodes it (the user's uid)
+        value = Binary(value, 0)
+    if isinstance(value, Binary):
+        return f'{{"$binary": "{base64.b64encode(value).decode()}","$type": "{value.subtype:02x}"}}'
+    return orjson.dumps(to_json_value(value, relaxed=False)).decode()  # never seen in a session id
+
+
+def debezium_transaction_id(txn: Transaction) -> str:
+    """``<session id as session_json>:<txnNumber>``: Debezium's transaction id (``MongoDbEventMetadataProvider``)."""
+    return f"{session_json(txn.lsid)}:{txn.txn_number}"
