@@ -387,3 +387,20 @@ def test_partitioner_matches_kafkas_default() -> None:
             assert fast_murmur2(key) == murmur2(key)
             for count in (1, 3, 12):
                 assert partition(key, count) == reference(key, list(range(count)), list(range(count)))
+
+
+def test_a_snapshot_batch_that_ends_the_snapshot_marks_its_final_read_last() -> None:
+    reads = [snapshot_read(Namespace("shop", "orders"), raw({"_id": i})) for i in range(3)]
+    for schemas in (False, True):
+        made = [
+            Encoder(EnvelopeOptions(schemas=schemas), TopicNamer("p"), clock=lambda: NOW, direct=direct)
+            for direct in (True, False)
+        ]
+        fast, slow = ([decode(m)[1] for m in enc.iter_copy(reads, last=True)] for enc in made)
+        assert fast == slow
+        marks = [(v["payload"] if schemas else v)["source"]["snapshot"] for v in fast if v is not None]
+        assert marks == ["true", "true", "last"]
+        unmarked = [decode(m)[1] for m in made[0].iter_copy(reads, last=False)]
+        assert [(v["payload"] if schemas else v)["source"]["snapshot"] for v in unmarked if v] == ["true"] * 3
+    legacy = [decode(m)[1] for m in encoder("debezium-legacy").iter_copy(reads, last=True)]
+    assert [v["source"]["snapshot"] for v in legacy if v is not None] == [True, True, True]  # 1.x: no mark

@@ -266,3 +266,22 @@ async def test_deprecated_bson_types_reach_the_lines_in_the_specs_canonical_form
         "_id": {"$numberInt": "1"}, "sym": {"$symbol": "abc"}, "und": {"$undefined": True},
         "ptr": {"$dbPointer": {"$ref": "b", "$id": {"$oid": "56e1fc72e0c917e9c4714161"}}},
     }  # fmt: skip
+
+
+@pytest.mark.integration
+def test_the_snapshots_final_read_alone_is_marked_last_as_debezium_marks_it(source_uri: str, tmp_path: Path) -> None:
+    """Several collections copied at once, one in several _id ranges, empty ones among them (copied last,
+    being smallest): the one read written last says ``snapshot: last``, every other ``true``."""
+    with pymongo.MongoClient(source_uri) as client:
+        client.shop.big.insert_many([{"_id": i, "n": i} for i in range(600)])
+        client.shop.small.insert_many([{"_id": i} for i in range(3)])
+        for name in ("empty1", "empty2"):
+            client.shop.create_collection(name)
+    cp = str(tmp_path / "cp.json")
+    args = ("--split", "always", "--partition-docs", "150", "--batch-docs", "40", "--workers", "3")
+    run = _mcdc("sync", "-s", source_uri, "-t", "stdout", "-c", cp, "--include", r"shop\..*", *args)
+    assert run.returncode == 0, run.stderr.decode()
+    values = [json.loads(line)["value"] for line in run.stdout.splitlines()]
+    marks = [v["source"]["snapshot"] for v in values if v is not None and v["op"] == "r"]
+    assert len(marks) == 603 and marks.count("last") == 1 and marks[-1] == "last"
+    assert {v["source"]["ord"] for v in values if v is not None and v["op"] == "r"} == {-1}

@@ -20,6 +20,11 @@ def _field(field: str, kind: str, *, optional: bool = True, **extra: Any) -> Sch
     return {"type": kind, "optional": optional, **extra, "field": field}
 
 
+def _array(field: str, items: Schema) -> Schema:
+    """An optional array field, its keys in the JsonConverter's order (``items`` before ``optional``)."""
+    return {"type": "array", "items": items, "optional": True, "field": field}
+
+
 def _json_field(field: str) -> Schema:
     return _field(field, "string", name="io.debezium.data.Json", version=1)
 
@@ -91,12 +96,11 @@ _TRANSACTION = _struct(
 _UPDATE_DESCRIPTION = _struct(
     "io.debezium.connector.mongodb.changestream.updatedescription",
     [
-        _field("removedFields", "array", items={"type": "string", "optional": False}),
+        _array("removedFields", {"type": "string", "optional": False}),
         _json_field("updatedFields"),
-        _field(
+        _array(
             "truncatedArrays",
-            "array",
-            items=_struct(
+            _struct(
                 "io.debezium.connector.mongodb.changestream.truncatedarray",
                 [_field("field", "string", optional=False), _field("size", "int32", optional=False)],
                 version=1,
@@ -119,23 +123,27 @@ def value_schema(name: str, *, legacy: bool) -> Schema:
     return _struct(name, fields)
 
 
-TX_KEY = _struct("io.debezium.connector.common.TransactionMetadataKey", [_field("id", "string", optional=False)])
+TX_KEY = _struct(
+    "io.debezium.connector.common.TransactionMetadataKey", [_field("id", "string", optional=False)], version=1
+)
 TX_VALUE = _struct(
     "io.debezium.connector.common.TransactionMetadataValue",
     [
         _field("status", "string", optional=False),
         _field("id", "string", optional=False),
         _field("event_count", "int64"),
-        _field(
+        _array(
             "data_collections",
-            "array",
-            items=_struct(
+            _struct(
                 "event.collection",
                 [_field("data_collection", "string", optional=False), _field("event_count", "int64", optional=False)],
+                optional=True,
+                version=1,
             ),
         ),
         _field("ts_ms", "int64", optional=False),
     ],
+    version=1,
 )
 DDL_KEY = _struct("io.mcdc.connector.mongo.DdlKey", [_field("db", "string", optional=False)])
 DDL_VALUE = _struct(

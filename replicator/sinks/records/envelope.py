@@ -161,6 +161,19 @@ class Encoder:
             yield from self._event(event, now_ms, None)
             i += 1
 
+    def iter_copy(self, batch: Sequence[ChangeEvent], *, last: bool) -> Iterator[Message]:
+        """A snapshot batch's records. ``last``: the batch ends the whole snapshot, and its final read is
+        marked as Debezium 3.x marks the last record of a snapshot: ``source.snapshot`` ``"last"`` (its
+        buffering snapshot receiver re-marks the one record it holds back when the snapshot completes)."""
+        if not last or self.options.style != "debezium" or not batch:
+            return self.iter_encode(batch)
+        messages = self.encode(batch)  # reads only: one data record each, the last one last
+        value = orjson.loads(messages[-1].value or b"null")
+        payload = value["payload"] if self.options.schemas else value
+        payload["source"]["snapshot"] = "last"
+        messages[-1] = messages[-1]._replace(value=orjson.dumps(value))
+        return iter(messages)
+
     def _transaction(self, events: Sequence[ChangeEvent], txn: Transaction, now_ms: int) -> Iterator[Message]:
         debezium = self.options.style == "debezium"
         # Debezium 3.x: the transaction's session id in strict JSON, and collections as db.coll (1.x: rs.db.coll)
