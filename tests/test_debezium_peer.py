@@ -93,16 +93,18 @@ def _replica_set_uri(uri: str) -> str:
     return f"mongodb://{host}:{port}/?replicaSet={name}"
 
 
-def _start_debezium(uri: str, out: Path, schemas: bool) -> subprocess.Popen[str]:
+def _start_debezium(uri: str, out: Path, schemas: bool, pre_images: bool) -> subprocess.Popen[str]:
     args = [sys.executable, "-m", "tests.support.debezium_peer", _replica_set_uri(uri)]
     args += ["--prefix", PREFIX, "--include", r"shop\..*", "--tx-metadata", *(["--schemas"] if schemas else [])]
+    args += ["--pre-images"] if pre_images else []
     with out.with_suffix(".log").open("w") as log:  # read by _wait if it stops: no Java, a connection refused
         return subprocess.Popen([*args, str(out)], stdout=log, stderr=subprocess.STDOUT, text=True)
 
 
-def _start_mcdc(uri: str, bootstrap: str, cp: Path, schemas: bool) -> subprocess.Popen[str]:
+def _start_mcdc(uri: str, bootstrap: str, cp: Path, schemas: bool, pre_images: bool) -> subprocess.Popen[str]:
     args = [sys.executable, "-m", "replicator.cli", "tail", "-s", uri, "-t", f"kafka://{bootstrap}", "-c", str(cp)]
     args += ["--no-progress", "--include", r"shop\..*", "--topic-prefix", PREFIX, "--tx-metadata"]
+    args += ["--pre-images", "whenAvailable"] if pre_images else []
     with cp.with_suffix(".log").open("w") as log:
         return subprocess.Popen(
             [*args, *(["--schemas"] if schemas else [])], stdout=subprocess.DEVNULL, stderr=log, text=True
@@ -322,21 +324,25 @@ def compare(mine: list[Record], theirs: list[Record]) -> tuple[list[str], Counte
     return diffs, compared
 
 
-@pytest.mark.parametrize("schemas", [False, True], ids=["json", "schemas"])
+@pytest.mark.parametrize(
+    ("schemas", "pre_images"), [(False, False), (True, False), (False, True)], ids=["json", "schemas", "pre-images"]
+)
 async def test_records_equal_debeziums_on_the_same_writes(
-    own_source: str, kafka: KafkaBroker, tmp_path: Path, schemas: bool
+    own_source: str, kafka: KafkaBroker, tmp_path: Path, schemas: bool, pre_images: bool
 ) -> None:
+    """``pre-images``: collections with changeStreamPreAndPostImages, Debezium's capture mode
+    ``change_streams_update_full_with_pre_image`` against ``--pre-images whenAvailable``: ``before`` too."""
     with pymongo.MongoClient(own_source) as client:
         for coll, docs in SNAPSHOT_DOCS.items():
-            client.shop.create_collection(coll)
+            client.shop.create_collection(coll, changeStreamPreAndPostImages={"enabled": pre_images})
             client.shop[coll].insert_many(docs)
     snapshot = sum(len(docs) for docs in SNAPSHOT_DOCS.values())
     out = tmp_path / "debezium" / "records.jsonl"
     out.parent.mkdir()
     cp = tmp_path / "cp.json"
     procs = {
-        out.with_suffix(".log"): _start_debezium(own_source, out, schemas),
-        cp.with_suffix(".log"): _start_mcdc(own_source, kafka.bootstrap, cp, schemas),
+        out.with_suffix(".log"): _start_debezium(own_source, out, schemas, pre_images),
+        cp.with_suffix(".log"): _start_mcdc(own_source, kafka.bootstrap, cp, schemas, pre_images),
     }
     try:
 
@@ -376,3 +382,5 @@ async def test_records_equal_debeziums_on_the_same_writes(
     assert not diffs, "\n".join(diffs[:40])
     assert compared["r"] == snapshot and compared["c"] >= 3 and compared["u"] >= 10 and compared["d"] == 2
     assert compared["tombstone"] == 2 and compared["tx BEGIN"] == 1 and compared["tx END"] == 1
+    befores = [_payload(v)["before"] for _, _, v in mine if v and _payload(v).get("op") in ("u", "d")]
+    assert all(befores) if pre_images else not any(befores)

@@ -17,7 +17,7 @@ from typing import Any
 
 
 def properties(
-    uri: str, workdir: Path, prefix: str, include: str, *, schemas: bool, tx_metadata: bool
+    uri: str, workdir: Path, prefix: str, include: str, *, schemas: bool, tx_metadata: bool, pre_images: bool = False
 ) -> dict[str, str]:
     """The embedded engine's configuration: mcdc's defaults where mcdc mirrors a Debezium option."""
     return {
@@ -26,7 +26,8 @@ def properties(
         "mongodb.connection.string": uri,
         "topic.prefix": prefix,
         "collection.include.list": include,
-        "capture.mode": "change_streams_update_full",  # mcdc's default --full-document updateLookup
+        # mcdc's default --full-document updateLookup; with --pre-images whenAvailable, before too
+        "capture.mode": "change_streams_update_full" + ("_with_pre_image" if pre_images else ""),
         "snapshot.mode": "initial",
         "tombstones.on.delete": "true",
         "provide.transaction.metadata": "true" if tx_metadata else "false",
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--include", required=True, help="collection.include.list")
     parser.add_argument("--schemas", action="store_true")
     parser.add_argument("--tx-metadata", action="store_true")
+    parser.add_argument("--pre-images", action="store_true", help="capture.mode ..._with_pre_image")
     args = parser.parse_args(argv)
 
     args.out = args.out.resolve()
@@ -67,7 +69,10 @@ def main(argv: list[str] | None = None) -> int:
             out.flush()
 
     workdir = args.out.parent
-    props = properties(args.uri, workdir, args.prefix, args.include, schemas=args.schemas, tx_metadata=args.tx_metadata)
+    props = properties(
+        args.uri, workdir, args.prefix, args.include,
+        schemas=args.schemas, tx_metadata=args.tx_metadata, pre_images=args.pre_images,
+    )  # fmt: skip
     DebeziumJsonEngine(properties=props, handler=Handler()).run()
     return 0
 
