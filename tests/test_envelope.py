@@ -404,3 +404,18 @@ def test_a_snapshot_batch_that_ends_the_snapshot_marks_its_final_read_last() -> 
         assert [(v["payload"] if schemas else v)["source"]["snapshot"] for v in unmarked if v] == ["true"] * 3
     legacy = [decode(m)[1] for m in encoder("debezium-legacy").iter_copy(reads, last=True)]
     assert [v["source"]["snapshot"] for v in legacy if v is not None] == [True, True, True]  # 1.x: no mark
+
+
+def test_interleaved_batches_keep_each_ones_time_in_all_three_units() -> None:
+    """The snapshot's workers encode batches at once (the Kafka sink encodes in slices between sends): a
+    read's source.ts_us/ts_ns are its own batch's time, as its ts_ms is."""
+    for direct in (True, False):
+        clock = iter([1_800_000_000.1234567, 1_800_000_007.7654321]).__next__  # one call per batch
+        enc = Encoder(EnvelopeOptions(), TopicNamer("p"), clock=clock, direct=direct)
+        reads = [snapshot_read(Namespace("shop", "orders"), raw({"_id": i})) for i in range(4)]
+        first, second = enc.iter_encode(reads[:2]), enc.iter_encode(reads[2:])
+        messages = [next(first), next(second), next(first), next(second)]
+        for message in messages:
+            source = decode(message)[1]["source"]  # type: ignore[index]
+            assert source["ts_us"] // 1000 == source["ts_ms"] and source["ts_ns"] == source["ts_us"] * 1000
+        assert {decode(m)[1]["source"]["ts_us"] for m in messages} == {1_800_000_000_123_456, 1_800_000_007_765_432}  # type: ignore[index]
