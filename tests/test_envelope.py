@@ -123,6 +123,48 @@ def test_snapshot_read_is_op_r_with_snapshot_true_and_the_source_name() -> None:
     assert value["source"]["ts_ms"] == int(NOW * 1000)
 
 
+def test_source_carries_debezium_3_ts_us_and_ts_ns_of_the_same_instant_in_debeziums_order() -> None:
+    """Debezium 2.6+: source.ts_us/ts_ns after sequence; a change's from its wallTime (milliseconds), a
+    snapshot read's from the time it was read (to the microsecond); the envelope itself has neither (as
+    Debezium 3.6's MongoDB connector writes it)."""
+    for direct in (True, False):
+        enc = Encoder(EnvelopeOptions(), TopicNamer("fulfillment"), clock=lambda: NOW, direct=direct)
+        insert = change("insert", documentKey={"_id": 1}, fullDocument={"_id": 1})
+        no_wall = change("insert", documentKey={"_id": 2}, fullDocument={"_id": 2}, wallTime=None)
+        read = snapshot_read(Namespace("shop", "orders"), raw(DOC))
+        values = [decode(m)[1] for m in enc.encode([insert, no_wall, read])]
+        sources = [v["source"] for v in values if v is not None]
+        assert [(s["ts_ms"], s["ts_us"], s["ts_ns"]) for s in sources] == [
+            (1_700_000_000_000, 1_700_000_000_000_000, 1_700_000_000_000_000_000),
+            (1_700_000_000_000, 1_700_000_000_000_000, 1_700_000_000_000_000_000),  # the cluster time's seconds
+            (1_800_000_000_123, int(NOW * 1_000_000), int(NOW * 1_000_000) * 1000),
+        ]
+        assert sources[2]["ts_us"] // 1000 == sources[2]["ts_ms"]
+        order = [k for k in sources[0] if k != "rs"]
+        assert order == ["version", "connector", "name", "ts_ms", "snapshot", "db", "sequence", "ts_us", "ts_ns",
+                         "collection", "ord", "lsid", "txnNumber", "wallTime"]  # fmt: skip
+        assert all(list(v) == ["before", "after", "updateDescription", "source", "op", "ts_ms", "transaction"]
+                   for v in values if v is not None)  # fmt: skip
+
+
+def test_snapshot_read_has_ord_minus_one_as_debezium_3_and_a_change_its_increment() -> None:
+    for direct in (True, False):
+        enc = Encoder(EnvelopeOptions(), TopicNamer("p"), clock=lambda: NOW, direct=direct)
+        read = snapshot_read(Namespace("shop", "orders"), raw(DOC))
+        insert = change("insert", documentKey={"_id": 1}, fullDocument={"_id": 1})
+        [r, c] = [decode(m)[1] for m in enc.encode([read, insert])]
+        assert r is not None and c is not None
+        assert (r["source"]["ord"], c["source"]["ord"]) == (-1, 7)
+        assert r["source"]["wallTime"] is None and r["source"]["snapshot"] == "true"
+
+
+def test_legacy_envelope_keeps_debezium_1_source_without_ts_us() -> None:
+    read = snapshot_read(Namespace("shop", "orders"), raw(DOC))
+    [msg] = encoder("debezium-legacy").encode([read])
+    _, value = decode(msg)
+    assert value is not None and "ts_us" not in value["source"] and value["source"]["ord"] == 0
+
+
 def test_relaxed_extended_json_on_request() -> None:
     [msg] = encoder(relaxed=True).encode([change("insert", documentKey={"_id": 1}, fullDocument={"_id": 1, "n": 2})])
     key, value = decode(msg)
@@ -190,8 +232,12 @@ def test_transaction_metadata_wraps_a_transaction_in_begin_and_end() -> None:
     topics = [m.topic for m in messages]
     assert topics[0] == topics[5] == "fulfillment.transaction"
     begin, end = decode(messages[0])[1], decode(messages[5])[1]
-    tx_id = transaction_id(events[0].txn)  # type: ignore[arg-type]
-    assert tx_id == "00010203-0405-0607-0809-0a0b0c0d0e0f:4"
+    # as Debezium 3.6 names a transaction: its lsid in the Java driver's strict JSON, then the txnNumber
+    lsid = '{"id": {"$binary": "AAECAwQFBgcICQoLDA0ODw==","$type": "04"},"uid": {"$binary": "%s","$type": "00"}}' % (
+        "A" * 43 + "="
+    )
+    tx_id = f"{lsid}:4"
+    assert transaction_id(events[0].txn) == "00010203-0405-0607-0809-0a0b0c0d0e0f:4"  # type: ignore[arg-type]
     assert begin == {
         "status": "BEGIN",
         "id": tx_id,
@@ -201,8 +247,8 @@ def test_transaction_metadata_wraps_a_transaction_in_begin_and_end() -> None:
     }
     assert end is not None and end["status"] == "END" and end["event_count"] == 3
     assert end["data_collections"] == [
-        {"data_collection": "rs0.shop.orders", "event_count": 2},
-        {"data_collection": "rs0.shop.items", "event_count": 1},
+        {"data_collection": "shop.orders", "event_count": 2},
+        {"data_collection": "shop.items", "event_count": 1},
     ]
     blocks = [decode(m)[1]["transaction"] for m in messages[1:5] if m.value is not None]  # type: ignore[index]
     assert blocks == [
@@ -211,6 +257,9 @@ def test_transaction_metadata_wraps_a_transaction_in_begin_and_end() -> None:
         {"id": tx_id, "total_order": 3, "data_collection_order": 2},
     ]
     assert decode(messages[1])[1]["source"]["txnNumber"] == 4  # type: ignore[index]
+    assert {decode(m)[1]["source"]["lsid"] for m in messages[1:4] if m.value} == {lsid}  # type: ignore[index]
+    slow = Encoder(EnvelopeOptions(tx_metadata=True), TopicNamer("fulfillment"), clock=lambda: NOW, direct=False)
+    assert slow.encode(events) == messages
     assert decode(messages[-1])[1]["transaction"] is None  # type: ignore[index]
 
 
@@ -234,6 +283,12 @@ def test_schemas_wrap_key_and_value_like_the_json_converter() -> None:
     assert set(fields) == set(value["payload"])
     assert fields["source"]["name"] == "io.debezium.connector.mongo.Source"
     assert {f["field"] for f in fields["source"]["fields"]} == set(value["payload"]["source"])
+    assert [f["field"] for f in fields["source"]["fields"]] == list(value["payload"]["source"])
+    snapshot = next(f for f in fields["source"]["fields"] if f["field"] == "snapshot")
+    assert list(snapshot) == ["type", "optional", "name", "version", "parameters", "default", "field"]
+    assert snapshot["parameters"]["allowed"].split(",") == [
+        "true", "first", "first_in_data_collection", "last_in_data_collection", "last", "false", "incremental"
+    ]  # fmt: skip
 
 
 def test_plain_format_is_mcdcs_own_event_with_extended_json_objects() -> None:
@@ -332,3 +387,35 @@ def test_partitioner_matches_kafkas_default() -> None:
             assert fast_murmur2(key) == murmur2(key)
             for count in (1, 3, 12):
                 assert partition(key, count) == reference(key, list(range(count)), list(range(count)))
+
+
+def test_a_snapshot_batch_that_ends_the_snapshot_marks_its_final_read_last() -> None:
+    reads = [snapshot_read(Namespace("shop", "orders"), raw({"_id": i})) for i in range(3)]
+    for schemas in (False, True):
+        made = [
+            Encoder(EnvelopeOptions(schemas=schemas), TopicNamer("p"), clock=lambda: NOW, direct=direct)
+            for direct in (True, False)
+        ]
+        fast, slow = ([decode(m)[1] for m in enc.iter_copy(reads, last=True)] for enc in made)
+        assert fast == slow
+        marks = [(v["payload"] if schemas else v)["source"]["snapshot"] for v in fast if v is not None]
+        assert marks == ["true", "true", "last"]
+        unmarked = [decode(m)[1] for m in made[0].iter_copy(reads, last=False)]
+        assert [(v["payload"] if schemas else v)["source"]["snapshot"] for v in unmarked if v] == ["true"] * 3
+    legacy = [decode(m)[1] for m in encoder("debezium-legacy").iter_copy(reads, last=True)]
+    assert [v["source"]["snapshot"] for v in legacy if v is not None] == [True, True, True]  # 1.x: no mark
+
+
+def test_interleaved_batches_keep_each_ones_time_in_all_three_units() -> None:
+    """The snapshot's workers encode batches at once (the Kafka sink encodes in slices between sends): a
+    read's source.ts_us/ts_ns are its own batch's time, as its ts_ms is."""
+    for direct in (True, False):
+        clock = iter([1_800_000_000.1234567, 1_800_000_007.7654321]).__next__  # one call per batch
+        enc = Encoder(EnvelopeOptions(), TopicNamer("p"), clock=clock, direct=direct)
+        reads = [snapshot_read(Namespace("shop", "orders"), raw({"_id": i})) for i in range(4)]
+        first, second = enc.iter_encode(reads[:2]), enc.iter_encode(reads[2:])
+        messages = [next(first), next(second), next(first), next(second)]
+        for message in messages:
+            source = decode(message)[1]["source"]  # type: ignore[index]
+            assert source["ts_us"] // 1000 == source["ts_ms"] and source["ts_ns"] == source["ts_us"] * 1000
+        assert {decode(m)[1]["source"]["ts_us"] for m in messages} == {1_800_000_000_123_456, 1_800_000_007_765_432}  # type: ignore[index]

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pymongo
@@ -17,7 +19,7 @@ from replicator.events.normalize import snapshot_read
 from replicator.settings.config import Settings
 from replicator.settings.resolve import resolve
 from replicator.sinks.lines import LineSink
-from tests.support.corpus import load_corpus
+from tests.support.corpus import load_bulk, load_corpus
 from tests.support.rebuild import assert_same, rebuild_lines, server_docs
 
 
@@ -266,3 +268,49 @@ async def test_deprecated_bson_types_reach_the_lines_in_the_specs_canonical_form
         "_id": {"$numberInt": "1"}, "sym": {"$symbol": "abc"}, "und": {"$undefined": True},
         "ptr": {"$dbPointer": {"$ref": "b", "$id": {"$oid": "56e1fc72e0c917e9c4714161"}}},
     }  # fmt: skip
+
+
+@pytest.mark.integration
+def test_the_snapshots_final_read_alone_is_marked_last_as_debezium_marks_it(source_uri: str, tmp_path: Path) -> None:
+    """Several collections copied at once, one in several _id ranges, empty ones among them (copied last,
+    being smallest): the one read written last says ``snapshot: last``, every other ``true``."""
+    with pymongo.MongoClient(source_uri) as client:
+        client.shop.big.insert_many([{"_id": i, "n": i} for i in range(600)])
+        client.shop.small.insert_many([{"_id": i} for i in range(3)])
+        for name in ("empty1", "empty2"):
+            client.shop.create_collection(name)
+    cp = str(tmp_path / "cp.json")
+    args = ("--split", "always", "--partition-docs", "150", "--batch-docs", "40", "--workers", "3")
+    run = _mcdc("sync", "-s", source_uri, "-t", "stdout", "-c", cp, "--include", r"shop\..*", *args)
+    assert run.returncode == 0, run.stderr.decode()
+    values = [json.loads(line)["value"] for line in run.stdout.splitlines()]
+    marks = [v["source"]["snapshot"] for v in values if v is not None and v["op"] == "r"]
+    assert len(marks) == 603 and marks.count("last") == 1 and marks[-1] == "last"
+    assert {v["source"]["ord"] for v in values if v is not None and v["op"] == "r"} == {-1}
+
+
+@pytest.mark.integration
+def test_a_snapshot_killed_and_resumed_marks_the_last_read_of_the_resumed_copy(source_uri: str, tmp_path: Path) -> None:
+    """kill -9 mid-snapshot into a jsonl file, run again: the file's final read is the one marked last, and
+    no other (the killed run never reached its end)."""
+    with pymongo.MongoClient(source_uri) as client:
+        load_bulk(client, "crash", "a", 6000, doc_size=200)
+        load_bulk(client, "crash", "b", 2000, doc_size=200, seed=1)
+    cp, out = tmp_path / "cp.json", tmp_path / "records.jsonl"
+    args = [sys.executable, "-m", "replicator.cli", "sync", "-s", source_uri, "-t", f"jsonl:{out}", "-c", str(cp)]
+    args += ["--partition-docs", "1000", "--split", "always", "--batch-docs", "100", "--workers", "2", "--no-progress"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not (cp.exists() and len(json.loads(cp.read_text() or "{}").get("snapshot", {}).get("done", [])) >= 2):
+        assert proc.poll() is None and time.monotonic() < deadline, "the snapshot ended before the kill point"
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert json.loads(cp.read_text())["snapshot"]["status"] == "in_progress"
+    again = subprocess.run(args, capture_output=True, timeout=300)
+    assert again.returncode == 0, again.stderr.decode()
+    values = [json.loads(line)["value"] for line in out.read_text().splitlines()]
+    marks = [v["source"]["snapshot"] for v in values if v is not None and v["op"] == "r"]
+    assert marks.count("last") == 1 and marks[-1] == "last"
+    read = {(v["source"]["collection"], v["after"]) for v in values if v is not None and v["op"] == "r"}
+    assert len(read) == 8000  # every document (some twice: the killed run's last batches are sent again)

@@ -146,7 +146,7 @@ class SnapshotCopy:
             await self.engine.copier(
                 client, sink, todo, limits=self._limits(), rename=s.renamer, on_done=done,
                 reporter=self.reporter, stop=self.stop, resume=resume, on_progress=progress, result=copied,
-                fields=self.fields, on_start=start, at=snapshot_position(cp.position.cluster_time),
+                fields=self.fields, on_start=start, at=snapshot_position(cp.position.cluster_time), mark_last=True,
             )  # fmt: skip
         except Exception:
             if pace.owed:  # a resume point the pace held back: the retry goes on from it

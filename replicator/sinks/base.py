@@ -3,7 +3,8 @@
 A sink receives batches of :class:`~replicator.events.ChangeEvent` in source order:
 
 * ``await sink.start()`` before the first write (or ``async with sink:``).
-* ``await sink.write_copy(ns, documents, at)``: a snapshot batch (by default, ``write`` of its READ events).
+* ``await sink.write_copy(ns, documents, at)``: a snapshot batch (by default, ``write`` of its READ events);
+  ``last=True`` on the batch that ends the snapshot, for a sink that says it ``marks_snapshot_end``.
 * ``await sink.write(batch)`` returns once every event of the batch is durably acknowledged by the
   destination; the pipeline checkpoints only after that. It raises on failure, and must then have
   acknowledged nothing it was not sure of (re-delivery after a restart is expected: at-least-once).
@@ -62,6 +63,10 @@ class Sink(ABC):
     #: The destination shards collections (a MongoDB sharded cluster, known after ``start()``): the job gives
     #: ``prepare`` specs that say how (``CollectionSpec.shard``), read from a sharded source and --shard-target.
     shards: bool = False
+    #: The sink marks the snapshot's last record (Debezium's ``source.snapshot: last``): the asyncio engine
+    #: then holds back the final batch of each partition until it knows which one ends the snapshot, and
+    #: writes that one with ``write_copy(..., last=True)``.
+    marks_snapshot_end: bool = False
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Connect; raise ConnectionFailed with a one-line reason when the destination is unreachable."""
@@ -70,11 +75,14 @@ class Sink(ABC):
     async def write(self, batch: Sequence[ChangeEvent]) -> None:
         """Deliver a batch; return only when all of it is acknowledged."""
 
-    async def write_copy(self, ns: Namespace, documents: Sequence[Mapping[str, Any]], at: Position | None) -> None:
+    async def write_copy(
+        self, ns: Namespace, documents: Sequence[Mapping[str, Any]], at: Position | None, *, last: bool = False
+    ) -> None:
         """A snapshot batch: ``documents`` read from one collection, written to destination ``ns`` (at the
         snapshot's read time ``at``); returns once acknowledged. By default, as :meth:`write` of their
-        ``READ`` events; a sink may write the documents as they are (no event per document)."""
-        await self.write([ChangeEvent(Op.READ, ns, document=document, position=at) for document in documents])
+        ``READ`` events; a sink may write the documents as they are (no event per document). ``last``: the
+        batch ends the snapshot (see ``marks_snapshot_end``)."""
+        await self.write(read_events(ns, documents, at))
 
     async def history(self, events: Sequence[ChangeEvent]) -> None:  # noqa: B027 - optional hook
         """Events the replay holds back from a sink that holds state, because their namespace waits to be
@@ -159,3 +167,8 @@ class Sink(ABC):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
+
+
+def read_events(ns: Namespace, documents: Sequence[Mapping[str, Any]], at: Position | None) -> list[ChangeEvent]:
+    """A snapshot batch's documents as the READ events of destination ``ns``."""
+    return [ChangeEvent(Op.READ, ns, document=document, position=at) for document in documents]

@@ -27,15 +27,16 @@ import errno
 import logging
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 from replicator.errors import ConfigError, OutputClosed, SinkError, SinkUnavailable
-from replicator.events import ChangeEvent, CollectionSpec, Namespace
+from replicator.events import ChangeEvent, CollectionSpec, Namespace, Position
 from replicator.settings.config import Settings
-from replicator.sinks.base import Sink
+from replicator.sinks.base import Sink, read_events
 from replicator.sinks.records.envelope import Encoder, Message
 
 log = logging.getLogger("mcdc.sinks.lines")
@@ -54,6 +55,7 @@ class LineSink(Sink):
             self.path = Path(uri[len("jsonl:") :]).expanduser()
         self.encoder = Encoder.from_settings(settings)
         self._plain = settings.envelope == "plain"
+        self.marks_snapshot_end = settings.envelope == "debezium"
         topics = self.encoder.topics
         self._meta_topics = frozenset({topics.transaction, topics.heartbeat})
         self._fd: int | None = None
@@ -100,6 +102,11 @@ class LineSink(Sink):
 
     async def write(self, batch: Sequence[ChangeEvent]) -> None:
         await self._write(self.encoder.iter_encode(batch))
+
+    async def write_copy(
+        self, ns: Namespace, documents: Sequence[Mapping[str, Any]], at: Position | None, *, last: bool = False
+    ) -> None:
+        await self._write(self.encoder.iter_copy(read_events(ns, documents, at), last=last))
 
     async def heartbeat(self) -> None:
         message = self.encoder.due_heartbeat()

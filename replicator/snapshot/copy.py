@@ -3,7 +3,15 @@ in each task): ``workers`` concurrent workers, each reading one partition ahead 
 ``queue_batches`` batches, so memory is bounded by workers x queue_batches x batch_bytes whatever the
 collection size. A partition is marked done only after the sink acknowledged its last batch. One whose
 documents cannot be written twice over themselves (a time-series collection's) is recorded as begun before
-its first write, and copied again only after its range is deleted from the target."""
+its first write, and copied again only after its range is deleted from the target.
+
+The snapshot's last record: a sink that ``marks_snapshot_end`` (Debezium records: ``source.snapshot`` is
+``last`` on the snapshot's final read, ``true`` on the others) gets its final batch with ``last=True``. Which
+batch that is is known only once every partition was read, and an empty partition may end last: so the final
+batch of each partition waits in one slot (:class:`_Tail`) until the next partition ends, which writes it
+(as any other) and puts its own there; when the copy ends, the batch in the slot is written after every other
+as the last. A partition is done only once its held batch is acknowledged: a kill before re-copies it, and a
+resumed snapshot marks the last record of what it copies."""
 
 from __future__ import annotations
 
@@ -59,6 +67,7 @@ async def copy_partitions(
     fields: FieldRules | None = None,
     on_start: Callable[[Partition], Awaitable[None]] | None = None,
     at: Position | None = None,
+    mark_last: bool = False,
 ) -> int:
     """Copy partitions with ``workers`` concurrent readers sharing ``workers`` write slots, so a last big
     partition still writes with all of them. Returns the number of documents written (also added to
@@ -69,7 +78,9 @@ async def copy_partitions(
     point)`` runs each time a resumable partition's acknowledged prefix of batches grows. ``fields``: the
     field rules documents go through (the stream's events go through the same, in the transform stage).
     ``on_start(partition)``: see :func:`begin`. ``at``: the position of the documents read
-    (:func:`replicator.events.positions.snapshot_position` of the source's time before the copy began)."""
+    (:func:`replicator.events.positions.snapshot_position` of the source's time before the copy began).
+    ``mark_last``: these partitions are the snapshot's (not a copy made again by the stream's replay), so the
+    final batch is written with ``last=True`` to a sink that ``marks_snapshot_end``."""
     todo: asyncio.Queue[Partition] = asyncio.Queue()
     for part in sorted(partitions, key=lambda p: -p.estimated_docs):  # biggest first: shorter tail
         todo.put_nowait(part)
@@ -78,6 +89,7 @@ async def copy_partitions(
     before = result.documents
     # one bucket for every worker; no read older than the snapshot's time, where it may reach a secondary
     reads = SourceReads.start(limits.reading, at.cluster_time if at is not None else None)
+    tail = _Tail(on_done) if mark_last and sink.marks_snapshot_end else None
 
     async def worker() -> None:
         while stop is None or not stop.is_set():
@@ -87,11 +99,14 @@ async def copy_partitions(
                 return
             after = await begin(part, resume, on_start)
             editor = fields.for_namespace(part.ns) if fields else None
-            docs = await _copy_one(
+            docs, held = await _copy_one(
                 client, sink, part, limits, rename(part.ns), reporter, slots, result, after, on_progress, editor, at,
-                reads,
+                reads, hold=tail is not None,
             )  # fmt: skip
-            await on_done(part, docs)
+            if tail is not None and held is not None:
+                await tail.hold(part, docs, held)
+            else:
+                await on_done(part, docs)
 
     try:
         async with asyncio.TaskGroup() as group:
@@ -99,7 +114,37 @@ async def copy_partitions(
                 group.create_task(worker())
     except ExceptionGroup as failed:  # the first failure stopped the others: report it, not the group
         raise failed.exceptions[0] from None
+    if tail is not None:
+        await tail.release(last=todo.empty())  # every partition copied: the snapshot's last batch
     return result.documents - before
+
+
+#: Writes a partition's held final batch (``last``: as the snapshot's last) and returns its size.
+_Held = Callable[[bool], Awaitable[int]]
+
+
+class _Tail:
+    """The one slot where the final batch of the partition that ended last waits (see the module's doc)."""
+
+    def __init__(self, on_done: Callable[[Partition, int], Awaitable[None]]) -> None:
+        self._on_done = on_done
+        self._slot: tuple[Partition, int, _Held] | None = None
+
+    async def hold(self, part: Partition, docs: int, held: _Held) -> None:
+        """Put ``part``'s final batch in the slot; the one there before is written, as any batch."""
+        previous, self._slot = self._slot, (part, docs, held)
+        if previous is not None:
+            await self._write(previous, last=False)
+
+    async def release(self, *, last: bool) -> None:
+        """The copy ended: write the batch in the slot (``last``: every partition was copied)."""
+        previous, self._slot = self._slot, None
+        if previous is not None:
+            await self._write(previous, last=last)
+
+    async def _write(self, entry: tuple[Partition, int, _Held], *, last: bool) -> None:
+        part, docs, held = entry
+        await self._on_done(part, docs + await held(last))
 
 
 #: copy_partitions' signature: how a job copies its snapshot partitions (--engine spark: as Spark tasks).
@@ -137,8 +182,12 @@ async def _copy_one(
     editor: FieldEditor | None = None,
     at: Position | None = None,
     reads: SourceReads | None = None,
-) -> int:
-    """Read one partition ahead and write its batches, several at once unless its order matters.
+    *,
+    hold: bool = False,
+) -> tuple[int, _Held | None]:
+    """Read one partition ahead and write its batches, several at once unless its order matters. Returns the
+    documents written, and with ``hold`` the partition's final batch unwritten, as a function that writes it
+    (None when the partition is empty).
 
     A resumable partition keeps at most ``workers`` batches past its acknowledged prefix (in flight, or
     acknowledged after one still in flight), so a failure or a kill costs at most that many batches. One
@@ -153,10 +202,14 @@ async def _copy_one(
     most = 1 if part.ordered else limits.workers
     acked = Watermark() if part.resumable and on_progress is not None else None
 
-    async def write(docs: list[Any], number: int) -> None:
+    async def write(docs: list[Any], number: int, last: bool = False) -> None:
         nonlocal written
         try:
-            await sink.write_copy(ns, docs if editor is None else [editor.document(doc) for doc in docs], at)
+            edited = docs if editor is None else [editor.document(doc) for doc in docs]
+            if last:
+                await sink.write_copy(ns, edited, at, last=True)
+            else:
+                await sink.write_copy(ns, edited, at)
         finally:
             slots.release()
         written += len(docs)
@@ -180,11 +233,17 @@ async def _copy_one(
     batches = read_partition(
         client, part, batch_docs=limits.batch_docs, batch_bytes=limits.batch_bytes, after=after, reads=reads
     )
+    final: list[Any] | None = None  # with hold: the batch read last, written once the next one comes
     try:
         # closed as the copy ends, failed or not: a read-ahead left to the garbage collector keeps its reading
         # task (and what it holds) alive until then
         async with contextlib.aclosing(read_ahead(batches, limits.queue_batches)) as ahead:
-            async for docs in ahead:
+            async for batch in ahead:
+                docs: list[Any] | None = batch
+                if hold:
+                    docs, final = final, batch
+                if docs is None:
+                    continue
                 await settle(most)
                 await slots.acquire()
                 number = acked.sent(docs[-1]["_id"]) if acked is not None else 0
@@ -194,4 +253,13 @@ async def _copy_one(
         for task in in_flight:
             task.cancel()
         await asyncio.gather(*in_flight, return_exceptions=True)
-    return written
+    if final is None:
+        return written, None
+    held_docs = final
+
+    async def write_final(last: bool) -> int:
+        await slots.acquire()
+        await write(held_docs, acked.sent(held_docs[-1]["_id"]) if acked is not None else 0, last)
+        return len(held_docs)
+
+    return written, write_final

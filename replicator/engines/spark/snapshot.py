@@ -59,11 +59,14 @@ class SparkCopier:
         fields: FieldRules | None = None,
         on_start: Callable[[Partition], Awaitable[None]] | None = None,
         at: Position | None = None,
+        mark_last: bool = False,
     ) -> int:
         """Copy ``partitions`` on the executors; ``client`` and ``sink`` (the driver's) are not used by the
         tasks, which open their own from the settings. Progress is per partition (``on_progress`` is not
         called: a task's partial progress stays on its executor). Each of the tasks running at once (at most
-        the cluster's cores) reads at an equal share of ``--max-read-rate``."""
+        the cluster's cores) reads at an equal share of ``--max-read-rate``. ``mark_last`` is not honoured:
+        tasks write their partitions on the executors, none knowing which ends the snapshot (Debezium records
+        copied by Spark carry ``snapshot: true`` only)."""
         sc = self.spark.sparkContext
         running = max(1, min(int(sc.defaultParallelism), len(partitions)))
         slots = asyncio.Semaphore(running)

@@ -31,14 +31,14 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from replicator.errors import ConfigError, SinkError, SinkUnavailable
-from replicator.events import ChangeEvent
+from replicator.events import ChangeEvent, Namespace, Position
 from replicator.settings.config import Settings
 from replicator.settings.uri import kafka_bootstrap, redact
-from replicator.sinks.base import Sink
+from replicator.sinks.base import Sink, read_events
 from replicator.sinks.kafka.options import producer_config
 from replicator.sinks.kafka.partitioner import partition
 from replicator.sinks.records.envelope import Encoder, Message
@@ -90,6 +90,7 @@ class KafkaSink(Sink):
         self._config = producer_config(settings.kafka_opts, kafka_bootstrap(uri))
         self._timeout_s = settings.connect_timeout_s
         self.encoder = Encoder.from_settings(settings)
+        self.marks_snapshot_end = settings.envelope == "debezium"
         self._producer: Any = None
         self._max_record = int(self._config.get("max_request_size", 1_048_576))
         self._oversize = settings.oversize
@@ -118,6 +119,11 @@ class KafkaSink(Sink):
 
     async def write(self, batch: Sequence[ChangeEvent]) -> None:
         await self.send(self.encoder.iter_encode(batch))
+
+    async def write_copy(
+        self, ns: Namespace, documents: Sequence[Mapping[str, Any]], at: Position | None, *, last: bool = False
+    ) -> None:
+        await self.send(self.encoder.iter_copy(read_events(ns, documents, at), last=last))
 
     async def send(self, messages: Iterable[Message]) -> None:
         """Send records and wait until the broker acknowledged all of them.

@@ -369,7 +369,9 @@ class MongoSink(Sink):
             if todo:
                 await self._ordered(ns, todo, session)
 
-    async def write_copy(self, ns: Namespace, documents: Sequence[Mapping[str, Any]], at: Position | None) -> None:
+    async def write_copy(
+        self, ns: Namespace, documents: Sequence[Mapping[str, Any]], at: Position | None, *, last: bool = False
+    ) -> None:
         """A snapshot batch, inserted as it is: no event per document."""
         await self._bounded(self._insert_copies(ns, documents))
 

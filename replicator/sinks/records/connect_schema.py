@@ -11,17 +11,30 @@ from typing import Any
 
 Schema = dict[str, Any]
 
+#: The ``snapshot`` enum's values, as Debezium 3.x's ``SnapshotRecord`` lists them (its MongoDB connector writes
+#: ``true``, ``last``, ``false`` and ``incremental``; the others are its relational connectors').
+_SNAPSHOT_VALUES = "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"
+
 
 def _field(field: str, kind: str, *, optional: bool = True, **extra: Any) -> Schema:
     return {"type": kind, "optional": optional, **extra, "field": field}
+
+
+def _array(field: str, items: Schema) -> Schema:
+    """An optional array field, its keys in the JsonConverter's order (``items`` before ``optional``)."""
+    return {"type": "array", "items": items, "optional": True, "field": field}
 
 
 def _json_field(field: str) -> Schema:
     return _field(field, "string", name="io.debezium.data.Json", version=1)
 
 
-def _struct(name: str, fields: list[Schema], *, optional: bool = False, field: str | None = None) -> Schema:
+def _struct(
+    name: str, fields: list[Schema], *, optional: bool = False, field: str | None = None, version: int | None = None
+) -> Schema:
     schema: Schema = {"type": "struct", "fields": fields, "optional": optional, "name": name}
+    if version is not None:
+        schema["version"] = version
     if field is not None:
         schema["field"] = field
     return schema
@@ -46,13 +59,17 @@ def _source(legacy: bool) -> Schema:
         else _field(
             "snapshot",
             "string",
-            default="false",
             name="io.debezium.data.Enum",
             version=1,
-            parameters={"allowed": "true,last,false,incremental"},
+            parameters={"allowed": _SNAPSHOT_VALUES},
+            default="false",
         ),
         _field("db", "string", optional=False),
         _field("sequence", "string"),
+    ]
+    if not legacy:  # Debezium 2.6+
+        fields += [_field("ts_us", "int64"), _field("ts_ns", "int64")]
+    fields += [
         _field("rs", "string", optional=False),
         _field("collection", "string", optional=False),
         _field("ord", "int32", optional=False),
@@ -61,7 +78,7 @@ def _source(legacy: bool) -> Schema:
         fields += [_field("h", "int64"), _field("tord", "int64"), _field("stxnid", "string")]
     else:
         fields += [_field("lsid", "string"), _field("txnNumber", "int64"), _field("wallTime", "int64")]
-    return _struct("io.debezium.connector.mongo.Source", fields, field="source")
+    return _struct("io.debezium.connector.mongo.Source", fields, field="source", version=1)
 
 
 _TRANSACTION = _struct(
@@ -73,24 +90,26 @@ _TRANSACTION = _struct(
     ],
     optional=True,
     field="transaction",
+    version=1,
 )
 
 _UPDATE_DESCRIPTION = _struct(
     "io.debezium.connector.mongodb.changestream.updatedescription",
     [
-        _field("removedFields", "array", items={"type": "string", "optional": False}),
+        _array("removedFields", {"type": "string", "optional": False}),
         _json_field("updatedFields"),
-        _field(
+        _array(
             "truncatedArrays",
-            "array",
-            items=_struct(
+            _struct(
                 "io.debezium.connector.mongodb.changestream.truncatedarray",
                 [_field("field", "string", optional=False), _field("size", "int32", optional=False)],
+                version=1,
             ),
         ),
     ],
     optional=True,
     field="updateDescription",
+    version=1,
 )
 
 
@@ -104,23 +123,27 @@ def value_schema(name: str, *, legacy: bool) -> Schema:
     return _struct(name, fields)
 
 
-TX_KEY = _struct("io.debezium.connector.common.TransactionMetadataKey", [_field("id", "string", optional=False)])
+TX_KEY = _struct(
+    "io.debezium.connector.common.TransactionMetadataKey", [_field("id", "string", optional=False)], version=1
+)
 TX_VALUE = _struct(
     "io.debezium.connector.common.TransactionMetadataValue",
     [
         _field("status", "string", optional=False),
         _field("id", "string", optional=False),
         _field("event_count", "int64"),
-        _field(
+        _array(
             "data_collections",
-            "array",
-            items=_struct(
+            _struct(
                 "event.collection",
                 [_field("data_collection", "string", optional=False), _field("event_count", "int64", optional=False)],
+                optional=True,
+                version=1,
             ),
         ),
         _field("ts_ms", "int64", optional=False),
     ],
+    version=1,
 )
 DDL_KEY = _struct("io.mcdc.connector.mongo.DdlKey", [_field("db", "string", optional=False)])
 DDL_VALUE = _struct(

@@ -13,8 +13,10 @@ Envelopes (``--envelope``):
 ``debezium``
     Debezium 2.x's change-stream envelope: ``op`` (r/c/u/d), ``after`` (the full document as an extended
     JSON string, when known), ``before`` (the pre-image, with --pre-images), ``updateDescription``
-    (``updatedFields`` as an extended JSON string, ``removedFields``, ``truncatedArrays``), ``source``,
-    ``ts_ms`` and ``transaction``. A replace is ``u`` with ``after``.
+    (``updatedFields`` as an extended JSON string, ``removedFields``, ``truncatedArrays``), ``source``
+    (with Debezium 3.x's ``ts_us``/``ts_ns``, see ``source_block.py``), ``ts_ms`` and ``transaction``. A
+    replace is ``u`` with ``after``. As Debezium 3.6's MongoDB connector, the envelope itself has no
+    ``ts_us``/``ts_ns`` (its ``MongoDbSchema`` defines ``op``, ``ts_ms`` and ``transaction`` only).
 ``debezium-legacy``
     Debezium 1.x: ``after`` for reads, inserts and replaces, ``patch`` (an idempotent MongoDB update as a
     string; a list of them, to apply in order, where one cannot hold the change) for updates, ``filter``
@@ -42,7 +44,14 @@ from replicator.events.update_ops import update_document, update_steps
 from replicator.settings.config import Settings
 from replicator.sinks.records import connect_schema
 from replicator.sinks.records.plain import plain_event, transaction_id
-from replicator.sinks.records.source_block import SourceBlocks, source_ts
+from replicator.sinks.records.source_block import (
+    SNAPSHOT_ORD,
+    SourceBlocks,
+    debezium_transaction_id,
+    session_json,
+    source_ts,
+    source_ts_us,
+)
 from replicator.sinks.records.templates import (
     MARKERS,
     NULL,
@@ -58,6 +67,7 @@ from replicator.sinks.records.topics import TopicNamer
 _DATA_OPS = frozenset({Op.READ, Op.INSERT, Op.UPDATE, Op.REPLACE, Op.DELETE})
 #: Debezium's op letter for each data op (a replace is an update whose after is the whole document).
 _OP_LETTER = {Op.READ: "r", Op.INSERT: "c", Op.UPDATE: "u", Op.REPLACE: "u", Op.DELETE: "d"}
+_SNAPSHOT_ORD = b"%d" % SNAPSHOT_ORD
 
 
 #: Per namespace, replica set and op: the topic, and the key's and Debezium value's templates (None: dicts)
@@ -132,7 +142,11 @@ class Encoder:
         return list(self.iter_encode(batch))
 
     def iter_encode(self, batch: Sequence[ChangeEvent]) -> Iterator[Message]:
-        now_ms = int(self._clock() * 1000)
+        now = self._clock()
+        now_ms = int(now * 1000)
+        # to the microsecond (a snapshot read's source.ts_us), never another millisecond than now_ms (rounding);
+        # passed along, not kept: the snapshot's workers encode their batches at once, interleaved
+        now_us = min(max(int(now * 1_000_000), now_ms * 1000), now_ms * 1000 + 999)
         tx_meta = self.options.tx_metadata
         i, n = 0, len(batch)
         while i < n:
@@ -141,23 +155,40 @@ class Encoder:
                 j = i + 1
                 while j < n and batch[j].txn == event.txn:
                     j += 1
-                yield from self._transaction(batch[i:j], event.txn, now_ms)
+                yield from self._transaction(batch[i:j], event.txn, now_ms, now_us)
                 i = j
                 continue
-            yield from self._event(event, now_ms, None)
+            yield from self._event(event, now_ms, now_us, None)
             i += 1
 
-    def _transaction(self, events: Sequence[ChangeEvent], txn: Transaction, now_ms: int) -> Iterator[Message]:
-        tx_id = transaction_id(txn)
+    def iter_copy(self, batch: Sequence[ChangeEvent], *, last: bool) -> Iterator[Message]:
+        """A snapshot batch's records. ``last``: the batch ends the whole snapshot, and its final read is
+        marked as Debezium 3.x marks the last record of a snapshot: ``source.snapshot`` ``"last"`` (its
+        buffering snapshot receiver re-marks the one record it holds back when the snapshot completes)."""
+        if not last or self.options.style != "debezium" or not batch:
+            return self.iter_encode(batch)
+        messages = self.encode(batch)  # reads only: one data record each, the last one last
+        value = orjson.loads(messages[-1].value or b"null")
+        payload = value["payload"] if self.options.schemas else value
+        payload["source"]["snapshot"] = "last"
+        messages[-1] = messages[-1]._replace(value=orjson.dumps(value))
+        return iter(messages)
+
+    def _transaction(
+        self, events: Sequence[ChangeEvent], txn: Transaction, now_ms: int, now_us: int
+    ) -> Iterator[Message]:
+        debezium = self.options.style == "debezium"
+        # Debezium 3.x: the transaction's session id in strict JSON, and collections as db.coll (1.x: rs.db.coll)
+        tx_id = debezium_transaction_id(txn) if debezium else transaction_id(txn)
         per_collection: Counter[str] = Counter()
         yield self._tx_message(tx_id, "BEGIN", None, events[0], now_ms)
         for total, event in enumerate(events, 1):
             block = None
             if event.op in _DATA_OPS:
-                name = f"{event.rs or self.source_name}.{event.ns}"
+                name = str(event.ns) if debezium else f"{event.rs or self.source_name}.{event.ns}"
                 per_collection[name] += 1
                 block = {"id": tx_id, "total_order": total, "data_collection_order": per_collection[name]}
-            yield from self._event(event, now_ms, block)
+            yield from self._event(event, now_ms, now_us, block)
         counts = [{"data_collection": name, "event_count": count} for name, count in per_collection.items()]
         yield self._tx_message(tx_id, "END", (per_collection.total(), counts), events[-1], now_ms)
 
@@ -179,30 +210,32 @@ class Encoder:
 
     # -- one event ----------------------------------------------------------------------------------
 
-    def _event(self, event: ChangeEvent, now_ms: int, tx_block: dict[str, Any] | None) -> tuple[Message, ...]:
+    def _event(
+        self, event: ChangeEvent, now_ms: int, now_us: int, tx_block: dict[str, Any] | None
+    ) -> tuple[Message, ...]:
         """The records of one event (a tuple, not a generator: this runs once per event)."""
         op = event.op
         if op in _DATA_OPS:
             route = self._routes.get((event.ns, event.rs or self.source_name, op))
             if route is None:
-                route = self._route(event, now_ms)
+                route = self._route(event, now_ms, now_us)
             topic, key_parts, value_parts = route
             # the document is converted once; its _id gives the key without decoding the documentKey
             after = to_json_value(event.document, relaxed=self._relaxed) if event.document is not None else None
             key = self._key(event, after, key_parts)
             if value_parts is not None:
-                value = self._debezium_bytes(value_parts, event, now_ms, tx_block, after)
+                value = self._debezium_bytes(value_parts, event, now_ms, now_us, tx_block, after)
             else:
-                value = self._value(event, now_ms, tx_block, after)
+                value = self._value(event, now_ms, now_us, tx_block, after)
             record = Message(topic, key, value)
             if op is Op.DELETE and self.options.tombstones:
                 return record, Message(topic, key, None)
             return (record,)
         if op.is_ddl:
-            return (self._ddl(event, now_ms),)
+            return (self._ddl(event, now_ms, now_us),)
         return ()  # INVALIDATE: the stream's end, nothing for consumers
 
-    def _route(self, event: ChangeEvent, now_ms: int) -> _Route:
+    def _route(self, event: ChangeEvent, now_ms: int, now_us: int) -> _Route:
         """What is the same for the records of events like ``event`` (namespace, replica set, op): the topic,
         and the key's and (Debezium) value's templates when records are written from them."""
         key_parts = value_parts = None
@@ -210,7 +243,7 @@ class Encoder:
             key_parts = cut(self._key_data(event.ns, MARKERS[0]), 1)
             if self.options.style == "debezium":
                 schema = self._value_schema(event.ns) if self.options.schemas else None
-                value_parts = debezium_template(self._debezium(event, now_ms, None), schema)
+                value_parts = debezium_template(self._debezium(event, now_ms, now_us, None), schema)
         routes = self._routes
         if len(routes) >= 10_000:  # a run over very many namespaces: start over rather than grow
             routes.clear()
@@ -234,25 +267,27 @@ class Encoder:
         key: dict[str, Any] = {"id": doc_id}
         return connect_schema.wrap(self._key_schema(ns), key) if self.options.schemas else key
 
-    def _value(self, event: ChangeEvent, now_ms: int, tx_block: dict[str, Any] | None, after: Any) -> bytes:
+    def _value(
+        self, event: ChangeEvent, now_ms: int, now_us: int, tx_block: dict[str, Any] | None, after: Any
+    ) -> bytes:
         if self.options.style == "plain":
             return orjson.dumps(self.plain(event))
         after_text = orjson.dumps(after).decode() if after is not None else None
-        return orjson.dumps(self._envelope(event, now_ms, tx_block, after_text))
+        return orjson.dumps(self._envelope(event, now_ms, now_us, tx_block, after_text))
 
     def _envelope(
-        self, event: ChangeEvent, now_ms: int, tx_block: dict[str, Any] | None, after: str | None
+        self, event: ChangeEvent, now_ms: int, now_us: int, tx_block: dict[str, Any] | None, after: str | None
     ) -> dict[str, Any]:
         if self.options.style == "debezium-legacy":
             payload = self._legacy(event, now_ms, after)
         else:
-            payload = self._debezium(event, now_ms, after)
+            payload = self._debezium(event, now_ms, now_us, after)
         payload["transaction"] = tx_block
         if self.options.schemas:
             return connect_schema.wrap(self._value_schema(event.ns), payload)
         return payload
 
-    def _debezium(self, event: ChangeEvent, now_ms: int, after: str | None) -> dict[str, Any]:
+    def _debezium(self, event: ChangeEvent, now_ms: int, now_us: int, after: str | None) -> dict[str, Any]:
         update = None
         if event.op is Op.UPDATE and event.update is not None:
             update = self._update_description(event.update)
@@ -260,7 +295,7 @@ class Encoder:
             "before": self._json(event.before) if event.before is not None else None,
             "after": after,
             "updateDescription": update,
-            "source": self._source(event, now_ms, legacy=False),
+            "source": self._source(event, now_ms, now_us, legacy=False),
             "op": _OP_LETTER[event.op],
             "ts_ms": now_ms,
         }
@@ -273,12 +308,13 @@ class Encoder:
         }
 
     def _debezium_bytes(
-        self, parts: Parts, event: ChangeEvent, now_ms: int, tx_block: dict[str, Any] | None, after: Any
+        self, parts: Parts, event: ChangeEvent, now_ms: int, now_us: int, tx_block: dict[str, Any] | None, after: Any
     ) -> bytes:
         """What ``orjson.dumps`` of :meth:`_envelope` gives, its varying values written into ``parts``."""
         ct = event.change_time
         txn, update, before, relaxed = event.txn, event.update, event.before, self._relaxed
         ts, wall = source_ts(event, ct, now_ms), event.wall_time_ms
+        ts_us = source_ts_us(event, ct, ts, now_us)
         # integers written inline where they are ints (they always are from normalize): a call less for each
         return debezium_value(
             parts,
@@ -286,8 +322,10 @@ class Encoder:
             NULL if after is None else json_string(orjson.dumps(after)),
             orjson.dumps(self._update_description(update)) if event.op is Op.UPDATE and update is not None else NULL,
             b"%d" % ts if type(ts) is int else number(ts),
-            b"0" if ct is None else b"%d" % ct.inc,
-            NULL if txn is None else json_string(orjson.dumps(to_json_value(txn.lsid, relaxed=relaxed))),
+            b"%d" % ts_us,
+            b"%d" % (ts_us * 1000),
+            b"%d" % ct.inc if ct is not None else _SNAPSHOT_ORD if event.op is Op.READ else b"0",
+            NULL if txn is None else orjson.dumps(session_json(txn.lsid)),
             NULL if txn is None else number(txn.txn_number),
             b"%d" % wall if type(wall) is int else number(wall),
             b"%d" % now_ms,
@@ -306,16 +344,17 @@ class Encoder:
             "after": after,
             "patch": patch,
             "filter": filt,
-            "source": self._source(event, now_ms, legacy=True),
+            "source": self._source(event, now_ms, None, legacy=True),
             "op": _OP_LETTER[event.op],
             "ts_ms": now_ms,
         }
 
-    def _source(self, event: ChangeEvent, now_ms: int, *, legacy: bool) -> dict[str, Any]:
-        lsid = self._json(event.txn.lsid) if event.txn is not None and not legacy else None
-        return self._sources.block(event, event.rs or self.source_name, now_ms, legacy=legacy, lsid=lsid)
+    def _source(self, event: ChangeEvent, now_ms: int, now_us: int | None, *, legacy: bool) -> dict[str, Any]:
+        lsid = session_json(event.txn.lsid) if event.txn is not None and not legacy else None
+        rs = event.rs or self.source_name
+        return self._sources.block(event, rs, now_ms, legacy=legacy, lsid=lsid, now_us=now_us)
 
-    def _ddl(self, event: ChangeEvent, now_ms: int) -> Message:
+    def _ddl(self, event: ChangeEvent, now_ms: int, now_us: int) -> Message:
         if self.options.style == "plain":
             return Message(self.topics.ddl, orjson.dumps({"db": event.ns.db}), orjson.dumps(self.plain(event)))
         value: dict[str, Any] = {
@@ -324,7 +363,7 @@ class Encoder:
             "collection": event.ns.coll,
             "to": {"db": event.to.db, "collection": event.to.coll} if event.to is not None else None,
             "operationDescription": self._json(event.ddl) if event.ddl is not None else None,
-            "source": self._source(event, now_ms, legacy=False),
+            "source": self._source(event, now_ms, now_us, legacy=False),
             "ts_ms": now_ms,
         }
         key: dict[str, Any] = {"db": event.ns.db}

@@ -79,12 +79,13 @@ def number(value: int | None) -> bytes:
 
 def debezium_template(payload: dict[str, Any], schema: Any | None) -> Parts | None:
     """A Debezium value payload as the encoder builds it (``schema``: the Connect schema to wrap it in)
-    made a template of ten slots, in the order :func:`debezium_value` fills them. Changes ``payload``."""
+    made a template of twelve slots, in the order :func:`debezium_value` fills them. Changes ``payload``."""
     source = payload["source"]
     payload["before"], payload["after"], payload["updateDescription"] = MARKERS[0:3]
-    source["ts_ms"], source["ord"], source["lsid"], source["txnNumber"], source["wallTime"] = MARKERS[3:8]
-    payload["ts_ms"], payload["transaction"] = MARKERS[8:10]
-    return cut(payload if schema is None else connect_schema.wrap(schema, payload), 10)
+    source["ts_ms"], source["ts_us"], source["ts_ns"], source["ord"] = MARKERS[3:7]
+    source["lsid"], source["txnNumber"], source["wallTime"] = MARKERS[7:10]
+    payload["ts_ms"], payload["transaction"] = MARKERS[10:12]
+    return cut(payload if schema is None else connect_schema.wrap(schema, payload), 12)
 
 
 def debezium_value(
@@ -93,6 +94,8 @@ def debezium_value(
     after: bytes,
     update: bytes,
     source_ts: bytes,
+    source_ts_us: bytes,
+    source_ts_ns: bytes,
     order: bytes,
     lsid: bytes,
     txn_number: bytes,
@@ -102,6 +105,7 @@ def debezium_value(
 ) -> bytes:
     """A Debezium value: a :func:`debezium_template` with each slot's value (as JSON) in its place."""
     return b"".join((
-        parts[0], before, parts[1], after, parts[2], update, parts[3], source_ts, parts[4], order, parts[5], lsid,
-        parts[6], txn_number, parts[7], wall_time, parts[8], ts_ms, parts[9], transaction, parts[10],
+        parts[0], before, parts[1], after, parts[2], update, parts[3], source_ts, parts[4], source_ts_us, parts[5],
+        source_ts_ns, parts[6], order, parts[7], lsid, parts[8], txn_number, parts[9], wall_time, parts[10], ts_ms,
+        parts[11], transaction, parts[12],
     ))  # fmt: skip
