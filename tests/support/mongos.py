@@ -382,9 +382,13 @@ class MongosStandIn:
             if self._server is not None:
                 self._server.close()
             self.release_writes()
-            for task in asyncio.all_tasks():
-                if task is not asyncio.current_task():
-                    task.cancel()
+            tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            # awaited here, so no pending task is left for the garbage collector to report with a traceback
+            # inside another test (Python 3.11 parses a traceback's lines: inside test_layers' ast.parse,
+            # "SystemError: AST constructor recursion depth mismatch")
+            await asyncio.gather(*tasks, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
