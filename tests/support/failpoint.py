@@ -104,12 +104,20 @@ def _admin(uri: str) -> pymongo.MongoClient[dict[str, Any]]:
     return pymongo.MongoClient(uri, serverSelectionTimeoutMS=10_000, appname="mcdc-tests-failpoint")
 
 
-def arm(uri: str, fault: Fault, commands: Sequence[str], *, times: int | None = None) -> None:
+#: the application name of mcdc's clients (replicator/source/connection.py): a fail point armed for it strikes
+#: mcdc alone, not the test's own clients writing the workload or comparing
+MCDC_APP = "mcdc"
+
+
+def arm(
+    uri: str, fault: Fault, commands: Sequence[str], *, times: int | None = None, app: str | None = MCDC_APP
+) -> None:
     """Arm ``fault`` on ``commands`` of the server at ``uri``: for the next ``times`` matching commands, or
-    until :func:`disarm` (None)."""
+    until :func:`disarm` (None); only on clients whose application name is ``app`` (None: every client)."""
     mode: Any = "alwaysOn" if times is None else {"times": times}
+    data = fault.on(commands) | ({"appName": app} if app else {})
     with _admin(uri) as client:
-        client.admin.command("configureFailPoint", "failCommand", mode=mode, data=fault.on(commands))
+        client.admin.command("configureFailPoint", "failCommand", mode=mode, data=data)
 
 
 def disarm(uri: str) -> None:
@@ -119,9 +127,11 @@ def disarm(uri: str) -> None:
 
 
 @contextmanager
-def failing(uri: str, fault: Fault, commands: Sequence[str], *, times: int | None = None) -> Iterator[None]:
+def failing(
+    uri: str, fault: Fault, commands: Sequence[str], *, times: int | None = None, app: str | None = MCDC_APP
+) -> Iterator[None]:
     """:func:`arm` for the block, then :func:`disarm` (whatever the block raised)."""
-    arm(uri, fault, commands, times=times)
+    arm(uri, fault, commands, times=times, app=app)
     try:
         yield
     finally:
