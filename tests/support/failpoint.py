@@ -110,11 +110,20 @@ MCDC_APP = "mcdc"
 
 
 def arm(
-    uri: str, fault: Fault, commands: Sequence[str], *, times: int | None = None, app: str | None = MCDC_APP
+    uri: str,
+    fault: Fault,
+    commands: Sequence[str],
+    *,
+    times: int | None = None,
+    app: str | None = MCDC_APP,
+    skip: int = 0,
 ) -> None:
     """Arm ``fault`` on ``commands`` of the server at ``uri``: for the next ``times`` matching commands, or
-    until :func:`disarm` (None); only on clients whose application name is ``app`` (None: every client)."""
+    until :func:`disarm` (None); only on clients whose application name is ``app`` (None: every client);
+    ``skip``: the first ``skip`` matching commands go through."""
     mode: Any = "alwaysOn" if times is None else {"times": times}
+    if skip:
+        mode = {"skip": skip} | ({} if times is None else {"times": times})
     data = fault.on(commands) | ({"appName": app} if app else {})
     with _admin(uri) as client:
         client.admin.command("configureFailPoint", "failCommand", mode=mode, data=data)
