@@ -149,6 +149,7 @@ def _assert_retried(run: Mcdc, *, at_start: bool = False) -> None:
     assert "Traceback" not in run.err, run.err
     if at_start:
         assert "waiting for the source" in run.err and run.summary()["retries"] >= 1, run.err
+        assert "full error" not in run.err, run.err  # the server's message, not its whole reply
         return
     lines = _retry_lines(run)
     assert lines and all(" WARNING " in line for line in lines), run.err
