@@ -232,8 +232,8 @@ def refusals(side: str) -> monitoring.CommandListener:
 
 
 class _Refusals(monitoring.CommandListener):
-    """Keeps the last commands a server refused as Unauthorized, with the side that sent them: the
-    exception the driver raises names neither."""
+    """Keeps the last commands a server refused as Unauthorized, and the last error replies, with the side
+    that sent them: the exception the driver raises names neither."""
 
     def __init__(self, side: str) -> None:
         self.side = side
@@ -299,7 +299,7 @@ def explain_failure(exc: BaseException) -> str | None:
                     name = f" {details['codeName']}" if details.get("codeName") else ""
                     return (
                         f"{side}: the server refused {command} on {db} (code {code}{name}: "
-                        f"{said.splitlines()[0][:300] if said else '-'}); no retry mends that: see to what it "
+                        f"{redact(said.splitlines()[0][:300]) if said else '-'}); no retry mends that: see to what it "
                         "says, then run again (the checkpoint holds the last acknowledged position)"
                     )
             return None
