@@ -35,7 +35,8 @@ from replicator.settings.options import for_command
 from replicator.settings.resolve import resolve
 from replicator.settings.uri import redact
 from replicator.sinks.registry import scheme_of
-from replicator.source.connection import explain_refusal, server_message
+from replicator.source.connection import explain_failure, explain_refusal, server_message
+from replicator.source.retry import is_retryable
 
 if TYPE_CHECKING:
     pass
@@ -144,6 +145,8 @@ def _run(make: Callable[[], Awaitable[T]]) -> T:
         # one line; --verbose logs the traceback for a bug report
         log.debug("server error", exc_info=True)
         refused = explain_refusal(exc)
+        if refused is None and not is_retryable(exc):
+            refused = explain_failure(exc)  # which side refused what, at least
         if refused is not None:
             _error(refused)
             raise typer.Exit(2) from None

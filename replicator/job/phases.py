@@ -136,9 +136,16 @@ class SyncJob:
                     self._scope = await check_source_privileges(client, self.s, cp)
                     if cp is not None and cp.stream is None:  # saved with its next position
                         cp.stream = self._scope
-                    namespaces = await check_selection(
-                        client, self.s, self._fields, self.reporter, command=self.command, first_run=cp is None
+                    listed = await self._reach(  # the source's listing: a retryable error is retried, as later on
+                        lambda: check_selection(
+                            client, self.s, self._fields, self.reporter, command=self.command, first_run=cp is None
+                        ),
+                        "source",
                     )
+                    if listed is None:  # stopped while the source's listing was retried
+                        self.summary.elapsed_s = round(time.monotonic() - started, 3)
+                        return self.summary
+                    (namespaces,) = listed
                     # an event sink's identity needs no I/O: claim before start() opens (or trims) its file
                     claimed = claim(self.store, self.s, info, sink, cp, started=False)
                     sink.attach_source(source_lookup(client, self.s))

@@ -232,8 +232,8 @@ def refusals(side: str) -> monitoring.CommandListener:
 
 
 class _Refusals(monitoring.CommandListener):
-    """Keeps the last commands a server refused as Unauthorized, with the side that sent them: the
-    exception the driver raises names neither."""
+    """Keeps the last commands a server refused as Unauthorized, and the last error replies, with the side
+    that sent them: the exception the driver raises names neither."""
 
     def __init__(self, side: str) -> None:
         self.side = side
@@ -255,12 +255,16 @@ class _Refusals(monitoring.CommandListener):
     def _note(
         self, error: Mapping[str, Any], event: monitoring.CommandSucceededEvent | monitoring.CommandFailedEvent
     ) -> None:
+        said = str(error.get("errmsg", ""))
         if error.get("code") == UNAUTHORIZED:
-            _REFUSED.append((self.side, event.command_name, event.database_name, str(error.get("errmsg", ""))))
+            _REFUSED.append((self.side, event.command_name, event.database_name, said))
+        _FAILED.append((self.side, event.command_name, event.database_name, error.get("code"), said))
 
 
 #: (side, command, database, message) of the latest Unauthorized replies, newest last.
 _REFUSED: deque[tuple[str, str, str, str]] = deque(maxlen=16)
+#: (side, command, database, code, message) of the latest error replies, newest last.
+_FAILED: deque[tuple[str, str, str, Any, str]] = deque(maxlen=16)
 
 
 def explain_refusal(exc: BaseException) -> str | None:
@@ -274,6 +278,30 @@ def explain_refusal(exc: BaseException) -> str | None:
             for side, command, db, said in reversed(_REFUSED):
                 if said == message:
                     return command_refusal(side, command, db)
+            return None
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def explain_failure(exc: BaseException) -> str | None:
+    """One line for an error reply no retry mends (a BadValue, a code this mcdc does not expect): which side
+    answered it to which command, what it said, and what to do. None for an error no client of this
+    process saw answered (its side unknown)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OperationFailure):
+            details = seen.details or {}
+            if isinstance(seen, BulkWriteError):
+                details = (details.get("writeErrors") or [{}])[0]
+            code, said = details.get("code", seen.code), str(details.get("errmsg", ""))
+            for side, command, db, failed_code, failed_said in reversed(_FAILED):
+                if failed_code == code and failed_said == said:
+                    name = f" {details['codeName']}" if details.get("codeName") else ""
+                    return (
+                        f"{side}: the server refused {command} on {db} (code {code}{name}: "
+                        f"{redact(said.splitlines()[0][:300]) if said else '-'}); no retry mends that: see to what it "
+                        "says, then run again (the checkpoint holds the last acknowledged position)"
+                    )
             return None
         seen = seen.__cause__ or seen.__context__
     return None

@@ -87,9 +87,11 @@ class LocalServer(ManagedProcess):
 
     def argv(self) -> list[str]:
         """``secantusd-py`` serving ``storage_dir`` on ``host:port``, started through secantus_server.py:
-        SecantusDB with its listCollections no longer bringing back a collection dropped meanwhile."""
+        SecantusDB with its listCollections no longer bringing back a collection dropped meanwhile, and with
+        ``configureFailPoint`` (tests/support/failpoint.py) enabled, as MongoDB's driver tests run mongod."""
         _find_executable()  # installed, or say how to install it
-        return [sys.executable, *server_argv(str(_MENDED_SERVER), self.host, self.port, self.storage_dir)]
+        argv = server_argv(str(_MENDED_SERVER), self.host, self.port, self.storage_dir)
+        return [sys.executable, *argv, "--enable-test-commands"]
 
     def prepare(self) -> None:
         """Create the storage directory."""

@@ -17,11 +17,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine, Mapping, Sequence
-from functools import partial
 from typing import Any
 
 from pymongo.asynchronous.client_session import AsyncClientSession
-from pymongo.errors import BulkWriteError, OperationFailure
+from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError, WriteConcernError
 
 from replicator.bsonkit.extjson import dumps_str
 from replicator.errors import SinkError, SinkUnavailable
@@ -59,6 +58,8 @@ _NO_TRANSACTIONS_MESSAGE = "transaction numbers are only allowed on a replica se
 #: OperationNotSupportedInTransaction: this transaction's writes cannot run in one (e.g. creating a
 #: collection inside a transaction before MongoDB 4.4), others can
 _NOT_IN_TRANSACTION = 263
+#: how long ending a failed transaction's session may take (the target may be the reason it failed)
+_KILL_TIMEOUT_S = 5.0
 #: MongoDB 7.0's wire version: time-series collections take deletes by any filter
 _DELETES_BY_TIME = 21
 
@@ -335,9 +336,10 @@ class MongoSink(Sink):
         literal = False
         while True:
             try:
-                async with self._client.start_session() as session:
-                    await session.with_transaction(partial(self._apply_in_session, events, literal=literal))
+                await self._transaction(events, literal=literal)
                 return
+            except WriteConcernError as exc:  # the commit's: not written, as any batch's (concern_failed)
+                raise concern_failed(events[0].ns, exc.details or {}) from None
             except OperationFailure as exc:
                 code = _write_error_code(exc)
                 if code == DOLLAR_PREFIXED and not literal:
@@ -358,6 +360,28 @@ class MongoSink(Sink):
                     raise
                 await self._apply(events)
                 return
+
+    async def _transaction(self, events: Sequence[ChangeEvent], *, literal: bool) -> None:
+        """The writes in one target transaction, committed once. A failure of a statement or of the commit
+        goes to the run's retries, logged and counted (the driver's ``with_transaction`` would retry it
+        unseen for up to two minutes, past --io-timeout), and its transaction is ended on the server: one
+        whose commit was cut off (a closed connection, --io-timeout) stays open, its documents locked
+        against the next attempt, until the server reaps it (a minute on mongod)."""
+        async with self._client.start_session() as session:
+            try:
+                async with await session.start_transaction():
+                    await self._apply_in_session(events, session, literal=literal)
+            except BaseException:
+                await self._end_on_server(session)
+                raise
+
+    async def _end_on_server(self, session: AsyncClientSession) -> None:
+        """killSessions on ``session``, which aborts its transaction (a user may kill its own sessions);
+        best effort: a target that cannot answer it now has lost the transaction, or will reap it."""
+        try:
+            await asyncio.wait_for(self._client.admin.command("killSessions", [session.session_id]), _KILL_TIMEOUT_S)
+        except (PyMongoError, TimeoutError) as exc:
+            log.debug("could not end a failed transaction's session on the target: %s", exc)
 
     async def _apply_in_session(
         self, events: Sequence[ChangeEvent], session: AsyncClientSession, *, literal: bool = False
