@@ -155,3 +155,25 @@ def test_only_a_deployment_without_transactions_turns_them_off() -> None:
     assert no_transactions(standalone)
     assert not no_transactions(OperationFailure("cannot write to 'config.system.sessions'", code=20))
     assert not no_transactions(OperationFailure("Cannot create namespace in a multi-document transaction", code=263))
+
+
+async def test_a_namespace_failing_mid_batch_leaves_no_other_namespaces_write_running(target_uri: str) -> None:
+    """A batch across namespaces writes them in parallel; when one fails, the others' writes are stopped and
+    waited for before the failure is raised, so none of them lands after the batch's retry has written newer
+    events (a write of the failed attempt, still running, would put an older state back)."""
+    import asyncio
+
+    from replicator.errors import SinkError
+    from tests.support import failpoint
+
+    with pymongo.MongoClient(target_uri) as client:
+        client.sinkdb.c.insert_one({"_id": 1, "arr": [1, 2]})
+        client.sinkdb.other.insert_one({"_id": 1})
+    refused = ChangeEvent(Op.UPDATE, NS, key=raw({"_id": 1}), update=UpdateDescription(raw({"_id": 2})))
+    slow = ChangeEvent(Op.DELETE, Namespace("sinkdb", "other"), key=raw({"_id": 1}))
+    async with MongoSink(target_uri) as sink:
+        with failpoint.failing(target_uri, failpoint.block(5_000), ["delete"], app=None):
+            with pytest.raises(SinkError):
+                await sink.write([refused, slow])
+            running = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            assert not [task for task in running if "_apply_namespace" in repr(task.get_coro())], running

@@ -235,8 +235,17 @@ class MongoSink(Sink):
             ) from None
 
     async def _apply(self, events: Sequence[ChangeEvent]) -> None:
-        """Apply document events: namespaces in parallel, each namespace's events in order."""
-        await asyncio.gather(*(self._apply_namespace(ns, evs) for ns, evs in by_namespace(events).items()))
+        """Apply document events: namespaces in parallel, each namespace's events in order. When one fails, the
+        others are cancelled and waited for before its error is raised: none of them may land after the batch's
+        retry has written newer events."""
+        writes = [asyncio.ensure_future(self._apply_namespace(ns, evs)) for ns, evs in by_namespace(events).items()]
+        try:
+            await asyncio.gather(*writes)
+        except BaseException:
+            for write in writes:
+                write.cancel()
+            await asyncio.gather(*writes, return_exceptions=True)
+            raise
 
     async def _apply_namespace(self, ns: Namespace, events: Sequence[ChangeEvent]) -> None:
         """The fast path: coalesced writes (see :func:`coalesce`), deletes first since they free unique
