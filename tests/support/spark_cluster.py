@@ -2,7 +2,8 @@
 each a :class:`~tests.support.process.ManagedProcess` whose readiness is a line in its own log.
 
 ``SPARK_HOME`` is the pyspark package directory, as linked by tests/support/spark.py (its ``bin/spark-class``
-starts any Spark class); both daemons get a small heap, and each web UI a free port of its own, so two runs on one machine never clash.
+starts any Spark class); both daemons get a small heap, and each web UI a free port of its own, so two runs on
+one machine never clash.
 """
 
 from __future__ import annotations
