@@ -7,7 +7,8 @@ Spark test started a SparkSession of its own, three JVMs with their Python worke
 
 Here a work unit is either the tests of :data:`SESSION_MODULES`, which use the session's SparkSession (one
 worker, one session), or a single test. A worker that runs low gets the longest unit left (by
-:data:`MEASURED_S`), so no long test starts last and keeps one worker busy after the others are done. The
+:data:`MEASURED_S`), so no long test starts last and keeps one worker busy after the others are done; one
+still busy with a long test gets the shortest (:data:`BUSY_S`), so no long test waits behind another. The
 figures only set the order: a stale or missing one makes the suite slower, never wrong.
 
 A Spark unit (the session's, or a test that starts a JVM) keeps about one core busy for its whole run (measured
@@ -36,6 +37,13 @@ SPARK_SESSION = "spark-session"
 DEFAULT_S = 1.0
 #: How many workers may run Spark units at once (scripts/test.sh runs 3 on 2 cores).
 SPARK_AT_ONCE = 2
+#: A worker whose unfinished tests are expected to take this long or more gets the shortest unit left, not the
+#: longest: a pytest-xdist worker runs a test only once it holds the next one, and the scheduler hands it
+#: one more unit while it runs its last two tests. The longest unit given then waits behind a long test
+#: (beside two burners the 280 s Spark pipelines test ran 7 minutes, and the 240 s Spark churn had been given to the
+#: same worker to run after it); a short one keeps the worker going, and the long ones go to workers as
+#: they become free.
+BUSY_S = 10.0
 #: Seconds per test function, by name (for a parametrized one, its longest case), for those over ~10 s,
 #: measured by ``scripts/test.sh --durations=60`` on a 2-core machine.
 MEASURED_S: dict[str, float] = {
@@ -117,9 +125,15 @@ class SuiteScheduling(LoadScopeScheduling):
         units = list(self.workqueue)
         if not self._holds_spark(node) and sum(map(self._holds_spark, self.nodes)) >= SPARK_AT_ONCE:
             units = [scope for scope in units if not is_spark(scope)] or units
-        longest = max(units, key=lambda scope: sum(map(expected_seconds, self.workqueue[scope])))
-        self.workqueue.move_to_end(longest, last=False)  # the base class hands out the first unit
+        pick = min if self._pending_seconds(node) >= BUSY_S else max
+        chosen = pick(units, key=lambda scope: sum(map(expected_seconds, self.workqueue[scope])))
+        self.workqueue.move_to_end(chosen, last=False)  # the base class hands out the first unit
         super()._assign_work_unit(node)
+
+    def _pending_seconds(self, node: WorkerController) -> float:
+        """How long the tests ``node`` has yet to finish (the one it runs among them) are expected to take."""
+        units = self.assigned_work.get(node, {}).values()
+        return sum(expected_seconds(nodeid) for unit in units for nodeid, done in unit.items() if not done)
 
     def _holds_spark(self, node: WorkerController) -> bool:
         """Whether ``node`` runs, or has yet to run, a Spark unit."""
