@@ -97,6 +97,20 @@ def start_session(master: str = "local[2,2]") -> Any:
     return session
 
 
+#: How long a test's availableNow query may take to end: seconds alone, a minute or more beside two burners.
+QUERY_LIMIT_S = 300
+
+
+def ended(query: Any) -> None:
+    """Wait for the availableNow ``query`` to end, and assert it did, within :data:`QUERY_LIMIT_S`, without an
+    error (stopped first when it did not end: its checkpoint is then free for the next query)."""
+    done = query.awaitTermination(QUERY_LIMIT_S)
+    if not done:
+        query.stop()
+    assert done, f"the query did not end within {QUERY_LIMIT_S} s"
+    assert query.exception() is None, query.exception()
+
+
 def quick_jvm_conf() -> list[str]:
     """``--spark-conf`` options giving a driver and its executors :data:`QUICK_JVM`: for the tests that run
     ``mcdc ... --engine spark`` as a process, each of which starts a JVM."""
