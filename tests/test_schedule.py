@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from tests.support.schedule import SPARK_AT_ONCE, SPARK_SESSION, SuiteScheduling, expected_seconds
+from tests.support.schedule import SPARK_AT_ONCE, SPARK_SESSION, SuiteScheduling, expected_seconds, is_spark
 
 PIPELINES = (
     "tests/test_auto_cdc_example.py::test_spark_pipelines_runs_the_example_as_its_readme_says_into_scd1_and_scd2_tables"
@@ -84,3 +84,11 @@ def test_no_long_test_is_queued_behind_another_and_spark_units_wait_for_a_slot()
     _finish(scheduler, freed, PIPELINES)
     assert sorted(freed.sent[2:]) == sorted(SESSION)
     assert SPARK_SESSION not in scheduler.workqueue
+
+
+def test_a_spark_test_without_spark_in_its_name_counts_as_spark() -> None:
+    assert is_spark(
+        "tests/test_auto_cdc.py::test_the_example_pipeline_keeps_scd1_and_scd2_tables_of_a_collection_and_its_changes"
+    )
+    assert is_spark(CHURN) and is_spark(SPARK_SESSION)
+    assert not is_spark(DEBEZIUM) and not is_spark(SHORT[0])
