@@ -66,8 +66,8 @@ def _environment(**extra: str) -> dict[str, str]:
 
     Two differences: SPARK_TESTING makes the local Spark Connect server that spark-pipelines starts take an
     ephemeral port (pyspark's own tests do so, SPARK-42272), not 15002, which two runs at once (two
-    pytest workers) would fight over; and the suite's SPARK_HOME stays (the same pyspark, without its
-    pyspark.zip: tests/support/spark.py)."""
+    pytest workers) would fight over; and the suite's SPARK_HOME stays (the same pyspark, its
+    pyspark.zip unzipped: tests/support/spark.py)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_", "MCDC_SOURCE"))}
     if Path(os.environ.get("SPARK_HOME", "")).name.startswith(SHADOW_PREFIX):
         env["SPARK_HOME"] = os.environ["SPARK_HOME"]

@@ -30,20 +30,22 @@ SPARK_CONF = {
 }
 
 
-#: The name of :func:`spark_home_without_pyspark_zip`'s directories, before pyspark's version.
-SHADOW_PREFIX = "mcdc-tests-spark-home-"
+#: The start of :func:`quick_spark_home`'s directory names (its layout's version, then pyspark's).
+SHADOW_PREFIX = "mcdc-tests-spark-home-2-"
 
 
-def spark_home_without_pyspark_zip() -> Path:
-    """A ``SPARK_HOME`` for the suite's JVMs: the pyspark package directory (symbolic links to its entries)
-    without ``python/lib/pyspark.zip``, so that Spark's Python processes import this venv's pyspark.
+def quick_spark_home() -> Path:
+    """A ``SPARK_HOME`` for the suite's JVMs: the pyspark package directory (symbolic links to its entries),
+    where ``python/lib/pyspark.zip`` is a directory holding a link to the installed pyspark package, so that
+    Spark's Python processes import pyspark from its cached bytecode.
 
     Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` first on its Python processes' path, and Python
-    compiles a module imported from a zip every time (it never caches its bytecode there): a Python worker
-    spent 0.76 CPU-seconds importing what the streaming reader needs, 0.28 from the venv's cached bytecode.
-    Spark waits a fixed 10 s (no setting) for the streaming reader's Python process it starts at each
-    query start to connect back; beside two burners that start took longer, and the query failed with
-    "Python worker failed to connect back" (issue 40). The same pyspark either way (one package, one version).
+    compiles every module it imports from a zip, every time (it never caches bytecode there): a Python
+    process spent 0.76 CPU-seconds importing what Spark's streaming reader needs, 0.28 from cached bytecode.
+    Spark waits a fixed 10 s (no setting) for the streaming reader's Python process it starts at each query
+    start to connect back; beside two burners that start took longer, and the query failed with "Python
+    worker failed to connect back" (issue 40). The same pyspark files either way, and still there for a
+    worker Python that has no pyspark of its own (a path entry named ``.zip`` may be a directory).
     Built once per pyspark directory, under the temporary directory."""
     import pyspark
 
@@ -56,7 +58,8 @@ def spark_home_without_pyspark_zip() -> Path:
     for entry in real.iterdir():
         if entry.name != "python":
             (building / entry.name).symlink_to(entry)
-    (building / "python" / "lib").mkdir(parents=True)
+    (building / "python" / "lib" / "pyspark.zip").mkdir(parents=True)
+    (building / "python" / "lib" / "pyspark.zip" / "pyspark").symlink_to(real)
     for entry in (real / "python").iterdir():
         if entry.name != "lib":
             (building / "python" / entry.name).symlink_to(entry)
@@ -71,16 +74,16 @@ def spark_home_without_pyspark_zip() -> Path:
     return home
 
 
-def use_spark_home_without_pyspark_zip() -> None:
-    """Give this process, and the JVMs and processes it starts, :func:`spark_home_without_pyspark_zip`,
-    unless ``SPARK_HOME`` names another Spark than the venv's pyspark."""
+def use_quick_spark_home() -> None:
+    """Give this process, and the JVMs and processes it starts, :func:`quick_spark_home`, unless
+    ``SPARK_HOME`` names another Spark than the venv's pyspark."""
     import pyspark
 
     given = os.environ.get("SPARK_HOME")
     ours = given is None or Path(given).name.startswith(SHADOW_PREFIX)
     if not ours and Path(str(given)).resolve() != Path(pyspark.__file__).resolve().parent:
         return
-    os.environ["SPARK_HOME"] = str(spark_home_without_pyspark_zip())
+    os.environ["SPARK_HOME"] = str(quick_spark_home())
 
 
 def start_session(master: str = "local[2,2]") -> Any:

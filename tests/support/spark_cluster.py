@@ -15,16 +15,16 @@ from typing import ClassVar
 
 from tests.support.process import ManagedProcess
 from tests.support.servers import free_port
-from tests.support.spark import QUICK_JVM, spark_home_without_pyspark_zip
+from tests.support.spark import QUICK_JVM, quick_spark_home
 
 #: The daemons' heap (Spark's default is 1g each; the executors get their own).
 DAEMON_MEMORY = "512m"
 
 
 def spark_home() -> Path:
-    """The pyspark package directory, which holds ``bin/spark-class`` and the jars (without its pyspark.zip:
-    see :func:`~tests.support.spark.spark_home_without_pyspark_zip`)."""
-    return spark_home_without_pyspark_zip()
+    """The pyspark package directory, which holds ``bin/spark-class`` and the jars (its pyspark.zip unzipped:
+    see :func:`~tests.support.spark.quick_spark_home`)."""
+    return quick_spark_home()
 
 
 class _Daemon(ManagedProcess):
