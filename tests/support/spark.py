@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -69,6 +70,7 @@ def quick_spark_home() -> Path:
     try:
         building.rename(home)
     except OSError:  # another process built it first
+        shutil.rmtree(building)
         if not home.is_dir():
             raise
     return home
