@@ -10,6 +10,7 @@ use a real broker instead, whose topics and consumer groups are then all deleted
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,15 @@ import pytest
 from tests.support.kafka import KafkaBroker, delete_consumer_groups, delete_topics
 from tests.support.schedule import SuiteScheduling, uses_the_session_outside_its_modules
 from tests.support.servers import Clients, LocalServer, ServerPair, connect, drop_user_databases, start_pair
-from tests.support.spark import start_session
+from tests.support.spark import start_session, use_quick_spark_home
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Spark's JVMs started by the suite (the session's, each ``mcdc --engine spark``'s, a cluster's) get a
+    ``SPARK_HOME`` whose Python processes import pyspark from its cached bytecode, not compiled from pyspark.zip
+    (tests/support/spark.py says why)."""
+    if importlib.util.find_spec("pyspark") is not None:
+        use_quick_spark_home()
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # before pytest-xdist's own; none without xdist

@@ -28,6 +28,7 @@ from replicator.bsonkit.extjson import dumps_str
 from replicator.job import devserver
 from replicator.settings.resolve import load_env
 from tests.support.rowlevel_catalog import CLASS, compile_catalog
+from tests.support.spark import SHADOW_PREFIX
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "spark" / "auto_cdc"
@@ -63,10 +64,13 @@ def _quoted_errors() -> list[str]:
 def _environment(**extra: str) -> dict[str, str]:
     """The reader's environment: this venv's commands first on PATH, nothing of the reader's Spark or mcdc.
 
-    One difference: SPARK_TESTING makes the local Spark Connect server that spark-pipelines starts take an
+    Two differences: SPARK_TESTING makes the local Spark Connect server that spark-pipelines starts take an
     ephemeral port (pyspark's own tests do so, SPARK-42272), not 15002, which two runs at once (two
-    pytest workers) would fight over."""
+    pytest workers) would fight over; and the suite's SPARK_HOME stays (the same pyspark, its
+    pyspark.zip unzipped: tests/support/spark.py)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_", "MCDC_SOURCE"))}
+    if Path(os.environ.get("SPARK_HOME", "")).name.startswith(SHADOW_PREFIX):
+        env["SPARK_HOME"] = os.environ["SPARK_HOME"]
     env.pop("MCDC_DATABASE", None)
     env.pop("MCDC_COLLECTION", None)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"

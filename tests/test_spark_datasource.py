@@ -21,6 +21,7 @@ from replicator.spark import register
 from tests.support.compare import RAW
 from tests.support.corpus import load_corpus
 from tests.support.servers import Clients
+from tests.support.spark import QUERY_LIMIT_S, ended
 
 pytestmark = pytest.mark.integration
 EXAMPLE = Path(__file__).parent.parent / "examples" / "spark" / "changes_to_parquet.py"
@@ -56,8 +57,7 @@ def stream_rows(
         .trigger(availableNow=True)
         .start()
     )
-    query.awaitTermination(120)
-    assert query.exception() is None, query.exception()
+    ended(query)
     ends = []
     for path in sorted((checkpoint / "offsets").glob("[0-9]*"), key=lambda p: int(p.name)):
         ends.append(json.loads(path.read_text().splitlines()[-1]))
@@ -183,8 +183,7 @@ def test_max_batch_size_bounds_each_micro_batch(mcdc: Any, clients: Clients, sou
             .trigger(availableNow=True)
             .start()
         )
-        query.awaitTermination(120)
-        assert query.exception() is None, query.exception()
+        ended(query)
 
     run()
     clients.source.shop.orders.insert_many([{"_id": i} for i in range(5)], ordered=True)
@@ -257,7 +256,7 @@ _MISTAKES: dict[str, tuple[Callable[[Any, str, Path], object], str]] = {
             .option("max-batch-size", "0")
             .option("checkpointLocation", str(cp))
             .start()
-            .awaitTermination(120)
+            .awaitTermination(QUERY_LIMIT_S)
         ),
         "mcdc: option max-batch-size must be at least 1, got 0",
     ),
@@ -300,8 +299,7 @@ def test_stream_write_converges_the_target_on_the_source(
             .trigger(availableNow=True)
             .start()
         )
-        query.awaitTermination(120)
-        assert query.exception() is None, query.exception()
+        ended(query)
 
     run()
     clients.source.shop.orders.insert_one({"_id": 0, "gone": True})

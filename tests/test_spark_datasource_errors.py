@@ -27,6 +27,7 @@ from replicator.spark_datasource.snapshot import Range, SnapshotReader
 from replicator.spark_datasource.stream import ChangeStreamReader, ShardRange
 from tests.support.secure import PASSWORD, SecureServer, admin_client, start_with_users
 from tests.support.servers import free_port
+from tests.support.spark import QUERY_LIMIT_S
 from tests.support.tls import Certificates, make_ca, make_server_cert
 
 pytestmark = pytest.mark.integration
@@ -102,7 +103,7 @@ def stream_read(spark: Any, uri: str, checkpoint: Path) -> None:
         .trigger(availableNow=True)
         .start()
     )
-    query.awaitTermination(120)
+    query.awaitTermination(QUERY_LIMIT_S)
 
 
 def failure_of(action: Callable[[], None]) -> str:

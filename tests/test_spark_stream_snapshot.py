@@ -36,6 +36,12 @@ def _query(source: str, work: Path, trigger: str, limit: str = SMALL) -> subproc
     return subprocess.Popen([*argv, *OPTIONS, limit], stdout=log, stderr=subprocess.STDOUT)
 
 
+def _last_log(work: Path) -> str:
+    """The end of the last query's log: why it ended, when it ended too soon."""
+    logs = sorted(work.glob("query-*.log"))
+    return logs[-1].read_text(errors="replace")[-3000:] if logs else "(no log)"
+
+
 def _batches(work: Path) -> int:
     return len(list((work / "out").glob("[0-9]*.json")))
 
@@ -81,10 +87,10 @@ def _source_state(source: str, db: str = "shop") -> dict[tuple[str, str], Any]:
         }
 
 
-def _wait_for(what: str, done: Any, proc: subprocess.Popen[bytes], timeout_s: float = 240) -> None:
+def _wait_for(what: str, done: Any, proc: subprocess.Popen[bytes], work: Path, timeout_s: float = 240) -> None:
     deadline = time.monotonic() + timeout_s
     while not done():
-        assert proc.poll() is None, f"the query ended before {what}"
+        assert proc.poll() is None, f"the query ended before {what}:\n{_last_log(work)}"
         assert time.monotonic() < deadline, f"no {what} within {timeout_s:.0f} s"
         time.sleep(0.1)
 
@@ -100,11 +106,11 @@ def test_a_collection_renamed_during_the_snapshot_has_every_document_delivered(s
             client.shop[coll].insert_many([{"_id": i, "coll": coll} for i in range(100)])
         proc = _query(source_uri, tmp_path, "live")
         try:
-            _wait_for("3 micro-batches", lambda: _batches(tmp_path) >= 3, proc)
+            _wait_for("3 micro-batches", lambda: _batches(tmp_path) >= 3, proc, tmp_path)
             client.shop.z.rename("z_renamed")
             client.shop.z_renamed.update_one({"_id": 7}, {"$set": {"v": 1}})
             updated = lambda: any(r["op"] == "u" for r in read_batches(tmp_path / "out"))  # noqa: E731
-            _wait_for("the update's row", updated, proc)
+            _wait_for("the update's row", updated, proc, tmp_path)
         finally:
             proc.kill()
             proc.wait()
@@ -227,7 +233,7 @@ def test_a_stream_with_the_snapshot_first_killed_at_random_micro_batches_deliver
             while _batches(tmp_path) < goal and proc.poll() is None and time.monotonic() < deadline:
                 moves.due(_batches(tmp_path))
                 time.sleep(0.1)
-            assert proc.poll() is None, "the query ended before it was killed"
+            assert proc.poll() is None, f"the query ended before it was killed:\n{_last_log(tmp_path)}"
             proc.send_signal(signal.SIGKILL)
             proc.wait()
         assert _batches(tmp_path) < 3 * len(planned)  # the snapshot's 15 partitions, one a micro-batch, not all read
@@ -236,7 +242,7 @@ def test_a_stream_with_the_snapshot_first_killed_at_random_micro_batches_deliver
         writes.halt.set()
         writes.join()
     final = _query(source_uri, tmp_path, "available-now", LAST)
-    assert final.wait(300) == 0, "the last run did not finish"
+    assert final.wait(300) == 0, f"the last run did not finish:\n{_last_log(tmp_path)}"
 
     rows = read_batches(tmp_path / "out")
     reads = [r for r in rows if r["op"] == "r"]

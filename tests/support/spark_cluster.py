@@ -1,8 +1,9 @@
 """A real Spark standalone cluster started from the pip package: one master and one worker on 127.0.0.1,
 each a :class:`~tests.support.process.ManagedProcess` whose readiness is a line in its own log.
 
-``SPARK_HOME`` is the pyspark package directory (its ``bin/spark-class`` starts any Spark class); both
-daemons get a small heap, and each web UI a free port of its own, so two runs on one machine never clash.
+``SPARK_HOME`` is the pyspark package directory, as linked by tests/support/spark.py (its ``bin/spark-class``
+starts any Spark class); both daemons get a small heap, and each web UI a free port of its own, so two runs on
+one machine never clash.
 """
 
 from __future__ import annotations
@@ -14,17 +15,16 @@ from typing import ClassVar
 
 from tests.support.process import ManagedProcess
 from tests.support.servers import free_port
-from tests.support.spark import QUICK_JVM
+from tests.support.spark import QUICK_JVM, quick_spark_home
 
 #: The daemons' heap (Spark's default is 1g each; the executors get their own).
 DAEMON_MEMORY = "512m"
 
 
 def spark_home() -> Path:
-    """The pyspark package directory, which holds ``bin/spark-class`` and the jars."""
-    import pyspark
-
-    return Path(pyspark.__file__).resolve().parent
+    """The pyspark package directory, which holds ``bin/spark-class`` and the jars (its pyspark.zip unzipped:
+    see :func:`~tests.support.spark.quick_spark_home`)."""
+    return quick_spark_home()
 
 
 class _Daemon(ManagedProcess):
