@@ -6,6 +6,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from pymongo.errors import PyMongoError
+
 from replicator.checkpoint.store import Checkpoint, CheckpointStore
 from replicator.errors import ConfigError, ServerUnavailable
 from replicator.events import Namespace
@@ -20,7 +22,7 @@ from replicator.settings.selection import check_collisions
 from replicator.settings.uri import redact
 from replicator.sinks.base import Sink
 from replicator.source import catalog
-from replicator.source.connection import Client, ServerInfo, deployment_identity
+from replicator.source.connection import Client, ServerInfo, deployment_identity, server_message
 from replicator.source.retry import Retrier, is_retryable
 
 T = TypeVar("T")
@@ -97,7 +99,8 @@ async def reach(
                     raise
                 if not waiting_since:
                     waiting_since = time.monotonic()
-                    reporter.warn(f"{exc}; waiting for the {what}, retrying {retrier.budget()}")
+                    said = server_message(exc) if isinstance(exc, PyMongoError) else str(exc)  # one line
+                    reporter.warn(f"{said}; waiting for the {what}, retrying {retrier.budget()}")
                 if await retrier.wait(exc, "source" if what == "source" else "sink", quiet=True):
                     return None
                 continue
