@@ -11,7 +11,11 @@ Delta Lake / Iceberg tables under the plan's work directory), and a list of step
 it reads events long after they happened), SIGSTOP/SIGCONT or a restart of the source or the target (not
 a lake, which has no server), a kill -9 of a MongoDB target as soon as the checkpoint file moves after a
 burst of inserts, a broker restart, and restoring an older copy of the checkpoint (what a lost save
-amounts to). Every plan begins with a sync (or the tail's own snapshot) under
+amounts to); and fail points (tests/chaos/failpoints.py): MongoDB's ``failCommand`` on mcdc's reads of the
+source and, for a MongoDB target, its writes, a few times or for a while, drawn apart from the rest (a
+seed's other steps are what they were before fail points), in a tail, into a catch-up, into the first
+snapshot and on the way back. They are all off before any check; a run an outage under one ended (exit 75)
+is run again, and any other exit fails the plan. Every plan begins with a sync (or the tail's own snapshot) under
 concurrent writes. A catch-up's fault strikes a random moment into it; on Spark, half of the time, one
 in the seconds its session comes up while the driver writes the batches.
 
