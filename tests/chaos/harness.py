@@ -15,8 +15,8 @@ amounts to); and fail points (tests/chaos/failpoints.py): MongoDB's ``failComman
 source and, for a MongoDB target, its writes, a few times or for a while, drawn apart from the rest (a
 seed's other steps are what they were before fail points), in a tail, into a catch-up, into the first
 snapshot and on the way back. They are all off before any check; a run an outage under one ended (exit 75)
-is run again, and any other exit fails the plan. Every plan begins with a sync (or the tail's own snapshot) under
-concurrent writes. A catch-up's fault strikes a random moment into it; on Spark, half of the time, one
+is run again, and any other exit fails the plan. Every plan begins with a sync (or the tail's own snapshot)
+under concurrent writes. A catch-up's fault strikes a random moment into it; on Spark, half of the time, one
 in the seconds its session comes up while the driver writes the batches.
 
 For a lake target, "identical" means: each selected source collection's state table holds its documents
@@ -691,7 +691,8 @@ class Runner:
         self._proc.send_signal(signal.SIGTERM)
         code = self._proc.wait(120)
         if code == EXIT_UNAVAILABLE and self.failpoints.since(self._runs[self._proc.pid][1]):
-            self.tally.outages += 1  # ended by an outage under a fail point before the signal came: run again
+            # an outage under a fail point ended it, or the signal came while it waited for a server one struck
+            self.tally.outages += 1
         elif code != 0 and must_exit_0:
             self.fail(f"mcdc exited with {code} on SIGTERM")
 
