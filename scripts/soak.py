@@ -9,10 +9,14 @@ Plan ``n`` of a soak uses seed ``--seed + n``; its engine, target and mode are d
 those asked for (targets: MongoDB, Kafka, Delta Lake and Iceberg tables; ``--sink all``, the default, or
 ``both`` draws any of them, ``lake`` either lake). Each plan writes a random mix of CRUD, transactions and
 DDL while faults strike (kill -9, SIGTERM, pauses and restarts of the servers or the broker, restored
-older checkpoints), then checks that the target is identical to the source (a lake: its state tables hold
-the source's documents byte for byte, its change tables no event twice), and that catch-up from several
-saved checkpoint versions, each restored in turn, converges too (tests/chaos/harness.py). The first
-failure stops the soak with its seed, its plan and the command that runs it again; the exit code is then 1.
+older checkpoints, and MongoDB's ``failCommand`` fail points on mcdc's reads of the source and its
+writes to a MongoDB target: errors, closed connections, write concern errors and slow answers, a few
+times or for a while; tests/chaos/failpoints.py), then checks that the target is identical to the source
+(a lake: its state tables hold the source's documents byte for byte, its change tables no event twice),
+and that catch-up from several saved checkpoint versions, each restored in turn, converges too
+(tests/chaos/harness.py). A run that an outage under a fail point ended (exit 75) is run again, as an
+operator would; any other exit it did not ask for fails the plan. The first failure stops the soak with
+its seed, its plan and the command that runs it again; the exit code is then 1.
 """
 
 from __future__ import annotations
@@ -99,7 +103,9 @@ def main() -> int:
             print(
                 f"plan {n + 1} (seed {seed}, {plan.mode}, {plan.engine}, {plan.sink}"
                 f"{', filtered' if plan.filter else ''}): ok in "
-                f"{time.monotonic() - began:.0f} s, {tally.faults} faults, {tally.writes} writes, "
+                f"{time.monotonic() - began:.0f} s, {tally.faults} faults, {tally.failpoints} fail points"
+                f"{f' ({tally.outages} runs ended by one, run again)' if tally.outages else ''}, "
+                f"{tally.writes} writes, "
                 f"{tally.events} events applied",
                 flush=True,
             )
@@ -107,7 +113,8 @@ def main() -> int:
     minutes = (time.monotonic() - started) / 60
     ddl = sum(v for k, v in total.kinds.items() if k.rstrip("!") in DDL_KINDS)
     print(
-        f"soak: {total.plans} plans passed in {minutes:.1f} min: {total.faults} faults, {total.writes} writes "
+        f"soak: {total.plans} plans passed in {minutes:.1f} min: {total.faults} faults, {total.failpoints} fail points "
+        f"armed ({total.outages} runs ended by one, run again), {total.writes} writes "
         f"({ddl} DDL), {total.events} events applied by {total.runs} mcdc runs"
     )
     return 0

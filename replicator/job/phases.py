@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from replicator.checkpoint.store import DEPLOYMENT, Checkpoint, CheckpointStore, SnapshotProgress
 from replicator.errors import ConfigError, HistoryLost, TopologyError
-from replicator.events import Position
+from replicator.events import Namespace, Position
 from replicator.job.copy import SnapshotCopy, target_specs
 from replicator.job.engines import open_engine
 from replicator.job.migrations import hold_targets
@@ -115,37 +115,14 @@ class SyncJob:
                     self.s.source, timeout_s=self.s.connect_timeout_s, io_timeout_s=self.s.io_timeout_s
                 )
                 try:
-                    reached = await self._reach(lambda: probe(client, self.s.source, "source"), "source")
+                    # the source's checks, retried as a whole: a retryable error in one (an election, a
+                    # connection lost) is met as the run's later reads meet it, not as the end of the run
+                    reached = await self._reach(lambda: self._check_source(client, sink), "source")
                     if reached is None:  # stopped while waiting for the source
                         self.summary.elapsed_s = round(time.monotonic() - started, 3)
                         self.summary.never_reached = "source"
                         return self.summary
-                    (info,) = reached
-                    await check_members(client, ReadPolicy.of(self.s))  # --read-preference secondary: servable?
-                    sink.source_name = info.set_name or ""
-                    cp = self.store.load()
-                    if cp is not None and cp.cutover is not None:
-                        reverse = (cp.cutover.get("reverse_checkpoint") or "") if cp.cutover else ""
-                        raise ConfigError(
-                            f"checkpoint {self.store.path} was cut over (mcdc cutover): the target is the one "
-                            f"written to now. Carry its writes back with mcdc tail on the reverse checkpoint "
-                            f"{reverse} (source and target swapped), or pass another --checkpoint to begin a new "
-                            "migration"
-                        )
-                    check_recorded(self.s, cp, str(self.store.path))
-                    self._scope = await check_source_privileges(client, self.s, cp)
-                    if cp is not None and cp.stream is None:  # saved with its next position
-                        cp.stream = self._scope
-                    listed = await self._reach(  # the source's listing: a retryable error is retried, as later on
-                        lambda: check_selection(
-                            client, self.s, self._fields, self.reporter, command=self.command, first_run=cp is None
-                        ),
-                        "source",
-                    )
-                    if listed is None:  # stopped while the source's listing was retried
-                        self.summary.elapsed_s = round(time.monotonic() - started, 3)
-                        return self.summary
-                    (namespaces,) = listed
+                    ((info, cp, namespaces),) = reached
                     # an event sink's identity needs no I/O: claim before start() opens (or trims) its file
                     claimed = claim(self.store, self.s, info, sink, cp, started=False)
                     sink.attach_source(source_lookup(client, self.s))
@@ -169,6 +146,30 @@ class SyncJob:
             await self.engine.close()
         self.summary.elapsed_s = round(time.monotonic() - started, 3)
         return self.summary
+
+    async def _check_source(self, client: Client, sink: Sink) -> tuple[ServerInfo, Checkpoint | None, list[Namespace]]:
+        """Reach the source and check it before anything is written: its members (--read-preference
+        secondary: servable?), the checkpoint's fit, the user's privileges and the selection's namespaces.
+        Returns the source, the checkpoint and the source's namespaces."""
+        info = await probe(client, self.s.source, "source")
+        await check_members(client, ReadPolicy.of(self.s))
+        sink.source_name = info.set_name or ""
+        cp = self.store.load()
+        if cp is not None and cp.cutover is not None:
+            reverse = (cp.cutover.get("reverse_checkpoint") or "") if cp.cutover else ""
+            raise ConfigError(
+                f"checkpoint {self.store.path} was cut over (mcdc cutover): the target is the one written to "
+                f"now. Carry its writes back with mcdc tail on the reverse checkpoint {reverse} (source and "
+                "target swapped), or pass another --checkpoint to begin a new migration"
+            )
+        check_recorded(self.s, cp, str(self.store.path))
+        self._scope = await check_source_privileges(client, self.s, cp)
+        if cp is not None and cp.stream is None:  # saved with its next position
+            cp.stream = self._scope
+        namespaces = await check_selection(
+            client, self.s, self._fields, self.reporter, command=self.command, first_run=cp is None
+        )
+        return info, cp, namespaces
 
     async def _reach(self, attempt: Callable[[], Awaitable[T]], what: str) -> tuple[T] | None:
         """``attempt()``'s result once a server answers it (see :func:`.startup.reach`)."""

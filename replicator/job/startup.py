@@ -99,7 +99,7 @@ async def reach(
                     raise
                 if not waiting_since:
                     waiting_since = time.monotonic()
-                    said = server_message(exc) if isinstance(exc, PyMongoError) else str(exc)  # not the whole reply
+                    said = server_message(exc) if isinstance(exc, PyMongoError) else str(exc)  # one line
                     reporter.warn(f"{said}; waiting for the {what}, retrying {retrier.budget()}")
                 if await retrier.wait(exc, "source" if what == "source" else "sink", quiet=True):
                     return None

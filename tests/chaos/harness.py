@@ -11,8 +11,12 @@ Delta Lake / Iceberg tables under the plan's work directory), and a list of step
 it reads events long after they happened), SIGSTOP/SIGCONT or a restart of the source or the target (not
 a lake, which has no server), a kill -9 of a MongoDB target as soon as the checkpoint file moves after a
 burst of inserts, a broker restart, and restoring an older copy of the checkpoint (what a lost save
-amounts to). Every plan begins with a sync (or the tail's own snapshot) under
-concurrent writes. A catch-up's fault strikes a random moment into it; on Spark, half of the time, one
+amounts to); and fail points (tests/chaos/failpoints.py): MongoDB's ``failCommand`` on mcdc's reads of the
+source and, for a MongoDB target, its writes, a few times or for a while, drawn apart from the rest (a
+seed's other steps are what they were before fail points), in a tail, into a catch-up, into the first
+snapshot and on the way back. They are all off before any check; a run an outage under one ended (exit 75)
+is run again, and any other exit fails the plan. Every plan begins with a sync (or the tail's own snapshot)
+under concurrent writes. A catch-up's fault strikes a random moment into it; on Spark, half of the time, one
 in the seconds its session comes up while the driver writes the batches.
 
 For a lake target, "identical" means: each selected source collection's state table holds its documents
@@ -45,11 +49,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from bson import json_util
 from bson.timestamp import Timestamp
 
+from replicator.errors import EXIT_UNAVAILABLE
+from tests.chaos import failpoints
+from tests.chaos.failpoints import FailPoints, FailStep
 from tests.chaos.workload import SELECTION, ChaosWorkload, SideWorkload, prepare, selected
 from tests.support.compare import assert_identical
 from tests.support.kafka import KafkaBroker
@@ -147,6 +154,10 @@ class Plan:
     filter: str = ""
     #: the runs' --read-preference and --max-read-rate flags (the source's load options), or ()
     reads: tuple[str, ...] = ()
+    #: a fail point step (tests/chaos/failpoints.py) armed as the first run begins its snapshot, or ""
+    opening: str = ""
+    #: the way back's fail point steps (its target, MongoDB, is the old side), among its other steps
+    back_fails: tuple[str, ...] = ()
 
     @classmethod
     def draw(
@@ -197,7 +208,21 @@ class Plan:
         reads = (("--read-preference", preference) if preference else ()) + (
             ("--max-read-rate", str(rate)) if rate else ()
         )
-        return cls(seed, mode, engine, sink, tuple(steps), replays, back and not chosen, chosen, reads)
+        # fail points, drawn apart too: one on each side the plan's target has (mcdc's reads of the source;
+        # its writes when the target is MongoDB), maybe another, at random places; maybe one into the first
+        # snapshot; and on the way back, one or two
+        fails = random.Random(seed * 49999 + 17)
+        sides = failpoints.sides_of(sink)
+        drawn_fails = [failpoints.draw(fails, (side,)) for side in fails.sample(sides, len(sides))]
+        drawn_fails += [failpoints.draw(fails, sides) for _ in range(fails.randrange(2))]
+        for step in drawn_fails:
+            steps.insert(fails.randrange(len(steps) + 1), step)
+        opening = failpoints.draw(fails, sides) if fails.random() < 0.5 else ""
+        back_fails = tuple(failpoints.draw(fails, failpoints.sides_of("mongo")) for _ in range(fails.randint(1, 2)))
+        back = back and not chosen
+        return cls(
+            seed, mode, engine, sink, tuple(steps), replays, back, chosen, reads, opening, back_fails if back else ()
+        )
 
     def __str__(self) -> str:
         return (
@@ -205,6 +230,8 @@ class Plan:
             f"{' then cutover and back' if self.back else ''}{f' filter={self.filter}' if self.filter else ''}"
             f"{' ' + ' '.join(self.reads) if self.reads else ''}\n"
             f"  steps: {', '.join(self.steps)}"
+            + (f"\n  into the first snapshot: {self.opening}" if self.opening else "")
+            + (f"\n  the way back's fail points: {', '.join(self.back_fails)}" if self.back_fails else "")
         )
 
     def command(self) -> str:
@@ -242,11 +269,16 @@ class Tally:
     writes: int = 0
     events: int = 0
     runs: int = 0
+    #: fail points armed, and runs an outage under one ended (exit 75), run again
+    failpoints: int = 0
+    outages: int = 0
     kinds: dict[str, int] = field(default_factory=dict)
 
     def add(self, other: Tally) -> None:
         self.plans += other.plans
         self.faults += other.faults
+        self.failpoints += other.failpoints
+        self.outages += other.outages
         self.writes += other.writes
         self.events += other.events
         self.runs += other.runs
@@ -307,9 +339,16 @@ class Runner:
         self.way_back = way_back
         self.cp = workdir / "cp.json" if way_back is None else way_back[0]
         self.rng = random.Random(plan.seed * 7919 + 1 + (way_back is not None))
+        # the fail points' moments, apart: the draws above stay what each seed made them
+        self.fail_rng = random.Random(plan.seed * 31337 + 5 + (way_back is not None))
+        self.failpoints = FailPoints(
+            {"source": lambda: self.servers.source.uri, "target": lambda: self.servers.target.uri}
+        )
         self.tally = Tally(plans=1)
         self._logs: list[Path] = []
         self._proc: subprocess.Popen[bytes] | None = None
+        #: each run's command, and the fail points' mark when it began (did one meet it?)
+        self._runs: dict[int, tuple[str, tuple[int, bool]]] = {}
         self.prefix = f"chaos{plan.seed}"
         self.selection = "base"  # of SELECTIONS: what the runs select now
         # the plan's own state directory: the migrations it records are its own, not an earlier plan's
@@ -369,7 +408,18 @@ class Runner:
         with open(log, "wb") as out:
             proc = subprocess.Popen(self._argv(command), stdout=out, stderr=subprocess.STDOUT, env=self.env)
         self.tally.runs += 1
+        self._runs[proc.pid] = (command, self.failpoints.mark())
         return proc
+
+    def _outage(self, proc: subprocess.Popen[bytes]) -> subprocess.Popen[bytes] | None:
+        """When ``proc`` ended with exit 75 (an outage outlived its retries) while a fail point could strike
+        it, the same command run again, as an operator (or cron) would; None otherwise (any other exit is
+        the caller's to judge, as before fail points)."""
+        command, mark = self._runs[proc.pid]
+        if proc.returncode != EXIT_UNAVAILABLE or not self.failpoints.since(mark):
+            return None
+        self.tally.outages += 1
+        return self._spawn(command)
 
     def _finish(self, proc: subprocess.Popen[bytes], timeout: float) -> None:
         """Wait for a bounded run to exit 0, and count the events its summary reports."""
@@ -379,6 +429,11 @@ class Runner:
             proc.kill()
             proc.wait()
             self.fail(f"mcdc did not finish within {timeout:.0f} s")
+        if (again := self._outage(proc)) is not None:
+            if proc is self._proc:
+                self._proc = again
+            self._finish(again, timeout)
+            return
         if code != 0:
             self.fail(f"mcdc exited with {code}")
         self._count_events()
@@ -408,7 +463,7 @@ class Runner:
                 client.admin.command("killAllSessions", [])
 
     # -- the plan ----------------------------------------------------------------------------------
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str) -> NoReturn:
         tail = self._logs[-1].read_text(errors="replace")[-3000:] if self._logs else ""
         raise ChaosFailure(
             f"chaos plan failed: {reason}\n{self.plan}\n  again: {self.plan.command()}\n"
@@ -440,6 +495,8 @@ class Runner:
             if self.plan.back and self.way_back is None:
                 self._cut_over_and_back()
         finally:
+            self.failpoints.disarm_all(strict=False)  # the servers outlive the plan (a session's, a soak's)
+            self.tally.failpoints += self.failpoints.count
             self._kill()
             workload.close()
             if self.side is not None and side is None:
@@ -478,6 +535,9 @@ class Runner:
         for _ in range(3):
             steps.append(f"write {self.rng.randrange(5, 25)}")
             steps.append(self.rng.choice(WAY_BACK_FAULTS))
+        places = random.Random(self.plan.seed * 49999 + 19)  # the plan's way-back fail points, at drawn places
+        for step in self.plan.back_fails:
+            steps.insert(places.randrange(len(steps) + 1), step)
         runner = Runner(self.plan, Servers(new, old, None), self.workdir / "back", way_back=(back, options))
         assert self.side is not None
         self.tally.add(runner.run(tuple(steps), side=self.side))
@@ -490,8 +550,16 @@ class Runner:
         """The first snapshot, under writes, maybe killed once (the way back: its first run)."""
         command = "tail" if self.plan.mode == "tail" else "sync" if self.way_back is None else "catch-up"
         self._proc = self._spawn(command)
+        opening = FailStep.parse(self.plan.opening) if self.plan.opening and self.way_back is None else None
+        if opening is not None and self.fail_rng.random() < 0.5:  # from its first command on
+            self._arm(opening)
+            opening = None
         if self.way_back is None and self.plan.sink in STATEFUL_SINKS:
             self._rename_while_copying(workload)
+        elif opening is not None:
+            self._snapshot_begun()
+        if opening is not None:  # once the copy is under way
+            self._arm(opening)
         workload.steps(self.rng.randrange(5, 30))
         if self.rng.random() < 0.5:
             time.sleep(self.rng.uniform(0.0, 1.5))
@@ -504,16 +572,26 @@ class Runner:
     def _rename_while_copying(self, workload: ChaosWorkload) -> None:
         """A collection of the selection renamed (and a new one made under its name) as soon as the first
         snapshot is under way, before its copy may have read it."""
+        self._snapshot_begun()
+        workload.rotate()
+
+    def _snapshot_begun(self) -> None:
+        """Return once the running mcdc's checkpoint says its first snapshot began (or it exited, or a
+        loaded machine's start time passed)."""
         deadline = time.monotonic() + START_S
         while self._proc is not None and self._proc.poll() is None and time.monotonic() < deadline:
             with contextlib.suppress(OSError, ValueError, KeyError):
                 if json.loads(self.cp.read_bytes())["snapshot"]["status"] != "none":
                     break
             time.sleep(0.01)
-        workload.rotate()
 
     def _step(self, step: str, workload: ChaosWorkload) -> None:
         verb, _, arg = step.partition(" ")
+        if self.plan.mode == "tail":
+            self._revive()
+        if failpoints.is_fail(step):
+            self._fail_point(FailStep.parse(step))
+            return
         if verb == "write":
             workload.steps(int(arg), PACE_S)
             if self.side is not None:
@@ -560,6 +638,33 @@ class Runner:
             assert self._proc is not None
             self._finish(self._proc, CONVERGE_S[self.plan.engine] * 2)
 
+    def _arm(self, step: FailStep) -> None:
+        self.failpoints.arm(step)
+        self.tally.kinds[f"fail {step.side}"] = self.tally.kinds.get(f"fail {step.side}", 0) + 1
+
+    def _fail_point(self, step: FailStep) -> None:
+        """A tail meets the fail point from now on, in the writes that follow (a while's ends on its own, a
+        few times' when used up, replaced by the next, or before the checks). Catch-up rounds: a catch-up
+        meets it from a random moment into it, and must finish all the same; it is turned off after."""
+        if self.plan.mode == "tail":
+            self._arm(step)
+            return
+        self._proc = self._spawn("catch-up")
+        self._into_the_run(self._proc, self.fail_rng)
+        self._arm(step)
+        self._finish(self._proc, CONVERGE_S[self.plan.engine] * 2)
+        self.failpoints.disarm(step.side)
+
+    def _revive(self) -> None:
+        """The tail must still run between steps: one an outage under a fail point ended (exit 75) is run
+        again; any other exit fails the plan."""
+        proc = self._proc
+        if proc is None or proc.poll() is None:
+            return
+        if (again := self._outage(proc)) is None:
+            self.fail(f"the tail exited with {proc.returncode} in the middle of the plan")
+        self._proc = again
+
     def _overlap(self) -> None:
         """Another migration onto namespaces this one writes (its checkpoint saved by now): refused, in one
         line naming this migration's checkpoint, before it saves anything."""
@@ -584,8 +689,12 @@ class Runner:
         assert self._proc is not None
         self._wait_started(self._proc)
         self._proc.send_signal(signal.SIGTERM)
-        if self._proc.wait(120) != 0 and must_exit_0:
-            self.fail(f"mcdc exited with {self._proc.returncode} on SIGTERM")
+        code = self._proc.wait(120)
+        if code == EXIT_UNAVAILABLE and self.failpoints.since(self._runs[self._proc.pid][1]):
+            # an outage under a fail point ended it, or the signal came while it waited for a server one struck
+            self.tally.outages += 1
+        elif code != 0 and must_exit_0:
+            self.fail(f"mcdc exited with {code} on SIGTERM")
 
     def _wait_started(self, proc: subprocess.Popen[bytes], line: bytes = b" mcdc") -> None:
         deadline = time.monotonic() + START_S
@@ -594,14 +703,16 @@ class Runner:
                 self.fail(f"mcdc logged no {line.decode().strip()!r} within {START_S:.0f} s of its start")
             time.sleep(0.05)
 
-    def _into_the_run(self, proc: subprocess.Popen[bytes]) -> None:
-        """A random moment into a run. On Spark, half of the time, one in the seconds after its "starting
-        Spark" line, while its session comes up and the driver writes the batches meanwhile."""
-        if self.plan.engine == "spark" and self.rng.random() < 0.5:
+    def _into_the_run(self, proc: subprocess.Popen[bytes], rng: random.Random | None = None) -> None:
+        """A random moment into a run (drawn from ``rng``, the plan's own by default). On Spark, half of the
+        time, one in the seconds after its "starting Spark" line, while its session comes up and the driver
+        writes the batches meanwhile."""
+        rng = rng or self.rng
+        if self.plan.engine == "spark" and rng.random() < 0.5:
             self._wait_started(proc, b"starting Spark")
-            time.sleep(self.rng.uniform(0.0, 3.0))
+            time.sleep(rng.uniform(0.0, 3.0))
         else:
-            time.sleep(self.rng.uniform(0.0, 1.0))
+            time.sleep(rng.uniform(0.0, 1.0))
 
     def _crash_target(self, workload: ChaosWorkload, *, tail: bool) -> None:
         """kill -9 of the target as soon as the checkpoint file moves after a burst of fresh inserts began. A
@@ -624,12 +735,15 @@ class Runner:
         deadline = time.monotonic() + CONVERGE_S[self.plan.engine]
         while _cluster_time(self.cp) <= before:
             if proc.poll() is not None and _cluster_time(self.cp) <= before:  # read again: its last save
-                self.fail("mcdc exited before its checkpoint moved")
+                if (again := self._outage(proc)) is None:
+                    self.fail(f"mcdc exited with {proc.returncode} before its checkpoint moved")
+                self._proc = proc = again
             if time.monotonic() > deadline:
                 self.fail(f"the checkpoint did not move within {CONVERGE_S[self.plan.engine]:.0f} s of a burst")
             time.sleep(0.002)
         self.servers.target.kill()
         self.servers.target.start()
+        self.failpoints.reset("target")
         writer.join()
         if not tail:
             self._finish(proc, CONVERGE_S[self.plan.engine] * 2)
@@ -655,11 +769,14 @@ class Runner:
             server.stop()
             time.sleep(self.rng.uniform(0.2, 2.0))
             server.start()
+            self.failpoints.reset(which)  # a fail point lives in the server's memory
 
     def _end(self) -> None:
-        """Writes stop; the running tail (or a last catch-up) must bring the target to the source."""
+        """Writes stop and every fail point is turned off; the running tail (or a last catch-up) must bring
+        the target to the source."""
+        self.failpoints.disarm_all()
         if self.plan.mode == "tail":
-            self._converge(lambda: self._proc is not None and self._proc.poll() is None)
+            self._converge(self._alive)
             self._sigterm(must_exit_0=True)
             self._count_events()
             self._check_verifier()
@@ -736,6 +853,13 @@ class Runner:
             {ns: docs for ns, docs in got.items() if self.selected(ns)},
             {ns: docs for ns, docs in source.items() if self.selected(ns)},
         )
+
+    def _alive(self) -> bool:
+        """Is the tail running (one an outage under a fail point ended is run again)?"""
+        proc = self._proc
+        if proc is not None and proc.poll() is not None and (again := self._outage(proc)) is not None:
+            self._proc = again
+        return self._proc is not None and self._proc.poll() is None
 
     def _converge(self, alive: Callable[[], bool]) -> None:
         deadline = time.monotonic() + CONVERGE_S[self.plan.engine]

@@ -1,7 +1,8 @@
-"""The randomized fault harness on fixed seeds (tests/chaos/harness.py): every checkpoint mcdc saved
-replays to a target identical to the source, through kill -9, restored checkpoints, server pauses and
-restarts, and DDL churn. ``python scripts/soak.py`` runs such plans for as long as asked; a failing plan
-prints the command that runs it again."""
+"""The randomized fault harness on fixed seeds (tests/chaos/harness.py): every checkpoint mcdc saved replays
+to a target identical to the source, through kill -9, restored checkpoints, server pauses and restarts,
+MongoDB's fail points on the source's reads and the target's writes, and DDL churn.
+``python scripts/soak.py`` runs such plans for as long as asked; a failing plan prints the command that
+runs it again."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.chaos import failpoints
+from tests.chaos.failpoints import FailStep
 from tests.chaos.harness import Plan, Servers, Tally, run_plan
 from tests.support.kafka import KafkaBroker
 from tests.support.servers import ServerPair
@@ -37,6 +40,12 @@ def _churned(tally: Tally) -> set[str]:
     return {kind for kind in tally.kinds if not kind.endswith("!")} & CHURN
 
 
+def _armed(tally: Tally, sink: str = "mongo") -> None:
+    """The plan armed fail points on each side its target has (the harness turned them off again)."""
+    assert {f"fail {side}" for side in failpoints.sides_of(sink)} <= set(tally.kinds), tally.kinds
+    assert tally.failpoints >= len(failpoints.sides_of(sink))
+
+
 def test_a_churning_tail_converges_and_ten_saved_checkpoints_replay(
     servers: ServerPair, source_uri: str, target_uri: str, tmp_path: Path
 ) -> None:
@@ -45,13 +54,14 @@ def test_a_churning_tail_converges_and_ten_saved_checkpoints_replay(
     tally = run_plan(Plan.draw(44, mode="tail", length=8, replays=10), _servers(servers), tmp_path)
     assert _churned(tally) == CHURN, tally.kinds
     assert tally.faults >= 4
+    _armed(tally)
 
 
 @pytest.mark.parametrize("seed", [2, 13])
 def test_catch_up_rounds_into_mongodb(
     servers: ServerPair, source_uri: str, target_uri: str, tmp_path: Path, seed: int
 ) -> None:
-    run_plan(Plan.draw(seed, mode="catch-up", length=4, replays=3), _servers(servers), tmp_path)
+    _armed(run_plan(Plan.draw(seed, mode="catch-up", length=4, replays=3), _servers(servers), tmp_path))
 
 
 def test_the_fixed_mongodb_plans_kill_the_target_right_after_an_acknowledgement() -> None:
@@ -59,6 +69,29 @@ def test_the_fixed_mongodb_plans_kill_the_target_right_after_an_acknowledgement(
     that found acknowledged writes lost when a batch's writes went with w:1): they keep it."""
     assert "crash target" in Plan.draw(44, mode="tail", length=8, replays=10).steps
     assert "crash target" in Plan.draw(13, mode="catch-up", length=4, replays=3).steps
+
+
+#: the plans the tests here run, with their targets
+FIXED = {
+    "mongo": [
+        Plan.draw(44, mode="tail", length=8, replays=10),
+        *(Plan.draw(seed, mode="catch-up", length=4, replays=3) for seed in (2, 13)),
+        Plan.draw(FILTERED_SEED, mode="tail", length=5, replays=3, filtered=True),
+        Plan.draw(7, mode="tail", engine="spark", length=5, replays=4),
+    ],
+    "kafka": [Plan.draw(5, mode="tail", sink="kafka", length=4, replays=2)],
+    "delta": [Plan.draw(LAKE_SEED, mode="tail", sink="delta", length=5, replays=3)],
+}
+
+
+def test_the_fixed_plans_arm_fail_points_on_each_side_their_target_has() -> None:
+    """The source's reads in every plan here, and the target's writes in the MongoDB ones (both engines,
+    tail and catch-up, filtered or not); the tail's and the lake's seeds strike their first snapshot too."""
+    for sink, plans in FIXED.items():
+        for plan in plans:
+            sides = {FailStep.parse(step).side for step in plan.steps if failpoints.is_fail(step)}
+            assert sides == set(failpoints.sides_of(sink)), plan
+    assert FIXED["mongo"][0].opening and FIXED["delta"][0].opening
 
 
 def test_a_filtered_tail_into_mongodb_holds_the_matches_and_its_saved_checkpoints_replay(
@@ -69,6 +102,7 @@ def test_a_filtered_tail_into_mongodb_holds_the_matches_and_its_saved_checkpoint
     plan = Plan.draw(FILTERED_SEED, mode="tail", length=5, replays=3, filtered=True)
     tally = run_plan(plan, _servers(servers), tmp_path)
     assert {"flip", "flip_insert"} <= set(tally.kinds), tally.kinds
+    _armed(tally)
 
 
 def test_the_fixed_plans_include_filtered_ones() -> None:
@@ -82,7 +116,8 @@ def test_a_tail_into_kafka_rebuilds_exactly(
     servers: ServerPair, source_uri: str, kafka: KafkaBroker, tmp_path: Path
 ) -> None:
     """Kafka plans write no DDL: a consumer rebuilds collections from the data topics alone."""
-    run_plan(Plan.draw(5, mode="tail", sink="kafka", length=4, replays=2), _servers(servers, kafka), tmp_path)
+    tally = run_plan(Plan.draw(5, mode="tail", sink="kafka", length=4, replays=2), _servers(servers, kafka), tmp_path)
+    _armed(tally, "kafka")
 
 
 def test_a_churning_tail_on_spark_converges_and_four_saved_checkpoints_replay(
@@ -90,6 +125,7 @@ def test_a_churning_tail_on_spark_converges_and_four_saved_checkpoints_replay(
 ) -> None:
     tally = run_plan(Plan.draw(7, mode="tail", engine="spark", length=5, replays=4), _servers(servers), tmp_path)
     assert {"rotate", "drop_database"} <= _churned(tally), tally.kinds
+    _armed(tally)
 
 
 def test_a_churning_tail_into_delta_tables_converges_and_three_saved_checkpoints_replay(
@@ -101,3 +137,4 @@ def test_a_churning_tail_into_delta_tables_converges_and_three_saved_checkpoints
     tally = run_plan(Plan.draw(LAKE_SEED, mode="tail", sink="delta", length=5, replays=3), _servers(servers), tmp_path)
     assert {"rotate", "drop_database"} <= _churned(tally), tally.kinds
     assert tally.faults >= 3
+    _armed(tally, "delta")
