@@ -120,6 +120,5 @@ async def read_ahead(
                 item = both
             yield cast(T, item)
         await producer
-    finally:
-        if not producer.done():
-            await stop_pumps([producer], [queue])
+    finally:  # also when the producer failed just as this consumer was cancelled: its error is collected
+        await stop_pumps([producer], [queue])
