@@ -10,6 +10,9 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+# Compiled once here, even where PYTHONDONTWRITEBYTECODE is set (as on some CI runners): the suite starts
+# many mcdc processes and Spark Python workers, and each would otherwise compile mcdc's modules again.
+"$VENV/bin/python" -m compileall -q replicator >/dev/null
 "$VENV/bin/python" -m ruff check .
 "$VENV/bin/python" -m ruff format --check .
 "$VENV/bin/python" -m mypy
