@@ -179,10 +179,17 @@ def ended(query: Any) -> None:
     assert query.exception() is None, query.exception()
 
 
+def quick_jvm_options() -> str:
+    """:data:`QUICK_JVM`, with the class archive's options where this process's JVMs map one
+    (:func:`use_quick_spark_home`): for the JVMs ``spark-submit`` does not start (executors, a cluster's daemons)."""
+    archive = [o for o in os.environ.get("SPARK_SUBMIT_OPTS", "").split() if o.startswith(ARCHIVE_OPTION)]
+    return " ".join([QUICK_JVM, *archive[-1:], QUIET_ARCHIVE] if archive else [QUICK_JVM])
+
+
 def quick_jvm_conf() -> list[str]:
-    """``--spark-conf`` options giving a driver and its executors :data:`QUICK_JVM`: for the tests that run
+    """``--spark-conf`` options giving a driver and its executors :func:`quick_jvm_options`: for the tests that run
     ``mcdc ... --engine spark`` as a process, each of which starts a JVM."""
     return [
-        "--spark-conf", f"spark.driver.extraJavaOptions={QUICK_JVM}",
-        "--spark-conf", f"spark.executor.extraJavaOptions={QUICK_JVM}",
+        "--spark-conf", f"spark.driver.extraJavaOptions={quick_jvm_options()}",
+        "--spark-conf", f"spark.executor.extraJavaOptions={quick_jvm_options()}",
     ]  # fmt: skip

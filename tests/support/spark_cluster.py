@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from tests.support.process import ManagedProcess
 from tests.support.servers import free_port
-from tests.support.spark import QUICK_JVM, quick_spark_home
+from tests.support.spark import quick_jvm_options, quick_spark_home
 
 #: The daemons' heap (Spark's default is 1g each; the executors get their own).
 DAEMON_MEMORY = "512m"
@@ -37,7 +37,11 @@ class _Daemon(ManagedProcess):
     def argv(self) -> list[str]:
         env = shutil.which("env") or "/usr/bin/env"
         home = spark_home()
-        settings = [f"SPARK_HOME={home}", f"SPARK_DAEMON_MEMORY={DAEMON_MEMORY}", f"SPARK_DAEMON_JAVA_OPTS={QUICK_JVM}"]
+        settings = [
+            f"SPARK_HOME={home}",
+            f"SPARK_DAEMON_MEMORY={DAEMON_MEMORY}",
+            f"SPARK_DAEMON_JAVA_OPTS={quick_jvm_options()}",
+        ]
         return [env, *settings, str(home / "bin" / "spark-class"), self.main_class, *self.arguments()]
 
     def arguments(self) -> list[str]:
