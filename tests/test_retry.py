@@ -79,3 +79,14 @@ def test_errors_are_told_apart_by_where_they_were_raised() -> None:
     except KeyError as exc:
         assert from_source(exc)
     assert not from_source(ConnectionError("the sink's side"))
+
+
+def test_every_error_code_the_fail_point_tests_inject_is_retried() -> None:
+    """tests/test_fail_points.py strikes each path with one error code and one path with each: that holds only
+    while every such code is classified alike, as here."""
+    from tests.support import failpoint
+
+    codes = {f.data["errorCode"] for f in (*failpoint.WRITE_FAULTS, *failpoint.READ_FAULTS) if "errorCode" in f.data}
+    assert codes == {6, 43, 91, 189, 262, 10107, 11600}
+    for code in codes:
+        assert is_retryable(OperationFailure("injected", code=code)), code
