@@ -4,6 +4,7 @@ target outage, metrics and status."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -28,14 +29,24 @@ pytestmark = pytest.mark.integration
 def _tail(source: str, target: str, cp: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     args = [sys.executable, "-m", "replicator.cli", "tail", "-s", source, "-t", target, "-c", str(cp)]
     args += ["--no-progress", "--retry-initial-delay", "0.2", "--retry-max-delay", "1", *extra]
-    proc = subprocess.Popen(
-        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}
-    )
+    # the log goes to a file, not a pipe: nobody reads a pipe while the test runs, and a tail that logged a
+    # long outage's retries filled it (64 KiB), then stalled on its next log line (beside two burners)
+    log = cp.with_name(f"tail-{next(_NUMBERS)}.log")
+    with open(log, "w") as err:
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err, text=True, env={**os.environ, **(env or {})})
     _STARTED.append(proc)
+    _LOGS[proc] = log
     return proc
 
 
 _STARTED: list[subprocess.Popen[str]] = []
+_LOGS: dict[subprocess.Popen[str], Path] = {}
+_NUMBERS = itertools.count()
+
+
+def _log(proc: subprocess.Popen[str]) -> str:
+    """What ``proc`` (a :func:`_tail`) logged so far."""
+    return _LOGS[proc].read_text()
 
 
 def _wait(condition: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
@@ -48,7 +59,9 @@ def _wait(condition: Callable[[], bool], timeout: float = 60.0, what: str = "con
         except (AssertionError, pymongo.errors.PyMongoError) as exc:
             last = exc
         time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}: {last}")
+    logs = "".join(f"\n--- the log of {proc.args[3]} (pid {proc.pid}):\n{_log(proc)[-6000:]}" for proc in _STARTED
+                   if proc in _LOGS and proc.poll() is None)  # fmt: skip
+    raise AssertionError(f"timed out waiting for {what}: {last}{logs}")
 
 
 def _converged(source: str, target: str) -> Callable[[], bool]:
@@ -61,8 +74,8 @@ def _converged(source: str, target: str) -> Callable[[], bool]:
 
 def _stop(proc: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout: float = 30) -> tuple[int, str, str]:
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out, err
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out, _log(proc)
 
 
 def test_sigterm_exits_0_and_resumes_without_gaps(source_uri: str, target_uri: str, tmp_path: Path) -> None:
