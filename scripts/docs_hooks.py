@@ -10,7 +10,7 @@ from typing import Any
 # this checkout's option table, whichever mcdc the Python running mkdocs has installed
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from replicator.settings.reference import options_markdown  # noqa: E402
+from replicator.settings.reference import options_markdown
 
 MARKER = "{{ options }}"
 
