@@ -1,5 +1,5 @@
 """The option table (options.py) as the documentation's reference page, so that the page cannot drift from
-the table: the docs' build (docs/hooks.py) puts this Markdown where the page says ``{{ options }}``."""
+the table: the docs' build (scripts/docs_hooks.py) puts this Markdown where the page says ``{{ options }}``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 from replicator.settings.config import Settings
 from replicator.settings.options import OPTIONS, PANELS, Option
+from replicator.settings.resolve import field_kind
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Settings)}
 
@@ -31,6 +32,7 @@ def options_markdown() -> str:
 
 def _row(option: Option) -> str:
     flags = ", ".join(f"`{name}`" for name in (option.flag, *option.aliases, option.short) if name)
+    values = f" Values: {', '.join(f'`{c}`' for c in option.choices)}." if option.choices else ""
     cells = (
         flags,
         f"`{option.env}`",
@@ -38,9 +40,18 @@ def _row(option: Option) -> str:
         f"`{option.name}`",
         _default(_DEFAULTS[option.field]),
         ", ".join(option.commands),
-        _cell(option.help) + (f" Values: {', '.join(f'`{c}`' for c in option.choices)}." if option.choices else ""),
+        _cell(option.help) + values + _repeatable(option),
     )
     return "| " + " | ".join(cells) + " |"
+
+
+def _repeatable(option: Option) -> str:
+    """How a repeatable option's values are written in one string (MCDC_* and Spark options)."""
+    if field_kind(option.field) is not tuple:
+        return ""
+    if option.commas:
+        return " In one string: comma-separated, or a JSON array."
+    return " In one string: one value, or a JSON array."
 
 
 def _default(value: Any) -> str:
