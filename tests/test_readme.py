@@ -61,9 +61,7 @@ RUN = (
     """mcdc sync -s "$SRC" -t "$SRC" --include 'scratch\\.a'""",
     """mcdc sync -s "$SRC" -t "$DST" --include 'shop\\.orders' --filter""",
     'mcdc tail -s "$SRC" -t kafka://broker1:9092,broker2:9092',
-    "# the migration goes on between the same servers",  # README: catch-up, tail, status, cutover
-    "# step 3, in terminal 3: follow the source",  # docs/tutorials/first-migration.md
-    "# step 4: the migration's state and lag, then the cutover",
+    "# the migration goes on between the same servers",  # README, tutorials/first-migration.md: the next steps
     "# step 1: every document of the source as a Debezium record",  # docs/tutorials/first-kafka-stream.md
     "# step 2: the snapshot, then every change as it comes",
     "# pip install 'mcdc[lake]' first",  # docs/tutorials/first-lake-table.md
