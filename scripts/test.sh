@@ -16,6 +16,11 @@ fi
 "$VENV/bin/python" -m ruff check .
 "$VENV/bin/python" -m ruff format --check .
 "$VENV/bin/python" -m mypy
+# The docs (docs/, mkdocs.yml): a broken link or anchor, or a page left out of the navigation, fails the build.
+# Built into a temporary directory, never into the repository.
+SITE="$(mktemp -d)"
+trap 'rm -rf "$SITE"' EXIT
+NO_MKDOCS_2_WARNING=1 "$VENV/bin/python" -m mkdocs build --strict --site-dir "$SITE"
 # Each worker starts servers of its own; external servers are shared, so their tests run one at a time.
 # With --dist loadgroup, the tests that use the session's SparkSession share one worker (one session for the
 # suite) and the longest tests start first (tests/support/schedule.py).

@@ -1,7 +1,7 @@
 """Users of least privilege, against servers started with ``--auth`` (SCRAM-SHA-256, built-in roles enforced):
-sync, catch-up, tail and cutover with the roles the README names (read on the one selected database follows
-that database's change stream); each missing privilege refused in one line naming the side and the role,
-before anything is written; no credential in any output.
+sync, catch-up, tail and cutover with the roles docs/how-to/least-privilege.md names (read on the one selected
+database follows that database's change stream); each missing privilege refused in one line naming the side and
+the role, before anything is written; no credential in any output.
 
 The test server's quirks (tests/INFRA): its readAnyDatabase lacks listDatabases (clusterMonitor grants it,
 as on mongod), and its connectionStatus names the roles without listing their privileges."""

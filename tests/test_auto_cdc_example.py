@@ -247,10 +247,10 @@ def _commands(block: str) -> list[str]:
     return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip() and not line.startswith("#")]
 
 
-@pytest.mark.parametrize("readme", ["README.md", "examples/spark/README.md"])
-def test_the_other_readmes_give_the_example_s_commands_as_its_readme_does(readme: str) -> None:
+@pytest.mark.parametrize("readme", ["docs/how-to/auto-cdc.md", "examples/spark/README.md"])
+def test_the_docs_and_the_spark_readme_give_the_example_s_commands_as_its_readme_does(readme: str) -> None:
     text = (REPO / readme).read_text()
-    section = text[text.index("Auto CDC") if readme == "README.md" else text.index("(`auto_cdc/`)") :]
+    section = text[text.index("Auto CDC") if readme.startswith("docs/") else text.index("(`auto_cdc/`)") :]
     block = next(b for b in re.findall(r"^```bash\n(.*?)^```", section, re.S | re.M) if "spark-pipelines run" in b)
     step = _commands(_steps()[0])
     assert [c for c in _commands(block) if not c.startswith("pip install")] == [c for c in step if c in block]

@@ -9,7 +9,7 @@ Records are paired by topic, key and the key's n-th record, and compared field b
 
 * documents (``after``, ``before``, ``updatedFields``), keys and ``lsid``: as the BSON values their extended
   JSON stands for, type for type and in field order. Debezium writes documents in the Java driver's legacy
-  "strict" mode and keys in relaxed mode; mcdc in canonical Extended JSON v2 (README, Kafka): other text, the
+  "strict" mode and keys in relaxed mode; mcdc in canonical Extended JSON v2 (docs/how-to/kafka.md): other text, the
   same values;
 * every other field by value, except mcdc's own (``source.rs``, ``source.version``) and the processing times:
   the envelope's ``ts_ms`` (and a snapshot read's ``source.ts_*``, which is when it was read) by presence,

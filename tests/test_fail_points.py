@@ -3,7 +3,7 @@ point (tests/support/failpoint.py), as MongoDB's drivers are tested: issue 40's 
 target's writes (documents, a replayed transaction's commit, DDL) and on the source's reads (the change
 stream's aggregate and getMore, the snapshot's listCollections, find and getMore).
 
-The outcome of each kind is decided (README, "Errors the servers answer"):
+The outcome of each kind is decided (docs/reference/exit-codes.md, "Errors the servers answer"):
 
 * a retryable error is retried, one warning line per retry and no traceback, counted in
   ``mcdc_retries_total`` (``what="sink"`` for the target's, the phase for the source's), and the target

@@ -70,7 +70,7 @@ def test_sync_of_the_mixed_corpus_leaves_each_state_table_byte_identical(
     assert changes is not None and changes.num_rows == 500 and set(changes["op"].to_pylist()) == {"r"}
     assert read_table(kind, root, "state", "corpus", "validated_view") is None  # a view holds no documents
     if kind == "delta":
-        _read_as_the_readme_shows(root / "state" / "corpus" / "mixed_ids", 500)
+        _read_as_the_docs_show(root / "state" / "corpus" / "mixed_ids", 500)
     # a second sync under the same checkpoint adds nothing; catch-up after writes merges them in
     with pymongo.MongoClient(source_uri) as client:
         client.corpus.mixed_ids.delete_many({"_id": {"$type": "int"}})
@@ -82,8 +82,8 @@ def test_sync_of_the_mixed_corpus_leaves_each_state_table_byte_identical(
     _assert_state_equals_source(kind, root, source_uri, ["corpus", "corpus_other"])
 
 
-def _read_as_the_readme_shows(path: Path, rows: int) -> None:
-    """The README's pandas, Polars and DuckDB lines, on a state table mcdc wrote."""
+def _read_as_the_docs_show(path: Path, rows: int) -> None:
+    """docs/how-to/lake.md's pandas, Polars and DuckDB lines, on a state table mcdc wrote."""
     import duckdb
     import polars as pl
     from deltalake import DeltaTable

@@ -93,10 +93,10 @@ def test_no_import_points_up_or_across_the_layers() -> None:
     assert not wrong, "\n".join(wrong)
 
 
-def _readme_tree() -> list[str]:
-    """The top-level names the README's architecture block lists, in its order."""
-    text = (ROOT.parent / "README.md").read_text()
-    block = text[text.index("## Architecture") :].split("```")[1]
+def _architecture_tree() -> list[str]:
+    """The top-level names the architecture page's block lists, in its order."""
+    text = (ROOT.parent / "docs" / "explanation" / "architecture.md").read_text()
+    block = text[text.index("# Architecture") :].split("```")[1]
     return [
         line.split()[0].rstrip("/").removesuffix(".py")
         for line in block.splitlines()
@@ -104,13 +104,13 @@ def _readme_tree() -> list[str]:
     ]
 
 
-def test_the_readme_lists_every_package_once_lowest_layer_first() -> None:
-    listed = _readme_tree()
+def test_the_architecture_page_lists_every_package_once_lowest_layer_first() -> None:
+    listed = _architecture_tree()
     packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
     modules = {p.stem for p in ROOT.glob("*.py") if p.stem != "__init__"}
     assert sorted(listed) == sorted(packages | modules)
     layers = [_LAYER[name] for name in listed]
-    assert layers == sorted(layers), f"the README's order is not the layers': {listed}"
+    assert layers == sorted(layers), f"the architecture page's order is not the layers': {listed}"
 
 
 if __name__ == "__main__":

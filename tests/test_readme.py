@@ -1,5 +1,6 @@
-"""The README's commands work as written: each ``bash`` block runs here against the fixtures' servers, or
-is listed below with the reason it cannot (a new block fails the test until it is run or listed).
+"""The README's and the docs' commands work as written: each ``bash`` block of README.md and docs/ runs here
+against the fixtures' servers, or is listed below with the reason it cannot (a new block fails the test until
+it is run or listed). A block shown on several pages is the same block on each.
 
 Hosts and paths that only exist on the reader's machines are replaced with the fixtures' (``SUBSTITUTE``);
 ``$SRC`` and ``$DST`` are set in the environment as the README assumes. A ``tail`` runs until its first
@@ -26,7 +27,10 @@ from replicator.settings.resolve import resolve
 from tests.support.kafka import KafkaBroker
 from tests.support.servers import drop_user_databases, free_port
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+#: The pages whose blocks are run, the README first: a block on several pages is run where it comes first.
+PAGES = (README, *sorted((ROOT / "docs").rglob("*.md")))
 
 #: Blocks not run here, by their first line, and why.
 NOT_RUN = {
@@ -36,14 +40,15 @@ NOT_RUN = {
     "python scripts/soak.py --minutes 30": "a 30-minute soak; CI runs the chaos seeds (tests/chaos)",
     "pip install 'mcdc[pipelines]'": "needs a catalog whose tables take MERGE (Delta's or Iceberg's jars); "
     "tests/test_auto_cdc_example.py runs the example's README steps, these among them, over a test catalog",
+    "bash scripts/test.sh": "the test command is this suite",
     "mcdc sync -s 'mongodb://a,b,c/?replicaSet=rs0'": "a three-member replica set is not here; "
     "tests/test_read_policy.py runs both options end to end on the test server",
     'mcdc sync -s "$SRC" -t delta:/data/lake': "an object store and a REST catalog are not here; tests/test_lake.py "
     "runs the local forms (sync, catch-up, tail into delta: and iceberg:)",
 }
-#: The first lines of the blocks that run every command they hold, in README order. The blocks that copy
-#: run on an empty target, each as if it were the reader's first run; status and verify read what the
-#: block before them left.
+#: The first lines of the blocks that run every command they hold, in the pages' order. The blocks that copy
+#: run on an empty target, each as if it were the reader's first run; a block that begins with status,
+#: verify or cutover reads what the block before it left.
 RUN = (
     "# with mcdc installed",  # the trial on two dev servers
     'mcdc sync --source "mongodb://src1,src2/?replicaSet=rs0"',
@@ -56,13 +61,17 @@ RUN = (
     """mcdc sync -s "$SRC" -t "$SRC" --include 'scratch\\.a'""",
     """mcdc sync -s "$SRC" -t "$DST" --include 'shop\\.orders' --filter""",
     'mcdc tail -s "$SRC" -t kafka://broker1:9092,broker2:9092',
+    "# the migration goes on between the same servers",  # README, tutorials/first-migration.md: the next steps
+    "# step 1: every document of the source as a Debezium record",  # docs/tutorials/first-kafka-stream.md
+    "# step 2: the snapshot, then every change as it comes",
+    "# pip install 'mcdc[lake]' first",  # docs/tutorials/first-lake-table.md
 )
 READS = ("mcdc status", "mcdc verify", "mcdc cutover")
 
 
-def _blocks() -> list[list[str]]:
-    """The README's bash blocks, each as its lines."""
-    blocks = re.findall(r"^( *)```bash\n(.*?)^ *```", README.read_text(), re.S | re.M)
+def _blocks(pages: tuple[Path, ...] = PAGES) -> list[list[str]]:
+    """The pages' bash blocks, each as its lines, in the pages' order."""
+    blocks = [b for page in pages for b in re.findall(r"^( *)```bash\n(.*?)^ *```", page.read_text(), re.S | re.M)]
     return [textwrap.dedent(body).strip("\n").splitlines() for _, body in blocks]
 
 
@@ -84,8 +93,15 @@ def _commands(lines: list[str]) -> list[str]:
 def test_every_bash_block_is_run_or_says_why_not() -> None:
     firsts = [lines[0] for lines in _blocks()]
     unlisted = [f for f in firsts if not any(f.startswith(p) for p in (*RUN, *NOT_RUN))]
-    assert unlisted == [], "a README block neither run by test_readme.py nor listed in NOT_RUN"
+    assert unlisted == [], "a README or docs block neither run by test_readme.py nor listed in NOT_RUN"
     assert [p for p in RUN if not any(f.startswith(p) for f in firsts)] == []  # the listed ones are all there
+
+
+def test_a_block_shown_on_several_pages_is_the_same_on_each() -> None:
+    # only a block's first occurrence is run: a copy elsewhere that differed would go unchecked
+    by_first: dict[str, list[str]] = {}
+    for lines in _blocks():
+        assert by_first.setdefault(lines[0], lines) == lines, f"two blocks begin with {lines[0]!r} but differ"
 
 
 class Shell:
@@ -174,6 +190,7 @@ def test_the_readme_commands_run_as_written(
             "mongodb://dst/?replicaSet=rs1": target_uri,
             "/var/lib/mcdc/": f"{tmp_path}/",
             "kafka://broker1:9092,broker2:9092": f"kafka://{kafka_broker.bootstrap}",
+            "kafka://broker1:9092": f"kafka://{kafka_broker.bootstrap}",
             "--metrics-port 9464": f"--metrics-port {free_port()}",
         },
         {"SRC": source_uri, "DST": target_uri},
@@ -182,7 +199,7 @@ def test_the_readme_commands_run_as_written(
     for n, prefix in enumerate(RUN[1:]):
         if prefix.startswith("mcdc dev-server"):
             continue  # test_devserver.py runs the command; the trial block below runs it as the README does
-        if not prefix.startswith(READS):  # a reader's first run: an empty target, no migration before
+        if not _commands(_block(prefix))[0].startswith(READS):  # a reader's first run: an empty target
             drop_user_databases(target_uri)
             states.append(tmp_path / f"state-{n}")
         # status's --source --target reads the pair's default checkpoint: the sync block's (the others name

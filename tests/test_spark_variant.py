@@ -38,7 +38,8 @@ DOCUMENT = {
     "ts": Timestamp(1700000000, 3),
     "nothing": None,
 }
-#: (SQL expression, the value Spark gives for DOCUMENT): both syntaxes, every type the README's table names.
+#: (SQL expression, the value Spark gives for DOCUMENT): both syntaxes, every type the table of
+#: docs/how-to/spark-data-source.md names.
 READS = {
     "variant_get(document, '$._id', 'string')": str(OID),
     "document:i::int": 42,

@@ -108,7 +108,7 @@ _REFUSED: dict[str, str] = {
     "$alwaysTrue": "is not supported by mcdc's matcher",
     "$alwaysFalse": "is not supported by mcdc's matcher",
 }
-_HINT = "use operators on fields (see the README's --filter section)"
+_HINT = "use operators on fields (see docs/how-to/partial-replication.md)"
 
 
 def _refuse(op: str) -> ConfigError:

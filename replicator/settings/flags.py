@@ -60,7 +60,7 @@ def shown(default: Any) -> str:
     return f" [default: {default:g}]" if isinstance(default, float) else f" [default: {default}]"
 
 
-#: Every exit code of the commands that take options, for their --help (the README's table says the same).
+#: Every exit code of the commands that take options, for their --help (docs/reference/exit-codes.md says the same).
 EXIT_CODES = (
     (0, "done (verify: identical)"),
     (1, "verify found differences"),

@@ -268,8 +268,8 @@ def validate(s: Settings, *, command: str | None = None) -> Settings:
         )
     filters = DocumentFilters(s.filter)  # a bad filter fails now too
     if filters and needs_lookup(s.full_document):
-        # a filter decides an update by its full document: the stream must carry one (README: Partial
-        # replication); updateLookup is the default, so this is a run that asked for less
+        # a filter decides an update by its full document: the stream must carry one
+        # (docs/how-to/partial-replication.md); updateLookup is the default, so this is a run that asked for less
         _log.info("--filter: the change stream reads updates with fullDocument updateLookup, not %s", s.full_document)
         s = replace(s, full_document="updateLookup")
     selection = Selection.from_patterns(s.include, s.exclude)

@@ -1,5 +1,5 @@
 """The ``mcdc`` Spark data source: MongoDB read as change rows (batch: a snapshot; streaming: the change
-streams) and change rows written to MongoDB. Options are mcdc's own option names (see README)."""
+streams) and change rows written to MongoDB. Options are mcdc's own option names (see docs/reference/options.md)."""
 
 from __future__ import annotations
 

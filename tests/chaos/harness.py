@@ -200,7 +200,7 @@ class Plan:
         drawn, pick = filters.random() < FILTERED_SHARE, filters.choice(FILTERS)
         chosen = pick if (drawn if filtered is None else filtered) else ""
         # a filtered migration's way back carries what the new side holds (the matches) onto an old side that
-        # keeps the rest too: it is never identical, by design (README: Partial replication)
+        # keeps the rest too: it is never identical, by design (docs/how-to/partial-replication.md)
         # the source's load options, drawn apart too: reads through a causally consistent session at a
         # preference the single-node source serves from its primary, and a cap the copy must live with
         loads = random.Random(seed * 7919 + 11)
