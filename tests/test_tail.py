@@ -45,8 +45,8 @@ _NUMBERS = itertools.count()
 
 
 def _log(proc: subprocess.Popen[str]) -> str:
-    """What ``proc`` (a :func:`_tail`) logged so far."""
-    return _LOGS[proc].read_text()
+    """What ``proc`` logged so far, when a :func:`_tail` (others log where their test says)."""
+    return _LOGS[proc].read_text() if proc in _LOGS else ""
 
 
 def _wait(condition: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
