@@ -313,3 +313,35 @@ def test_log_lines_while_waiting_for_the_first_batch_show_no_rate(
 
 def _number(text: str) -> int:
     return int(text.replace(",", ""))
+
+
+def test_a_summary_counts_collections_copied_again_not_a_snapshot_of_none() -> None:
+    """Issue 41: "0 collections, 3,026 documents copied (snapshot skipped)" of a catch-up that copied one
+    collection again."""
+    summary = Summary("catch-up", "src", "dst", "cp.json", documents=3026, snapshot_s=1.44, events=12, replay_s=1.5)
+    summary.recopied, summary.recopied_documents, summary.recopied_s = ["shop.a"], 3026, 1.44
+    line = summary.lines()[0]
+    assert "0 collections" not in line, line
+    assert line.startswith("catch-up finished in 0.0 s: snapshot skipped, 1 collection copied again ("), line
+    assert "copied again (3,026 documents, 2,101 docs/s), 12 change events replayed" in line, line
+    assert summary.lines()[1] == "copied again from the source: shop.a"
+
+
+def test_a_summary_says_a_collection_gone_from_the_source_was_dropped_not_copied_again() -> None:
+    summary = Summary("catch-up", "src", "dst", "cp.json", events=3, replay_s=0.5)
+    summary.dropped = ["shop.gone"]
+    lines = summary.lines()
+    assert lines[0].startswith("catch-up finished in 0.0 s: snapshot skipped, 1 collection dropped as on the source, ")
+    assert "copied again" not in "\n".join(lines), lines
+    assert lines[1] == "dropped as on the source (gone from it): shop.gone"
+    assert summary.to_json()["dropped"] == ["shop.gone"]
+
+
+def test_a_summary_of_a_snapshot_and_a_copy_again_counts_each() -> None:
+    summary = Summary(
+        "sync", "src", "dst", "cp.json", collections=3, documents=1100, snapshot_s=2.0, snapshot="completed"
+    )
+    summary.recopied, summary.recopied_documents, summary.recopied_s = ["db.x"], 100, 1.0
+    line = summary.lines()[0]
+    assert ": 3 collections, 1,000 documents copied (snapshot completed, 1,000 docs/s), " in line, line
+    assert "1 collection copied again (100 documents, 100 docs/s)" in line, line

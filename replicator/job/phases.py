@@ -230,7 +230,10 @@ class SyncJob:
         self.summary.documents += self._replay.recopied.documents
         self.summary.snapshot_s += self._replay.recopied.seconds
         self.summary.recopied = sorted(self._replay.recopied.recopied)
+        self.summary.recopied_documents += self._replay.recopied.documents
+        self.summary.recopied_s += self._replay.recopied.seconds
         self.summary.reconciled = sorted(self._replay.recopied.reconciled - self._replay.recopied.recopied)
+        self.summary.dropped = sorted(self._replay.recopied.dropped - self._replay.recopied.recopied)
 
     def _stopped(self) -> bool:
         return self.stop is not None and self.stop.is_set()
