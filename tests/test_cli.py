@@ -547,3 +547,25 @@ def test_a_field_rule_on_an_id_is_refused_in_one_line_before_any_write(
     _assert_one_line_error(_mcdc(*base, "--field-rename", "db.a.b._id=z"), 2, "in db.a.b this names _id")
     with pymongo.MongoClient(target_uri) as client:
         assert "db" not in client.list_database_names()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("command", ["catch-up", "sync"])
+def test_a_start_at_later_than_the_source_s_time_is_refused_in_one_line(
+    command: str, source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    """Issue 41: a --start-at in the future was accepted, and the run waited for events that a replay from
+    there would silently skip past when they came earlier."""
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.insert_one({"_id": 1})
+        now = client.admin.command("ping")["operationTime"]
+    cp = tmp_path / "cp.json"
+    later = f"{now.time + 3600},1"
+    result = _mcdc(command, "-s", source_uri, "-t", target_uri, "-c", str(cp), "--start-at", later, "--no-progress")
+    _assert_one_line_error(result, 2, f"--start-at {later}", "later than the source's current time", "--start-at")
+    assert not cp.exists()  # no checkpoint at a position the source has not reached
+    with pymongo.MongoClient(target_uri) as client:
+        assert "db" not in client.list_database_names()
+    in_the_future = "2199-01-01T00:00:00Z"
+    result = _mcdc(command, "-s", source_uri, "-t", target_uri, "-c", str(cp), "--start-at", in_the_future)
+    _assert_one_line_error(result, 2, f"--start-at '{in_the_future}'", "1970 to 2106")  # not a traceback
