@@ -300,7 +300,9 @@ class SyncJob:
         if start is Start.START_AT:
             assert s.start_at is not None
             at = parse_start_at(s.start_at)
-            now = await current_time(client)
+            # of several shards (which share no clock), the latest: later than every one is in the future
+            sides = [r.client for r in reader.readers.values()] if isinstance(reader, MergedReader) else [client]
+            now = max([await current_time(side) for side in sides])
             if at > now:  # a replay from there would skip every event written before the source reached it
                 raise ConfigError(
                     f"--start-at {s.start_at} is later than the source's current time {format_ts(now)}: give a "
