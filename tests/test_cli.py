@@ -7,8 +7,10 @@ import dataclasses
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -547,3 +549,74 @@ def test_a_field_rule_on_an_id_is_refused_in_one_line_before_any_write(
     _assert_one_line_error(_mcdc(*base, "--field-rename", "db.a.b._id=z"), 2, "in db.a.b this names _id")
     with pymongo.MongoClient(target_uri) as client:
         assert "db" not in client.list_database_names()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("command", ["catch-up", "sync"])
+def test_a_start_at_later_than_the_source_s_time_is_refused_in_one_line(
+    command: str, source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    """Issue 41: a --start-at in the future was accepted, and the run waited for events that a replay from
+    there would silently skip past when they came earlier."""
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.insert_one({"_id": 1})
+        now = client.admin.command("ping")["operationTime"]
+    cp = tmp_path / "cp.json"
+    later = f"{now.time + 3600},1"
+    result = _mcdc(command, "-s", source_uri, "-t", target_uri, "-c", str(cp), "--start-at", later, "--no-progress")
+    _assert_one_line_error(result, 2, f"--start-at {later}", "later than the source's current time", "--start-at")
+    assert not cp.exists()  # no checkpoint at a position the source has not reached
+    with pymongo.MongoClient(target_uri) as client:
+        assert "db" not in client.list_database_names()
+    in_the_future = "2199-01-01T00:00:00Z"
+    result = _mcdc(command, "-s", source_uri, "-t", target_uri, "-c", str(cp), "--start-at", in_the_future)
+    _assert_one_line_error(result, 2, f"--start-at '{in_the_future}'", "1970 to 2106")  # not a traceback
+
+
+class _HttpServer:
+    """A port that answers as an HTTP server does, whatever it is sent (issue 41's web server on the port)."""
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _answer(conn: socket.socket) -> None:
+        """An HTTP reply to whatever comes, the connection kept open until the client closes it."""
+        with conn:
+            try:
+                while conn.recv(65536):
+                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+@pytest.mark.integration
+def test_a_port_that_answers_http_is_named_so_in_one_line(source_uri: str, tmp_path: Path) -> None:
+    """Issue 41: "Message length (1347703880) is larger than server max message size", which is b"HTTP" read
+    as a length."""
+    http = _HttpServer()
+    try:
+        web = f"mongodb://127.0.0.1:{http.port}/?directConnection=true&serverSelectionTimeoutMS=20000"
+        cp = str(tmp_path / "cp.json")
+        as_source = _mcdc("sync", "-s", web, "-t", "mongodb://127.0.0.1:2", "-c", cp, "--no-progress")
+        _assert_one_line_error(as_source, 2, f"source mongodb://127.0.0.1:{http.port}/", "other than MongoDB", "HTTP")
+        assert "Message length" not in as_source.stderr
+        as_target = _mcdc("sync", "-s", source_uri, "-t", web, "-c", cp, "--no-progress")
+        _assert_one_line_error(as_target, 2, f"target mongodb://127.0.0.1:{http.port}/", "other than MongoDB")
+        assert not (tmp_path / "cp.json").exists()
+    finally:
+        http.close()

@@ -211,6 +211,12 @@ def test_the_target_databases_of_a_literal_selection_follow_the_renames() -> Non
         ("h:1: [Errno -2] Name or service not known", "cannot resolve host h: fix the URI"),
         ("h:1: [Errno 8] nodename nor servname provided, or not known", "cannot resolve host h"),
         ("h:1: [SSL: TLSV13_ALERT_CERTIFICATE_REQUIRED] tlsv13 alert certificate required", "tlsCertificateKeyFile"),
+        # issue 41: b"HTTP" read as a message length, and b"<!DO" (an HTML page with no status line)
+        ("Message length (1347703880) is larger than server max message size (48000000)",
+         "answers with something other than MongoDB (its reply begins 'HTTP': an HTTP server?)"),
+        ("Message length (1329865020) is larger than server max message size (48000000)", "begins '<!DO'"),
+        ("Message length (4294967295) is larger than server max message size (48000000)",
+         "answers with something other than MongoDB"),
     ],
 )  # fmt: skip
 def test_connection_errors_no_retry_mends(error: str, fragment: str) -> None:

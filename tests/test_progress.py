@@ -48,7 +48,10 @@ def test_a_rate_over_a_few_milliseconds_is_not_shown(clock: FakeClock) -> None:
     assert rate.per_s() is None
     clock.tick(0.997)
     rate.add(100)
-    assert rate.per_s() == pytest.approx(200.0)  # from the start: both batches over the whole second
+    assert rate.per_s() is None  # a second since the first batch: no window of progress yet
+    clock.tick(1.003)
+    rate.add(100)
+    assert rate.per_s() == pytest.approx(100.0)  # from the first batch: the two after it over 2 s
     assert per_second(5, 0.01) is None and per_second(5, 0.5) == 10.0
 
 
@@ -84,12 +87,14 @@ def test_resumed_collections_show_as_done_and_do_not_speed_up_the_rate(clock: Fa
     )
     clock.tick(1.0)
     tally.advance("crash.b", 750)
-    assert tally.totals() == (5250, 12000)
-    assert tally.rate.per_s() == pytest.approx(750.0)  # not 5,250/s: what was there before is no speed
+    clock.tick(2.0)
+    tally.advance("crash.b", 1500)
+    assert tally.totals() == (6750, 12000)
+    assert tally.rate.per_s() == pytest.approx(750.0)  # not 3,375/s: what was there before is no speed
     assert tally.describe("crash.a") == "3,000 (done before)"
-    assert tally.describe("crash.b") == "2,250/9,000"
+    assert tally.describe("crash.b") == "3,750/9,000"
     end = tally.end(complete=True)  # the partition resumed halfway: its earlier documents are in the count
-    assert end.startswith("12,000/12,000 documents (100%), 750 docs/s, done in 1.0s (2 collections: 1 done before)")
+    assert end.startswith("12,000/12,000 documents (100%), 750 docs/s, done in 3.0s (2 collections: 1 done before)")
 
 
 def test_uncounted_and_empty_collections(clock: FakeClock) -> None:
@@ -103,7 +108,7 @@ def test_uncounted_and_empty_collections(clock: FakeClock) -> None:
     )
     clock.tick(1.0)
     tally.advance("db.big", 500)
-    assert tally.status() == "500 documents (1 collection not counted yet), 500 docs/s, ETA -"
+    assert tally.status() == "500 documents (1 collection not counted yet), estimating…"
     assert tally.describe("db.none") == "empty"
     tally.count("db.big", 2000)
     tally.count("db.old", 700)
@@ -258,3 +263,85 @@ def test_a_short_copy_and_replay_end_with_a_rate_not_a_dash(clock: FakeClock) ->
     replay.advance(10, 0.0)
     clock.tick(0.1)
     assert replay.end() == "10 events applied in 0.1s, 100 events/s"
+
+
+def test_no_rate_or_eta_before_a_window_of_progress_then_one_that_ignores_the_wait_before_it(clock: FakeClock) -> None:
+    """Issue 41: an ETA of 24 minutes at the start of a copy of one. The time before the first batch (a
+    Spark session starting, cursors opening) is no copying, and one batch over half a second is no rate."""
+    tally = SnapshotTally([CollectionProgress("db.a", 120_000)], clock)
+    clock.tick(30.0)  # nothing acknowledged for 30 s
+    tally.advance("db.a", 2000)
+    assert tally.status() == "2,000/120,000 documents (1%), estimating…"
+    clock.tick(0.5)
+    tally.advance("db.a", 1000)
+    assert tally.status() == "3,000/120,000 documents (2%), estimating…"  # half a second: no window yet
+    for _ in range(10):  # then 2,000 documents a second
+        clock.tick(0.5)
+        tally.advance("db.a", 1000)
+    assert tally.status() == "13,000/120,000 documents (10%), 2,000 docs/s, ETA 54s"
+
+
+def test_replay_lines_say_estimating_before_a_window(clock: FakeClock) -> None:
+    tally = ReplayTally(clock)
+    clock.tick(10.0)
+    tally.advance(500, 2.0)
+    assert tally.status() == "500 events applied, estimating…, lag 2.0s"
+
+
+def test_capped_copy_before_a_window_still_names_its_cap(clock: FakeClock) -> None:
+    tally = SnapshotTally([CollectionProgress("db.a", 1000)], clock, cap="read rate capped at 50 docs/s")
+    tally.advance("db.a", 50)
+    assert tally.status() == "50/1,000 documents (5%), estimating… (read rate capped at 50 docs/s)"
+
+
+def test_log_lines_while_waiting_for_the_first_batch_show_no_rate(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 41: a line said "2 docs/s" of a copy the summary put at 2,105 docs/s."""
+    caplog.set_level(logging.INFO, logger="mcdc")
+    reporter = LogReporter(every_s=5.0, clock=clock)
+    reporter.snapshot_begin([CollectionProgress("db.c", 21_050)])
+    clock.tick(9.0)  # the first batch takes its time
+    reporter.snapshot_advance("db.c", 20)
+    for _ in range(100):  # then 2,105 documents a second for 10 s
+        clock.tick(0.1)
+        reporter.snapshot_advance("db.c", 210)
+    rates = [m.group(4) for m in map(RUNNING.match, _lines(caplog)) if m]
+    assert rates and all(_number(rate) > 1900 for rate in rates), _lines(caplog)
+    assert all("estimating…" in line or RUNNING.match(line) for line in _lines(caplog)), _lines(caplog)
+
+
+def _number(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def test_a_summary_counts_collections_copied_again_not_a_snapshot_of_none() -> None:
+    """Issue 41: "0 collections, 3,026 documents copied (snapshot skipped)" of a catch-up that copied one
+    collection again."""
+    summary = Summary("catch-up", "src", "dst", "cp.json", documents=3026, snapshot_s=1.44, events=12, replay_s=1.5)
+    summary.recopied, summary.recopied_documents, summary.recopied_s = ["shop.a"], 3026, 1.44
+    line = summary.lines()[0]
+    assert "0 collections" not in line, line
+    assert line.startswith("catch-up finished in 0.0 s: snapshot skipped, 1 collection copied again ("), line
+    assert "copied again (3,026 documents, 2,101 docs/s), 12 change events replayed" in line, line
+    assert summary.lines()[1] == "copied again from the source: shop.a"
+
+
+def test_a_summary_says_a_collection_gone_from_the_source_was_dropped_not_copied_again() -> None:
+    summary = Summary("catch-up", "src", "dst", "cp.json", events=3, replay_s=0.5)
+    summary.dropped = ["shop.gone"]
+    lines = summary.lines()
+    assert lines[0].startswith("catch-up finished in 0.0 s: snapshot skipped, 1 collection dropped as on the source, ")
+    assert "copied again" not in "\n".join(lines), lines
+    assert lines[1] == "dropped as on the source (gone from it): shop.gone"
+    assert summary.to_json()["dropped"] == ["shop.gone"]
+
+
+def test_a_summary_of_a_snapshot_and_a_copy_again_counts_each() -> None:
+    summary = Summary(
+        "sync", "src", "dst", "cp.json", collections=3, documents=1100, snapshot_s=2.0, snapshot="completed"
+    )
+    summary.recopied, summary.recopied_documents, summary.recopied_s = ["db.x"], 100, 1.0
+    line = summary.lines()[0]
+    assert ": 3 collections, 1,000 documents copied (snapshot completed, 1,000 docs/s), " in line, line
+    assert "1 collection copied again (100 documents, 100 docs/s)" in line, line

@@ -25,6 +25,7 @@ from tests.support.servers import free_port
 from tests.support.spark import quick_jvm_conf
 from tests.support.workload import random_workload
 from tests.test_cutover import _progress
+from tests.test_progress_runs import END, ESTIMATING, RUNNING, _messages, _number, _within_rounding
 from tests.test_spark_engine import _checkpoint
 
 #: each test runs one or two ``mcdc --engine spark`` processes, each a JVM: a minute or two alone, up to four
@@ -139,6 +140,29 @@ def test_kill_9_of_the_driver_mid_snapshot_then_the_same_command(
     assert summary["documents"] == 8000 - copied_before  # finished partitions were not copied again
     assert_identical(source_uri, target_uri)
     assert b"Traceback" not in done.stderr and b"WARN" not in done.stderr  # Spark's console noise stays out
+
+
+def test_a_spark_sync_s_progress_starts_with_its_copy_and_its_end_agrees_with_the_summary(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    """Issue 41: lines said "2 docs/s" and ETAs of 24 minutes while Spark started, of copies the summary put at
+    thousands of documents a second. The session's start is not the copy's: no line counts it, and the
+    snapshot's last line and the summary measure the same copy."""
+    total = 4000
+    with pymongo.MongoClient(source_uri) as client:
+        load_bulk(client, "prog", "docs", total, doc_size=300)
+    done = subprocess.run(
+        _sync_args(source_uri, target_uri, tmp_path / "cp.json"), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    lines = _messages(done.stderr, "snapshot: ")
+    assert all(RUNNING.match(line) or ESTIMATING.match(line) for line in lines[:-1]), lines
+    end = END.match(lines[-1])
+    assert end and _number(end.group(1)) == total == summary["documents"], lines
+    assert float(end.group(4)) == pytest.approx(summary["snapshot_s"], abs=0.1), (lines[-1], summary)
+    assert _within_rounding(round(summary["docs_per_s"]), total, float(end.group(4))), (lines[-1], summary)
+    assert_identical(source_uri, target_uri)
 
 
 def p_id(part: dict[str, Any]) -> str:

@@ -89,6 +89,10 @@ def test_a_driver_only_target_is_refused_in_one_line(target: str) -> None:
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "exists only on this machine's driver" in lines[0], done.stderr
+    assert done.returncode == 2, done.stderr
+    # issue 41: the message forgot delta and iceberg; it names every target the Spark engine takes
+    for taken in ("mongodb://", "kafka://", "delta:", "iceberg:"):
+        assert taken in lines[0], lines[0]
 
 
 def test_a_bad_spark_conf_is_one_line_without_its_value() -> None:

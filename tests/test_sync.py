@@ -256,3 +256,39 @@ def test_a_catch_up_that_copies_collections_again_moves_its_position_and_names_t
     assert json.loads(cp.read_text())["position"]["cluster_time"] == caught_up["position"]  # and saved
     assert caught_up["recopied"] == ["shop.archive"] and caught_up["reconciled"] == ["shop.orders"]
     assert_identical(source_uri, target_uri, only=lambda ns: ns.startswith("shop."))
+
+
+def test_a_catch_up_summary_counts_collections_copied_again_and_dropped_apart(
+    clients: Clients, source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    """Issue 41: a catch-up that copied a collection again read "0 collections, ... documents copied (snapshot
+    skipped)", and one renamed into the selection then dropped was "copied again from the source"."""
+    import subprocess
+    import sys
+
+    cp = tmp_path / "cp.json"
+
+    def run(command: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "replicator.cli", command, "-s", source_uri, "-t", target_uri, "-c", str(cp),
+             "--include", r"shop\..*", "--no-progress"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    clients.source.shop.orders.insert_many([{"_id": i} for i in range(20)])
+    run("sync")
+    clients.source.outside.archive.insert_many([{"_id": i} for i in range(5)])
+    clients.source.admin.command("renameCollection", "outside.archive", to="shop.archive")
+    clients.source.outside.gone.insert_many([{"_id": i} for i in range(3)])
+    clients.source.admin.command("renameCollection", "outside.gone", to="shop.gone")
+    clients.source.shop.gone.drop()
+    lines = run("catch-up")
+    assert lines[0].startswith("catch-up finished in "), lines
+    said = lines[0].split(": ", 1)[1]
+    assert said.startswith("snapshot skipped, 1 collection copied again (5 documents, "), lines
+    assert ", 1 collection dropped as on the source, " in said, lines
+    assert "copied again from the source: shop.archive" in lines, lines
+    assert "dropped as on the source (gone from it): shop.gone" in lines, lines
+    assert_identical(source_uri, target_uri, only=lambda ns: ns.startswith("shop."))

@@ -92,6 +92,10 @@ class SnapshotCopy:
         todo = [p for p in plan if p.id not in cp.snapshot.done]
         resume = {pid: Resume(from_jsonable(value)) for pid, value in cp.snapshot.resume.items()}
         collections, uncounted = progress_plan(plan, cp.snapshot.done)
+        # a Spark session coming up beside the run is its start, not the copy's: the progress (its lines'
+        # rates) and the summary's time both begin after it, at the same moment, so that they agree
+        await self.engine.ready()
+        started_at = time.monotonic()
         self.reporter.snapshot_begin(collections)  # partitions done before show as done, not as copied now
         if self.metrics is not None:
             before = sum(c.done for c in collections)  # copied by earlier runs
@@ -140,8 +144,6 @@ class SnapshotCopy:
             self.metrics.set_state("snapshot")
 
         copied = CopyResult()
-        await self.engine.ready()  # a Spark session coming up beside the run is its start, not the copy's time
-        started_at = time.monotonic()
         try:
             await self.engine.copier(
                 client, sink, todo, limits=self._limits(), rename=s.renamer, on_done=done,

@@ -52,6 +52,7 @@ from replicator.sinks.base import Sink
 from replicator.sinks.registry import open_sink
 from replicator.snapshot.mode import Checkpointed, Start, decide, drops_target
 from replicator.source import catalog
+from replicator.source.changestream import current_time
 from replicator.source.connection import Client, ServerInfo, make_client, probe
 from replicator.source.lookup import source_lookup
 from replicator.source.partitions import plan_specs
@@ -229,7 +230,10 @@ class SyncJob:
         self.summary.position = cp.position.cluster_time if cp is not None else None
         self.summary.documents += self._replay.recopied.documents
         self.summary.snapshot_s += self._replay.recopied.seconds
+        self.summary.recopied_documents += self._replay.recopied.documents
+        self.summary.recopied_s += self._replay.recopied.seconds
         self.summary.recopied = sorted(self._replay.recopied.recopied)
+        self.summary.dropped = sorted(self._replay.recopied.dropped - self._replay.recopied.recopied)
         self.summary.reconciled = sorted(self._replay.recopied.reconciled - self._replay.recopied.recopied)
 
     def _stopped(self) -> bool:
@@ -296,6 +300,14 @@ class SyncJob:
         if start is Start.START_AT:
             assert s.start_at is not None
             at = parse_start_at(s.start_at)
+            # of several shards (which share no clock), the latest: later than every one is in the future
+            sides = [r.client for r in reader.readers.values()] if isinstance(reader, MergedReader) else [client]
+            now = max([await current_time(side) for side in sides])
+            if at > now:  # a replay from there would skip every event written before the source reached it
+                raise ConfigError(
+                    f"--start-at {s.start_at} is later than the source's current time {format_ts(now)}: give a "
+                    "time at or before it, or leave --start-at out (--snapshot never replays from now)"
+                )
             await self._shard_without_snapshot(client, sink)
             cp = self._new_checkpoint(identity, position=Position(cluster_time=at))
             self.store.save(cp)

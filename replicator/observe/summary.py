@@ -36,6 +36,11 @@ class Summary:
     #: source's (the DDL window, a collection renamed into the selection, a widened selection)
     recopied: list[str] = field(default_factory=list)
     reconciled: list[str] = field(default_factory=list)
+    #: of ``documents`` and ``snapshot_s``: what copying ``recopied`` again wrote, and its wall time
+    recopied_documents: int = 0
+    recopied_s: float = 0.0
+    #: namespaces a copy again found gone from the source: dropped on the target, not copied
+    dropped: list[str] = field(default_factory=list)
     #: "source" or "target": the run was stopped while it waited for that server, never having reached it
     never_reached: str | None = None
     #: documents an earlier run had copied of the partitions this run's resumed snapshot went on with
@@ -59,20 +64,36 @@ class Summary:
         data["position"] = ts_to_json(self.position)
         return data
 
+    def _copies(self) -> list[str]:
+        """What the copies did, each counted apart: the snapshot's collections and documents (or that it was
+        skipped), the collections copied again, those dropped because the source no longer had them."""
+        documents = self.documents - self.recopied_documents
+        if self.snapshot == "skipped" and not self.collections and not documents:
+            parts = ["snapshot skipped"]
+        else:
+            copied = f"{plural(documents, 'document')} copied (snapshot {self.snapshot}"
+            if self.copied_before:
+                copied += f", after {self.copied_before:,} an earlier run copied"
+            rate = average(documents, self.snapshot_s - self.recopied_s)
+            if rate is not None and documents:
+                copied += f", {format_rate(rate)} docs/s"
+            parts = [f"{plural(self.collections, 'collection')}, {copied})"]
+        if self.recopied:
+            again = plural(self.recopied_documents, "document")
+            rate = average(self.recopied_documents, self.recopied_s)
+            if rate is not None and self.recopied_documents:
+                again += f", {format_rate(rate)} docs/s"
+            parts.append(f"{plural(len(self.recopied), 'collection')} copied again ({again})")
+        if self.dropped:
+            parts.append(f"{plural(len(self.dropped), 'collection')} dropped as on the source")
+        return parts
+
     def lines(self) -> list[str]:
         """The summary a person reads at the end of a run."""
-        copied = f"{plural(self.documents, 'document')} copied (snapshot {self.snapshot}"
-        if self.copied_before:
-            copied += f", after {self.copied_before:,} an earlier run copied"
-        if self.docs_per_s is not None and self.documents:
-            copied += f", {format_rate(self.docs_per_s)} docs/s"
         replayed = f"{plural(self.events, 'change event')} replayed"
         if self.events_per_s is not None:
             replayed += f" in {self.replay_s:.1f} s ({format_rate(self.events_per_s)} events/s)"
-        lines = [
-            f"{self.command} finished in {self.elapsed_s:.1f} s: {plural(self.collections, 'collection')}, "
-            f"{copied}), {replayed}",
-        ]
+        lines = [f"{self.command} finished in {self.elapsed_s:.1f} s: {', '.join([*self._copies(), replayed])}"]
         if self.never_reached is not None:
             lines = [
                 f"{self.command} stopped after {self.elapsed_s:.1f} s waiting for the {self.never_reached}, which "
@@ -80,6 +101,8 @@ class Summary:
             ]
         if self.recopied:
             lines.append(f"copied again from the source: {listing(self.recopied, 20)}")
+        if self.dropped:
+            lines.append(f"dropped as on the source (gone from it): {listing(self.dropped, 20)}")
         if self.reconciled:
             lines.append(f"indexes and options made the source's: {listing(self.reconciled, 20)}")
         return [

@@ -21,6 +21,10 @@ Clock = Callable[[], float]
 MIN_INTERVAL_S = 0.25
 #: rates shown while work goes on cover about this many of the last seconds
 RATE_WINDOW_S = 5.0
+#: no rate (nor an ETA) is shown before the first acknowledged units are this old: :data:`ESTIMATING` instead
+MIN_WINDOW_S = 2.0
+#: what a line shows in place of a rate and an ETA before there is a window of progress to measure them over
+ESTIMATING = "estimating…"
 
 
 def per_second(count: int, seconds: float) -> float | None:
@@ -66,25 +70,38 @@ def duration(seconds: float, *, precise: bool = False) -> str:
 
 
 class Rate:
-    """Units per second over the last few seconds: from the newest sample at least ``window_s`` old, or
-    from the start until there is one. A figure never rests on one batch acknowledged just after another
-    (None before :data:`MIN_INTERVAL_S` have passed)."""
+    """Units per second over the last few seconds, once a window of progress exists: from the first unit
+    acknowledged (not from the start: the wait for the first batch, a Spark session starting or cursors
+    opening, is no progress; that batch's units are the window's base, as their reading began before
+    it), over at least ``min_window_s``. None until then (:data:`ESTIMATING` is shown instead): a figure
+    never rests on one batch acknowledged just after another, nor on a wait."""
 
-    def __init__(self, clock: Clock = time.monotonic, window_s: float = RATE_WINDOW_S) -> None:
+    def __init__(
+        self, clock: Clock = time.monotonic, window_s: float = RATE_WINDOW_S, min_window_s: float = MIN_WINDOW_S
+    ) -> None:
         self._clock = clock
         self._window = window_s
+        self._min_window = min_window_s
         self.total = 0
-        self._samples: deque[tuple[float, int]] = deque([(clock(), 0)])  # (time, total then)
+        self._first: float | None = None  # when the first units were acknowledged
+        self._samples: deque[tuple[float, int]] = deque()  # (time, total then), from the first units on
 
     def add(self, n: int) -> None:
         self.total += n
         now = self._clock()
-        if now - self._samples[-1][0] >= self._window / 10:  # a few dozen samples, however fast the batches
+        if self._first is None:
+            if not n:
+                return  # nothing yet: the window has not begun
+            self._first = now
+            self._samples.append((now, self.total))
+        elif now - self._samples[-1][0] >= self._window / 10:  # a few dozen samples, however fast the batches
             self._samples.append((now, self.total))
         self._trim(now)
 
     def per_s(self) -> float | None:
         now = self._clock()
+        if self._first is None or now - self._first < self._min_window:
+            return None
         self._trim(now)
         since, total_then = self._samples[0]
         return per_second(self.total - total_then, now - since)
@@ -202,13 +219,16 @@ class SnapshotTally:
 
     def status(self) -> str:
         """While copying: ``52,000/120,000 documents (43%), 8,100 docs/s, ETA 8s``; under --max-read-rate,
-        ``..., 1,990 docs/s (read rate capped at 2,000 docs/s), ETA 40s``."""
+        ``..., 1,990 docs/s (read rate capped at 2,000 docs/s), ETA 40s``; before a window of progress
+        (:class:`Rate`), ``2,000/120,000 documents (1%), estimating…``."""
         done, total = self.totals()
         rate = self.rate.per_s()
+        capped = f" ({self.cap})" if self.cap else ""
+        if rate is None:
+            return f"{self._head()}, {ESTIMATING}{capped}"
         eta = "-"
         if total is not None and rate:
             eta = duration(max(total - done, 0) / rate)
-        capped = f" ({self.cap})" if self.cap else ""
         return f"{self._head()}, {format_rate(rate)} docs/s{capped}, ETA {eta}"
 
     def end(self, complete: bool, *, notes: bool = True) -> str:
@@ -250,9 +270,12 @@ class ReplayTally:
         self.lag_s = lag_s
 
     def status(self) -> str:
-        """While replaying: ``5,000 events applied, 2,380 events/s, lag 0.3s``."""
+        """While replaying: ``5,000 events applied, 2,380 events/s, lag 0.3s`` (``estimating…`` in place of
+        the rate before a window of progress)."""
         lag = "-" if self.lag_s is None else f"{self.lag_s:.1f}s"
-        return f"{plural(self.events, 'event')} applied, {format_rate(self.rate.per_s())} events/s, lag {lag}"
+        rate = self.rate.per_s()
+        shown = ESTIMATING if rate is None else f"{format_rate(rate)} events/s"
+        return f"{plural(self.events, 'event')} applied, {shown}, lag {lag}"
 
     def idle(self) -> str:
         """While no event came for a while: ``idle; 5,000 events applied so far, lag 0.3s``."""

@@ -43,6 +43,8 @@ class Copied:
     seconds: float = 0.0
     recopied: set[str] = field(default_factory=set)
     reconciled: set[str] = field(default_factory=set)
+    #: namespaces to copy again that the source no longer had: dropped on the target instead
+    dropped: set[str] = field(default_factory=set)
 
 
 class Resyncer:
@@ -85,7 +87,6 @@ class Resyncer:
             self._reporter.info(f"copying again from the source: {listing(list(map(str, data)), 20)}")
         for ns in sorted(data, key=str):
             await self.copy(ns)
-            self.copied.recopied.add(str(ns))
         return data | todo.catalog, await current_time(self._client)
 
     async def _database(self, db: str) -> set[Namespace]:
@@ -119,15 +120,19 @@ class Resyncer:
         return spec
 
     async def copy(self, ns: Namespace) -> None:
-        """Make the target's image of source namespace ``ns`` what the source holds now."""
+        """Make the target's image of source namespace ``ns`` what the source holds now: a copy (counted as
+        copied again), or a drop (counted as dropped) when the source no longer has it."""
         target = self.s.renamer(ns)
         spec = await self._describe(ns)
         if spec is None:  # gone from the source: gone from the target
             await self._sink.write([ChangeEvent(Op.DROP, target, origin=ns)])
+            self._reporter.info(f"{ns}: gone from the source, dropped on the target")
+            self.copied.dropped.add(str(ns))
             return
         renamed = rename_spec(spec, self.s.renamer)
         at = snapshot_position(await current_time(self._client))  # before anything is read: the rows' place
         await self._sink.prepare([renamed], drop_existing=True)
+        self.copied.recopied.add(str(ns))
         if spec.is_view:
             return
         # into a collection just created: no partition is begun twice, so time-series ones may split by time

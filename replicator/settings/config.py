@@ -38,8 +38,10 @@ def parse_start_at(text: str) -> Timestamp:
         raise ConfigError(f"--start-at {quoted(text)} is neither an ISO-8601 time nor SECONDS,INCREMENT") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
-    # increment 1: the first operation of that second (increments start at 1)
-    return Timestamp(int(when.timestamp()), 1)
+    try:  # increment 1: the first operation of that second (increments start at 1)
+        return Timestamp(int(when.timestamp()), 1)
+    except ValueError:
+        raise ConfigError(f"--start-at {quoted(text)} is outside what a cluster time holds (1970 to 2106)") from None
 
 
 def state_dir() -> Path:

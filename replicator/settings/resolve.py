@@ -290,6 +290,10 @@ def _validate_target(s: Settings) -> None:
             raise ConfigError(f"target {redact(s.target)} is the source server; replicate to a different server")
 
 
+#: the targets the Spark engine's executors write to (a refusal names them all)
+SPARK_TARGETS = ("mongodb://", "kafka://", "delta:", "iceberg:")
+
+
 def _validate_engine(s: Settings) -> None:
     for item in s.spark_conf:
         key, sep, _ = item.partition("=")
@@ -298,7 +302,8 @@ def _validate_engine(s: Settings) -> None:
     if s.engine == "spark" and (s.target in ("-", "stdout") or s.target.lower().startswith("jsonl:")):
         raise ConfigError(
             f"--engine spark writes from its executors, and --target {s.target} exists only on this machine's "
-            "driver: use --engine asyncio for stdout or jsonl:, or a mongodb:// or kafka:// target"
+            f"driver: use --engine asyncio for stdout or jsonl:, or a target the Spark engine takes "
+            f"({', '.join(SPARK_TARGETS[:-1])} or {SPARK_TARGETS[-1]})"
         )
 
 

@@ -145,7 +145,7 @@ async def failure(exc: PyMongoError, client: AnyClient, uri: str, role: str) -> 
     if isinstance(exc, OperationFailure):
         refused = explain_refusal(exc)  # a command the user may not run: the role that grants it
         return ConnectionFailed(refused or f"{role} {redact(uri)} refused us: {server_message(exc)}")
-    problem = _configuration_problem(client)
+    problem = _configuration_problem(client) or _not_mongodb(str(exc))  # the last error, or the first
     if problem is not None:
         return ConfigError(f"{role} {redact(uri)}: {problem}")
     # pymongo drops a seed whose set is not the URI's, then finds no member: ask the seeds directly
@@ -212,7 +212,28 @@ def configuration_problem(error: str, host: str) -> str | None:
         return "the server requires a client certificate: set tlsCertificateKeyFile"
     if _NO_SUCH_HOST.search(error):
         return f"cannot resolve host {host}: fix the URI"
-    return None
+    return _not_mongodb(error)
+
+
+#: what the driver says when a reply's first four bytes, read as a MongoDB message's length, are too many:
+#: a server that speaks another protocol (b"HTTP" is 1347703880)
+_MESSAGE_LENGTH = re.compile(r"Message length \((\d+)\) is larger than server max message size")
+
+
+def _not_mongodb(error: str) -> str | None:
+    """The port answers with something other than MongoDB (a web server on it, say): what its reply began
+    with, when the length the driver read is text."""
+    found = _MESSAGE_LENGTH.search(error)
+    if found is None:
+        return None
+    length = int(found.group(1))
+    head = length.to_bytes(4, "little") if length < 2**32 else b""
+    detail = ""
+    if head and all(32 <= b < 127 for b in head):
+        text = head.decode("ascii")
+        web = ": an HTTP server?" if text.upper().startswith(("HTTP", "<")) else ""
+        detail = f" (its reply begins {text!r}{web})"
+    return f"the port answers with something other than MongoDB{detail}: fix the host or port in the URI"
 
 
 async def grants(client: Client) -> Grants | None:
