@@ -235,6 +235,9 @@ async def _write_reverse(settings: Settings, cp: Checkpoint, forward: Checkpoint
         reverse_of={"checkpoint": str(forward.real), "position": ts_to_json(start)},
         recorded=Recorded.of(back).to_json(),
         migration_id=uuid.uuid4().hex,
+        # caught up by construction (just after the new source's last operation): status says lag 0 whether it
+        # finds this checkpoint by --source and --target or by --checkpoint alone, not a clock's distance
+        lag_s=0.0,
     )
     store = CheckpointStore(path)
     with store.locked():
