@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pymongo
 import pytest
 
+from tests.support.servers import free_port
 from tests.test_cli import _mcdc
 
 
@@ -49,3 +53,75 @@ def test_an_idle_reverse_checkpoint_has_no_lag_and_one_can_commit_whichever_way_
     assert by_pair["progress"]["canCommit"] == by_path["progress"]["canCommit"]
     shown = _mcdc("status", "-c", reverse, env=env)
     assert "(caught up)" in shown.stdout, shown.stdout
+
+
+def _write(source_uri: str) -> int:
+    """Write 20 documents; the second of the write's operation time (the source's last write)."""
+    with pymongo.MongoClient(source_uri) as client, client.start_session() as session:
+        client.shop.orders.insert_many([{"_id": i} for i in range(20)], session=session)
+        assert session.operation_time is not None
+        return int(session.operation_time.time)
+
+
+def _idle_past(cp: Path) -> None:
+    """Until the clock is two seconds past the checkpoint's position: the source has been idle since."""
+    from tests.test_cutover import _until
+
+    position = json.loads(cp.read_text())["position"]["cluster_time"]["t"]
+    _until("two seconds without writes", lambda: time.time() >= position + 2)
+
+
+def _shown_cutover(text: str, last_write: int) -> None:
+    """The proof's moment heads the cutover's lines; the source's last write, seconds earlier, is said apart
+    (as late as the checkpoint's position shows it: on an idle source, the position the stream was read to)."""
+    lines = text.splitlines()
+    head = next(line for line in lines if line.startswith("cut over at "))
+    proven = datetime.strptime(head.split()[3].rstrip(":"), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    assert proven >= last_write + 2, head
+    said = [line for line in lines if line.startswith("the source's last write: at or before ")]
+    assert len(said) == 1 and "before the proof" in said[0], text
+    point = int(said[0].split()[7].split(",")[0])
+    assert last_write <= point < proven, said[0]
+
+
+@pytest.mark.integration
+def test_a_cutover_of_an_idle_source_prints_when_it_was_proven_and_when_the_source_last_wrote(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    last_write = _write(source_uri)
+    pair = ("-s", source_uri, "-t", target_uri, "-c", str(tmp_path / "cp.json"))
+    _run("sync", *pair, env=env)
+    _idle_past(tmp_path / "cp.json")
+    cut = _run("cutover", *pair, env=env)
+    _shown_cutover(cut.stdout, last_write)
+    as_json = json.loads(_run("cutover", *pair, "--json", env=env).stdout)  # already: says the same
+    assert as_json["already"] and last_write <= as_json["point"]["t"]
+    assert datetime.fromisoformat(as_json["proven_at"]).timestamp() >= as_json["point"]["t"] + 2
+
+
+@pytest.mark.integration
+def test_post_commit_on_an_idle_source_prints_when_it_was_proven_and_when_the_source_last_wrote(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    from tests.test_cutover import _post, _progress, _until
+
+    cp, port = tmp_path / "cp.json", free_port()
+    last_write = _write(source_uri)
+    args = ["tail", "-s", source_uri, "-t", target_uri, "-c", str(cp), "--no-progress"]
+    args += ["--metrics-port", str(port), "--control"]
+    tail = subprocess.Popen(
+        [sys.executable, "-m", "replicator.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _until("canCommit", lambda: _progress(port)["canCommit"])
+        _idle_past(cp)
+        status, accepted = _post(port, "/commit")
+        assert status == 202, accepted
+        out, err = tail.communicate(timeout=120)
+    finally:
+        if tail.poll() is None:
+            tail.kill()
+            tail.communicate()
+    assert tail.returncode == 0, err[-3000:]
+    _shown_cutover(out, last_write)
