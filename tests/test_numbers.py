@@ -125,3 +125,28 @@ def test_post_commit_on_an_idle_source_prints_when_it_was_proven_and_when_the_so
             tail.communicate()
     assert tail.returncode == 0, err[-3000:]
     _shown_cutover(out, last_write)
+
+
+@pytest.mark.integration
+def test_status_of_a_pair_lists_both_migrations_after_ones_selection_changed_through_its_checkpoint(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    """Two migrations between one pair of servers; the first one's selection widened by a run given its
+    --checkpoint (its file keeps the name the old selection gave it): status with --source and --target
+    alone still names both, and reads either one when told which."""
+    from tests.test_cli import _assert_one_line_error
+
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    with pymongo.MongoClient(source_uri) as client:
+        for name in ("lake0", "lake1", "lake2"):
+            client[name].a.insert_many([{"_id": i} for i in range(3)])
+    pair = ("-s", source_uri, "-t", target_uri)
+    first = json.loads(_run("sync", *pair, "--include", r"lake0\..*", "--json", env=env).stdout)["checkpoint"]
+    _run("sync", *pair, "--include", r"lake1\..*", env=env)
+    _run("sync", *pair, "-c", first, "--include", r"lake0\..*", "--include", r"lake2\..*", env=env)
+    assert json.loads(Path(first).read_text())["recorded"]["include"] == [r"lake0\..*", r"lake2\..*"]
+
+    both = _mcdc("status", *pair, env=env)
+    _assert_one_line_error(both, 2, "2 migrations", first, r"--include lake1\..*", "--checkpoint")
+    chosen = _status(*pair, "--include", r"lake0\..*", "--include", r"lake2\..*", env=env)
+    assert chosen["checkpoint"] == first

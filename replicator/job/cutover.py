@@ -253,6 +253,7 @@ async def _write_reverse(settings: Settings, cp: Checkpoint, forward: Checkpoint
         # caught up by construction (just after the new source's last operation): status says lag 0 whether it
         # finds this checkpoint by --source and --target or by --checkpoint alone, not a clock's distance
         lag_s=0.0,
+        pair=back.pair_key(),
     )
     store = CheckpointStore(path)
     with store.locked():
