@@ -150,3 +150,47 @@ def test_status_of_a_pair_lists_both_migrations_after_ones_selection_changed_thr
     _assert_one_line_error(both, 2, "2 migrations", first, r"--include lake1\..*", "--checkpoint")
     chosen = _status(*pair, "--include", r"lake0\..*", "--include", r"lake2\..*", env=env)
     assert chosen["checkpoint"] == first
+
+
+def test_a_checkpoints_verifier_phase_is_the_one_a_running_verifier_shows_there() -> None:
+    """``phase`` has one vocabulary (off, scanning, rechecking, idle, failed): between passes a running
+    verifier says idle, and so does status of the checkpoint it left; in a pass, scanning or rechecking."""
+    from replicator.checking.sweep_state import SweepState, verification_of
+
+    between = SweepState(passes=1, clean_passes=1, last_pass_at=1.0)
+    assert verification_of(between.to_json()).phase == "idle"
+    scanning = SweepState(passes=1, pass_started_at=2.0, done=["db.a"], current="db.b")
+    assert verification_of(scanning.to_json()).phase == "scanning"
+    rechecking = SweepState(passes=1, pass_started_at=2.0, extra_checked=True, recheck=[{"kind": "doc"}])
+    assert verification_of(rechecking.to_json()).phase == "rechecking"
+
+
+@pytest.mark.integration
+def test_status_of_a_stopped_verifying_tail_says_the_phase_progress_said(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    from tests.test_cutover import _progress, _until
+
+    cp, port = tmp_path / "cp.json", free_port()
+    with pymongo.MongoClient(source_uri) as client:
+        client.shop.orders.insert_many([{"_id": i} for i in range(20)])
+    args = ["tail", "-s", source_uri, "-t", target_uri, "-c", str(cp), "--no-progress", "--verify"]
+    args += ["--verify-interval", "3600", "--metrics-port", str(port)]
+    tail = subprocess.Popen(
+        [sys.executable, "-m", "replicator.cli", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        shown = _until(
+            "a clean pass, then idle", lambda: (p := _progress(port))["verification"]["phase"] == "idle" and p
+        )
+        tail.terminate()
+        _, err = tail.communicate(timeout=60)
+    finally:
+        if tail.poll() is None:
+            tail.kill()
+            tail.communicate()
+    assert tail.returncode == 0, err[-3000:]
+    stopped = _status("-c", str(cp), env=dict(os.environ))["progress"]
+    assert stopped["state"] == "STOPPED" and shown["state"] == "REPLAYING"
+    assert stopped["verification"]["phase"] == shown["verification"]["phase"] == "idle"
+    assert stopped["verification"]["cleanPasses"] == shown["verification"]["cleanPasses"] == 1

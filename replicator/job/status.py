@@ -63,7 +63,7 @@ async def checkpoint_status(path: Path, source: str | None = None, timeout_s: fl
         events_applied=None,  # a checkpoint does not count them
         estimated_documents=None,
         copied_documents=None,
-        # the embedded verifier's place, as its last run left it (stopped: "phase" says so)
+        # the embedded verifier's place, as its last run left it ("phase" as /progress said it there)
         verification=None if cp.verifier is None else verification_of(cp.verifier),
     )
     return {
