@@ -194,3 +194,24 @@ def test_status_of_a_stopped_verifying_tail_says_the_phase_progress_said(
     assert stopped["state"] == "STOPPED" and shown["state"] == "REPLAYING"
     assert stopped["verification"]["phase"] == shown["verification"]["phase"] == "idle"
     assert stopped["verification"]["cleanPasses"] == shown["verification"]["cleanPasses"] == 1
+
+
+def test_status_of_a_pair_lists_both_when_one_migration_copies_everything(tmp_path: Path) -> None:
+    """The pair's migration of everything has the default checkpoint of --source and --target alone: status
+    given them still names both migrations, not that one alone; given --checkpoint, it reads it."""
+    from replicator.checkpoint.store import Checkpoint, CheckpointStore
+    from replicator.replay.recorded import Recorded
+    from replicator.settings.resolve import resolve
+    from tests.test_cli import _assert_one_line_error
+
+    env = dict(os.environ)  # the test's own state directory (conftest): the default checkpoints go there
+    pair = {"source": "mongodb://a.example/", "target": "mongodb://b.example/"}
+    everything = resolve(pair, env=env)
+    other = resolve({**pair, "include": ("lake1\\..*",), "rename": ("lake1=lake1_c",)}, env=env)
+    for settings in (everything, other):
+        cp = Checkpoint("rs0", recorded=Recorded.of(settings).to_json(), lag_s=0.0, pair=settings.pair_key())
+        CheckpointStore(settings.checkpoint_path()).save(cp)
+    both = _mcdc("status", "-s", pair["source"], "-t", pair["target"], env=env)
+    _assert_one_line_error(both, 2, "2 migrations", "everything", "--rename lake1=lake1_c", "--checkpoint")
+    chosen = _status("-c", str(everything.checkpoint_path()), env=env)
+    assert chosen["checkpoint"] == str(everything.checkpoint_path())

@@ -107,7 +107,11 @@ async def status(settings: Settings) -> dict[str, Any]:
             "to read the default one"
         )
     path = settings.checkpoint_path()
-    if settings.checkpoint is None and not path.exists():
+    # given the two servers alone, the pair's migration of everything (the default checkpoint) is one of
+    # them: with another one beside it, both are named
+    if settings.checkpoint is None and (
+        not path.exists() or (not settings.copies() and len(settings.pair_checkpoints()) > 1)
+    ):
         path = find_migration(settings, path)
     return await checkpoint_status(path, settings.source or None, settings.connect_timeout_s)
 

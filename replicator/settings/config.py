@@ -172,11 +172,13 @@ class Settings:
         """The default checkpoints of this source and target, whatever they copy: each one's path and what
         it copies (its recorded selection, renames and field rules), found in the state dir by the pair
         they record, or (one no run recorded it in) by name."""
-        found = []
-        base = self.checkpoint_path().parent if self.checkpoint is None else None
+        found: list[tuple[Path, dict[str, list[str]]]] = []
+        if self.checkpoint is not None:
+            return found
+        base = self.checkpoint_path().parent
         spellings = ("stdout", "-") if self.target in ("stdout", "-") else (self.target,)
         pairs = {self._digest(t, pair_only=True) for t in spellings}
-        for path in sorted(base.glob("checkpoint-*.json")) if base is not None else ():
+        for path in sorted(base.glob("checkpoint-*.json")):
             try:
                 data = json.loads(path.read_text())
                 recorded, pair = data.get("recorded") or {}, data.get("pair")
