@@ -83,7 +83,7 @@ class CutoverResult:
         head = "already cut over" if self.already else "cut over"
         proven = _epoch(self.proven_at)
         idle = proven is not None and proven - self.point.time >= 1
-        when = f"{self.proven_at}" if idle else format_ts(self.point)
+        when = self.proven_at if idle else format_ts(self.point)
         last_write = (
             [f"the source's last write: at or before {format_ts(self.point)}, {duration(proven - self.point.time)} "
              "before the proof (the target has every write up to it, and none came since)"]
