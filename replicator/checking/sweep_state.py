@@ -179,6 +179,10 @@ class SweepState:
 
 
 def verification_of(saved: Mapping[str, Any]) -> Verification:
-    """A checkpoint's verifier state as /progress shows it when no tail runs (``mcdc status``)."""
+    """A checkpoint's verifier state as /progress showed it where its run stopped (``mcdc status``): one
+    vocabulary for both, the phase where the verifier stands (whether a run goes on is ``state``'s to say).
+    Between passes ``idle``; in a pass ``scanning``, or ``rechecking`` once its last step was taken."""
     state = SweepState.from_json(saved)
-    return state.verification("stopped", len(state.recheck))
+    in_pass = state.pass_started_at is not None or state.current is not None or bool(state.done)
+    phase = "idle" if not in_pass else "rechecking" if state.extra_checked else "scanning"
+    return state.verification(phase, len(state.recheck))

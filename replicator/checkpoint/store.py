@@ -127,6 +127,9 @@ class Checkpoint:
     #: the change stream its positions belong to; None while no stream was read for it (a reverse checkpoint
     #: cutover wrote holds only a cluster time): the next run decides and records it
     stream: StreamScope | None = None
+    #: the source and target it was last run between (Settings.pair_key), so that status and cutover find a
+    #: default checkpoint whose selection changed since its file was named; None before a run recorded it
+    pair: str | None = None
 
     def acknowledge(
         self, position: Position, shard_positions: Mapping[str, Position] | None = None, *, applied: bool = True
@@ -161,6 +164,7 @@ class Checkpoint:
             "lag_s": self.lag_s,
             "owned": sorted(self.owned),
             "migration_id": self.migration_id,
+            "pair": self.pair,
             "stream": self.stream.to_json() if self.stream is not None else None,
             "snapshot": {
                 "status": self.snapshot.status,
@@ -195,6 +199,7 @@ class Checkpoint:
             lag_s=float(data["lag_s"]) if data.get("lag_s") is not None else None,
             owned={str(ns) for ns in data.get("owned") or ()},
             migration_id=_optional_str(data.get("migration_id")),
+            pair=_optional_str(data.get("pair")),
             # absent from a checkpoint written before scopes were recorded: the deployment's stream
             stream=StreamScope.from_json(data["stream"])
             if data.get("stream") is not None
@@ -262,6 +267,7 @@ class CheckpointStore:
         self.backup = self.real.with_name(self.real.name + ".backup")
         self._lock_fd: int | None = None
         self._owner: tuple[str, str] | None = None  # (source, target) identities of the run: see claim()
+        self._pair: str | None = None
 
     def load(self) -> Checkpoint | None:
         """The saved checkpoint, or None when there is none yet."""
@@ -284,9 +290,12 @@ class CheckpointStore:
             previous = f" (the previous version is {self.backup.name})" if self.backup.exists() else ""
             raise CheckpointError(f"checkpoint {self.path} is corrupt ({reason}); fix or remove it{previous}") from None
 
-    def claim(self, checkpoint: Checkpoint | None, *, source: str, target: str, source_name: str) -> None:
+    def claim(
+        self, checkpoint: Checkpoint | None, *, source: str, target: str, source_name: str, pair: str | None = None
+    ) -> None:
         """Refuse a checkpoint written for another source or target, before anything is written; from then
-        on every save records this run's identities (so an older checkpoint without them gets them).
+        on every save records this run's identities (so an older checkpoint without them gets them), and
+        ``pair`` (Settings.pair_key) when given.
 
         ``source_name`` is the weaker tie in the ``source`` field, all an older checkpoint can be checked by.
         """
@@ -304,6 +313,7 @@ class CheckpointStore:
                     f"{_roles(ours, differ)}: pass another --checkpoint, or delete {self.path} to start over"
                 )
         self._owner = (source, target)
+        self._pair = pair
 
     @property
     def owner(self) -> tuple[str, str] | None:
@@ -314,6 +324,8 @@ class CheckpointStore:
         checkpoint.updated_at = time.time()
         if self._owner is not None:
             checkpoint.source_identity, checkpoint.target_identity = self._owner
+        if self._pair is not None:
+            checkpoint.pair = self._pair
         payload = json.dumps(checkpoint.to_json(), indent=1, sort_keys=True).encode()
         real = self.real
         tmp = real.with_name(f".{real.name}.{os.getpid()}.tmp")

@@ -22,6 +22,7 @@ import shlex
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from replicator.job.migrations import followed, record_way_back
 from replicator.job.phases import SyncJob
 from replicator.job.preflight import source_name
 from replicator.observe.progress import Reporter
-from replicator.observe.tally import format_ts, listing, plural
+from replicator.observe.tally import duration, format_ts, listing, plural
 from replicator.replay.recorded import Recorded
 from replicator.settings.config import Settings
 from replicator.settings.uri import is_mongo_uri, redact
@@ -69,6 +70,9 @@ class CutoverResult:
     verified: str = "full"
     #: for the changes: how many _ids and whole namespaces that was
     detail: str = ""
+    #: when the proof was made (the second catch-up found nothing), this machine's clock, ISO 8601 UTC; the
+    #: point is the source's last write, earlier when the source was idle ("" in an older cutover's record)
+    proven_at: str = ""
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -77,12 +81,21 @@ class CutoverResult:
 
     def lines(self) -> list[str]:
         head = "already cut over" if self.already else "cut over"
+        proven = _epoch(self.proven_at)
+        idle = proven is not None and proven - self.point.time >= 1
+        when = self.proven_at if idle else format_ts(self.point)
+        last_write = (
+            [f"the source's last write: at or before {format_ts(self.point)}, {duration(proven - self.point.time)} "
+             "before the proof (the target has every write up to it, and none came since)"]
+            if idle and proven is not None else []
+        )  # fmt: skip
         return [
-            f"{head} at {format_ts(self.point)}: the target is identical to the source "
+            f"{head} at {when}: the target is identical to the source "
             f"({self.documents:,} documents compared in {self.seconds:.1f} s"
             + ("" if self.verified == "full" else f"; {self.verified}: {self.detail or 'see the log'}")
             + ("" if self.verified == "full" else "; an _id deleted on both sides has no document to compare")
             + ")",
+            *last_write,
             f"reverse checkpoint {self.reverse_checkpoint}: to carry the target's writes back to the source, run",
             f"  {self.reverse_command}",
         ]
@@ -125,6 +138,7 @@ async def cutover(settings: Settings, reporter: Reporter) -> CutoverResult:
         # the proof holds if nothing changed since the catch-up: a second one must find nothing to apply
         # (asked first: writes during the verify also explain differences it found)
         again = await SyncJob(settings, reporter, command="catch-up").run()
+        proven_at = time.time()  # the proof's moment: nothing changed from the first catch-up until now
         if again.events:
             raise SourceNotQuiet(
                 f"the source took {again.events} change(s) to the selection while the target was verified: "
@@ -152,6 +166,7 @@ async def cutover(settings: Settings, reporter: Reporter) -> CutoverResult:
         writes_blocked=settings.block_writes,
         verified=scope,
         detail=detail,
+        proven_at=_iso(proven_at),
     )
     with store.locked():
         cp = store.load()
@@ -235,6 +250,10 @@ async def _write_reverse(settings: Settings, cp: Checkpoint, forward: Checkpoint
         reverse_of={"checkpoint": str(forward.real), "position": ts_to_json(start)},
         recorded=Recorded.of(back).to_json(),
         migration_id=uuid.uuid4().hex,
+        # caught up by construction (just after the new source's last operation): status says lag 0 whether it
+        # finds this checkpoint by --source and --target or by --checkpoint alone, not a clock's distance
+        lag_s=0.0,
+        pair=back.pair_key(),
     )
     store = CheckpointStore(path)
     with store.locked():
@@ -310,4 +329,15 @@ def _already(cp: Checkpoint, settings: Settings) -> CutoverResult:
         writes_blocked=bool(recorded.get("writes_blocked")),
         already=True,
         verified=str(recorded.get("verified") or "full"),
+        detail=str(recorded.get("detail") or ""),
+        # an older cutover's record: when it was recorded, just after the proof
+        proven_at=str(recorded.get("proven_at") or (_iso(float(recorded["at"])) if recorded.get("at") else "")),
     )
+
+
+def _iso(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _epoch(iso: str) -> float | None:
+    return datetime.fromisoformat(iso).timestamp() if iso else None

@@ -53,8 +53,13 @@ def followed(settings: Settings, command: str) -> Settings:
 
 def find_migration(settings: Settings, path: Path) -> Path:
     """The one default checkpoint of this source and target when it copies another selection than the
-    options say (a migration of --include ..., asked about with --source and --target alone)."""
+    options say (a migration of --include ..., asked about with --source and --target alone), or the one
+    that copies what they say when its file is named after an earlier selection (changed by a run given its
+    --checkpoint). Several: each one named, whatever their selections became."""
     found = settings.pair_checkpoints()
+    asked = settings.copies()
+    if asked:  # the one that copies what the options say (its file named after an earlier selection)
+        found = [one for one in found if one[1] == asked] or found
     if len(found) == 1:
         return found[0][0]
     if not found:

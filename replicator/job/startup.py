@@ -70,6 +70,7 @@ def claim(
         source=deployment_identity(info, settings.source),
         target=target or redact(settings.target),  # a MongoDB sink that did not expose its server
         source_name=source_name(info, settings.source),
+        pair=settings.pair_key(),
     )
     return True
 

@@ -63,7 +63,7 @@ async def checkpoint_status(path: Path, source: str | None = None, timeout_s: fl
         events_applied=None,  # a checkpoint does not count them
         estimated_documents=None,
         copied_documents=None,
-        # the embedded verifier's place, as its last run left it (stopped: "phase" says so)
+        # the embedded verifier's place, as its last run left it ("phase" as /progress said it there)
         verification=None if cp.verifier is None else verification_of(cp.verifier),
     )
     return {
@@ -107,7 +107,11 @@ async def status(settings: Settings) -> dict[str, Any]:
             "to read the default one"
         )
     path = settings.checkpoint_path()
-    if settings.checkpoint is None and not path.exists():
+    # given the two servers alone, the pair's migration of everything (the default checkpoint) is one of
+    # them: with another one beside it, both are named
+    if settings.checkpoint is None and (
+        not path.exists() or (not settings.copies() and len(settings.pair_checkpoints()) > 1)
+    ):
         path = find_migration(settings, path)
     return await checkpoint_status(path, settings.source or None, settings.connect_timeout_s)
 

@@ -44,7 +44,7 @@ _INFO = {
 class Verification:
     """What the embedded verifier has found (``phase`` "off" when the run does not verify)."""
 
-    phase: str = "off"  # off | scanning | rechecking | idle | failed | stopped (a checkpoint's)
+    phase: str = "off"  # off | scanning | rechecking | idle | failed (a checkpoint's: where its run stopped)
     scanned_documents: int = 0
     mismatches: int = 0  # documents or collections that still differ after their re-check
     rechecking: int = 0  # differences waiting for the replay to pass the time they were read at

@@ -161,21 +161,35 @@ class Settings:
             key += "|" + json.dumps(copies, sort_keys=True)
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
+    def pair_key(self) -> str:
+        """This source and target, whatever is copied (a checkpoint's ``pair``): the default checkpoint's
+        name records the selection it was made with, which a run given its --checkpoint may change since."""
+        return self._digest("stdout" if self.target == "-" else self.target, pair_only=True)
+
+    def copies(self) -> dict[str, list[str]]:
+        """What this run copies where it is not everything as it is: as pair_checkpoints says a checkpoint's."""
+        return _copied(self)
+
     def pair_checkpoints(self) -> list[tuple[Path, dict[str, list[str]]]]:
         """The default checkpoints of this source and target, whatever they copy: each one's path and what
-        it copies (its recorded selection, renames and field rules), found by name in the state dir."""
-        found = []
-        base = self.checkpoint_path().parent if self.checkpoint is None else None
-        for path in sorted(base.glob("checkpoint-*.json")) if base is not None else ():
+        it copies (its recorded selection, renames and field rules), found in the state dir by the pair
+        they record, or (one no run recorded it in) by name."""
+        found: list[tuple[Path, dict[str, list[str]]]] = []
+        if self.checkpoint is not None:
+            return found
+        base = self.checkpoint_path().parent
+        spellings = ("stdout", "-") if self.target in ("stdout", "-") else (self.target,)
+        pairs = {self._digest(t, pair_only=True) for t in spellings}
+        for path in sorted(base.glob("checkpoint-*.json")):
             try:
-                recorded = json.loads(path.read_text()).get("recorded") or {}
+                data = json.loads(path.read_text())
+                recorded, pair = data.get("recorded") or {}, data.get("pair")
             except (OSError, ValueError, AttributeError):
                 continue
             copies = _recorded_copies(recorded)
-            spellings = ("stdout", "-") if self.target in ("stdout", "-") else (self.target,)
-            names = {self._digest(t, copies=copies) for t in spellings}
-            names |= {self._digest(t, pair_only=True) for t in spellings}  # a pair's one, made before
-            if path.name.removeprefix("checkpoint-").removesuffix(".json") in names:
+            names = {self._digest(t, copies=copies) for t in spellings} | pairs  # pairs: a pair's one, made before
+            named = path.name.removeprefix("checkpoint-").removesuffix(".json") in names
+            if (pair in pairs) if pair else named:
                 found.append((path, copies))
         return found
 
