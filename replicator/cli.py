@@ -2,12 +2,14 @@
 
 No command lists its flags: :func:`_command` gives each command's function a signature made from the
 option table (options.py), so a flag, its MCDC_* variable and its config-file key cannot drift apart.
+
+Only what every command's help needs is imported here (typer, the option table, Settings); the driver,
+the job, the sinks, the metrics server and Spark are imported by the command that runs them, so that
+``mcdc --version`` and ``mcdc --help`` cost about what ``import pymongo`` costs (tests/test_start_cost.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import gc
 import inspect
 import logging
@@ -16,30 +18,17 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
-import orjson
 import typer
-from pymongo.errors import ConnectionFailure, PyMongoError
 
 from replicator import __version__
 from replicator.errors import EXIT_UNAVAILABLE, McdcError, OutputClosed, VerifyMismatch
 from replicator.job import devserver
-from replicator.job.migrations import followed
-from replicator.job.phases import SyncJob
-from replicator.job.run_control import check_control, commit_hook, served_metrics, stop_on_signals
-from replicator.observe.logs import setup_logging
-from replicator.observe.progress import make_reporter
-from replicator.observe.summary import Summary
 from replicator.settings.config import Settings
 from replicator.settings.flags import CONFIG, EXIT_CODES_HELP, PanelCommand, epilog, parameter, shown
 from replicator.settings.options import for_command
-from replicator.settings.resolve import resolve
-from replicator.settings.uri import redact
-from replicator.sinks.registry import scheme_of
-from replicator.source.connection import explain_failure, explain_refusal, server_message
-from replicator.source.retry import is_retryable
 
 if TYPE_CHECKING:
-    pass
+    from replicator.observe.summary import Summary
 
 T = TypeVar("T")
 log = logging.getLogger("mcdc")
@@ -94,6 +83,9 @@ def _command(
 
 
 def _settings(command: str, flags: dict[str, Any], config: Path | None) -> Settings:
+    from replicator.observe.logs import setup_logging
+    from replicator.settings.resolve import resolve
+
     warnings: list[str] = []  # logged once logging is set up as the settings say
     try:
         settings = resolve(flags, config_file=config, command=command, warn=warnings.append)
@@ -109,6 +101,8 @@ def _settings(command: str, flags: dict[str, Any], config: Path | None) -> Setti
 
 
 def _fail(exc: McdcError) -> NoReturn:
+    from replicator.settings.uri import redact
+
     _error(redact(str(exc)))
     raise typer.Exit(exc.exit_code) from None
 
@@ -125,7 +119,13 @@ def _error(message: str) -> None:
 def _run(make: Callable[[], Awaitable[T]]) -> T:
     """Run a library call; user errors become one line on stderr and the error's exit code. Spark's log
     is removed after a run that succeeded, and kept after one that did not."""
+    import asyncio
+
+    from pymongo.errors import ConnectionFailure, PyMongoError
+
     from replicator.engines.spark.session import drop_console_log
+    from replicator.source.connection import explain_failure, explain_refusal, server_message
+    from replicator.source.retry import is_retryable
 
     gc.freeze()  # what the imports made lives as long as the process: no collection need walk it again
     try:
@@ -164,11 +164,20 @@ def _run(make: Callable[[], Awaitable[T]]) -> T:
 
 
 def _emit_json(data: dict[str, Any]) -> None:
+    import orjson
+
     sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
 def _replicate(command: str, settings: Settings) -> None:
     """sync, catch-up and tail: one SyncJob, with metrics served when --metrics-port says so."""
+    import asyncio
+    import dataclasses
+
+    from replicator.job.migrations import followed
+    from replicator.job.phases import SyncJob
+    from replicator.job.run_control import check_control, commit_hook, served_metrics, stop_on_signals
+    from replicator.observe.progress import make_reporter
 
     async def go() -> tuple[Summary, Any]:
         stop = stop_on_signals() if command == "tail" else None
@@ -210,6 +219,10 @@ def _replicate(command: str, settings: Settings) -> None:
 
 def _print_summary(summary: Summary, settings: Settings) -> None:
     """The end-of-run summary: on stdout, unless the events themselves go there (then on stderr)."""
+    import orjson
+
+    from replicator.sinks.registry import scheme_of
+
     to_stderr = scheme_of(settings.target) == "stdout"
     if settings.json_output:
         text = orjson.dumps(summary.to_json(), option=orjson.OPT_INDENT_2).decode()
@@ -327,6 +340,7 @@ def cutover(settings: Settings) -> None:
     on the new side back. Running it again after success only says so.
     """
     from replicator.job.cutover import cutover as run_cutover
+    from replicator.observe.progress import make_reporter
 
     reporter = make_reporter(settings.progress and not settings.json_output, max_read_rate=settings.max_read_rate)
     try:

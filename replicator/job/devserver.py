@@ -24,9 +24,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import pymongo
-from pymongo.errors import PyMongoError
-
 from replicator.errors import DevServerError
 
 EXECUTABLE = "secantusd-py"
@@ -169,6 +166,8 @@ def _forwarding_signals() -> Iterator[_Stopper]:
 
 def _wait_ready(process: subprocess.Popen[bytes], port: int, stopper: _Stopper) -> str | None:
     """The replica set's name once the server answers; None when a signal stopped it first."""
+    from pymongo.errors import PyMongoError  # here: `mcdc dev-server --help` needs no driver
+
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while True:
         if stopper.signum is not None:
@@ -195,6 +194,8 @@ def _wait_ready(process: subprocess.Popen[bytes], port: int, stopper: _Stopper) 
 
 def _hello(port: int) -> dict[str, Any]:
     """The server's ``hello`` reply; PyMongoError while it does not answer."""
+    import pymongo
+
     client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
         HOST, port, directConnection=True, serverSelectionTimeoutMS=500
     )

@@ -11,20 +11,23 @@ import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-
-from bson.timestamp import Timestamp
+from types import UnionType
+from typing import TYPE_CHECKING, Any, get_args, get_origin, get_type_hints
 
 from replicator.errors import ConfigError, quoted
 from replicator.settings.filters import DocumentFilters
 from replicator.settings.selection import Image, Renamer, Selection
-from replicator.settings.uri import host_set, is_mongo_uri, redact
+
+if TYPE_CHECKING:
+    from bson.timestamp import Timestamp
 
 _log = logging.getLogger("mcdc.config")
 
 
 def parse_start_at(text: str) -> Timestamp:
     """``--start-at``: ``SECONDS,INCREMENT`` (a BSON timestamp) or an ISO-8601 time (UTC when no zone)."""
+    from bson.timestamp import Timestamp
+
     if "," in text:
         secs, _, inc = text.partition(",")
         try:
@@ -151,6 +154,8 @@ class Settings:
         return paths[0] if paths[0].exists() or not found else found[0]
 
     def _digest(self, target: str, *, pair_only: bool = False, copies: dict[str, list[str]] | None = None) -> str:
+        from replicator.settings.uri import host_set, is_mongo_uri, redact  # pymongo's parser: not for --help
+
         key = "|".join(sorted(host_set(self.source))) + "->" + redact(target)
         if not is_mongo_uri(target):  # event sinks: another topic prefix is another destination
             key += "#" + self.topic_prefix
@@ -176,6 +181,21 @@ class Settings:
             if path.name.removeprefix("checkpoint-").removesuffix(".json") in names:
                 found.append((path, copies))
         return found
+
+
+def _kind(hint: Any) -> Any:
+    """How a field's value is read: its type without ``| None`` (tuple: a repeatable option)."""
+    if get_origin(hint) is UnionType:
+        (hint,) = (a for a in get_args(hint) if a is not type(None))
+    return get_origin(hint) or hint
+
+
+_KINDS = {name: _kind(hint) for name, hint in get_type_hints(Settings).items()}
+
+
+def field_kind(name: str) -> Any:
+    """The type a Settings field's option reads: bool (a flag), int, float, str, Path, or tuple (repeatable)."""
+    return _KINDS[name]
 
 
 #: The options that decide what a migration copies (recorded.Recorded's): part of its default checkpoint.

@@ -12,9 +12,8 @@ import typer
 from typer.core import TyperCommand
 
 from replicator.errors import EXIT_UNAVAILABLE
-from replicator.settings.config import Settings
+from replicator.settings.config import Settings, field_kind
 from replicator.settings.options import BY_FIELD, ENV_CONFIG, PANELS, Option
-from replicator.settings.resolve import field_kind
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Settings)}
 _METAVARS = {int: "INTEGER", float: "NUMBER", str: "TEXT", Path: "PATH", tuple: "TEXT"}

@@ -1,0 +1,60 @@
+"""What ``mcdc --version`` and ``mcdc --help`` import: only what they need (issue 41), so that starting mcdc
+costs about what ``python -c "import pymongo"`` costs. The CPU itself is measured by scripts/bench_cpu.py (a
+timed assertion would fail on a busy machine); these tests name the modules instead, so that a module-level
+import of a heavy package (the driver, rich, the metrics server, a sink's client, Spark) cannot come back
+without a test saying which command pulled it in."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+#: packages a command's help or mcdc's version never needs: each is imported where a command runs. (bson
+#: is not one: Settings' selection and filters are made of its values, and it is a small part of pymongo.)
+HEAVY = (
+    "pymongo",
+    "typer.rich_utils",
+    "rich",
+    "prometheus_client",
+    "pyspark",
+    "aiokafka",
+    "deltalake",
+    "pyiceberg",
+    "pyarrow",
+    "asyncio",
+    "replicator.job.phases",
+    "replicator.sinks.registry",
+)
+
+_PROBE = """
+import json, sys
+sys.argv = ["mcdc", *sys.argv[1:]]
+from replicator.cli import main
+try:
+    main()
+except SystemExit:
+    pass
+print("\\n" + json.dumps(sorted(sys.modules)))
+"""
+
+
+def _modules_after(*args: str) -> set[str]:
+    done = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+def _heavy(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if m.split(".")[0] in HEAVY or m in HEAVY)
+
+
+@pytest.mark.parametrize(
+    "args", [("--version",), ("version",), ("--help",), ("sync", "--help"), ("dev-server", "--help")]
+)
+def test_version_and_help_import_no_heavy_package(args: tuple[str, ...]) -> None:
+    modules = _modules_after(*args)
+    assert "replicator.cli" in modules  # the probe ran mcdc's own entry point
+    assert not _heavy(modules), f"mcdc {' '.join(args)} imported {_heavy(modules)}"
