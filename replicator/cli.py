@@ -24,7 +24,7 @@ from replicator import __version__
 from replicator.errors import EXIT_UNAVAILABLE, McdcError, OutputClosed, VerifyMismatch
 from replicator.job import devserver
 from replicator.settings.config import Settings
-from replicator.settings.flags import CONFIG, EXIT_CODES_HELP, PanelCommand, epilog, parameter, shown
+from replicator.settings.flags import CONFIG, EXIT_CODES_HELP, FlagGroup, PanelCommand, epilog, parameter, shown
 from replicator.settings.options import for_command
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ log = logging.getLogger("mcdc")
 
 app = typer.Typer(
     name="mcdc",
+    cls=FlagGroup,
     help="mcdc: MongoDB change-data-capture. Byte-exact sync, resumable after any crash.",
     no_args_is_help=True,
     add_completion=False,

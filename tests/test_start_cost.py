@@ -9,13 +9,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-#: packages a command's help or mcdc's version never needs: each is imported where a command runs. (bson
-#: is not one: Settings' selection and filters are made of its values, and it is a small part of pymongo.)
+#: packages a command's help or mcdc's version never needs: each is imported where a command runs
 HEAVY = (
     "pymongo",
+    "bson",
+    "replicator.events",
+    "replicator.settings.resolve",
     "typer.rich_utils",
     "rich",
     "prometheus_client",
@@ -58,3 +61,12 @@ def test_version_and_help_import_no_heavy_package(args: tuple[str, ...]) -> None
     modules = _modules_after(*args)
     assert "replicator.cli" in modules  # the probe ran mcdc's own entry point
     assert not _heavy(modules), f"mcdc {' '.join(args)} imported {_heavy(modules)}"
+
+
+def test_a_command_hands_its_flags_to_resolve_without_typer_coercing_them(tmp_path: Path) -> None:
+    """typer coerces each option's value through a pydantic TypeAdapter it builds on every run (~0.1 s of
+    CPU for a command's 60 options); mcdc's values stay text until resolve parses them, so none is built."""
+    missing = tmp_path / "none.json"
+    modules = _modules_after("status", "--checkpoint", str(missing), "--json")
+    assert "replicator.settings.resolve" in modules  # the command ran as far as its settings
+    assert not any(m.split(".")[0] in ("pydantic", "pydantic_core") for m in modules)

@@ -15,11 +15,12 @@ from types import UnionType
 from typing import TYPE_CHECKING, Any, get_args, get_origin, get_type_hints
 
 from replicator.errors import ConfigError, quoted
-from replicator.settings.filters import DocumentFilters
-from replicator.settings.selection import Image, Renamer, Selection
 
 if TYPE_CHECKING:
     from bson.timestamp import Timestamp
+
+    from replicator.settings.filters import DocumentFilters
+    from replicator.settings.selection import Renamer, Selection
 
 _log = logging.getLogger("mcdc.config")
 
@@ -48,6 +49,26 @@ def parse_start_at(text: str) -> Timestamp:
 def state_dir() -> Path:
     """Where mcdc keeps its state by default: the default checkpoints and the migrations of each target."""
     return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "mcdc"
+
+
+# the fields compiled from options: their classes (the query compiler, BSON codecs) load with a Settings, not
+# with --help
+def _everything() -> Selection:
+    from replicator.settings.selection import Selection
+
+    return Selection()
+
+
+def _no_renames() -> Renamer:
+    from replicator.settings.selection import Renamer
+
+    return Renamer()
+
+
+def _no_filters() -> DocumentFilters:
+    from replicator.settings.filters import DocumentFilters
+
+    return DocumentFilters()
 
 
 @dataclass(frozen=True)
@@ -129,9 +150,9 @@ class Settings:
     replay_partitions: int = 0  # --engine spark: tasks per replayed batch (0: the cluster's cores)
     verbose: bool = False  # mcdc's debug lines
     debug_driver: bool = False  # pymongo's debug lines (commands, server selection)
-    selection: Selection = field(default_factory=Selection, compare=False)
-    renamer: Renamer = field(default_factory=Renamer, compare=False)
-    filters: DocumentFilters = field(default_factory=DocumentFilters, compare=False)
+    selection: Selection = field(default_factory=_everything, compare=False)
+    renamer: Renamer = field(default_factory=_no_renames, compare=False)
+    filters: DocumentFilters = field(default_factory=_no_filters, compare=False)
 
     def waits_at_start(self, command: str) -> bool:
         """Is a server unreachable at start waited for (under --max-retries)? tail's always is; sync's and
@@ -190,7 +211,13 @@ def _kind(hint: Any) -> Any:
     return get_origin(hint) or hint
 
 
-_KINDS = {name: _kind(hint) for name, hint in get_type_hints(Settings).items()}
+#: (the fields compiled from options are no option's: their classes need not be imported to name the others)
+_KINDS = {
+    name: _kind(hint)
+    for name, hint in get_type_hints(
+        Settings, localns={"Selection": Any, "Renamer": Any, "DocumentFilters": Any}
+    ).items()
+}
 
 
 def field_kind(name: str) -> Any:
@@ -207,6 +234,8 @@ _IMAGE = "image-of"
 def _copied(s: Settings) -> dict[str, list[str]]:
     """What ``s`` copies, where it is not everything as it is (order does not matter): a way back's image of
     its migration's selection too."""
+    from replicator.settings.selection import Image
+
     copies = {name: sorted(getattr(s, name)) for name in _COPIES if getattr(s, name)}
     if isinstance(s.selection, Image):
         copies[_IMAGE] = [s.selection.origin]
