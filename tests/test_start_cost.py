@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,3 +71,22 @@ def test_a_command_hands_its_flags_to_resolve_without_typer_coercing_them(tmp_pa
     modules = _modules_after("status", "--checkpoint", str(missing), "--json")
     assert "replicator.settings.resolve" in modules  # the command ran as far as its settings
     assert not any(m.split(".")[0] in ("pydantic", "pydantic_core") for m in modules)
+
+
+def test_a_catch_up_with_nothing_to_replay_imports_no_progress_bars_metrics_or_spark(
+    source_uri: str, target_uri: str, clients: Any, tmp_path: Path
+) -> None:
+    """A cron catch-up on an idle source, without a terminal or --metrics-port, draws no bars and serves no
+    metrics: rich and prometheus_client stay unimported (and Spark, under the asyncio engine)."""
+    clients.source["app"].create_collection("c")
+    clients.source["app"]["c"].insert_many([{"i": i} for i in range(10)])
+    args = ("-s", source_uri, "-t", target_uri, "-c", str(tmp_path / "cp.json"), "--no-progress")
+    first = subprocess.run(
+        [sys.executable, "-m", "replicator.cli", "sync", *args], capture_output=True, text=True, timeout=120
+    )
+    assert first.returncode == 0, first.stderr[-2000:]
+    modules = _modules_after("catch-up", *args)
+    assert "replicator.job.phases" in modules  # it ran the job
+    assert clients.target["app"]["c"].count_documents({}) == 10
+    loaded = sorted(m for m in modules if m.split(".")[0] in ("rich", "prometheus_client", "pyspark", "pydantic"))
+    assert not loaded, f"an idle catch-up imported {loaded}"
