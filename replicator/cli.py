@@ -368,16 +368,6 @@ def version() -> None:
     typer.echo(f"mcdc {__version__}")
 
 
-@app.command(
-    "dev-server",
-    epilog=epilog(
-        """mcdc dev-server --port 27017 --dir src-data &
-        mcdc dev-server --port 27018 --dir dst-data &
-        mcdc sync --source "mongodb://127.0.0.1:27017/?replicaSet=secantus" \\
-          --target "mongodb://127.0.0.1:27018/?replicaSet=secantus\"""",
-        heading="Example (two servers for a trial, then a sync between them)",
-    ),
-)
 def dev_server(
     port: Annotated[
         int,
@@ -399,23 +389,52 @@ def dev_server(
             show_default=False,
         ),
     ] = devserver.DEFAULT_DIR,
+    config: Path | None = None,
+    **flags: Any,
 ) -> None:
     """Start a local MongoDB-compatible server to try mcdc on: for trials, not production.
 
     Runs SecantusDB (pip install SecantusDB), a MongoDB wire-protocol server written in Python, as a
     single-node replica set with change streams, in the foreground. Prints the URI to use once the server
-    answers; Ctrl-C stops it cleanly (exit 130), as does SIGTERM (exit 0). The data stays in --dir.
+    answers; Ctrl-C stops it cleanly (exit 130), as does SIGTERM (exit 0). The data stays in --dir. Its
+    oplog keeps --oplog-entries entries for --oplog-hours at most: a checkpoint on it that waits past
+    either (more writes, or more time, since it was saved) can no longer resume.
     """
+    settings = _settings("dev-server", flags, config)
     try:
         code = devserver.serve(
             port,
             directory,
             on_ready=typer.echo,
             note=lambda text: typer.echo(f"mcdc dev-server: {text}", err=True),
+            oplog_entries=settings.oplog_entries,
+            oplog_hours=settings.oplog_hours,
         )
     except McdcError as exc:
         _fail(exc)
     raise typer.Exit(code)
+
+
+# --port and --dir are its own; the oplog's bounds (and --config) come from the option table, as every
+# other command's flags do
+dev_server.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [
+        *list(inspect.signature(dev_server, eval_str=True).parameters.values())[:2],
+        *(parameter(option, "dev-server") for option in for_command("dev-server")),
+        CONFIG,
+    ]
+)
+app.command(
+    "dev-server",
+    cls=PanelCommand,
+    epilog=epilog(
+        """mcdc dev-server --port 27017 --dir src-data &
+        mcdc dev-server --port 27018 --dir dst-data &
+        mcdc sync --source "mongodb://127.0.0.1:27017/?replicaSet=secantus" \\
+          --target "mongodb://127.0.0.1:27018/?replicaSet=secantus\"""",
+        heading="Example (two servers for a trial, then a sync between them)",
+    ),
+)(dev_server)
 
 
 #: Each change event allocates a few dozen short-lived objects; with the default first-generation

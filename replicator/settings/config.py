@@ -150,6 +150,10 @@ class Settings:
     replay_partitions: int = 0  # --engine spark: tasks per replayed batch (0: the cluster's cores)
     verbose: bool = False  # mcdc's debug lines
     debug_driver: bool = False  # pymongo's debug lines (commands, server selection)
+    # dev-server: the trial server's oplog bounds, above a 1,000,000-document trial (issue 41: SecantusDB's
+    # own 100,000 entries made a load of 200,000 documents leave another migration's checkpoint behind)
+    oplog_entries: int = 2_000_000
+    oplog_hours: float = 24.0
     selection: Selection = field(default_factory=_everything, compare=False)
     renamer: Renamer = field(default_factory=_no_renames, compare=False)
     filters: DocumentFilters = field(default_factory=_no_filters, compare=False)

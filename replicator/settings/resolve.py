@@ -221,8 +221,12 @@ def resolve(
     return _build(merged, command)
 
 
+#: commands that connect to no source or target of their own (status reads a checkpoint; dev-server serves)
+_UNCONNECTED = ("status", "dev-server")
+
+
 def _build(merged: dict[str, Any], command: str | None) -> Settings:
-    if not merged.get("source") and command != "status":
+    if not merged.get("source") and command not in _UNCONNECTED:
         raise ConfigError("no source: pass --source URI (or set MCDC_SOURCE)")
     return validate(Settings(**{"source": "", **merged}), command=command)
 
@@ -234,6 +238,10 @@ def validate(s: Settings, *, command: str | None = None) -> Settings:
         value = getattr(s, option.field)
         if value is not None:
             _check(option, value, option.flag)
+    if s.oplog_hours <= 0:
+        raise _invalid("--oplog-hours", "must be more than 0", s.oplog_hours)
+    if command == "dev-server":  # it serves: no source or target of its own to check
+        return s
     if s.source or command != "status":
         check_mongo_uri(s.source, "--source")
     if s.target or command != "status":
