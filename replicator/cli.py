@@ -2,12 +2,14 @@
 
 No command lists its flags: :func:`_command` gives each command's function a signature made from the
 option table (options.py), so a flag, its MCDC_* variable and its config-file key cannot drift apart.
+
+Only what every command's help needs is imported here (typer, the option table, Settings); the driver,
+the job, the sinks, the metrics server and Spark are imported by the command that runs them, so that
+``mcdc --version`` and ``mcdc --help`` cost about what ``import pymongo`` costs (tests/test_start_cost.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import gc
 import inspect
 import logging
@@ -16,36 +18,24 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
-import orjson
 import typer
-from pymongo.errors import ConnectionFailure, PyMongoError
 
 from replicator import __version__
 from replicator.errors import EXIT_UNAVAILABLE, McdcError, OutputClosed, VerifyMismatch
 from replicator.job import devserver
-from replicator.job.migrations import followed
-from replicator.job.phases import SyncJob
-from replicator.job.run_control import check_control, commit_hook, served_metrics, stop_on_signals
-from replicator.observe.logs import setup_logging
-from replicator.observe.progress import make_reporter
-from replicator.observe.summary import Summary
 from replicator.settings.config import Settings
-from replicator.settings.flags import CONFIG, EXIT_CODES_HELP, PanelCommand, epilog, parameter, shown
+from replicator.settings.flags import CONFIG, EXIT_CODES_HELP, FlagGroup, PanelCommand, epilog, parameter, shown
 from replicator.settings.options import for_command
-from replicator.settings.resolve import resolve
-from replicator.settings.uri import redact
-from replicator.sinks.registry import scheme_of
-from replicator.source.connection import explain_failure, explain_refusal, server_message
-from replicator.source.retry import is_retryable
 
 if TYPE_CHECKING:
-    pass
+    from replicator.observe.summary import Summary
 
 T = TypeVar("T")
 log = logging.getLogger("mcdc")
 
 app = typer.Typer(
     name="mcdc",
+    cls=FlagGroup,
     help="mcdc: MongoDB change-data-capture. Byte-exact sync, resumable after any crash.",
     no_args_is_help=True,
     add_completion=False,
@@ -94,6 +84,9 @@ def _command(
 
 
 def _settings(command: str, flags: dict[str, Any], config: Path | None) -> Settings:
+    from replicator.observe.logs import setup_logging
+    from replicator.settings.resolve import resolve
+
     warnings: list[str] = []  # logged once logging is set up as the settings say
     try:
         settings = resolve(flags, config_file=config, command=command, warn=warnings.append)
@@ -109,6 +102,8 @@ def _settings(command: str, flags: dict[str, Any], config: Path | None) -> Setti
 
 
 def _fail(exc: McdcError) -> NoReturn:
+    from replicator.settings.uri import redact
+
     _error(redact(str(exc)))
     raise typer.Exit(exc.exit_code) from None
 
@@ -125,7 +120,13 @@ def _error(message: str) -> None:
 def _run(make: Callable[[], Awaitable[T]]) -> T:
     """Run a library call; user errors become one line on stderr and the error's exit code. Spark's log
     is removed after a run that succeeded, and kept after one that did not."""
+    import asyncio
+
+    from pymongo.errors import ConnectionFailure, PyMongoError
+
     from replicator.engines.spark.session import drop_console_log
+    from replicator.source.connection import explain_failure, explain_refusal, server_message
+    from replicator.source.retry import is_retryable
 
     gc.freeze()  # what the imports made lives as long as the process: no collection need walk it again
     try:
@@ -164,11 +165,20 @@ def _run(make: Callable[[], Awaitable[T]]) -> T:
 
 
 def _emit_json(data: dict[str, Any]) -> None:
+    import orjson
+
     sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
 def _replicate(command: str, settings: Settings) -> None:
     """sync, catch-up and tail: one SyncJob, with metrics served when --metrics-port says so."""
+    import asyncio
+    import dataclasses
+
+    from replicator.job.migrations import followed
+    from replicator.job.phases import SyncJob
+    from replicator.job.run_control import check_control, commit_hook, served_metrics, stop_on_signals
+    from replicator.observe.progress import make_reporter
 
     async def go() -> tuple[Summary, Any]:
         stop = stop_on_signals() if command == "tail" else None
@@ -210,6 +220,10 @@ def _replicate(command: str, settings: Settings) -> None:
 
 def _print_summary(summary: Summary, settings: Settings) -> None:
     """The end-of-run summary: on stdout, unless the events themselves go there (then on stderr)."""
+    import orjson
+
+    from replicator.sinks.registry import scheme_of
+
     to_stderr = scheme_of(settings.target) == "stdout"
     if settings.json_output:
         text = orjson.dumps(summary.to_json(), option=orjson.OPT_INDENT_2).decode()
@@ -327,6 +341,7 @@ def cutover(settings: Settings) -> None:
     on the new side back. Running it again after success only says so.
     """
     from replicator.job.cutover import cutover as run_cutover
+    from replicator.observe.progress import make_reporter
 
     reporter = make_reporter(settings.progress and not settings.json_output, max_read_rate=settings.max_read_rate)
     try:
@@ -353,16 +368,6 @@ def version() -> None:
     typer.echo(f"mcdc {__version__}")
 
 
-@app.command(
-    "dev-server",
-    epilog=epilog(
-        """mcdc dev-server --port 27017 --dir src-data &
-        mcdc dev-server --port 27018 --dir dst-data &
-        mcdc sync --source "mongodb://127.0.0.1:27017/?replicaSet=secantus" \\
-          --target "mongodb://127.0.0.1:27018/?replicaSet=secantus\"""",
-        heading="Example (two servers for a trial, then a sync between them)",
-    ),
-)
 def dev_server(
     port: Annotated[
         int,
@@ -384,23 +389,52 @@ def dev_server(
             show_default=False,
         ),
     ] = devserver.DEFAULT_DIR,
+    config: Path | None = None,
+    **flags: Any,
 ) -> None:
     """Start a local MongoDB-compatible server to try mcdc on: for trials, not production.
 
     Runs SecantusDB (pip install SecantusDB), a MongoDB wire-protocol server written in Python, as a
     single-node replica set with change streams, in the foreground. Prints the URI to use once the server
-    answers; Ctrl-C stops it cleanly (exit 130), as does SIGTERM (exit 0). The data stays in --dir.
+    answers; Ctrl-C stops it cleanly (exit 130), as does SIGTERM (exit 0). The data stays in --dir. Its
+    oplog keeps --oplog-entries entries for --oplog-hours at most: a checkpoint on it that waits past
+    either (more writes, or more time, since it was saved) can no longer resume.
     """
+    settings = _settings("dev-server", flags, config)
     try:
         code = devserver.serve(
             port,
             directory,
             on_ready=typer.echo,
             note=lambda text: typer.echo(f"mcdc dev-server: {text}", err=True),
+            oplog_entries=settings.oplog_entries,
+            oplog_hours=settings.oplog_hours,
         )
     except McdcError as exc:
         _fail(exc)
     raise typer.Exit(code)
+
+
+# --port and --dir are its own; the oplog's bounds (and --config) come from the option table, as every
+# other command's flags do
+dev_server.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [
+        *list(inspect.signature(dev_server, eval_str=True).parameters.values())[:2],
+        *(parameter(option, "dev-server") for option in for_command("dev-server")),
+        CONFIG,
+    ]
+)
+app.command(
+    "dev-server",
+    cls=PanelCommand,
+    epilog=epilog(
+        """mcdc dev-server --port 27017 --dir src-data &
+        mcdc dev-server --port 27018 --dir dst-data &
+        mcdc sync --source "mongodb://127.0.0.1:27017/?replicaSet=secantus" \\
+          --target "mongodb://127.0.0.1:27018/?replicaSet=secantus\"""",
+        heading="Example (two servers for a trial, then a sync between them)",
+    ),
+)(dev_server)
 
 
 #: Each change event allocates a few dozen short-lived objects; with the default first-generation

@@ -250,7 +250,7 @@ def _args(command: str) -> list[str]:
 def test_every_flag_reaches_the_settings(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in BY_ENV:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr("replicator.cli.setup_logging", lambda *args, **kwargs: None)
+    monkeypatch.setattr("replicator.observe.logs.setup_logging", lambda *args, **kwargs: None)
     seen: list[Settings] = []
 
     async def library_call(settings: Settings) -> Any:

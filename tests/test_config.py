@@ -195,6 +195,8 @@ SAMPLE = {
     "log-format": "json",
     "verbose": "true",
     "debug-driver": "true",
+    "oplog-entries": "5000",
+    "oplog-hours": "2.5",
 }
 
 
@@ -205,7 +207,9 @@ def test_every_settings_field_has_one_option_and_every_option_one_name() -> None
     for option in OPTIONS:
         assert re.fullmatch(r"[a-z][a-z-]*[a-z]", option.name), option.name
         assert option.env == "MCDC_" + option.name.upper().replace("-", "_")
-        assert option.commands and set(option.commands) <= {"sync", "catch-up", "tail", "verify", "status", "cutover"}
+        assert option.commands and set(option.commands) <= {
+            "sync", "catch-up", "tail", "verify", "status", "cutover", "dev-server"
+        }  # fmt: skip
         assert "<" not in option.metavar and "list[" not in option.metavar
     assert set(SAMPLE) == set(BY_NAME)
     for option in OPTIONS:  # the sample really differs from every default

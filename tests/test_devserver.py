@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pymongo
 import pytest
@@ -29,11 +30,21 @@ STOP_TIMEOUT = 30.0
 class DevServer:
     """``mcdc dev-server`` as a child process, with its stdout read line by line as it comes."""
 
-    def __init__(self, port: int, directory: Path, log: Path) -> None:
+    def __init__(self, port: int, directory: Path, log: Path, *flags: str) -> None:
         self.port = port
         self._stderr = open(log, "ab")  # noqa: SIM115 - closed in close()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "replicator.cli", "dev-server", "--port", str(port), "--dir", str(directory)],
+            [
+                sys.executable,
+                "-m",
+                "replicator.cli",
+                "dev-server",
+                "--port",
+                str(port),
+                "--dir",
+                str(directory),
+                *flags,
+            ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
@@ -107,6 +118,7 @@ def test_dev_server_is_a_replica_set_with_change_streams_and_sigterm_stops_it_wi
             assert change is not None and change["operationType"] == "insert"
             assert change["documentKey"] == {"_id": 1}
             assert client.topology_description.topology_type_name == "ReplicaSetWithPrimary"
+            assert _oplog_cap(client) == 2_000_000  # a 1,000,000-document trial leaves a waiting checkpoint's place
         assert server.stop(signal.SIGTERM) == 0
         assert not _answers(port)  # the server stopped with the command
     finally:
@@ -189,3 +201,77 @@ def test_only_the_cli_imports_the_dev_server() -> None:
         if isinstance(node, ast.ImportFrom) and (node.level > 0 or (node.module or "").startswith("replicator"))
     }
     assert local <= {"replicator.errors"}
+
+
+def _oplog_cap(client: pymongo.MongoClient[Any]) -> int:
+    """The oplog's entry cap as the server reports it (local.oplog.rs's capped ``max``, as on mongod)."""
+    (oplog,) = client.local.list_collections(filter={"name": "oplog.rs"})
+    return int(oplog["options"]["max"])
+
+
+@pytest.mark.integration
+def test_oplog_entries_bounds_the_servers_oplog_and_older_entries_go(tmp_path: Path) -> None:
+    server = DevServer(free_port(), tmp_path / "data", tmp_path / "stderr.log", "--oplog-entries", "100")
+    try:
+        with pymongo.MongoClient(server.uri(), serverSelectionTimeoutMS=10_000) as client:
+            assert _oplog_cap(client) == 100
+            oplog = client.local["oplog.rs"]
+            first = oplog.find_one(sort=[("$natural", 1)])
+            assert first is not None
+            client.trial.create_collection("things")
+            for batch in range(15):  # an entry per document
+                client.trial.things.insert_many([{"_id": batch * 100 + n} for n in range(100)])
+            # the server prunes as it writes (every 1,000 entries, here): the first entries are gone
+            assert oplog.find_one({"ts": first["ts"]}) is None
+            assert oplog.count_documents({}) < 1_000
+        assert server.stop(signal.SIGTERM) == 0
+    finally:
+        server.close()
+
+
+@pytest.mark.integration
+def test_oplog_hours_bounds_how_long_the_servers_oplog_keeps_an_entry(tmp_path: Path) -> None:
+    hours = 0.0002  # 0.72 s
+    server = DevServer(free_port(), tmp_path / "data", tmp_path / "stderr.log", "--oplog-hours", str(hours))
+    try:
+        with pymongo.MongoClient(server.uri(), serverSelectionTimeoutMS=10_000) as client:
+            things = client.trial.things
+            things.insert_one({"_id": "marker"})
+            oplog = client.local["oplog.rs"]
+            marker = {"o._id": "marker"}
+            assert oplog.find_one(marker) is not None
+            written = time.monotonic()
+            n = 0
+            # writes until the server prunes (it does as it writes) an entry older than the bound; with the
+            # default bound of days, this entry would stay
+            while oplog.find_one(marker) is not None and time.monotonic() < written + 120:
+                things.insert_many([{"_id": n + k} for k in range(200)])
+                n += 200
+            assert oplog.find_one(marker) is None, f"still there after {n} writes"
+        assert server.stop(signal.SIGTERM) == 0
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (("--oplog-entries", "0"), ("--oplog-entries", "at least 1")),
+        (("--oplog-entries", "many"), ("--oplog-entries", "whole number")),
+        (("--oplog-hours", "0"), ("--oplog-hours", "more than 0")),
+        (("--oplog-hours", "soon"), ("--oplog-hours", "number")),
+    ],
+)
+def test_a_bad_oplog_bound_is_a_one_line_error_with_exit_2(
+    tmp_path: Path, flags: tuple[str, ...], words: tuple[str, ...]
+) -> None:
+    result = _mcdc("dev-server", "--port", str(free_port()), "--dir", str(tmp_path / "data"), *flags)
+    _assert_one_line_error(result, 2, *words)
+    assert not (tmp_path / "data").exists()  # refused before anything started
+
+
+def test_dev_server_help_says_what_the_oplog_bounds_mean_for_a_waiting_checkpoint() -> None:
+    text = " ".join(CliRunner().invoke(app, ["dev-server", "--help"], terminal_width=200).output.split())
+    assert "--oplog-entries" in text and "--oplog-hours" in text
+    assert "[default: 2000000]" in text and "[default: 24]" in text
+    assert "checkpoint" in text and "exit 4" in text  # what happens to a checkpoint that waits past them

@@ -125,6 +125,10 @@ def test_bench_cpu_small_run_prints_the_steady_cpu_ratios() -> None:
     per_event = [run["ratios"]["cpu_per_event"] for run in data["repeats"]]
     assert data["ratios"]["cpu_per_event"] == pytest.approx(sum(per_event) / 2)  # the median of two
     assert "steady CPU per doc" in done.stdout and "steady CPU per event <= 1.3x" in done.stdout
+    # the start figures (issue 41): mcdc's --version and --help against a plain client's, an idle catch-up
+    assert all(data["start_ratios"][k] > 0 for k in ("version", "help", "idle_catch_up"))
+    assert data["start_cpu_s"]["idle_catch_up"] > data["start_cpu_s"]["mcdc"]  # it connects, reads, saves
+    assert "mcdc --help's CPU <= 1.5x" in done.stdout and "nothing to replay < 0.5 s" in done.stdout
 
 
 @pytest.mark.filterwarnings("ignore")

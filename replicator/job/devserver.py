@@ -24,9 +24,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import pymongo
-from pymongo.errors import PyMongoError
-
 from replicator.errors import DevServerError
 
 EXECUTABLE = "secantusd-py"
@@ -53,13 +50,36 @@ def find_executable() -> str | None:
     return shutil.which(EXECUTABLE)
 
 
-def server_argv(executable: str, host: str, port: int, directory: Path) -> list[str]:
-    """The command line of one server on ``host:port`` keeping its data in ``directory``."""
-    return [executable, "--host", host, "--port", str(port), "--storage-path", str(directory)]
+def server_argv(
+    executable: str,
+    host: str,
+    port: int,
+    directory: Path,
+    *,
+    oplog_entries: int | None = None,
+    oplog_hours: float | None = None,
+) -> list[str]:
+    """The command line of one server on ``host:port`` keeping its data in ``directory``; its oplog keeps
+    ``oplog_entries`` entries and ``oplog_hours`` hours at most (None: the server's own bounds)."""
+    argv = [executable, "--host", host, "--port", str(port), "--storage-path", str(directory)]
+    if oplog_entries is not None:
+        argv += ["--oplog-max-entries", str(oplog_entries)]
+    if oplog_hours is not None:
+        argv += ["--oplog-retention-seconds", f"{oplog_hours * 3600:g}"]
+    return argv
 
 
-def serve(port: int, directory: Path, *, on_ready: Callable[[str], None], note: Callable[[str], None]) -> int:
+def serve(
+    port: int,
+    directory: Path,
+    *,
+    on_ready: Callable[[str], None],
+    note: Callable[[str], None],
+    oplog_entries: int | None = None,
+    oplog_hours: float | None = None,
+) -> int:
     """Run one server on 127.0.0.1:``port`` over ``directory`` until a signal; return the exit code.
+    Its oplog keeps ``oplog_entries`` entries and ``oplog_hours`` hours at most (see :func:`server_argv`).
 
     ``on_ready`` gets the URI once the server answers; ``note`` gets messages for the person watching.
     SIGINT (Ctrl-C) stops the server cleanly and returns 130; SIGTERM and SIGHUP return 0. A second
@@ -75,7 +95,7 @@ def serve(port: int, directory: Path, *, on_ready: Callable[[str], None], note: 
     directory.mkdir(parents=True, exist_ok=True)
     with _forwarding_signals() as stopper:
         process = subprocess.Popen(
-            server_argv(executable, HOST, port, directory),
+            server_argv(executable, HOST, port, directory, oplog_entries=oplog_entries, oplog_hours=oplog_hours),
             stdin=subprocess.DEVNULL,
             process_group=0,  # the terminal's Ctrl-C reaches only us; we stop the server with one SIGTERM
         )
@@ -169,6 +189,8 @@ def _forwarding_signals() -> Iterator[_Stopper]:
 
 def _wait_ready(process: subprocess.Popen[bytes], port: int, stopper: _Stopper) -> str | None:
     """The replica set's name once the server answers; None when a signal stopped it first."""
+    from pymongo.errors import PyMongoError  # here: `mcdc dev-server --help` needs no driver
+
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while True:
         if stopper.signum is not None:
@@ -195,6 +217,8 @@ def _wait_ready(process: subprocess.Popen[bytes], port: int, stopper: _Stopper) 
 
 def _hello(port: int) -> dict[str, Any]:
     """The server's ``hello`` reply; PyMongoError while it does not answer."""
+    import pymongo
+
     client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
         HOST, port, directConnection=True, serverSelectionTimeoutMS=500
     )

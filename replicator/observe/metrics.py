@@ -20,16 +20,16 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from http import HTTPStatus
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
-from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
-from prometheus_client.exposition import choose_encoder, generate_latest
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from replicator.observe.migration import STATES as MIGRATION_STATES
 from replicator.observe.migration import Facts, Verification, progress_document
 from replicator.settings.uri import redact
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import CounterMetricFamily, Metric
 
 log = logging.getLogger("mcdc.metrics")
 
@@ -81,6 +81,10 @@ class Metrics:
         self._batches = 0
         self._state = "starting"
         self._state_since = self._progress_at = clock()
+        # prometheus_client is imported by a run that serves metrics (this class, made by served_metrics),
+        # not by every module that names Metrics: a catch-up without --metrics-port never loads it
+        from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
+
         self.registry = CollectorRegistry()
         self.registry.register(self)
         ProcessCollector(registry=self.registry)
@@ -194,10 +198,14 @@ class Metrics:
 
     def render(self) -> str:
         """The run's registry (these metrics and the process's) in the Prometheus text format 0.0.4."""
+        from prometheus_client.exposition import generate_latest
+
         return generate_latest(self.registry).decode()
 
     def collect(self) -> Iterator[Metric]:
         """The families of this run, built from its counters when scraped (prometheus_client's Collector)."""
+        from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+
         nan = math.nan  # an unknown gauge is NaN, not 0: a 0 lag would read as "caught up"
         yield InfoMetricFamily("mcdc", "Run information; the value is always 1.", value=self._info)
         state = GaugeMetricFamily(
@@ -246,6 +254,8 @@ class Metrics:
 
 def _verification(v: Verification) -> Iterator[Metric]:
     """The embedded verifier's counts (tail --verify)."""
+    from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
+
     yield CounterMetricFamily(
         "mcdc_verify_documents_scanned_total", "Documents the embedded verifier compared.", value=v.scanned_documents
     )
@@ -264,6 +274,8 @@ def _verification(v: Verification) -> Iterator[Metric]:
 
 
 def _by_what(name: str, help_text: str, counts: dict[str, int]) -> CounterMetricFamily:
+    from prometheus_client.metrics_core import CounterMetricFamily
+
     family = CounterMetricFamily(name, help_text, labels=["what"])
     for what, n in sorted(counts.items()):
         family.add_metric([what], n)
@@ -340,6 +352,8 @@ def _respond(metrics: Metrics, head: bytes) -> tuple[_Response, bool]:
         return response._replace(headers=(("Allow", "GET, HEAD"),)), True
     try:
         if path == "/metrics":  # the format the scraper asks for, as prometheus_client's own servers do
+            from prometheus_client.exposition import choose_encoder
+
             encode, content_type = choose_encoder(_header(header_lines, b"accept"))
             response = _Response(HTTPStatus.OK, content_type, encode(metrics.registry))
         elif path == "/progress":

@@ -13,11 +13,9 @@ import math
 import sys
 import time
 from collections.abc import Iterable, Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from bson.timestamp import Timestamp
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
 from replicator.observe.tally import (
     Clock,
@@ -29,6 +27,10 @@ from replicator.observe.tally import (
     read_cap,
 )
 from replicator.settings.uri import redact
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import TaskID
 
 log = logging.getLogger("mcdc")
 
@@ -199,6 +201,10 @@ class RichReporter:
     def __init__(
         self, console: Console | None = None, clock: Clock = time.monotonic, *, max_read_rate: float = 0
     ) -> None:
+        # rich is imported when bars are drawn: a cron run (no terminal) never pays for it
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn
+
         self._cap = read_cap(max_read_rate)
         self.console = console if console is not None else Console(stderr=True)
         self._clock = clock

@@ -11,20 +11,24 @@ import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-
-from bson.timestamp import Timestamp
+from types import UnionType
+from typing import TYPE_CHECKING, Any, get_args, get_origin, get_type_hints
 
 from replicator.errors import ConfigError, quoted
-from replicator.settings.filters import DocumentFilters
-from replicator.settings.selection import Image, Renamer, Selection
-from replicator.settings.uri import host_set, is_mongo_uri, redact
+
+if TYPE_CHECKING:
+    from bson.timestamp import Timestamp
+
+    from replicator.settings.filters import DocumentFilters
+    from replicator.settings.selection import Renamer, Selection
 
 _log = logging.getLogger("mcdc.config")
 
 
 def parse_start_at(text: str) -> Timestamp:
     """``--start-at``: ``SECONDS,INCREMENT`` (a BSON timestamp) or an ISO-8601 time (UTC when no zone)."""
+    from bson.timestamp import Timestamp
+
     if "," in text:
         secs, _, inc = text.partition(",")
         try:
@@ -47,6 +51,26 @@ def parse_start_at(text: str) -> Timestamp:
 def state_dir() -> Path:
     """Where mcdc keeps its state by default: the default checkpoints and the migrations of each target."""
     return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "mcdc"
+
+
+# the fields compiled from options: their classes (the query compiler, BSON codecs) load with a Settings, not
+# with --help
+def _everything() -> Selection:
+    from replicator.settings.selection import Selection
+
+    return Selection()
+
+
+def _no_renames() -> Renamer:
+    from replicator.settings.selection import Renamer
+
+    return Renamer()
+
+
+def _no_filters() -> DocumentFilters:
+    from replicator.settings.filters import DocumentFilters
+
+    return DocumentFilters()
 
 
 @dataclass(frozen=True)
@@ -128,9 +152,13 @@ class Settings:
     replay_partitions: int = 0  # --engine spark: tasks per replayed batch (0: the cluster's cores)
     verbose: bool = False  # mcdc's debug lines
     debug_driver: bool = False  # pymongo's debug lines (commands, server selection)
-    selection: Selection = field(default_factory=Selection, compare=False)
-    renamer: Renamer = field(default_factory=Renamer, compare=False)
-    filters: DocumentFilters = field(default_factory=DocumentFilters, compare=False)
+    # dev-server: the trial server's oplog bounds, above a 1,000,000-document trial (issue 41: SecantusDB's
+    # own 100,000 entries made a load of 200,000 documents leave another migration's checkpoint behind)
+    oplog_entries: int = 2_000_000
+    oplog_hours: float = 24.0
+    selection: Selection = field(default_factory=_everything, compare=False)
+    renamer: Renamer = field(default_factory=_no_renames, compare=False)
+    filters: DocumentFilters = field(default_factory=_no_filters, compare=False)
 
     def waits_at_start(self, command: str) -> bool:
         """Is a server unreachable at start waited for (under --max-retries)? tail's always is; sync's and
@@ -153,6 +181,8 @@ class Settings:
         return paths[0] if paths[0].exists() or not found else found[0]
 
     def _digest(self, target: str, *, pair_only: bool = False, copies: dict[str, list[str]] | None = None) -> str:
+        from replicator.settings.uri import host_set, is_mongo_uri, redact  # pymongo's parser: not for --help
+
         key = "|".join(sorted(host_set(self.source))) + "->" + redact(target)
         if not is_mongo_uri(target):  # event sinks: another topic prefix is another destination
             key += "#" + self.topic_prefix
@@ -194,6 +224,27 @@ class Settings:
         return found
 
 
+def _kind(hint: Any) -> Any:
+    """How a field's value is read: its type without ``| None`` (tuple: a repeatable option)."""
+    if get_origin(hint) is UnionType:
+        (hint,) = (a for a in get_args(hint) if a is not type(None))
+    return get_origin(hint) or hint
+
+
+#: (the fields compiled from options are no option's: their classes need not be imported to name the others)
+_KINDS = {
+    name: _kind(hint)
+    for name, hint in get_type_hints(
+        Settings, localns={"Selection": Any, "Renamer": Any, "DocumentFilters": Any}
+    ).items()
+}
+
+
+def field_kind(name: str) -> Any:
+    """The type a Settings field's option reads: bool (a flag), int, float, str, Path, or tuple (repeatable)."""
+    return _KINDS[name]
+
+
 #: The options that decide what a migration copies (recorded.Recorded's): part of its default checkpoint.
 _COPIES = ("include", "exclude", "rename", "field_exclude", "field_rename", "filter")
 #: a way back's record of the migration whose image it selects (replay.recorded.Recorded's JSON key)
@@ -203,6 +254,8 @@ _IMAGE = "image-of"
 def _copied(s: Settings) -> dict[str, list[str]]:
     """What ``s`` copies, where it is not everything as it is (order does not matter): a way back's image of
     its migration's selection too."""
+    from replicator.settings.selection import Image
+
     copies = {name: sorted(getattr(s, name)) for name in _COPIES if getattr(s, name)}
     if isinstance(s.selection, Image):
         copies[_IMAGE] = [s.selection.origin]

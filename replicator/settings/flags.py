@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from replicator.errors import EXIT_UNAVAILABLE
-from replicator.settings.config import Settings
+from replicator.settings.config import Settings, field_kind
 from replicator.settings.options import BY_FIELD, ENV_CONFIG, PANELS, Option
-from replicator.settings.resolve import field_kind
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Settings)}
 _METAVARS = {int: "INTEGER", float: "NUMBER", str: "TEXT", Path: "PATH", tuple: "TEXT"}
@@ -74,8 +73,39 @@ EXIT_CODES = (
 EXIT_CODES_HELP = "\n\nExit codes:\n\n\b\n" + "\n".join(f"  {code:<4} {text}" for code, text in EXIT_CODES)
 
 
-class PanelCommand(TyperCommand):
+class _TextOption(TyperOption):
+    """An option of the table, or --config: its value reaches the command as the command line gave it (text,
+    texts, a flag's bool, or None), for resolve to parse as it parses MCDC_* and the config file. typer's
+    own coercion builds a pydantic TypeAdapter for each option on every run: about 0.1 s of CPU, spent
+    before a catch-up with nothing to do has begun."""
+
+    def process_value(self, ctx: Any, value: Any) -> Any:
+        if value is not None and self.type_descriptor.annotation is Path:
+            value = Path(value)
+        return value if self.callback is None else self.callback(ctx, self, value)
+
+
+def _as_given(params: list[Any], names: Any) -> None:
+    for param in params:
+        if type(param) is TyperOption and param.name in names:
+            param.__class__ = _TextOption  # the same object, without typer's coercion
+
+
+class _HelpAsGiven:
+    """-h/--help (made when first asked for) is a flag passed on as given too."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        _as_given([option], {"help"})
+        return option
+
+
+class PanelCommand(_HelpAsGiven, TyperCommand):
     """A command whose --help lists its options in panels (options.PANELS), most used first."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _as_given(self.params, {*BY_FIELD, CONFIG.name})
 
     def format_options(self, ctx: Any, formatter: Any) -> None:
         panels: dict[str, list[tuple[str, str]]] = {}
@@ -88,6 +118,14 @@ class PanelCommand(TyperCommand):
             if panel in panels:
                 with formatter.section(panel):
                     formatter.write_dl(panels[panel])
+
+
+class FlagGroup(_HelpAsGiven, TyperGroup):
+    """mcdc itself: its one option (--version, a flag) is passed on as given, like the commands' options."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _as_given(self.params, {"version"})
 
 
 GENERAL = "General"

@@ -82,8 +82,8 @@ _AS_RUN = "With --source and --target: as the migration whose default checkpoint
 #: --help's panels, in the order shown; each option belongs to one (its table section below)
 SOURCE, SELECTION, SNAPSHOT, REPLAY = "Source and target", "Selection", "Snapshot", "Replay"
 OUTAGES, EVENTS, SPARK, OUTPUT = "Outages", "Kafka and event targets", "Spark", "Output"
-CUTOVER = "Cutover"
-PANELS = (SOURCE, SELECTION, SNAPSHOT, REPLAY, OUTAGES, EVENTS, SPARK, CUTOVER, OUTPUT)
+CUTOVER, TRIAL = "Cutover", "Trial server"
+PANELS = (SOURCE, SELECTION, SNAPSHOT, REPLAY, OUTAGES, EVENTS, SPARK, CUTOVER, OUTPUT, TRIAL)
 
 
 def _panel(panel: str, *options: Option) -> tuple[Option, ...]:
@@ -312,6 +312,15 @@ OPTIONS: tuple[Option, ...] = (
         Option("verbose", "verbose", "Log mcdc's debug details too.", COMMANDS, short="-v"),
         Option("debug-driver", "debug_driver", "Log the MongoDB driver's commands and server selection "
                "(very verbose).", COMMANDS),
+    ),
+    # mcdc dev-server: the trial server's oplog, which every checkpoint on it resumes from
+    *_panel(
+        TRIAL,
+        Option("oplog-entries", "oplog_entries", "The server's oplog keeps this many entries at most (one per "
+               "document written, updated or deleted): a checkpoint that waits while more are written cannot "
+               "resume (exit 4; see --on-history-lost).", ("dev-server",), minimum=1),
+        Option("oplog-hours", "oplog_hours", "The server's oplog keeps an entry this many hours at most: a "
+               "checkpoint that waits longer cannot resume (exit 4).", ("dev-server",), metavar="HOURS"),
     ),
 )  # fmt: skip
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from replicator.settings.config import Settings
+from replicator.settings.config import Settings, field_kind
 from replicator.settings.options import OPTIONS, PANELS, Option
-from replicator.settings.resolve import field_kind
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Settings)}
 

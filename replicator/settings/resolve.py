@@ -17,13 +17,12 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from types import UnionType
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Any
 
 import orjson
 
 from replicator.errors import ConfigError, quoted
-from replicator.settings.config import Settings, parse_start_at
+from replicator.settings.config import Settings, field_kind, parse_start_at
 from replicator.settings.fields import FieldRules
 from replicator.settings.filters import DocumentFilters, needs_lookup
 from replicator.settings.options import (
@@ -44,21 +43,6 @@ from replicator.settings.uri import check_mongo_uri, host_set, is_mongo_uri, kaf
 _log = logging.getLogger("mcdc.config")
 
 
-def _kind(hint: Any) -> Any:
-    """How a field's value is read: its type without ``| None`` (tuple: a repeatable option)."""
-    if get_origin(hint) is UnionType:
-        (hint,) = (a for a in get_args(hint) if a is not type(None))
-    return get_origin(hint) or hint
-
-
-_KINDS = {name: _kind(hint) for name, hint in get_type_hints(Settings).items()}
-
-
-def field_kind(name: str) -> Any:
-    """The type a Settings field's option reads: bool (a flag), int, float, str, Path, or tuple (repeatable)."""
-    return _KINDS[name]
-
-
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
 
@@ -67,7 +51,7 @@ def _parse(option: Option, value: Any, origin: str, *, split: bool = False) -> A
 
     Text is parsed by the field's type; ``split`` reads a repeatable option's text as a list (comma-separated,
     or a JSON array when an item holds a comma). ``origin`` names where the value came from in the error."""
-    kind = _KINDS[option.field]
+    kind = field_kind(option.field)
     if kind is tuple:
         items = (_split(value, option.commas) if split else [value]) if isinstance(value, str) else value
         if not isinstance(items, list | tuple) or not all(isinstance(v, str) for v in items):
@@ -237,8 +221,12 @@ def resolve(
     return _build(merged, command)
 
 
+#: commands that connect to no source or target of their own (status reads a checkpoint; dev-server serves)
+_UNCONNECTED = ("status", "dev-server")
+
+
 def _build(merged: dict[str, Any], command: str | None) -> Settings:
-    if not merged.get("source") and command != "status":
+    if not merged.get("source") and command not in _UNCONNECTED:
         raise ConfigError("no source: pass --source URI (or set MCDC_SOURCE)")
     return validate(Settings(**{"source": "", **merged}), command=command)
 
@@ -250,6 +238,10 @@ def validate(s: Settings, *, command: str | None = None) -> Settings:
         value = getattr(s, option.field)
         if value is not None:
             _check(option, value, option.flag)
+    if s.oplog_hours <= 0:
+        raise _invalid("--oplog-hours", "must be more than 0", s.oplog_hours)
+    if command == "dev-server":  # it serves: no source or target of its own to check
+        return s
     if s.source or command != "status":
         check_mongo_uri(s.source, "--source")
     if s.target or command != "status":
