@@ -235,7 +235,7 @@ async def test_read_ahead_with_joins_loses_nothing_and_keeps_the_order(seed: int
         return a + b if len(a) + len(b) <= 7 else None
 
     got: list[list[int]] = []
-    async for item in read_ahead(source(), rng.randint(1, 10), join):
+    async for item in read_ahead(source(), rng.randint(2, 10), join):  # a buffer of one has nothing to join
         got.append(item)
         if rng.random() < 0.5:
             await asyncio.sleep(rng.random() / 500)

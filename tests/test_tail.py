@@ -59,8 +59,13 @@ def _wait(condition: Callable[[], bool], timeout: float = 60.0, what: str = "con
         except (AssertionError, pymongo.errors.PyMongoError) as exc:
             last = exc
         time.sleep(0.2)
-    logs = "".join(f"\n--- the log of {proc.args[3]} (pid {proc.pid}):\n{_log(proc)[-6000:]}" for proc in _STARTED
-                   if proc in _LOGS and proc.poll() is None)  # fmt: skip
+    running = [proc for proc in _STARTED if proc in _LOGS and proc.poll() is None]
+    for proc in running:  # each prints what its tasks wait on (a run that seems stuck)
+        proc.send_signal(signal.SIGUSR1)
+    dumped = time.monotonic() + 10
+    while time.monotonic() < dumped and not all(" tasks\n" in _log(proc) for proc in running):
+        time.sleep(0.2)
+    logs = "".join(f"\n--- the log of {proc.args[3]} (pid {proc.pid}):\n{_log(proc)[-20000:]}" for proc in running)
     raise AssertionError(f"timed out waiting for {what}: {last}{logs}")
 
 
@@ -435,7 +440,7 @@ async def test_the_reader_fetches_the_next_reply_while_a_batch_is_applied(source
         async for batch in reader.batches(until=middle):
             if not first:
                 await asyncio.sleep(0.5)  # "applying" the first batch: the reader goes on meanwhile
-                read_ahead = reader._replies.qsize()
+                read_ahead = len(reader._reader or ())
             first.extend(e.key["_id"] for e in batch.events)
             if batch.events:
                 assert batch.position == batch.events[-1].position  # never past its own events

@@ -6,7 +6,6 @@ apply a transaction as one unit.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -28,7 +27,7 @@ from replicator.source.batching import (
 )
 from replicator.source.batching import token_timestamp as token_timestamp
 from replicator.source.connection import DICT_CODEC, Client
-from replicator.source.pump import get_or_raise, pump, stop_pumps
+from replicator.source.pump import Pump, stop_pumps
 
 #: Server codes meaning "that resume point is gone from the oplog".
 HISTORY_LOST_CODES = frozenset({136, 280, 286})
@@ -205,8 +204,7 @@ class ChangeStreamReader:
         self._numbering = Numbering()  # the same
         self._stream: AsyncChangeStream[Any] | None = None
         # the replies read ahead (see batches()); their events not yet assembled outlive one run
-        self._reader: asyncio.Task[None] | None = None
-        self._replies: asyncio.Queue[object] = asyncio.Queue()
+        self._reader: Pump | None = None  # the replies read ahead, outliving one batches()
         self._pending: deque[Any] = deque()
         self._drained_after = False
 
@@ -279,8 +277,8 @@ class ChangeStreamReader:
         """
         assert self._stream is not None, "open() first"
         if self._reader is None:
-            self._replies = asyncio.Queue(maxsize=READ_AHEAD)
-            self._reader = asyncio.create_task(pump(self._read_replies(), self._replies))
+            self._reader = Pump(self._read_replies(), READ_AHEAD)
+        reader = self._reader
         assembler = BatchAssembler(
             batch_size=self._batch_size, until=until, rs=self._rs, fragments=self._fragments,
             numbering=self._numbering, shard=self._shard,
@@ -291,7 +289,7 @@ class ChangeStreamReader:
             ready = False
             while not ready:
                 if not pending:
-                    reply = await get_or_raise(self._replies, self._reader)
+                    reply = await reader.get()
                     assert isinstance(reply, Reply), "the stream's reader ended"
                     if not reply.docs:
                         if self._track_time and assembler.empty:
@@ -334,7 +332,7 @@ class ChangeStreamReader:
         reader, self._reader = self._reader, None
         self._pending.clear()
         if reader is not None:
-            await stop_pumps([reader], [self._replies])
+            await stop_pumps([reader])
 
 
 def _invalidate_token(reply: Reply) -> Any:

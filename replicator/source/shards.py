@@ -9,7 +9,6 @@ never appear: change streams leave out the migration's internal writes.
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from replicator.events import ChangeEvent, Position
 from replicator.settings.uri import redact
 from replicator.source.changestream import Batch, ChangeStreamReader
 from replicator.source.connection import DICT_CODEC, Client
-from replicator.source.pump import DONE, get_or_raise, pump, stop_pumps
+from replicator.source.pump import DONE, Pump, stop_pumps
 
 
 @dataclass(frozen=True)
@@ -119,12 +118,7 @@ class MergedReader:
         up to its time, or a poll of it that started after the event was read came back empty (anything
         it writes later happened later)."""
         shards = {name: _ShardState() for name in self.readers}
-        queues: dict[str, asyncio.Queue[object]] = {n: asyncio.Queue(self._queue_batches) for n in shards}
-
-        tasks = {
-            n: asyncio.create_task(pump(self.readers[n].batches(until=self._until(n, until)), queues[n]))
-            for n in shards
-        }
+        pumps = {n: Pump(self.readers[n].batches(until=self._until(n, until)), self._queue_batches) for n in shards}
         try:
             while True:
                 for name in [n for n, st in shards.items() if n in self.retiring and st.finished and not st.buffer]:
@@ -137,16 +131,16 @@ class MergedReader:
                     if state.finished:
                         continue
                     if not state.buffer:  # nothing buffered: wait for news from this shard
-                        state.take(await get_or_raise(queues[name], tasks[name]))
-                    while not state.finished and not queues[name].empty() and len(state.buffer) < self._cap:
-                        state.take(queues[name].get_nowait())
+                        state.take(await pumps[name].get())
+                    while not state.finished and len(pumps[name]) and len(state.buffer) < self._cap:
+                        state.take(pumps[name].get_nowait())
                 batch = self._release(shards)
                 if batch is not None:
                     yield batch
                 if all(st.finished and not st.buffer for st in shards.values()):
                     return
         finally:
-            await stop_pumps(tasks.values(), queues.values())
+            await stop_pumps(pumps.values())
 
     def _until(self, name: str, until: Timestamp | None) -> Timestamp | None:
         end = self.retiring.get(name)
