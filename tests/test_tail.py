@@ -90,6 +90,10 @@ def test_sigterm_exits_0_and_resumes_without_gaps(source_uri: str, target_uri: s
     with pymongo.MongoClient(source_uri) as client:
         client.db.c.insert_many([{"_id": i} for i in range(100)])
     _wait(_converged(source_uri, target_uri), what="the first inserts")
+    proc.send_signal(signal.SIGUSR1)  # what a run that seems stuck waits on: its tasks' stacks, and it goes on
+    _wait(lambda: " tasks\n" in _log(proc), what="the tasks dumped on SIGUSR1")
+    _wait(lambda: "replicator/source/changestream.py" in _log(proc), what="the reader's stack")
+    assert proc.poll() is None
     code, out, err = _stop(proc)
     assert code == 0, err
     assert "tail finished" in out

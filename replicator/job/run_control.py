@@ -65,14 +65,43 @@ def stop_on_signals() -> asyncio.Event:
 
 
 def dump_tasks() -> None:
-    """SIGUSR1: what each of the run's tasks is waiting on, on stderr (a run that seems stuck)."""
-    import io
-
-    out = io.StringIO()
-    for task in asyncio.all_tasks():
-        task.print_stack(limit=12, file=out)
-    sys.stderr.write(f"mcdc: {len(asyncio.all_tasks())} tasks\n{out.getvalue()}")
+    """SIGUSR1: what each of the run's tasks is waiting on, on stderr (a run that seems stuck): every
+    coroutine and async generator down its chain of awaits, to the future it waits for."""
+    tasks = asyncio.all_tasks()
+    lines = [f"mcdc: {len(tasks)} tasks"]
+    for task in sorted(tasks, key=lambda t: t.get_name()):
+        lines.append(f"task {task.get_name()}:")
+        lines += [f"  {line}" for line in awaits(task.get_coro())]
+    sys.stderr.write("\n".join(lines) + "\n")
     sys.stderr.flush()
+
+
+def awaits(start: object) -> list[str]:
+    """Where ``start`` (a coroutine) is suspended, frame by frame down what it awaits. Python's own
+    Task.print_stack shows the first frame only; an ``async for`` over an async generator is followed into
+    the generator (found among the objects its pending ``__anext__`` refers to)."""
+    import gc
+    import inspect
+
+    lines: list[str] = []
+    obj: object = start
+    for _ in range(64):
+        frame = getattr(obj, "cr_frame", None) or getattr(obj, "ag_frame", None) or getattr(obj, "gi_frame", None)
+        if frame is None:
+            if type(obj).__name__ == "FutureIter":  # ``await future``: the future itself says more
+                obj = next((o for o in gc.get_referents(obj) if isinstance(o, asyncio.Future)), obj)
+            lines.append(f"waits for {obj!r}"[:300])
+            break
+        lines.append(f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_qualname}")
+        following = (
+            getattr(obj, "cr_await", None) or getattr(obj, "ag_await", None) or getattr(obj, "gi_yieldfrom", None)
+        )
+        if type(following).__name__ in ("async_generator_asend", "async_generator_athrow"):
+            following = next((o for o in gc.get_referents(following) if inspect.isasyncgen(o)), following)
+        if following is None:
+            break
+        obj = following
+    return lines
 
 
 @contextlib.asynccontextmanager
