@@ -50,7 +50,7 @@ from replicator.settings.fields import FieldRules
 from replicator.settings.uri import is_mongo_uri, redact
 from replicator.sinks.base import Sink
 from replicator.sinks.registry import open_sink
-from replicator.snapshot.mode import Checkpointed, Start, decide, drops_target
+from replicator.snapshot.mode import Checkpointed, Start, decide, drops_target, stopped_at
 from replicator.source import catalog
 from replicator.source.changestream import current_time
 from replicator.source.connection import Client, ServerInfo, make_client, probe
@@ -228,6 +228,9 @@ class SyncJob:
             else:
                 await reader.close()
         self.summary.position = cp.position.cluster_time if cp is not None else None
+        if self._stopped():
+            saved = Checkpointed(cp.snapshot.status, bool(cp.position)) if cp is not None else None
+            self.summary.stopped = stopped_at(saved, follows=self.command == "tail")
         self.summary.documents += self._replay.recopied.documents
         self.summary.snapshot_s += self._replay.recopied.seconds
         self.summary.recopied_documents += self._replay.recopied.documents
