@@ -162,7 +162,7 @@ def _lag(status: dict[str, Any]) -> str:
             f"as of {at}: give --source to measure it against the source's time"
         )
     if status["lag_measured_against"] != "last save":
-        return f"{lag:.1f} s (against the {status['lag_measured_against']}'s current time; the checkpoint records none)"
+        return f"{lag:.1f} s (against the source's current time; the checkpoint records none)"
     caught_up = " (caught up)" if lag == 0 else ""
     return f"{lag:.1f} s{caught_up} at its last save, {status['age_s']:.1f} s ago"
 
