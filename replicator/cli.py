@@ -181,7 +181,8 @@ def _replicate(command: str, settings: Settings) -> None:
     from replicator.observe.progress import make_reporter
 
     async def go() -> tuple[Summary, Any]:
-        stop = stop_on_signals() if command == "tail" else None
+        # SIGINT/SIGTERM stop any of the three at an acknowledged batch, with a summary of what it did
+        stop = stop_on_signals()
         control = command == "tail" and settings.control
         if control:
             check_control(settings)
@@ -190,7 +191,7 @@ def _replicate(command: str, settings: Settings) -> None:
                 settings.progress and not settings.json_output, max_read_rate=settings.max_read_rate
             )
             asked: list[bool] = []  # POST /commit was accepted (with blockWrites or not)
-            if control and metrics is not None and stop is not None:
+            if control and metrics is not None:
                 metrics.commit = commit_hook(metrics, stop, asked)
             try:
                 run = followed(settings, command)  # a way back follows the selection its checkpoint recorded
@@ -214,6 +215,8 @@ def _replicate(command: str, settings: Settings) -> None:
     _print_summary(summary, settings)
     if summary.never_reached is not None:  # stopped before it could start: not a finished run
         raise typer.Exit(EXIT_UNAVAILABLE)
+    if summary.stopped is not None and command != "tail":  # interrupted short of its end (a tail has none)
+        raise typer.Exit(130)
     if committed is not None:
         _print_cutover(committed, settings)
 

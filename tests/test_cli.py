@@ -527,8 +527,12 @@ def test_status_finds_the_default_checkpoint(source_uri: str, target_uri: str, t
 
 @pytest.mark.integration
 def test_verbose_is_mcdc_and_the_driver_log_has_its_own_flag(source_uri: str, tmp_path: Path) -> None:
-    cp = tmp_path / "cp.json"
-    CheckpointStore(cp).save(Checkpoint("rs:x"))
+    from bson.timestamp import Timestamp
+
+    from replicator.events import Position
+
+    cp = tmp_path / "cp.json"  # a position and no recorded lag: status measures it against the source
+    CheckpointStore(cp).save(Checkpoint("rs:x", position=Position(cluster_time=Timestamp(1, 1))))
     verbose = _mcdc("status", "-c", str(cp), "-s", source_uri, "-v")
     assert verbose.returncode == 0, verbose.stderr
     assert " pymongo" not in verbose.stderr

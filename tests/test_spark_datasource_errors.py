@@ -27,7 +27,7 @@ from replicator.spark_datasource.snapshot import Range, SnapshotReader
 from replicator.spark_datasource.stream import ChangeStreamReader, ShardRange
 from tests.support.secure import PASSWORD, SecureServer, admin_client, start_with_users
 from tests.support.servers import free_port
-from tests.support.spark import QUERY_LIMIT_S
+from tests.support.spark import QUERY_LIMIT_S, ended
 from tests.support.tls import Certificates, make_ca, make_server_cert
 
 pytestmark = pytest.mark.integration
@@ -230,3 +230,36 @@ def test_a_worker_python_without_mcdc_that_register_could_not_check_says_so_at_l
         f"run {python_without_mcdc}, which cannot import mcdc (ModuleNotFoundError: No module named "
     ), text
     assert "set PYSPARK_PYTHON" in text and "spark.pyspark.python" in text, text
+
+
+def test_a_stream_s_start_at_later_than_the_source_s_time_is_one_line_and_its_time_is_taken(
+    mcdc: Any, source_uri: str, tmp_path: Path
+) -> None:
+    """As the CLI refuses ``--start-at`` in the future: a stream from there would pass over every event
+    written before the source reaches it. A start-at at the source's time is taken, and reads from there."""
+    import pymongo
+    from bson.timestamp import Timestamp
+
+    with pymongo.MongoClient(source_uri) as client:
+        now: Timestamp = client.admin.command("ping")["operationTime"]
+        client.shop.orders.insert_many([{"_id": i} for i in range(3)])
+
+    def stream_from(start_at: str, checkpoint: Path) -> None:
+        query = (
+            mcdc.readStream.format("mcdc").option("source", source_uri).option("start-at", start_at).load()
+            .writeStream.format("memory").queryName(checkpoint.name)
+            .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+        )  # fmt: skip
+        ended(query)
+
+    later = f"{now.time + 3600},1"
+    first = failure_of(lambda: stream_from(later, tmp_path / "later")).splitlines()[0]
+    prefix = _STREAM.match(first)
+    assert prefix is not None, first
+    said = first[prefix.end() :]
+    assert said.startswith(f"mcdc: option start-at {later} is later than the source's current time "), said
+    assert "give a time at or before it, or leave start-at out" in said, said
+
+    stream_from(f"{now.time},{now.inc}", tmp_path / "at_now")
+    rows = mcdc.sql("SELECT op, key FROM at_now WHERE coll = 'orders'").collect()
+    assert sorted((row.op, row.key) for row in rows) == [("c", f'{{"_id":{{"$numberInt":"{i}"}}}}') for i in range(3)]

@@ -159,9 +159,12 @@ class SnapshotCopy:
             self.summary.documents += copied.documents  # a failed attempt's too: they were written
             self.summary.snapshot_s += time.monotonic() - started_at
         self.reporter.snapshot_end(complete=not self._stopped())
-        if self._stopped():
-            return cp  # stopped: the partitions not done are copied by the next run
-        self.summary.collections = len({p.ns for p in plan})
+        self.summary.collections_planned = len(namespaces)
+        if self._stopped():  # the partitions not done are copied by the next run
+            self.summary.snapshot = "stopped"
+            self.summary.collections = len(namespaces - {p.ns for p in plan if p.id not in cp.snapshot.done})
+            return cp
+        self.summary.collections = len(namespaces)
         cp.snapshot.status = "copied"
         self.store.save(cp)
         self.summary.snapshot = "completed" if started else "resumed"

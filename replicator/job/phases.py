@@ -50,9 +50,9 @@ from replicator.settings.fields import FieldRules
 from replicator.settings.uri import is_mongo_uri, redact
 from replicator.sinks.base import Sink
 from replicator.sinks.registry import open_sink
-from replicator.snapshot.mode import Checkpointed, Start, decide, drops_target
+from replicator.snapshot.mode import Checkpointed, Start, decide, drops_target, stopped_at
 from replicator.source import catalog
-from replicator.source.changestream import current_time
+from replicator.source.changestream import current_time, refuse_later_start
 from replicator.source.connection import Client, ServerInfo, make_client, probe
 from replicator.source.lookup import source_lookup
 from replicator.source.partitions import plan_specs
@@ -228,6 +228,9 @@ class SyncJob:
             else:
                 await reader.close()
         self.summary.position = cp.position.cluster_time if cp is not None else None
+        if self._stopped():
+            saved = Checkpointed(cp.snapshot.status, bool(cp.position)) if cp is not None else None
+            self.summary.stopped = stopped_at(saved, follows=self.command == "tail")
         self.summary.documents += self._replay.recopied.documents
         self.summary.snapshot_s += self._replay.recopied.seconds
         self.summary.recopied_documents += self._replay.recopied.documents
@@ -303,11 +306,7 @@ class SyncJob:
             # of several shards (which share no clock), the latest: later than every one is in the future
             sides = [r.client for r in reader.readers.values()] if isinstance(reader, MergedReader) else [client]
             now = max([await current_time(side) for side in sides])
-            if at > now:  # a replay from there would skip every event written before the source reached it
-                raise ConfigError(
-                    f"--start-at {s.start_at} is later than the source's current time {format_ts(now)}: give a "
-                    "time at or before it, or leave --start-at out (--snapshot never replays from now)"
-                )
+            refuse_later_start(s.start_at, at, now, option="--start-at", otherwise="--snapshot never replays from now")
             await self._shard_without_snapshot(client, sink)
             cp = self._new_checkpoint(identity, position=Position(cluster_time=at))
             self.store.save(cp)

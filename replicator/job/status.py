@@ -32,8 +32,10 @@ async def checkpoint_status(path: Path, source: str | None = None, timeout_s: fl
 
     The lag is the one the replay recorded at its last save (0 when it had caught up), with when that was:
     a checkpoint no mcdc runs on is not falling behind by the clock, it is where it stopped. A checkpoint
-    without one (written before mcdc recorded it, or still in its snapshot) is measured as before: its
-    position against the source's latest operation time (``source``), else against this machine's clock."""
+    without one (written before mcdc recorded it, or still in its snapshot) is measured from its position
+    against the source's latest operation time (``source``); without ``source`` it is unknown (this
+    machine's clock would make an idle source that is caught up look behind). canCommit goes by a recorded
+    lag only, so that it is one answer whichever way status found the checkpoint."""
     store = CheckpointStore(path)
     cp = store.load()
     if cp is None:
@@ -41,25 +43,24 @@ async def checkpoint_status(path: Path, source: str | None = None, timeout_s: fl
     now = time.time()
     running = store.in_use()
     position_time: Timestamp | None = cp.position.cluster_time
-    lag, against = cp.lag_s, "last save"
-    if lag is None:
-        source_time: Timestamp | None = None
-        if source is not None:
-            client = make_client(source, timeout_s=timeout_s)
-            try:
-                await probe(client, source, "source")
-                source_time = await current_time(client)
-            finally:
-                await client.close()
-        reference = source_time.time if source_time is not None else now
-        lag = max(0.0, reference - position_time.time) if position_time else None
-        against = "source" if source_time is not None else "local clock"
+    lag = cp.lag_s
+    recorded = lag is not None
+    against: str | None = "last save" if recorded else None
+    if not recorded and source is not None and position_time is not None:
+        client = make_client(source, timeout_s=timeout_s)
+        try:
+            await probe(client, source, "source")
+            lag, against = max(0.0, (await current_time(client)).time - position_time.time), "source"
+        finally:
+            await client.close()
     plan = [Partition.from_json(p) for p in cp.snapshot.plan]
     snapshot_done = cp.snapshot.status in ("done", "none")
     facts = Facts(
         state=COMMITTED if cp.cutover is not None else _running_state(cp.snapshot.status) if running else STOPPED,
         snapshot_done=snapshot_done,
         lag_s=lag,
+        lag_from_run=recorded,
+        reason=_UNRECORDED if snapshot_done and not recorded and not running and cp.cutover is None else "",
         events_applied=None,  # a checkpoint does not count them
         estimated_documents=None,
         copied_documents=None,
@@ -91,6 +92,13 @@ async def checkpoint_status(path: Path, source: str | None = None, timeout_s: fl
             "collections_remaining": len({p.ns for p in plan if p.id not in cp.snapshot.done}),
         },
     }
+
+
+#: why canCommit is false for a stopped checkpoint past its snapshot that records no lag
+_UNRECORDED = (
+    "it records no lag (no replay saved it since its snapshot, or an older mcdc wrote it): canCommit waits "
+    "for one, which mcdc catch-up records"
+)
 
 
 def _running_state(snapshot: str) -> str:
@@ -146,9 +154,15 @@ def status_lines(status: dict[str, Any]) -> list[str]:
 def _lag(status: dict[str, Any]) -> str:
     lag = status["lag_s"]
     if lag is None:
-        return "-"
+        at = status["position"]["time"]
+        if at is None:
+            return "-"
+        return (
+            f"unknown: the checkpoint records none (saved mid-snapshot, or by an older mcdc); its position is "
+            f"as of {at}: give --source to measure it against the source's time"
+        )
     if status["lag_measured_against"] != "last save":
-        return f"{lag:.1f} s (against the {status['lag_measured_against']})"
+        return f"{lag:.1f} s (against the source's current time; the checkpoint records none)"
     caught_up = " (caught up)" if lag == 0 else ""
     return f"{lag:.1f} s{caught_up} at its last save, {status['age_s']:.1f} s ago"
 

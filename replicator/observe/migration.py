@@ -83,16 +83,20 @@ class Facts:
     estimated_documents: int | None
     copied_documents: int | None
     verification: Verification | None = None  # None: the run does not verify
+    #: False: ``lag_s`` is status's measure of a checkpoint that records none (or unknown), not the run's
+    #: own, and canCommit does not go by it (status given the checkpoint alone could not measure it)
+    lag_from_run: bool = True
     reason: str = ""  # why it is retrying, when it is
     max_read_rate: float = 0  # --max-read-rate: documents/s the snapshot and verify read at most (0: no cap)
 
 
 def can_commit(facts: Facts) -> bool:
-    """The snapshot is done, the target is within COMMIT_LAG_S of the source's writes, and, when the run
-    verifies, a whole pass ended with no persistent mismatch (and nothing waits to be re-checked)."""
+    """The snapshot is done, the target is within COMMIT_LAG_S of the source's writes (by the run's own
+    lag), and, when the run verifies, a whole pass ended with no persistent mismatch (and nothing waits to
+    be re-checked)."""
     if facts.state == COMMITTED:
         return False  # done already
-    if not facts.snapshot_done or facts.lag_s is None or facts.lag_s > COMMIT_LAG_S:
+    if not facts.snapshot_done or not facts.lag_from_run or facts.lag_s is None or facts.lag_s > COMMIT_LAG_S:
         return False
     v = facts.verification
     if v is None:

@@ -10,6 +10,20 @@ from bson.timestamp import Timestamp
 from replicator.events import ts_to_json
 from replicator.observe.tally import average, format_rate, format_ts, listing, plural
 
+#: where a run was stopped by a signal: what its first line says, and what the same command does next
+STOPPED = {
+    "start": ("before it began", "begin"),
+    "snapshot": (
+        "during the snapshot",
+        "go on with the snapshot (collections finished are not copied again)",
+    ),
+    "window": (
+        "after the snapshot's copy, before the changes made during it were replayed and the indexes built",
+        "replay them and build the indexes (the copy is not made again)",
+    ),
+    "replay": ("before it replayed up to the source's time", "go on replaying from there"),
+}
+
 
 @dataclass
 class Summary:
@@ -45,6 +59,11 @@ class Summary:
     never_reached: str | None = None
     #: documents an earlier run had copied of the partitions this run's resumed snapshot went on with
     copied_before: int = 0
+    #: where a signal stopped the run short of its end (see :data:`STOPPED`); None when it ran to its end
+    #: (a tail's stop in its replay is its end)
+    stopped: str | None = None
+    #: the snapshot's collections, of which ``collections`` were copied when it was stopped
+    collections_planned: int = 0
 
     @property
     def docs_per_s(self) -> float | None:
@@ -68,7 +87,16 @@ class Summary:
         """What the copies did, each counted apart: the snapshot's collections and documents (or that it was
         skipped), the collections copied again, those dropped because the source no longer had them."""
         documents = self.documents - self.recopied_documents
-        if self.snapshot == "skipped" and not self.collections and not documents:
+        if self.snapshot == "stopped":
+            copied = f"{plural(documents, 'document')} copied so far"
+            rate = average(documents, self.snapshot_s - self.recopied_s)
+            if rate is not None and documents:
+                copied += f" ({format_rate(rate)} docs/s"
+                copied += f", after {self.copied_before:,} an earlier run copied)" if self.copied_before else ")"
+            elif self.copied_before:
+                copied += f" (after {self.copied_before:,} an earlier run copied)"
+            parts = [f"{self.collections} of {plural(self.collections_planned, 'collection')}, {copied}"]
+        elif self.snapshot == "skipped" and not self.collections and not documents:
             parts = ["snapshot skipped"]
         else:
             copied = f"{plural(documents, 'document')} copied (snapshot {self.snapshot}"
@@ -93,7 +121,10 @@ class Summary:
         replayed = f"{plural(self.events, 'change event')} replayed"
         if self.events_per_s is not None:
             replayed += f" in {self.replay_s:.1f} s ({format_rate(self.events_per_s)} events/s)"
-        lines = [f"{self.command} finished in {self.elapsed_s:.1f} s: {', '.join([*self._copies(), replayed])}"]
+        head = f"finished in {self.elapsed_s:.1f} s"
+        if self.stopped is not None:
+            head = f"stopped by a signal after {self.elapsed_s:.1f} s {STOPPED[self.stopped][0]}"
+        lines = [f"{self.command} {head}: {', '.join([*self._copies(), replayed])}"]
         if self.never_reached is not None:
             lines = [
                 f"{self.command} stopped after {self.elapsed_s:.1f} s waiting for the {self.never_reached}, which "
@@ -105,6 +136,11 @@ class Summary:
             lines.append(f"dropped as on the source (gone from it): {listing(self.dropped, 20)}")
         if self.reconciled:
             lines.append(f"indexes and options made the source's: {listing(self.reconciled, 20)}")
+        if self.stopped is not None and self.never_reached is None:
+            lines.append(
+                f"the checkpoint holds what the target acknowledged: run the same command again to "
+                f"{STOPPED[self.stopped][1]}"
+            )
         return [
             *lines,
             f"source {self.source} -> target {self.target}",

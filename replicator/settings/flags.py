@@ -68,7 +68,7 @@ EXIT_CODES = (
     (4, "the checkpoint's position left the source's oplog (see --on-history-lost)"),
     (5, "cutover refused: the source took writes while it checked"),
     (EXIT_UNAVAILABLE, "an outage: a server unreachable (past --max-retries); run again later"),
-    (130, "interrupted (Ctrl-C)"),
+    (130, "interrupted (Ctrl-C, or SIGTERM of sync and catch-up): run it again to go on"),
 )
 EXIT_CODES_HELP = "\n\nExit codes:\n\n\b\n" + "\n".join(f"  {code:<4} {text}" for code, text in EXIT_CODES)
 

@@ -46,3 +46,16 @@ def drops_target(saved: Checkpointed | None, *, drop_target: bool, force: bool =
     """Does a new snapshot replace what the target holds? With --drop-target, when forced, and when it
     replaces a finished snapshot of the same checkpoint (--snapshot always): that data is this run's own."""
     return drop_target or force or (saved is not None and saved.status == "done")
+
+
+def stopped_at(saved: Checkpointed | None, *, follows: bool) -> str | None:
+    """Where a run a signal stopped stood, by its checkpoint (a key of the summary's ``STOPPED``): before
+    any was saved, in the copy, in the copy's window, or in the replay; None for a run that ``follows``
+    the stream (tail) stopped in its replay, its ordinary end."""
+    if saved is None:
+        return "start"
+    if saved.status == "in_progress":
+        return "snapshot"
+    if saved.status == "copied":
+        return "window"
+    return None if follows else "replay"

@@ -18,9 +18,10 @@ from bson.timestamp import Timestamp
 from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.errors import OperationFailure, PyMongoError
 
-from replicator.errors import HistoryLost, OversizeEvent
+from replicator.errors import ConfigError, HistoryLost, OversizeEvent
 from replicator.events import Position
 from replicator.events.positions import Numbering
+from replicator.observe.tally import format_ts
 from replicator.source.batching import OVERSIZE_FLAG, BatchAssembler, Fragments, merge_fragments, plain_token
 from replicator.source.batching import (
     Batch as Batch,  # re-exported, with token_timestamp: the reader's callers import them here
@@ -64,6 +65,19 @@ async def current_time(client: Client) -> Timestamp:
     """The source's latest operation time, a cluster-wide "now"."""
     reply = await client.admin.command("ping", codec_options=DICT_CODEC)
     return operation_time(reply)
+
+
+def refuse_later_start(given: str, at: Timestamp, now: Timestamp, *, option: str, otherwise: str) -> None:
+    """A start position (``given``, parsed: ``at``) later than the source's time ``now`` (of several shards,
+    which share no clock, the latest) would pass over every event written before the source reaches it:
+    refused in one line naming ``option`` (``--start-at`` or the data source's ``option start-at``), with
+    ``otherwise``: what leaving it out does."""
+    if at > now:
+        bare = option.removeprefix("option ")
+        raise ConfigError(
+            f"{option} {given} is later than the source's current time {format_ts(now)}: give a time at or "
+            f"before it, or leave {bare} out ({otherwise})"
+        )
 
 
 def operation_time(reply: Mapping[str, Any]) -> Timestamp:

@@ -38,7 +38,7 @@ from replicator.events.rows import Row, bson_bytes
 from replicator.observe.tally import format_ts
 from replicator.settings.config import Settings, parse_start_at
 from replicator.settings.uri import redact
-from replicator.source.changestream import operation_time, token_timestamp
+from replicator.source.changestream import operation_time, refuse_later_start, token_timestamp
 from replicator.source.connection import make_client, probe
 from replicator.source.shards import discover, explicit_shards
 from replicator.spark_datasource import offsets
@@ -124,6 +124,11 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         s = self.settings
         if s.start_at is not None:
             ts = parse_start_at(s.start_at)
+            # of several shards (which share no clock), the latest: later than every one is in the future
+            refuse_later_start(
+                s.start_at, ts, max(self._times()), option="option start-at",
+                otherwise="the stream then starts at the source's time when the query first runs",
+            )  # fmt: skip
             return offsets.to_json({name: ShardOffset(None, ts.time, ts.inc) for name in self.shards()}, initial=True)
         start: dict[str, ShardOffset] = {}
         snapshot = None
@@ -146,12 +151,16 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _time_now(self) -> Timestamp:
         """The earliest of the streams' times now (the snapshot's: every stream starts there)."""
+        return min(self._times())
+
+    def _times(self) -> list[Timestamp]:
+        """Each stream's time now."""
         s = self.settings
         times: list[Timestamp] = []
         for name, uri in self.shards().items():
             with sync_client(uri, s.connect_timeout_s, s.io_timeout_s, role=_role(name)) as client:
                 times.append(source_time(client))
-        return min(times)
+        return times
 
     @property
     def until(self) -> Timestamp | None:
