@@ -45,6 +45,8 @@ class Summary:
     never_reached: str | None = None
     #: documents an earlier run had copied of the partitions this run's resumed snapshot went on with
     copied_before: int = 0
+    #: a line on how the run used its engine: a Spark catch-up over before Spark would have been up says so
+    engine_note: str | None = None
 
     @property
     def docs_per_s(self) -> float | None:
@@ -99,6 +101,8 @@ class Summary:
                 f"{self.command} stopped after {self.elapsed_s:.1f} s waiting for the {self.never_reached}, which "
                 "never answered: nothing was replicated (check its URI and that it is up, then run again)"
             ]
+        if self.engine_note is not None:
+            lines.append(self.engine_note)
         if self.recopied:
             lines.append(f"copied again from the source: {listing(self.recopied, 20)}")
         if self.dropped:
