@@ -148,11 +148,16 @@ async def test_a_replay_only_run_still_replaying_after_the_delay_starts_spark_wh
     monkeypatch.setattr(spark_apply, "SparkApply", Recorded)
     engine, started = _replaying(tmp_path, monkeypatch, after=0.05)
     await engine.start(replay_only=True)
-    assert engine._starting is None  # nothing started yet
-    while engine._starting is None or not engine._starting.done():  # the delay passes; the session comes up
-        await asyncio.sleep(0.01)
-    await engine.apply_with(Spreading())([_event(1)])
-    assert len(started) == 1 and spread == [1]
+    sink = Spreading()
+    apply = engine.apply_with(sink)
+    await apply([_event(1)])
+    assert engine._starting is None and len(sink.events) == 1  # a batch before the delay: from the driver
+    await asyncio.sleep(0.06)
+    await apply([_event(2)])  # a batch after it: Spark starts, the driver writes this one meanwhile
+    assert engine._starting is not None and len(sink.events) == 2
+    await engine._starting
+    await apply([_event(3)])
+    assert len(started) == 1 and spread == [1] and len(sink.events) == 2  # through Spark's tasks
     await engine.close()
     assert engine.note is None and started[0].stopped
 
@@ -215,3 +220,17 @@ def test_which_runs_copy_as_far_as_their_start_can_tell(
     from replicator.snapshot.mode import Checkpointed, copies
 
     assert copies(Checkpointed(*saved) if saved else None, mode=mode, **flags) is copying
+
+
+async def test_a_replay_only_run_with_no_batch_after_the_delay_never_starts_spark_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark starts for writes to hand over: a run that outlasts the delay without a batch left (its time spent
+    reading, or waiting for the source) starts none."""
+    engine, started = _replaying(tmp_path, monkeypatch, after=0.05)
+    await engine.start(replay_only=True)
+    await engine.apply_with(Spreading())([_event(1)])
+    await asyncio.sleep(0.06)
+    await engine.close()
+    assert started == [] and engine.note is not None
+    assert "with no batch left to write (--spark-start-after 0.05 s): Spark was not started" in engine.note

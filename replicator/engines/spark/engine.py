@@ -7,9 +7,10 @@ allocates executors), and the replay does not wait for it. Until it is up, the r
 from this process, as the asyncio engine writes them. The snapshot and the verifier wait for it.
 
 A run that only replays up to now (a catch-up with no copy due) starts no session at first: its backlog is
-replayed from this process, and only if it is still running ``--spark-start-after`` seconds in (about what a
-session takes to start) does the session start beside it. An idle source's catch-up is over before then, and
-never starts Spark. Anything that needs the session (a copy a lost history makes due) starts it at once."""
+replayed from this process, and only if it still has a batch to write ``--spark-start-after`` seconds in
+(about what a session takes to start) does the session start beside it. An idle source's catch-up is over
+before then, and never starts Spark. Anything that needs the session (a copy a lost history makes due)
+starts it at once."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ class SparkEngine(Driver):
     spark: Any = None  # the SparkSession, once up
     _before: Any = None  # the session that ran before this job (spark-submit's): not stopped
     _starting: asyncio.Task[Any] | None = None  # the session this run starts, coming up
-    _deferred: asyncio.TimerHandle | None = None  # a replay-only run's start of its session, after a while
+    _deferring = False  # a replay-only run: its session starts only if a batch comes --spark-start-after in
     _began = 0.0  # when the run began to replay without a session (time.monotonic())
     _replayed = 0  # events replayed
 
@@ -55,9 +56,7 @@ class SparkEngine(Driver):
         await asyncio.to_thread(check_java)  # a missing Java fails the run now, not when the backlog is long
         after = self.s.spark_start_after_s
         if replay_only and after > 0:  # the replay writes from here; Spark starts only if it lasts
-            self._began = time.monotonic()
-            later = f"after {after:g} s of replaying on the driver; the replay writes from here until it is up"
-            self._deferred = asyncio.get_running_loop().call_later(after, self._launch, later)
+            self._deferring, self._began = True, time.monotonic()
             return
         self.reporter.info(f"starting Spark ({self.s.spark_master}); the replay writes from here until it is up")
         # the JVM first (a master it cannot start on fails the run before anything is written); the session on
@@ -68,8 +67,6 @@ class SparkEngine(Driver):
     def _launch(self, why: str) -> None:
         """Start the session beside the run, the JVM's launch too (see :func:`.session.launch`: its console
         goes to its own file, so this process's lines go on meanwhile)."""
-        if self._deferred is not None:
-            self._deferred.cancel()
         if self._starting is not None or self.spark is not None:
             return
         self.reporter.info(f"starting Spark ({self.s.spark_master}) {why}")
@@ -122,6 +119,12 @@ class SparkEngine(Driver):
         from replicator.engines.spark.apply import SparkApply
 
         async def apply(events: Sequence[ChangeEvent]) -> None:
+            if self._deferring and self._starting is None and sink.spreads is not None:
+                took = time.monotonic() - self._began
+                if took >= self.s.spark_start_after_s:  # the replay lasts: worth a session from here on
+                    self._launch(
+                        f"after {took:.1f} s of replaying on the driver; the replay writes from here until it is up"
+                    )
             if self.starting() or sink.spreads is None:
                 await sink.write(events)
                 return
@@ -140,14 +143,13 @@ class SparkEngine(Driver):
     async def close(self) -> None:
         from replicator.engines.spark.session import stop_owned
 
-        if self._deferred is not None:
-            self._deferred.cancel()
-            if self._starting is None and self.spark is None:  # over before Spark would have been up
-                took = time.monotonic() - self._began
-                self.note = (
-                    f"replayed {plural(self._replayed, 'event')} on the driver in {took:.1f} s, less than Spark "
-                    f"takes to start (--spark-start-after {self.s.spark_start_after_s:g} s): Spark was not started"
-                )
+        if self._deferring and self._starting is None and self.spark is None:  # over before Spark would be up
+            took, after = time.monotonic() - self._began, self.s.spark_start_after_s
+            than = "less than Spark takes to start" if took < after else "with no batch left to write"
+            self.note = (
+                f"replayed {plural(self._replayed, 'event')} on the driver in {took:.1f} s, {than} "
+                f"(--spark-start-after {after:g} s): Spark was not started"
+            )
         if self.spark is None and self._starting is not None:  # the run ended before its session was up:
             self.spark = await _started(self._starting)  # stopped once up; a failed start fails the run
         if self.spark is not None:
