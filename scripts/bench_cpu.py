@@ -10,6 +10,9 @@ CPU (user + system, of each contender's own process, from its start to its exit)
    against ``python -c 'import pymongo'`` (a plain client's start), each the least of 5 runs; and after the
    replays, of a ``mcdc catch-up`` with nothing to replay (a cron run on an idle source: its start, its
    connections and its checkpoint), the least of 3. Issue 41's bars: 1.5x a plain client's start, and 0.5 s.
+   Then that idle catch-up once on each engine, its wall and CPU: asyncio, Spark (started only if the replay
+   lasts, ``--spark-start-after``) and Spark started at once (``--spark-start-after 0``, as every Spark
+   catch-up did before issue 41), when PySpark is installed.
 2. **Copy** of ``bench.small`` (a tenth of ``--docs``) and of ``bench.docs`` (``--docs`` small documents). The
    plain client: one RawBSON cursor feeding ``insert_many(ordered=False)`` batches of 1,000 (into
    ``bench_plain``). mcdc: ``mcdc sync`` (into ``bench``).
@@ -37,6 +40,7 @@ are mostly the server's. Exits 0 whatever the ratios say: it is a measurement (1
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import pstats
 import random
 import resource
@@ -318,6 +322,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         harness.heading("A catch-up with nothing to replay (the big collection's checkpoint, just caught up)")
         start["idle_catch_up"] = _least_cpu(runs._mcdc("catch-up", COLL), 3)
         print(f"catch-up with nothing to replay: {start['idle_catch_up']:.3f} s CPU")
+        idle = _idle_on_each_engine(runs._mcdc("catch-up", COLL))
 
         profile: dict[str, dict[str, float]] = {}
         if args.profile:
@@ -352,8 +357,24 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             ratio: statistics.median(run["ratios"][ratio] for run in runs_data) for ratio in runs_data[0]["ratios"]
         },
         "profile": profile,
+        "idle_catch_up_engines": idle,
         "commands": {"sync": " ".join(runs._mcdc("sync", COLL)), "catch-up": " ".join(runs._mcdc("catch-up", COLL))},
     }
+
+
+def _idle_on_each_engine(catch_up: list[str]) -> dict[str, dict[str, float]]:
+    """An idle catch-up run once on each engine: its CPU and wall seconds. The CPU is mcdc's process's and its
+    waited children's: a JVM Spark started is not waited for, so its CPU is not in it (compare the walls)."""
+    if importlib.util.find_spec("pyspark") is None:
+        return {}
+    spark = [*catch_up, "--engine", "spark", "--spark-master", "local[2]"]
+    engines = {"asyncio": catch_up, "spark": spark, "spark at once": [*spark, "--spark-start-after", "0"]}
+    idle = {}
+    for name, argv in engines.items():
+        cpu, wall, _ = _cpu_of(argv)
+        idle[name] = {"cpu_s": round(cpu, 3), "wall_s": round(wall, 3)}
+        print(f"idle catch-up --engine {name}: {wall:.2f} s wall, {cpu:.3f} s CPU")
+    return idle
 
 
 def _steady(repeat: dict[str, Any], docs: int, events: int) -> dict[str, Any]:
@@ -387,6 +408,14 @@ def report(data: dict[str, Any]) -> None:
         f"{start['mcdc']:.3f} s ({sr['version']:.2f}x), mcdc --help {start['help']:.3f} s ({sr['help']:.2f}x); "
         f"a catch-up with nothing to replay {start['idle_catch_up']:.3f} s ({sr['idle_catch_up']:.2f}x)"
     )
+    if data.get("idle_catch_up_engines"):
+        print(
+            "an idle catch-up, once on each engine (wall, CPU): "
+            + "; ".join(
+                f"{name} {run['wall_s']:.2f} s, {run['cpu_s']:.3f} s"
+                for name, run in data["idle_catch_up_engines"].items()
+            )
+        )
     for number, run in enumerate(data["repeats"], 1):
         print(f"repeat {number}:")
         for what, unit, sizes in (("copy", "doc", data["docs"]), ("replay", "event", data["events"])):

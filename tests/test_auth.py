@@ -297,7 +297,7 @@ def test_the_spark_engine_with_the_least_roles(
     assert result.returncode == 0, result.stderr
     with admin_client(source) as client:
         client.shop.orders.insert_many([{"_id": i, "n": i} for i in range(200, 250)])
-    result = out.run("catch-up", *common, timeout=300)
+    result = out.run("catch-up", *common, "--spark-start-after", "0", timeout=300)  # Spark's tasks write it
     assert result.returncode == 0, result.stderr
     assert _count(target, "shop", "orders") == 250
     out.assert_no_credentials(src, tgt)

@@ -95,12 +95,15 @@ def test_each_commands_help_lists_the_targets_and_options_it_takes() -> None:
 
 #: Fields a command's code reads that it offers no flag for, and why.
 _VERIFIER = "the embedded verifier runs beside a tail (cutover compares on its own)"
+#: sync copies and tail follows on: Spark is worth its start at once (a catch-up's replay may be over sooner)
+_SPARK_AT_ONCE = "only a catch-up, which may be over before Spark is up, defers its start"
 NOT_APPLICABLE = {
     "sync": {
         "shard_refresh_s": "only tail follows shards being added or removed",
         "verify": _VERIFIER,
         "verify_interval_s": _VERIFIER,
         "control": "POST /commit stops a tail",
+        "spark_start_after_s": _SPARK_AT_ONCE,
     },
     "catch-up": {
         "shard_refresh_s": "only tail follows shards being added or removed",
@@ -108,7 +111,10 @@ NOT_APPLICABLE = {
         "verify_interval_s": _VERIFIER,
         "control": "POST /commit stops a tail",
     },
-    "tail": {"snapshot_only": "tail follows the stream: a copy without it is sync --snapshot-only"},
+    "tail": {
+        "snapshot_only": "tail follows the stream: a copy without it is sync --snapshot-only",
+        "spark_start_after_s": _SPARK_AT_ONCE,
+    },
     "verify": {},
     "status": {},
     "cutover": {

@@ -180,6 +180,7 @@ SAMPLE = {
     "engine": "spark",
     "spark-master": "spark://spark.example:7077",
     "replay-partitions": "6",
+    "spark-start-after": "2.5",
     "spark-conf": "spark.executor.memory=2g,spark.executor.cores=2",
     "metrics-port": "9464",
     "metrics-host": "0.0.0.0",

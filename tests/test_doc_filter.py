@@ -247,7 +247,7 @@ def test_the_spark_engine_copies_and_replays_the_matches_through_kill_9(
     move_across(source_uri, 100, 2)
     log = tmp_path / "killed.log"
     with log.open("w") as out:
-        killed = _spawn("catch-up", source_uri, target_uri, cp, *spark, stderr=out)
+        killed = _spawn("catch-up", source_uri, target_uri, cp, *spark, "--spark-start-after", "0", stderr=out)
     deadline = time.monotonic() + 300
     while killed.poll() is None and "starting Spark" not in log.read_text():  # killed as its session comes up
         assert time.monotonic() < deadline, log.read_text()[-3000:]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -374,3 +376,98 @@ def test_a_spark_tail_replays_from_the_driver_while_its_session_starts_then_thro
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _asyncio_cli(command: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "replicator.cli", command, *(["--no-progress"] if command != "verify" else []), *args]
+
+
+def _recording_java(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """An environment whose JAVA_HOME's java writes down each time it is run (then runs the real one), and
+    the file it writes to: Spark launches its JVM with JAVA_HOME's java."""
+    real = Path(os.environ["JAVA_HOME"]) / "bin" / "java" if "JAVA_HOME" in os.environ else None
+    real = real if real is not None and real.exists() else Path(shutil.which("java") or "java").resolve()
+    runs, java = tmp_path / "java-runs.txt", tmp_path / "jdk" / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_text(f'#!/bin/sh\necho "$*" >> {runs}\nexec {real} "$@"\n')
+    java.chmod(0o755)
+    return {**os.environ, "JAVA_HOME": str(java.parent.parent), "TMPDIR": str(tmp_path)}, runs
+
+
+def _jvms(runs: Path) -> list[str]:
+    """The JVMs the recording java started (``java -version``, the check that Java is there, is none)."""
+    lines = runs.read_text().splitlines() if runs.exists() else []
+    return [line for line in lines if line.strip() != "-version"]
+
+
+def test_an_idle_spark_catch_up_replays_on_the_driver_and_never_starts_spark(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    """A catch-up whose backlog the driver replays before Spark could have started replays it there and says
+    so: no JVM is launched (the file its console would go to is never made), and the target converges."""
+    cp = tmp_path / "cp.json"
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.insert_many([{"_id": i, "v": 0} for i in range(20)])
+    first = subprocess.run(_asyncio_cli("sync", "-s", source_uri, "-t", target_uri, "-c", str(cp)),
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    with pymongo.MongoClient(source_uri) as client:
+        for i in range(12):
+            client.db.c.update_one({"_id": i}, {"$inc": {"v": 1}})
+    env, runs = _recording_java(tmp_path)
+    argv = _spark_cli("catch-up", "-s", source_uri, "-t", target_uri, "-c", str(cp), "--json")
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert runs.exists() and _jvms(runs) == [], done.stderr  # Java was checked for, and never started
+    assert "starting Spark" not in done.stderr, done.stderr
+    said = [line for line in done.stderr.splitlines() if "Spark was not started" in line]
+    assert len(said) == 1 and "catch-up replayed 12 events on the driver in " in said[0], done.stderr
+    assert "less than Spark takes to start (--spark-start-after 10 s)" in said[0], said
+    summary = json.loads(done.stdout)
+    assert summary["events"] == 12 and "Spark was not started" in summary["engine_note"], summary
+    assert_identical(source_uri, target_uri)
+    verified = subprocess.run(_asyncio_cli("verify", "-s", source_uri, "-t", target_uri),
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_a_spark_catch_up_longer_than_spark_takes_to_start_hands_its_writes_to_spark(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    """--spark-start-after 0.5: a catch-up still replaying half a second in (its batches of 10 written slowly:
+    each write answered 2 s late, until Spark is up) starts Spark beside the run, whose tasks take the writes
+    once it is up; the target converges."""
+    from tests.support.failpoint import arm, block, disarm
+
+    cp, log = tmp_path / "cp.json", tmp_path / "stderr.log"
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.insert_many([{"_id": i, "v": 0} for i in range(100)])
+    first = subprocess.run(_asyncio_cli("sync", "-s", source_uri, "-t", target_uri, "-c", str(cp)),
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    with pymongo.MongoClient(source_uri) as client:
+        for i in range(300):  # the backlog: 30 batches, a minute of writes at 2 s each
+            client.db.c.update_one({"_id": i % 100}, {"$inc": {"v": 1}})
+    argv = _spark_cli("catch-up", "-s", source_uri, "-t", target_uri, "-c", str(cp), "--spark-start-after", "0.5",
+                      "--max-batch-size", "10", "--max-queue-size", "10")  # fmt: skip
+    env, runs = _recording_java(tmp_path)
+    arm(target_uri, block(2000), ["update"])
+    try:
+        with log.open("w") as err:
+            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, text=True, env=env)
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and "Spark is up: its tasks take the writes from here" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        disarm(target_uri)  # the rest goes at full speed
+        assert proc.wait(timeout=300) == 0, log.read_text()
+    finally:
+        disarm(target_uri)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert re.search(r"starting Spark \(local\[2\]\) after \d+\.\d s of replaying on the driver", text), text
+    assert "Spark is up: its tasks take the writes from here" in text and "Spark was not started" not in text, text
+    assert any("org.apache.spark.deploy.SparkSubmit" in jvm for jvm in _jvms(runs)), runs.read_text()  # Spark's
+    assert_identical(source_uri, target_uri)

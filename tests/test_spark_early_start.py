@@ -97,3 +97,140 @@ def test_a_python_worker_that_cannot_start_is_left_for_the_runs_own_first_job_to
 
     spark = SimpleNamespace(sparkContext=Context())
     assert _come_up(Settings(source="mongodb://s", target="mongodb://t"), lambda s: spark) is spark
+
+
+def _replaying(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, after: float) -> tuple[SparkEngine, list[Any]]:
+    """An engine of a run with no session of its own yet (no spark-submit's), whose session, once started,
+    is a stand-in: the list records each start."""
+    from replicator.engines.spark import engine as spark_engine
+    from replicator.engines.spark import session
+
+    started: list[Any] = []
+
+    def launch_and_come_up(settings: Settings) -> Any:
+        started.append(_Session())
+        return started[-1]
+
+    monkeypatch.setattr(session, "active_session", lambda settings: None)
+    monkeypatch.setattr(session, "check_java", lambda: None)
+    monkeypatch.setattr(spark_engine, "_launch_and_come_up", launch_and_come_up)
+    settings = Settings(source="mongodb://s", target="mongodb://t", spark_start_after_s=after)
+    return SparkEngine(settings, CheckpointStore(tmp_path / "cp.json"), LogReporter()), started
+
+
+async def test_a_replay_only_run_over_before_spark_would_be_up_never_starts_it_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, started = _replaying(tmp_path, monkeypatch, after=600)
+    await engine.start(replay_only=True)
+    sink = Spreading()
+    await engine.apply_with(sink)([_event(1), _event(2)])
+    assert len(sink.events) == 2 and engine.starting()  # written by the driver
+    await engine.close()
+    assert started == [] and engine.spark is None
+    assert engine.note is not None and engine.note.endswith(
+        "on the driver in 0.0 s, less than Spark takes to start (--spark-start-after 600 s): Spark was not started"
+    )
+
+
+async def test_a_replay_only_run_still_replaying_after_the_delay_starts_spark_whose_tasks_take_the_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spread: list[int] = []
+
+    class Recorded:
+        def __init__(self, settings: Settings, spark: Any, sink: Any, *, partitions: int) -> None:
+            pass
+
+        async def __call__(self, events: Sequence[ChangeEvent]) -> None:
+            spread.append(len(events))
+
+    monkeypatch.setattr(spark_apply, "SparkApply", Recorded)
+    engine, started = _replaying(tmp_path, monkeypatch, after=0.05)
+    await engine.start(replay_only=True)
+    sink = Spreading()
+    apply = engine.apply_with(sink)
+    await apply([_event(1)])
+    assert engine._starting is None and len(sink.events) == 1  # a batch before the delay: from the driver
+    await asyncio.sleep(0.06)
+    await apply([_event(2)])  # a batch after it: Spark starts, the driver writes this one meanwhile
+    assert engine._starting is not None and len(sink.events) == 2
+    await engine._starting
+    await apply([_event(3)])
+    assert len(started) == 1 and spread == [1] and len(sink.events) == 2  # through Spark's tasks
+    await engine.close()
+    assert engine.note is None and started[0].stopped
+
+
+async def test_what_needs_the_session_starts_it_at_once_and_a_run_that_copies_starts_it_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, started = _replaying(tmp_path, monkeypatch, after=600)
+    await engine.start(replay_only=True)
+    assert await engine.ready() is started[0]  # a copy a lost history made due, say
+    await engine.close()
+    assert len(started) == 1 and started[0].stopped and engine.note is None
+    from replicator.engines.spark import session
+
+    launched: list[Settings] = []
+    monkeypatch.setattr(session, "launch", launched.append)
+    monkeypatch.setattr(session, "create", lambda settings: _Session())
+    eager, _ = _replaying(tmp_path, monkeypatch, after=600)
+    await eager.start(replay_only=False)  # a sync, a tail, a catch-up that copies
+    assert launched and eager._starting is not None
+    await eager.close()
+    assert eager.spark.stopped and eager.note is None
+
+
+class _Idle:
+    defaultParallelism = 1
+
+    def parallelize(self, data: object, slices: int) -> Any:
+        raise RuntimeError("no workers here")
+
+
+class _Session:
+    """A session stand-in: its cores, and whether it was stopped."""
+
+    def __init__(self) -> None:
+        self.sparkContext, self.stopped = _Idle(), False
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+@pytest.mark.parametrize(
+    ("saved", "mode", "flags", "copying"),
+    [
+        (None, "initial", {}, True),  # a first run
+        (("done", True), "initial", {}, False),  # the cron job's catch-up
+        (("none", True), "never", {}, False),
+        (("in_progress", True), "initial", {}, True),  # a snapshot to finish
+        (("copied", True), "initial", {}, False),  # its window to replay, its indexes to build
+        (("done", True), "always", {}, True),
+        (("done", True), "when_needed", {}, False),  # unless its position left the oplog: found later
+        (None, "never", {}, False),
+        (None, "initial", {"start_at": True}, False),
+        (("done", True), "initial", {"snapshot_only": True}, True),
+    ],
+)
+def test_which_runs_copy_as_far_as_their_start_can_tell(
+    saved: tuple[str, bool] | None, mode: str, flags: dict[str, bool], copying: bool
+) -> None:
+    from replicator.snapshot.mode import Checkpointed, copies
+
+    assert copies(Checkpointed(*saved) if saved else None, mode=mode, **flags) is copying
+
+
+async def test_a_replay_only_run_with_no_batch_after_the_delay_never_starts_spark_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark starts for writes to hand over: a run that outlasts the delay without a batch left (its time spent
+    reading, or waiting for the source) starts none."""
+    engine, started = _replaying(tmp_path, monkeypatch, after=0.05)
+    await engine.start(replay_only=True)
+    await engine.apply_with(Spreading())([_event(1)])
+    await asyncio.sleep(0.06)
+    await engine.close()
+    assert started == [] and engine.note is not None
+    assert "with no batch left to write (--spark-start-after 0.05 s): Spark was not started" in engine.note

@@ -20,8 +20,13 @@ class Engine(Protocol):
     #: copies snapshot partitions (:func:`replicator.snapshot.copy.copy_partitions`'s signature)
     copier: Copier
 
-    async def start(self) -> None:
-        """Start what the engine runs on; called once every check of the run has passed."""
+    #: a line on how the run used the engine, once closed (None: nothing to say)
+    note: str | None
+
+    async def start(self, *, replay_only: bool = False) -> None:
+        """Start what the engine runs on; called once every check of the run has passed. ``replay_only``: the
+        run is expected to replay up to now and copy nothing (a catch-up); the Spark engine then starts Spark
+        only if the replay lasts longer than Spark takes to start."""
 
     async def ready(self) -> object:
         """Wait until what :meth:`start` started can take work (a Spark session comes up beside the run)."""

@@ -43,7 +43,10 @@ class Driver:
         self.stop = stop
         self.metrics = metrics
 
-    async def start(self) -> None:
+    #: a line on how the run used the engine, once closed (the Spark engine's: that it never started Spark)
+    note: str | None = None
+
+    async def start(self, *, replay_only: bool = False) -> None:
         return None
 
     async def ready(self) -> object:

@@ -50,7 +50,7 @@ from replicator.settings.fields import FieldRules
 from replicator.settings.uri import is_mongo_uri, redact
 from replicator.sinks.base import Sink
 from replicator.sinks.registry import open_sink
-from replicator.snapshot.mode import Checkpointed, Start, decide, drops_target, stopped_at
+from replicator.snapshot.mode import Checkpointed, Start, copies, decide, drops_target, stopped_at
 from replicator.source import catalog
 from replicator.source.changestream import current_time, refuse_later_start
 from replicator.source.connection import Client, ServerInfo, make_client, probe
@@ -138,7 +138,8 @@ class SyncJob:
                     assert self.store.owner is not None
                     source_id, target_id = self.store.owner
                     hold_targets(self.store, self.s, cp, source=source_id, target=target_id, namespaces=namespaces)
-                    await self.engine.start()  # after every check: a mistake costs no JVM start
+                    # after every check: a mistake costs no JVM start
+                    await self.engine.start(replay_only=self._replays_only(cp))
                     await self._run(client, info, sink, cp)
                 finally:
                     await client.close()
@@ -146,7 +147,18 @@ class SyncJob:
             await sink.close()
             await self.engine.close()
         self.summary.elapsed_s = round(time.monotonic() - started, 3)
+        if self.engine.note is not None:
+            self.summary.engine_note = f"{self.command} {self.engine.note}"
+            self.reporter.info(self.summary.engine_note)
         return self.summary
+
+    def _replays_only(self, cp: Checkpoint | None) -> bool:
+        """A catch-up whose checkpoint needs no copy: it replays up to now, and ends."""
+        s = self.s
+        saved = Checkpointed(cp.snapshot.status, bool(cp.position)) if cp is not None else None
+        return self.command == "catch-up" and not copies(
+            saved, mode=s.snapshot, snapshot_only=s.snapshot_only, start_at=s.start_at is not None
+        )
 
     async def _check_source(self, client: Client, sink: Sink) -> tuple[ServerInfo, Checkpoint | None, list[Namespace]]:
         """Reach the source and check it before anything is written: its members (--read-preference

@@ -64,6 +64,8 @@ class Summary:
     stopped: str | None = None
     #: the snapshot's collections, of which ``collections`` were copied when it was stopped
     collections_planned: int = 0
+    #: a line on how the run used its engine: a Spark catch-up over before Spark would have been up says so
+    engine_note: str | None = None
 
     @property
     def docs_per_s(self) -> float | None:
@@ -130,6 +132,8 @@ class Summary:
                 f"{self.command} stopped after {self.elapsed_s:.1f} s waiting for the {self.never_reached}, which "
                 "never answered: nothing was replicated (check its URI and that it is up, then run again)"
             ]
+        if self.engine_note is not None:
+            lines.append(self.engine_note)
         if self.recopied:
             lines.append(f"copied again from the source: {listing(self.recopied, 20)}")
         if self.dropped:

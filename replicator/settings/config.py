@@ -150,6 +150,7 @@ class Settings:
     spark_master: str = "local[*]"  # ignored under spark-submit, whose session is used
     spark_conf: tuple[str, ...] = ()  # KEY=VALUE Spark settings
     replay_partitions: int = 0  # --engine spark: tasks per replayed batch (0: the cluster's cores)
+    spark_start_after_s: float = 10.0  # --engine spark: a catch-up's seconds on the driver before Spark starts
     verbose: bool = False  # mcdc's debug lines
     debug_driver: bool = False  # pymongo's debug lines (commands, server selection)
     # dev-server: the trial server's oplog bounds, above a 1,000,000-document trial (issue 41: SecantusDB's

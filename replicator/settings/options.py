@@ -277,6 +277,10 @@ OPTIONS: tuple[Option, ...] = (
                "(repeatable).", SELECTING, metavar="KEY=VALUE"),
         Option("replay-partitions", "replay_partitions", "--engine spark: the Spark tasks each replayed batch is "
                "applied by, split by document (0: the cluster's cores).", JOB, metavar="N", minimum=0),
+        Option("spark-start-after", "spark_start_after_s", "--engine spark: a catch-up replays from this process "
+               "for up to this many seconds, about what Spark takes to start, before it starts Spark for the rest "
+               "(0: at once); one that finishes sooner never starts it.", ("catch-up", "cutover"),
+               metavar="SECONDS", minimum=0),
     ),
     # cutover
     *_panel(

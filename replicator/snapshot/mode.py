@@ -42,6 +42,14 @@ def decide(
     return Start.REPLAY
 
 
+def copies(saved: Checkpointed | None, *, mode: str, snapshot_only: bool = False, start_at: bool = False) -> bool:
+    """Whether a run that begins with this checkpoint copies (a new snapshot, or the rest of one in
+    progress), as far as its start can tell: a saved position found to have left the oplog later
+    (--snapshot when_needed, --on-history-lost resnapshot) still makes it copy."""
+    start = decide(saved, mode=mode, snapshot_only=snapshot_only, start_at=start_at)
+    return start is Start.FRESH or (start is Start.RESUME and saved is not None and saved.status == "in_progress")
+
+
 def drops_target(saved: Checkpointed | None, *, drop_target: bool, force: bool = False) -> bool:
     """Does a new snapshot replace what the target holds? With --drop-target, when forced, and when it
     replaces a finished snapshot of the same checkpoint (--snapshot always): that data is this run's own."""

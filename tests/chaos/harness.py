@@ -396,6 +396,8 @@ class Runner:
         if self.plan.engine == "spark":
             # three replay tasks on two cores: a batch's shares are written at once, in any order
             argv += ["--engine", "spark", "--spark-master", "local[2]", "--replay-partitions", "3", *quick_jvm_conf()]
+            if command == "catch-up":  # Spark at once, even for a short backlog: its tasks write under the faults
+                argv += ["--spark-start-after", "0"]
         if self.plan.sink in LAKE_SINKS:
             argv += ["--max-batch-size", str(LAKE_BATCH)]
         if command == "tail" and self.plan.sink == "mongo":  # the embedded verifier sweeps all along

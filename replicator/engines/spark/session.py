@@ -4,7 +4,6 @@ the session ``spark-submit`` started is used as it is; Spark's console noise goe
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import logging
 import os
@@ -13,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,16 +114,23 @@ def active_session(settings: Settings) -> Any:
 
 
 def launch(settings: Settings) -> None:
-    """Start the JVM of the session :func:`create` makes next: the part of its start that needs this process's
-    stderr (given to the log file, see :func:`_console_to_log`), since the JVM inherits it as it is launched."""
+    """Start the JVM of the session :func:`create` makes next, its console given to a log file unless
+    --verbose (see :func:`_console_path`). The JVM is handed the file as it is launched: this process's own
+    stderr stays as it is, so its lines go on to the console while a run launches Spark beside it."""
     from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors import this mcdc
     conf = SparkConf().setMaster(master_url(settings.spark_master)).setAppName("mcdc")
     for key, value in spark_conf(settings).items():
         conf.set(key, value)
-    with _console_to_log(settings.verbose):
-        SparkContext._ensure_initialized(conf=conf)  # the JVM is started with these settings
+    if settings.verbose or SparkContext._gateway is not None:  # the console as it is; or a JVM up already
+        SparkContext._ensure_initialized(conf=conf)
+        return
+    path = _console_path()
+    with open(path, "ab") as console:
+        gateway = launch_gateway(conf, popen_kwargs={"stderr": console})  # type: ignore[no-untyped-call]
+    SparkContext._ensure_initialized(gateway=gateway, conf=conf)
 
 
 def create(settings: Settings) -> Any:
@@ -147,25 +152,13 @@ def quiet_py4j(settings: Settings) -> None:
     logging.getLogger("py4j").setLevel(logging.DEBUG if settings.debug_driver else logging.CRITICAL)
 
 
-@contextlib.contextmanager
-def _console_to_log(verbose: bool) -> Iterator[None]:
-    """The JVM Spark starts inherits this process's stderr: unless --verbose, give it a log file instead,
-    so its start-up lines and later warnings stay out of mcdc's output."""
-    if verbose:
-        yield
-        return
+def _console_path() -> Path:
+    """The file the console of the Spark this process starts goes to (its start-up lines and later warnings
+    stay out of mcdc's output), named when a run fails."""
     path = Path(tempfile.gettempdir()) / f"mcdc-spark-{os.getpid()}.log"
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(path, "ab") as sink:
-            os.dup2(sink.fileno(), 2)
-        _console_logs.add(path)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+    _console_logs.add(path)
     log.debug("Spark's console output goes to %s", path)
+    return path
 
 
 def console_log() -> Path | None:
