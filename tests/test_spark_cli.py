@@ -400,17 +400,23 @@ def _jvms(runs: Path) -> list[str]:
     return [line for line in lines if line.strip() != "-version"]
 
 
+def _synced(source_uri: str, target_uri: str, tmp_path: Path, documents: int) -> Path:
+    """The checkpoint of an asyncio sync of ``documents`` new documents of db.c."""
+    cp = tmp_path / "cp.json"
+    with pymongo.MongoClient(source_uri) as client:
+        client.db.c.insert_many([{"_id": i, "v": 0} for i in range(documents)])
+    first = subprocess.run(_asyncio_cli("sync", "-s", source_uri, "-t", target_uri, "-c", str(cp)),
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    return cp
+
+
 def test_an_idle_spark_catch_up_replays_on_the_driver_and_never_starts_spark(
     source_uri: str, target_uri: str, tmp_path: Path
 ) -> None:
     """A catch-up whose backlog the driver replays before Spark could have started replays it there and says
     so: no JVM is launched (the file its console would go to is never made), and the target converges."""
-    cp = tmp_path / "cp.json"
-    with pymongo.MongoClient(source_uri) as client:
-        client.db.c.insert_many([{"_id": i, "v": 0} for i in range(20)])
-    first = subprocess.run(_asyncio_cli("sync", "-s", source_uri, "-t", target_uri, "-c", str(cp)),
-                           capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert first.returncode == 0, first.stderr
+    cp = _synced(source_uri, target_uri, tmp_path, 20)
     with pymongo.MongoClient(source_uri) as client:
         for i in range(12):
             client.db.c.update_one({"_id": i}, {"$inc": {"v": 1}})
@@ -439,12 +445,7 @@ def test_a_spark_catch_up_longer_than_spark_takes_to_start_hands_its_writes_to_s
     once it is up; the target converges."""
     from tests.support.failpoint import arm, block, disarm
 
-    cp, log = tmp_path / "cp.json", tmp_path / "stderr.log"
-    with pymongo.MongoClient(source_uri) as client:
-        client.db.c.insert_many([{"_id": i, "v": 0} for i in range(100)])
-    first = subprocess.run(_asyncio_cli("sync", "-s", source_uri, "-t", target_uri, "-c", str(cp)),
-                           capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert first.returncode == 0, first.stderr
+    cp, log = _synced(source_uri, target_uri, tmp_path, 100), tmp_path / "stderr.log"
     with pymongo.MongoClient(source_uri) as client:
         for i in range(300):  # the backlog: 30 batches, a minute of writes at 2 s each
             client.db.c.update_one({"_id": i % 100}, {"$inc": {"v": 1}})
