@@ -19,7 +19,10 @@ from replicator.bsonkit.rawbson import DICT_CODEC as DICT_CODEC  # re-exported: 
 from replicator.bsonkit.rawbson import RAW_CODEC as RAW_CODEC
 from replicator.errors import ConfigError, ConnectionFailed, McdcError, ServerUnavailable, quoted
 from replicator.settings.uri import host_set, redact
+from replicator.source.driver_mend import mend_pymongo
 from replicator.source.privileges import UNAUTHORIZED, Grants, command_refusal, grants_of
+
+mend_pymongo()  # before any client of this process waits on a condition (see driver_mend)
 
 Client = AsyncMongoClient[RawBSONDocument]
 #: Either driver's client: what a failure is told from (its topology) is the same in both.
