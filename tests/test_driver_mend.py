@@ -63,17 +63,12 @@ async def test_a_wait_cancelled_twice_leaves_the_lock_free(module: str) -> None:
 
 @pytest.mark.skipif(sys.version_info >= (3, 12), reason="Python 3.12's wait_for waits in the calling task")
 async def test_pymongo_s_own_wait_leaks_the_lock_on_this_python() -> None:
-    """What the mend is for: pymongo's function itself (kept in pymongo.lock's ``wait_for``) leaks the lock. When
-    this fails, pymongo or Python changed: check whether the mend is still needed."""
-    from asyncio import wait_for
+    """What the mend is for: pymongo's own function, as the installed release ships it, leaks the lock. When this
+    fails, pymongo or Python changed: check whether the mend is still needed."""
+    from replicator.source.driver_mend import replaced
 
-    async def stock(condition: Any, timeout: float | None) -> bool:  # pymongo.lock._async_cond_wait as shipped
-        try:
-            return bool(await wait_for(condition.wait(), timeout))
-        except TimeoutError:
-            return False
-
-    held, ended = await _twice_cancelled(stock)
+    _cond_wait_of("pymongo.lock")  # mended, its own kept
+    held, ended = await _twice_cancelled(replaced["pymongo.lock"])
     assert held and ended == ["RuntimeError"], (held, ended)
 
 

@@ -20,6 +20,8 @@ from typing import Any
 
 #: pymongo's modules that wait on a condition through ``_async_cond_wait`` (imported there by name)
 _WAITERS = ("pymongo.lock", "pymongo.asynchronous.topology", "pymongo.asynchronous.pool")
+#: pymongo's own functions, by module, where they were replaced (tests check they still need it)
+replaced: dict[str, Any] = {}
 
 
 async def cond_wait(condition: Any, timeout: float | None) -> bool:
@@ -42,7 +44,10 @@ def mend_pymongo() -> list[str]:
     mended = []
     for name in _WAITERS:
         module = importlib.import_module(name)
-        if getattr(module, "_async_cond_wait", None) is not None:
+        own = getattr(module, "_async_cond_wait", None)
+        if own is not None:
+            if own is not cond_wait:
+                replaced[name] = own
             module._async_cond_wait = cond_wait  # type: ignore[attr-defined]
             mended.append(name)
     return mended
