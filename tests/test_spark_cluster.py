@@ -134,8 +134,9 @@ def test_sync_and_verify_run_on_the_clusters_executors(
             client.replay.u.update_many({}, {"$set": {"t": 1}}, session=session)
             client.corpus.txn.insert_one({"_id": 1}, session=session)
     before = set(cluster.worker.executor_dirs())
+    # (--spark-start-after 0: a backlog this small would otherwise be replayed on the driver, Spark never started)
     caught_up = _mcdc("catch-up", cluster, "--source", source_uri, "--target", target_uri, "--checkpoint",
-                      str(tmp_path / "cp.json"), "--no-progress", "--json")  # fmt: skip
+                      str(tmp_path / "cp.json"), "--no-progress", "--json", "--spark-start-after", "0")  # fmt: skip
     assert caught_up.returncode == 0, caught_up.stderr.decode()[-4000:]
     assert json.loads(caught_up.stdout)["events"] >= 40 + 60 + 41
     assert_identical(source_uri, target_uri)
