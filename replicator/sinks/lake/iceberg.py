@@ -114,11 +114,18 @@ class IcebergBackend(Format):
 
     @property
     def catalog(self) -> Catalog:
-        if self._catalog is None:
+        for attempt in range(3):
+            if self._catalog is not None:
+                break
             try:
                 self._catalog = load_catalog("mcdc", **self.properties)
             except Exception as exc:  # any catalog's own error, said in one line
+                # a new SQL catalog opened by another process at the same moment (a reader of the lake, a Spark
+                # task): pyiceberg creates its tables when it finds none, and the later one fails: open it again
+                if attempt < 2 and "already exists" in str(exc):
+                    continue
                 raise ConfigError(f"--target {self.label}: cannot open its catalog: {redact(str(exc))}") from None
+        assert self._catalog is not None
         return self._catalog
 
     def retryable(self, exc: Exception) -> bool | None:
