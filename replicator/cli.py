@@ -295,11 +295,14 @@ def verify(settings: Settings) -> None:
     Exit 0 when identical; exit 1 with a report (namespace, a few _ids) when not; exit 2 when the
     selection matches no namespace on the source.
     """
+    from replicator.job.migrations import followed
+
     if settings.engine == "spark":
         from replicator.engines.spark.verify import verify_on_spark as run_verify
     else:
         from replicator.checking.verify import verify as run_verify
 
+    settings = followed(settings, "verify")  # a migration's checkpoint says what it copies
     report = _run(lambda: run_verify(settings))
     if settings.json_output:
         _emit_json(report.to_json())

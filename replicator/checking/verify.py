@@ -261,15 +261,18 @@ async def diff_partition(
     is read, from when and how fast (the target is read on its primary, unpaced)."""
     differ = DocumentDiffer(settings.verify_sample if sample is None else sample)
     editor = fields.for_namespace(part.ns)
+    kept = settings.guard.kept(dst)
     docs, size = settings.batch_docs, settings.batch_bytes
     async for batch in read_partition(source, part, batch_docs=docs, batch_bytes=size, reads=reads):  # as edited
-        differ.add_source(edited(batch, editor))
+        differ.add_source(edited(edited(batch, editor), kept))
         if pace is not None:
             await pace()
     # the plan's $type + bound filters mean the same on any server, so they select the same range there
-    # (the target holds only what a --filter kept: its whole range is compared, not the range's matches)
-    async for batch in read_partition(target, replace(part, ns=dst, where=None), batch_docs=docs, batch_bytes=size):
-        differ.add_target(batch)
+    # (the target holds only what a --filter kept: its whole range is compared, not the range's matches;
+    # a way back's target also holds what the migration did not copy, which is not compared: settings.guard)
+    theirs = replace(part, ns=dst, where=settings.guard.where(dst))
+    async for batch in read_partition(target, theirs, batch_docs=docs, batch_bytes=size):
+        differ.add_target(edited(batch, kept))
         if pace is not None:
             await pace()
     return differ.finish()
@@ -358,6 +361,7 @@ class _Verifier:
         total = DocumentDiff(self.s.verify_sample)
         editor = self.fields.for_namespace(src)
         where = self.s.filters.where(src)
+        kept, guarded = self.s.guard.kept(dst), self.s.guard.where(dst)
         ordered = sorted(keys)
         for start in range(0, len(ordered), _BY_KEY):
             values = [bson.decode(k, codec_options=DICT_CODEC)["_id"] for k in ordered[start : start + _BY_KEY]]
@@ -367,8 +371,9 @@ class _Verifier:
                 await self.reads.pace(len(values))
                 source = self.reads.collection(self.source, src)
                 found = await source.find(filtered(query, where), session=session).to_list()
-                differ.add_source(edited(found, editor))
-                differ.add_target(await self.target[dst.db][dst.coll or ""].find(query).to_list())
+                differ.add_source(edited(edited(found, editor), kept))
+                theirs = await self.target[dst.db][dst.coll or ""].find(filtered(query, guarded)).to_list()
+                differ.add_target(edited(theirs, kept))
             total.merge(differ.finish())
         self.documents += total.source_docs
         return total.differences(ns)
@@ -385,7 +390,7 @@ class _Verifier:
             on_source = await self.reads.collection(self.source, src).count_documents(
                 self.s.filters.where(src) or {}, session=session
             )
-            on_target = await self.target[dst.db][dst.coll or ""].count_documents({})
+            on_target = await self.target[dst.db][dst.coll or ""].count_documents(self.s.guard.where(dst) or {})
         if on_source == on_target:
             return []
         return [Difference(ns, "count", f"{on_source} documents on the source, {on_target} on the target")]

@@ -30,23 +30,25 @@ from replicator.source.partitions import Partition
 
 def followed(settings: Settings, command: str) -> Settings:
     """The settings a run of ``command`` follows. A way back's checkpoint decides its selection (the options
-    given must be none, or the same); a cutover given no selection cuts over its checkpoint's, and given
-    ``--source`` and ``--target`` alone finds the pair's one migration (as status does)."""
+    given must be none, or the same); a cutover or a verify given no selection takes its checkpoint's, and a
+    cutover given ``--source`` and ``--target`` alone finds the pair's one migration (as status does)."""
     path = settings.checkpoint_path()
     if command == "cutover" and settings.checkpoint is None and not path.exists():
         path = find_migration(settings, path)
     cp = CheckpointStore(path).load()
+    if cp is None and command == "verify" and settings.checkpoint is not None:
+        raise ConfigError(f"no checkpoint at {path}: verify --checkpoint compares what a migration copies")
     if cp is None or cp.recorded is None:
         return settings
     recorded, given = Recorded.from_json(cp.recorded), Recorded.of(settings)
-    if cp.reverse_of is not None:
+    if cp.reverse_of is not None or recorded.guard or recorded.keep:  # a way back, or one copied again
         if given != Recorded() and not given.same_options(recorded):
+            origin = (cp.reverse_of or {}).get("checkpoint") or "a migration"
             raise ConfigError(
-                f"checkpoint {path} is the way back of {cp.reverse_of.get('checkpoint') or 'a migration'}: it "
-                f"follows that migration's selection, reversed ({flags(recorded) or 'everything'}); run it with "
-                "those options, or with no selection option at all"
+                f"checkpoint {path} is the way back of {origin}: it follows that migration's selection, reversed "
+                f"({flags(recorded) or 'everything'}); run it with those options, or with no selection option at all"
             )
-    elif command != "cutover" or given != Recorded():
+    elif command not in ("cutover", "verify") or given != Recorded():
         return settings
     return dataclasses.replace(recorded.applied(settings), checkpoint=path)
 

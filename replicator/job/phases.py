@@ -371,6 +371,7 @@ class SyncJob:
             identity,
             position=position,
             shards=shard_positions,
+            reverse_of=cp.reverse_of if cp is not None else None,  # a way back copied again is still one
             snapshot=SnapshotProgress(
                 status="in_progress", plan=[p.to_json() for p in plan], drop_target=drop, started_at=time.time()
             ),
@@ -383,7 +384,13 @@ class SyncJob:
         )
         if busy:  # say what is replaced before it is gone
             why = "--drop-target" if s.drop_target else "a new snapshot"
-            self.reporter.info(f"{why}: replacing the target's data in {listing(busy, 50)}")
+            kept = [ns for ns in busy if s.guard.guards(ns)]  # a way back's: merged (sinks/mongo/guarded.py)
+            if kept:
+                self.reporter.info(f"{why}: replacing the migration's documents in {listing(kept, 50)}, keeping "
+                                   "what it did not copy")  # fmt: skip
+            rest = [ns for ns in busy if ns not in kept]
+            if rest:
+                self.reporter.info(f"{why}: replacing the target's data in {listing(rest, 50)}")
         await sink.prepare(targets, drop_existing=drop)
         cp.snapshot.prepared = {str(t.ns) for t in targets}
         self.store.save(cp)  # before any copy: a resumed run must not prepare (drop) them again

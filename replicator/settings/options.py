@@ -113,8 +113,12 @@ OPTIONS: tuple[Option, ...] = (
         Option(
             "checkpoint", "checkpoint", "Checkpoint file (default: one per migration, that is per source, target "
             "and selection, under $XDG_STATE_HOME/mcdc or ~/.local/state/mcdc).",
-            (*JOB, "status"), metavar="PATH", short="-c",
-            help_for={"status": "Checkpoint file to read (default: the one of --source and --target)."},
+            (*JOB, "verify", "status"), metavar="PATH", short="-c",
+            help_for={"status": "Checkpoint file to read (default: the one of --source and --target).",
+                      "verify": "A migration's checkpoint: compare what it copies (its selection, filters and "
+                      "field rules, which selection options must then repeat or leave out); a way back's "
+                      "compares the old side's part that the migration copied (default: the one of --source "
+                      "and --target, where there is one)."},
         ),
     ),
     # which namespaces and fields

@@ -66,8 +66,17 @@ class LocalServer(ManagedProcess):
     readiness = "answer ping"
     probe_errors = (PyMongoError,)
 
-    def __init__(self, storage_dir: Path, port: int | None = None, *, startup_timeout: float = 20.0) -> None:
+    def __init__(
+        self,
+        storage_dir: Path,
+        port: int | None = None,
+        *,
+        startup_timeout: float = 20.0,
+        oplog_entries: int | None = None,
+    ) -> None:
+        """``oplog_entries``: the oplog's bound (None: the server's own, 100,000 entries)."""
         self.storage_dir = Path(storage_dir)
+        self.oplog_entries = oplog_entries
         super().__init__(
             "127.0.0.1",
             port if port is not None else free_port(),
@@ -90,7 +99,9 @@ class LocalServer(ManagedProcess):
         SecantusDB with its listCollections no longer bringing back a collection dropped meanwhile, and with
         ``configureFailPoint`` (tests/support/failpoint.py) enabled, as MongoDB's driver tests run mongod."""
         _find_executable()  # installed, or say how to install it
-        argv = server_argv(str(_MENDED_SERVER), self.host, self.port, self.storage_dir)
+        argv = server_argv(
+            str(_MENDED_SERVER), self.host, self.port, self.storage_dir, oplog_entries=self.oplog_entries
+        )
         return [sys.executable, *argv, "--enable-test-commands"]
 
     def prepare(self) -> None:

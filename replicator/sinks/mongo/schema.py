@@ -26,6 +26,14 @@ NAMESPACE_NOT_FOUND = 26
 INDEX_NOT_FOUND = 27
 INDEX_CONFLICTS = frozenset({85, 86})  # IndexOptionsConflict, IndexKeySpecsConflict
 _ID_INDEX = "_id_"
+#: the collection options collMod sets
+_COLL_MOD = frozenset(
+    {"validator", "validationLevel", "validationAction", "changeStreamPreAndPostImages", "expireAfterSeconds"}
+)
+
+
+def _encoded(options: Mapping[str, Any], key: str) -> bytes | None:
+    return bson.encode({"v": options[key]}) if key in options else None
 
 
 def same_index(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
@@ -81,19 +89,35 @@ class MongoSchema:
             pending = [v for v in pending if v not in ready]
 
     async def reconcile(self, spec: CollectionSpec) -> bool:
-        """The collection's indexes made ``spec``'s, when its kind and options already are (byte for byte);
-        False otherwise (only a new copy can change them all)."""
-        db = self._client.get_database(spec.ns.db, codec_options=DICT_CODEC)
-        cursor = await db.list_collections(filter={"name": spec.ns.coll})
-        infos = await cursor.to_list()
-        if not infos or infos[0].get("type", "collection") != spec.kind:
-            return False
-        have = clean_options(infos[0].get("options") or {})
-        if bson.encode(have) != bson.encode(clean_options(spec.options)):
+        """The collection's options and indexes made ``spec``'s, where its kind is and collMod can make its
+        options so (byte for byte); False otherwise (only a new copy can change them all)."""
+        if not await self.align_options(spec):
             return False
         if not spec.is_view:
             await self._reconcile_one(spec)
         return True
+
+    async def _options(self, ns: Namespace) -> tuple[str, dict[str, Any]] | None:
+        db = self._client.get_database(ns.db, codec_options=DICT_CODEC)
+        infos = await (await db.list_collections(filter={"name": ns.coll})).to_list()
+        return (infos[0].get("type", "collection"), clean_options(infos[0].get("options") or {})) if infos else None
+
+    async def align_options(self, spec: CollectionSpec) -> bool:
+        """Make the existing collection's options ``spec``'s, byte for byte, with collMod where only options
+        it changes differ (a validator, change stream pre-images, a clustered collection's TTL). False when
+        the collection is missing, of another kind, or only a new one can take the options."""
+        found = await self._options(spec.ns)
+        if found is None or found[0] != spec.kind:
+            return False
+        have, want = found[1], clean_options(spec.options)
+        if bson.encode(have) == bson.encode(want):
+            return True
+        differ = {k for k in {**have, **want} if _encoded(have, k) != _encoded(want, k)}
+        if spec.is_view or not differ <= _COLL_MOD or not differ <= set(want):
+            return False
+        await self._command(spec.ns, spec.ns.db, {"collMod": spec.ns.coll, **{k: want[k] for k in sorted(differ)}})
+        found = await self._options(spec.ns)
+        return found is not None and bson.encode(found[1]) == bson.encode(want)
 
     async def reconcile_indexes(self, specs: Sequence[CollectionSpec]) -> None:
         """Make each target collection's indexes match the spec: build missing ones (all of a

@@ -25,11 +25,13 @@ from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError, Write
 from replicator.bsonkit.extjson import dumps_str
 from replicator.errors import SinkError, SinkUnavailable
 from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op, Position, by_namespace
+from replicator.settings.guard import TargetGuard
 from replicator.settings.selection import Scope
 from replicator.settings.uri import redact
 from replicator.sinks.base import Sink, SourceLookup
 from replicator.sinks.mongo.commands import UnorderedWrites, delete_unordered, insert_unordered, replace_unordered
 from replicator.sinks.mongo.concern import concern_failed
+from replicator.sinks.mongo.guarded import Guarded
 from replicator.sinks.mongo.plan import (
     DOLLAR_PREFIXED,
     DUPLICATE_KEY,
@@ -119,13 +121,21 @@ class MongoSink(Sink):
     spreads = "document"
 
     def __init__(
-        self, uri: str, *, timeout_s: float = 10.0, scope: Scope | None = None, io_timeout_s: float | None = None
+        self,
+        uri: str,
+        *,
+        timeout_s: float = 10.0,
+        scope: Scope | None = None,
+        io_timeout_s: float | None = None,
+        guard: TargetGuard | None = None,
     ) -> None:
         """``scope``: the target namespaces this run maps its selection to; DDL touches no other.
-        ``io_timeout_s``: how long a batch's document writes may wait for the target's answers."""
+        ``io_timeout_s``: how long a batch's document writes may wait for the target's answers. ``guard``: a
+        way back's, what the target holds that its migration did not copy (see .guarded)."""
         self.uri = uri
         self._io_timeout = io_timeout_s
         self._client = make_client(uri, timeout_s=timeout_s, durable_writes=True, side="target")
+        self._guarded = Guarded(self._client, guard or TargetGuard())
         self._schema = MongoSchema(self._client, scope=scope)
         self._transactions = True
         self._lookup: SourceLookup | None = None
@@ -165,12 +175,27 @@ class MongoSink(Sink):
         return None if replacing else await self._sharding.unfit(specs)
 
     async def prepare(self, specs: Sequence[CollectionSpec], *, drop_existing: bool) -> None:
-        """Collections with their options, then (on a mongos) sharded as ``specs`` say, before any copy."""
+        """Collections with their options, then (on a mongos) sharded as ``specs`` say, before any copy. A way
+        back's collection that holds what its migration did not copy is not dropped: its copy is a merge."""
+        if drop_existing and self._guarded:
+            merged = [spec for spec in specs if await self._guarded.merges(spec.ns)]
+            for spec in merged:
+                if not await self._schema.align_options(spec):
+                    raise self._guarded.unaligned(spec.ns)
+            if merged:
+                log.info("%s: copied again as a merge: %s", ", ".join(str(s.ns) for s in merged),
+                         "what the migration did not copy stays")  # fmt: skip
+            specs = [spec for spec in specs if spec not in merged]
         await self._schema.prepare(specs, drop_existing=drop_existing)
         if self.shards:
             await self._sharding.shard(specs)
 
     async def finish_snapshot(self, specs: Sequence[CollectionSpec]) -> None:
+        for spec in specs:
+            if self._guarded.guards(spec.ns) and not spec.is_view:
+                gone = await self._guarded.cleanup(spec.ns, self._lookup)
+                if gone:
+                    log.info("%s: deleted %d documents of the migration the source no longer has", spec.ns, gone)
         await self._schema.reconcile_indexes(specs)
 
     async def reconcile(self, spec: CollectionSpec) -> bool:
@@ -185,6 +210,8 @@ class MongoSink(Sink):
     async def discard(self, ns: Namespace, where: Mapping[str, Any]) -> None:
         if self._schema.scope is not None and not self._schema.scope(ns):  # never ours to delete from
             raise SinkError(f"refusing to delete from {ns}: it is outside the selection's target namespaces")
+        if self._guarded.guards(ns):
+            return  # a guarded copy upserts, and its cleanup deletes what the source no longer has
         try:
             result = await self._client[ns.db][ns.coll or ""].delete_many(where)
         except OperationFailure as exc:
@@ -206,11 +233,26 @@ class MongoSink(Sink):
         """Apply a batch. Each of its writes, documents and schema alike, carries the client's write concern
         (mcdc's journaled majority unless the URI sets its own: make_client), so once this returns the
         batch is as durable as that concern makes it."""
+        if self._guarded:
+            batch = await self._guarded.events(batch)
         for kind, events in _segments(batch):
             if kind == "ddl":  # not bounded: an index build or a rename across databases takes its time
+                if self._guarded:
+                    await self._guarded.check_ddl(events[0], await self._dropped_by(events[0]))
                 await self._schema.apply(events[0])
             else:
                 await self._bounded(self._write_documents(kind, events))
+
+    async def _dropped_by(self, event: ChangeEvent) -> list[Namespace]:
+        """The target namespaces a drop, rename or dropped database replaces (for the guard)."""
+        if event.op is Op.DROP:
+            return [event.ns]
+        if event.op is Op.RENAME:
+            return [event.ns] + ([event.to] if event.to is not None else [])
+        if event.op is Op.DROP_DATABASE:
+            names = await self._client[event.ns.db].list_collection_names()
+            return [Namespace(event.ns.db, name) for name in names]
+        return []
 
     async def _write_documents(self, kind: str, events: Sequence[ChangeEvent]) -> None:
         if kind == "txn" and self._transactions:
@@ -273,8 +315,9 @@ class MongoSink(Sink):
                 return
             except _Conflict as conflict:
                 settled |= await settle(
-                    self._client, ns, conflict.event, conflict.dup, self._lookup, transactions=self._transactions
-                )
+                    self._client, ns, conflict.event, conflict.dup, self._lookup, transactions=self._transactions,
+                    guarded=self._guarded,
+                )  # fmt: skip
                 todo = [p for p in conflict.rest if id_bytes(p[0].document_key) not in settled]
 
     async def _unordered(self, ns: Namespace, group: list[ChangeEvent], send: UnorderedWrites) -> None:
@@ -291,6 +334,7 @@ class MongoSink(Sink):
                 dup = duplicate_key(error)
                 if dup is not None:
                     raise _Conflict(dup, event, []) from None
+                self._clash(ns, event, error)
                 if error.get("code") != DOLLAR_PREFIXED:
                     raise _refused(ns, event, error) from None
                 retry.extend((event, op) for op in literal_ops(event))
@@ -328,6 +372,7 @@ class MongoSink(Sink):
                     raise
                 if dup is not None:
                     raise _Conflict(dup, event, ops[failed + 1 :]) from None
+                self._clash(ns, event, error)
                 if error.get("code") == DOLLAR_PREFIXED and id(event) not in rewritten:
                     rewritten.add(id(event))
                     ops[failed : failed + 1] = [(event, o) for o in literal_ops(event)]
@@ -337,6 +382,11 @@ class MongoSink(Sink):
                     raise _refused(ns, event, error) from None
                 log.warning("skipped a delta update on %s the target cannot apply: %s", ns, error.get("errmsg"))
                 start = failed + 1
+
+    def _clash(self, ns: Namespace, event: ChangeEvent, error: Mapping[str, Any]) -> None:
+        """A guarded upsert that met, by its ``_id``, an old-side document the migration did not copy."""
+        if error.get("code") == DUPLICATE_KEY and self._guarded.guards(ns):
+            raise self._guarded.clash(ns, event) from None
 
     async def _apply_transaction(self, events: Sequence[ChangeEvent]) -> None:
         """One target transaction for one source transaction. Where the target cannot keep it one unit
@@ -414,6 +464,9 @@ class MongoSink(Sink):
     async def _insert_copies(self, ns: Namespace, docs: Sequence[Mapping[str, Any]]) -> None:
         """Snapshot copies are plain inserts (fast); a document already there (a partition copied again
         after a crash) is replaced instead, so the target holds the newer copy."""
+        if self._guarded.guards(ns):  # upserts narrowed to the migration's documents, with their kept fields
+            await self._apply(await self._guarded.events([ChangeEvent(Op.READ, ns, document=d) for d in docs]))
+            return
         coll = self._client[ns.db][ns.coll or ""]
         try:
             await insert_unordered(coll, docs)

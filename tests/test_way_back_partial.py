@@ -1,0 +1,173 @@
+"""The way back of a migration of part of a collection (``--filter``) or of part of each document
+(``--field-exclude``): it carries the new side's writes to the migration's documents and fields back, and
+never deletes, strips or replaces what the migration did not copy (issue 48)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pymongo
+import pytest
+
+from tests.support.servers import LocalServer, ServerPair
+from tests.test_cli import _assert_one_line_error, _mcdc
+
+ORDERS_FILTER = 'shop\\.orders={"total": {"$gte": 100}}'
+MATCHES = {"total": {"$gte": 100}}
+
+
+def _orders(client: pymongo.MongoClient[Any]) -> None:
+    """200 orders, 100 of them under 100 (outside the filter), each with an ssn."""
+    client.shop.orders.insert_many([{"_id": i, "total": i, "ssn": f"s{i}", "note": "x"} for i in range(50, 250)])
+
+
+def _migrate(source_uri: str, target_uri: str, tmp_path: Path, *selection: str) -> tuple[Path, str]:
+    """sync, then cutover: the reverse checkpoint and the way back's command as cutover printed it."""
+    cp, back = tmp_path / "mig.json", tmp_path / "back.json"
+    synced = _mcdc("sync", "-s", source_uri, "-t", target_uri, "-c", str(cp), "--no-progress", *selection)
+    assert synced.returncode == 0, synced.stderr
+    done = _mcdc("cutover", "-s", source_uri, "-t", target_uri, "-c", str(cp), "--reverse-checkpoint", str(back),
+                 "--json", "--no-progress", *selection)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return back, json.loads(done.stdout)["reverse_command"]
+
+
+def _way_back(command: str, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """The way back's command as cutover printed it, run as a catch-up (it exits once caught up)."""
+    argv = shlex.split(command)
+    assert argv[:2] == ["mcdc", "tail"], argv
+    return _mcdc("catch-up", *argv[2:], "--no-progress", *extra, timeout=timeout)
+
+
+def _docs(uri: str, query: dict[str, Any] | None = None) -> dict[Any, dict[str, Any]]:
+    with pymongo.MongoClient(uri) as client:
+        return {d["_id"]: d for d in client.shop.orders.find(query or {})}
+
+
+@pytest.mark.integration
+def test_a_filtered_way_back_after_a_coll_mod_on_the_new_side_keeps_every_document_the_migration_did_not_copy(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    with pymongo.MongoClient(source_uri) as client:
+        _orders(client)
+    unmigrated = _docs(source_uri, {"total": {"$lt": 100}})
+    assert len(unmigrated) == 50
+    _back, command = _migrate(source_uri, target_uri, tmp_path, "--include", "shop\\.orders", "--filter", ORDERS_FILTER)
+    assert "--filter" in command  # the way back is filtered as the migration was
+    with pymongo.MongoClient(target_uri) as client:  # the application, on the new side
+        client.shop.command("collMod", "orders", validator={"total": {"$exists": True}})
+        client.shop.orders.insert_one({"_id": 1000, "total": 500, "note": "new"})
+        client.shop.orders.update_one({"_id": 150}, {"$set": {"note": "paid"}})
+    ran = _way_back(command)
+    assert ran.returncode == 0, ran.stderr
+    old = _docs(source_uri)
+    assert {i: old.get(i) for i in unmigrated} == unmigrated  # every one kept, byte for byte
+    assert old[1000]["note"] == "new" and old[150]["note"] == "paid"
+    checked = _mcdc("verify", *shlex.split(command)[2:])
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.mark.integration
+def test_a_field_exclude_way_back_after_a_coll_mod_on_the_new_side_keeps_every_excluded_field(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    with pymongo.MongoClient(source_uri) as client:
+        _orders(client)
+    before = _docs(source_uri)
+    _back, command = _migrate(source_uri, target_uri, tmp_path, "--include", "shop\\.orders",
+                             "--field-exclude", "shop.orders.ssn")  # fmt: skip
+    with pymongo.MongoClient(target_uri) as client:
+        assert client.shop.orders.count_documents({"ssn": {"$exists": True}}) == 0
+        client.shop.command("collMod", "orders", validator={"total": {"$exists": True}})
+        client.shop.orders.insert_one({"_id": 1000, "total": 500, "note": "new"})
+        client.shop.orders.update_one({"_id": 150}, {"$set": {"note": "paid"}})
+        client.shop.orders.replace_one({"_id": 60}, {"_id": 60, "total": 61, "note": "y"})
+    ran = _way_back(command)
+    assert ran.returncode == 0, ran.stderr
+    old = _docs(source_uri)
+    assert all(old[i]["ssn"] == f"s{i}" for i in before)  # every excluded field kept
+    assert old[150] == {**before[150], "note": "paid"}  # in its place
+    assert list(old[60]) == ["_id", "total", "ssn", "note"] and old[60]["total"] == 61
+    assert old[1000] == {"_id": 1000, "total": 500, "note": "new"}
+    checked = _mcdc("verify", *shlex.split(command)[2:])
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.mark.integration
+def test_a_unique_key_clash_on_a_filtered_way_back_never_deletes_a_document_the_migration_did_not_copy(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    with pymongo.MongoClient(source_uri) as client:
+        client.shop.users.insert_many([{"_id": i, "email": f"u{i}@x", "active": i % 2 == 0} for i in range(100)])
+        client.shop.users.create_index("email", unique=True)
+    _back, command = _migrate(source_uri, target_uri, tmp_path, "--include", "shop\\.users",
+                             "--filter", 'shop\\.users={"active": true}')  # fmt: skip
+    with pymongo.MongoClient(target_uri) as client:  # legal on the new side: inactive user 77 was never copied
+        client.shop.users.insert_one({"_id": 1000, "email": "u77@x", "active": True})
+    refused = _way_back(command)
+    _assert_one_line_error(refused, 2, "target", "shop.users", "77", "did not copy")
+    with pymongo.MongoClient(source_uri) as client:
+        assert client.shop.users.find_one({"_id": 77}) == {"_id": 77, "email": "u77@x", "active": False}
+        # the advice, followed: the old side's user 77 is the user's to move; here it takes another address
+        client.shop.users.update_one({"_id": 77}, {"$set": {"email": "u77-old@x"}})
+    ran = _way_back(command)
+    assert ran.returncode == 0, ran.stderr
+    with pymongo.MongoClient(source_uri) as client:
+        assert client.shop.users.find_one({"_id": 1000}) == {"_id": 1000, "email": "u77@x", "active": True}
+        assert client.shop.users.count_documents({"active": False}) == 50
+    checked = _mcdc("verify", *shlex.split(command)[2:])
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.fixture
+def small_oplog_target(servers: ServerPair, tmp_path: Path) -> Iterator[str]:
+    """A target of the test's own whose oplog keeps 1,000 entries: the new side of a migration whose way
+    back falls off it."""
+    if servers.external:
+        pytest.skip("needs a server of the test's own, with a small oplog")
+    server = LocalServer(tmp_path / "small-oplog", oplog_entries=1000)
+    server.start()
+    try:
+        yield server.uri
+    finally:
+        server.kill()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("part", ["filter", "field-exclude"])
+def test_the_history_lost_advice_on_a_partial_way_back_keeps_what_the_migration_did_not_copy(
+    source_uri: str, small_oplog_target: str, tmp_path: Path, part: str
+) -> None:
+    target_uri = small_oplog_target
+    with pymongo.MongoClient(source_uri) as client:
+        _orders(client)
+    before = _docs(source_uri)
+    rule = ["--filter", ORDERS_FILTER] if part == "filter" else ["--field-exclude", "shop.orders.ssn"]
+    _back, command = _migrate(source_uri, target_uri, tmp_path, "--include", "shop\\.orders", *rule)
+    with pymongo.MongoClient(target_uri) as client:
+        client.shop.orders.update_one({"_id": 200}, {"$set": {"note": "first"}})
+    first = _way_back(command)
+    assert first.returncode == 0, first.stderr
+    with pymongo.MongoClient(target_uri) as client:  # more writes than the new side's oplog keeps
+        for n in range(2105):
+            client.shop.orders.update_one({"_id": 100 + n % 100}, {"$set": {"note": f"w{n}"}})
+        client.shop.orders.delete_one({"_id": 101})
+        client.shop.orders.insert_one({"_id": 2000, "total": 300, "note": "late"})
+    lost = _way_back(command)
+    _assert_one_line_error(lost, 4, "no longer in the source's oplog", "--snapshot always")
+    again = _mcdc("sync", *shlex.split(command)[2:], "--snapshot", "always", "--no-progress")  # as the advice says
+    assert again.returncode == 0, again.stderr
+    old = _docs(source_uri)
+    for i, doc in before.items():
+        if part == "filter" and doc["total"] < 100:
+            assert old[i] == doc  # never copied: untouched
+        elif part == "field-exclude" and i != 101:
+            assert old[i]["ssn"] == doc["ssn"]  # its excluded field kept
+    assert 101 not in old and old[2000]["note"] == "late" and old[199]["note"] == "w2099"
+    checked = _mcdc("verify", *shlex.split(command)[2:])
+    assert checked.returncode == 0, checked.stdout + checked.stderr
