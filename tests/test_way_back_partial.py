@@ -171,3 +171,104 @@ def test_the_history_lost_advice_on_a_partial_way_back_keeps_what_the_migration_
     assert 101 not in old and old[2000]["note"] == "late" and old[199]["note"] == "w2099"
     checked = _mcdc("verify", *shlex.split(command)[2:])
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def _move_unmigrated(uri: str) -> list[dict[str, Any]]:
+    """What the refusals advise, done: the old side's documents the migration did not copy, moved elsewhere."""
+    with pymongo.MongoClient(uri) as client:
+        kept = list(client.shop.orders.find({"total": {"$lt": 100}}))
+        client.archive.orders.insert_many(kept)
+        client.shop.orders.delete_many({"total": {"$lt": 100}})
+    return kept
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("when", ["before-the-way-back", "during-the-way-back"])
+@pytest.mark.parametrize("ddl", ["drop", "rename"])
+def test_a_drop_or_rename_on_the_new_side_is_refused_while_the_old_collection_holds_unmigrated_documents(
+    source_uri: str, target_uri: str, tmp_path: Path, when: str, ddl: str
+) -> None:
+    with pymongo.MongoClient(source_uri) as client:
+        _orders(client)
+        client.shop.users.insert_one({"_id": 1})
+    unmigrated = _docs(source_uri, {"total": {"$lt": 100}})
+    _back, command = _migrate(source_uri, target_uri, tmp_path, "--include", "shop\\..*", "--filter", ORDERS_FILTER)
+    if when == "during-the-way-back":
+        assert _way_back(command).returncode == 0
+    with pymongo.MongoClient(target_uri) as client:
+        if ddl == "drop":
+            client.shop.orders.drop()
+        else:
+            client.shop.orders.rename("orders_2025")
+    refused = _way_back(command)
+    _assert_one_line_error(refused, 2, "target", "shop.orders", "did not copy", "the way back stops")
+    assert _docs(source_uri, {"total": {"$lt": 100}}) == unmigrated  # untouched
+    moved = _move_unmigrated(source_uri)  # as the refusal advises
+    ran = _way_back(command)
+    assert ran.returncode == 0, ran.stderr
+    with pymongo.MongoClient(source_uri) as client:
+        assert sorted(client.shop.list_collection_names()) == (["users"] if ddl == "drop" else ["orders_2025", "users"])
+        assert list(client.archive.orders.find()) == moved
+    checked = _mcdc("verify", *shlex.split(command)[2:])
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.mark.integration
+def test_a_drop_on_the_new_side_of_a_field_exclude_migration_drops_the_old_collection_with_its_documents(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    with pymongo.MongoClient(source_uri) as client:
+        _orders(client)
+    _back, command = _migrate(source_uri, target_uri, tmp_path, "--include", "shop\\..*",
+                              "--field-exclude", "shop.orders.ssn")  # fmt: skip
+    with pymongo.MongoClient(target_uri) as client:  # every document was the migration's: deleted, as by deletes
+        client.shop.orders.drop()
+    ran = _way_back(command)
+    assert ran.returncode == 0, ran.stderr
+    with pymongo.MongoClient(source_uri) as client:
+        assert "orders" not in client.shop.list_collection_names()
+
+
+@pytest.mark.integration
+def test_a_time_only_position_older_than_the_new_sides_oplog_is_history_lost_not_a_silent_gap(
+    source_uri: str, small_oplog_target: str, tmp_path: Path
+) -> None:
+    target_uri = small_oplog_target  # the new side: its oplog keeps 1,000 entries
+    with pymongo.MongoClient(source_uri) as client:
+        _orders(client)
+    back, command = _migrate(source_uri, target_uri, tmp_path, "--include", "shop\\.orders")
+    assert json.loads(back.read_text())["position"]["resume_token"] is None  # a time, no token
+    with pymongo.MongoClient(target_uri) as client:  # the application's writes, past the oplog's bound
+        client.shop.orders.insert_many([{"_id": 10_000 + n, "total": n} for n in range(2100)], ordered=True)
+        oldest = client.local["oplog.rs"].find_one({}, sort=[("$natural", 1)])
+        assert oldest is not None and oldest["ts"] > json_ts(back)  # the server pruned past the position
+    lost = _way_back(command)
+    _assert_one_line_error(lost, 4, "no longer in the source's oplog")
+    assert _docs(source_uri).keys() == _docs(source_uri, {"_id": {"$lt": 10_000}}).keys()  # nothing half-applied
+
+
+def json_ts(path: Path) -> Any:
+    from bson.timestamp import Timestamp
+
+    saved = json.loads(path.read_text())["position"]["cluster_time"]
+    return Timestamp(saved["t"], saved["i"])
+
+
+@pytest.mark.integration
+def test_the_spark_data_sources_stream_from_a_time_older_than_the_oplog_is_history_lost(
+    small_oplog_target: str,
+) -> None:
+    from bson.timestamp import Timestamp
+
+    from replicator.errors import HistoryLost
+    from replicator.events import Position
+    from replicator.settings.resolve import settings_from_strings
+    from replicator.spark_datasource.changes import RawChangeStream
+
+    with pymongo.MongoClient(small_oplog_target) as client:
+        start = client.admin.command("ping")["operationTime"]
+        client.shop.orders.insert_many([{"_id": n} for n in range(2100)])
+        settings = settings_from_strings({"source": small_oplog_target}, command="status")
+        stream = RawChangeStream(client, settings)  # type: ignore[arg-type]
+        with pytest.raises(HistoryLost, match="no longer in the source's oplog"):
+            stream.open(Position(cluster_time=Timestamp(start.time, start.inc)))

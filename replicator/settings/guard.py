@@ -85,12 +85,17 @@ class TargetGuard:
     def unmigrated(self, ns: Namespace) -> Mapping[str, Any] | None:
         """The query that finds target ``ns``'s documents holding what the migration did not copy: outside
         its filter, or with a field it excluded (None: ``ns`` is not guarded)."""
-        where = self.where(ns)
-        either: list[Mapping[str, Any]] = [{"$nor": [where]}] if where is not None else []
+        outside = self.outside(ns)
+        either: list[Mapping[str, Any]] = [outside] if outside is not None else []
         either += [{path: {"$exists": True}} for path in self.kept_paths(ns)]
         if not either:
             return None
         return either[0] if len(either) == 1 else {"$or": either}
+
+    def outside(self, ns: Namespace) -> Mapping[str, Any] | None:
+        """The query that finds target ``ns``'s documents outside the migration's filter (None: no filter)."""
+        where = self.where(ns)
+        return {"$nor": [where]} if where is not None else None
 
     def what(self, ns: Namespace) -> str:
         """What the migration did not copy of target ``ns``, for a message."""

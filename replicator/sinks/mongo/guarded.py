@@ -156,27 +156,36 @@ class Guarded:
                 f"elsewhere, {_AGAIN}"
             )
 
-    async def holds_unmigrated(self, ns: Namespace) -> bool:
-        """Does the old side's ``ns`` hold what the migration did not copy?"""
-        query = self.guard.unmigrated(ns) if self.guard else None
+    async def holds_unmigrated(self, ns: Namespace, *, fields: bool = True) -> bool:
+        """Does the old side's ``ns`` hold what the migration did not copy (documents outside its filter, or,
+        with ``fields``, the fields it excluded)?"""
+        if not self.guard:
+            return False
+        query = self.guard.unmigrated(ns) if fields else self.guard.outside(ns)
         if query is None:
             return False
         return await self._client[ns.db][ns.coll or ""].find_one(query, {"_id": 1}) is not None
 
     async def check_ddl(self, event: ChangeEvent, namespaces: Iterable[Namespace]) -> None:
         """Refuse a drop, rename or dropped database that would take ``namespaces`` (the old side's, which
-        ``event`` drops or replaces) along with what the migration did not copy."""
+        ``event`` drops, renames or replaces) along with what the migration did not copy. A drop takes the
+        excluded fields with the migration's documents, as a delete does; a rename would move them to a name
+        the way back does not keep them under."""
         for ns in namespaces:
-            if not self.guards(ns) or not await self.holds_unmigrated(ns):
+            moved = event.op is Op.RENAME and ns == event.ns
+            if not self.guards(ns) or not await self.holds_unmigrated(ns, fields=moved):
                 continue
-            what = {Op.DROP: "dropped", Op.DROP_DATABASE: "dropped the database of", Op.RENAME: "renamed"}
-            done = f"{what.get(event.op, event.op.value)} {event.ns}"
-            if event.op is Op.RENAME and event.to == ns:
-                done = f"renamed {event.ns} onto {ns}"
+            if moved:
+                done, undone = f"renamed {event.ns} to {event.to}", "renamed"
+            elif event.op is Op.RENAME:
+                done, undone = f"renamed {event.ns} onto {ns}", "replaced"
+            else:
+                done, undone = f"dropped {'the database of ' if event.op is Op.DROP_DATABASE else ''}{ns}", "dropped"
+            what = self.guard.what(ns) if moved else "documents outside its --filter"
             raise SinkError(
                 f"target: the new side {done}, but on the old side {ns} holds what the migration did not copy "
-                f"({self.guard.what(ns)}): not {'replaced' if event.to == ns else 'dropped'}, the way back "
-                f"stops; move that data elsewhere (or delete it, if it is not needed), {_AGAIN}"
+                f"({what}): not {undone}, the way back stops; move that data elsewhere (or delete it, if it is "
+                f"not needed), {_AGAIN}"
             )
 
     async def merges(self, ns: Namespace) -> bool:
