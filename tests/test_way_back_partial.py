@@ -272,3 +272,42 @@ def test_the_spark_data_sources_stream_from_a_time_older_than_the_oplog_is_histo
         stream = RawChangeStream(client, settings)  # type: ignore[arg-type]
         with pytest.raises(HistoryLost, match="no longer in the source's oplog"):
             stream.open(Position(cluster_time=Timestamp(start.time, start.inc)))
+
+
+@pytest.mark.integration
+def test_a_way_back_started_with_another_checkpoint_names_cutovers_and_advises_no_deletion(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    with pymongo.MongoClient(source_uri) as client:
+        _orders(client)
+    back, command = _migrate(source_uri, target_uri, tmp_path, "--include", "shop\\.orders")
+    other = tmp_path / "my-back.json"  # as the docs' step 6 said: not the checkpoint cutover wrote
+    refused = _mcdc("catch-up", "-s", target_uri, "-t", source_uri, "-c", str(other), "--include", "shop\\.orders",
+                    "--no-progress")  # fmt: skip
+    _assert_one_line_error(refused, 2, "way back", str(back), f"--checkpoint {back}")
+    assert "delete" not in refused.stderr and back.exists() and not other.exists()
+    with pymongo.MongoClient(target_uri) as client:
+        client.shop.orders.insert_one({"_id": 5000, "total": 1})
+    ran = _mcdc("catch-up", "-s", target_uri, "-t", source_uri, "-c", str(back), "--no-progress")  # as advised
+    assert ran.returncode == 0, ran.stderr
+    checked = _mcdc("verify", *shlex.split(command)[2:])
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.mark.integration
+def test_a_second_migration_over_a_stopped_ones_namespaces_is_first_offered_that_migration_again(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    with pymongo.MongoClient(source_uri) as client:
+        _orders(client)
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    assert _mcdc("sync", "-s", source_uri, "-t", target_uri, "-c", str(first), "--no-progress").returncode == 0
+    refused = _mcdc("sync", "-s", source_uri, "-t", target_uri, "-c", str(second), "--no-progress")
+    _assert_one_line_error(refused, 2, "shop.orders", f"--checkpoint {first}", "--snapshot always")
+    assert "delete" not in refused.stderr and not second.exists()
+    with pymongo.MongoClient(source_uri) as client:
+        client.shop.orders.update_one({"_id": 60}, {"$set": {"note": "again"}})
+    again = _mcdc("sync", "-s", source_uri, "-t", target_uri, "-c", str(first), "--snapshot", "always", "--no-progress")
+    assert again.returncode == 0, again.stderr  # as advised: that migration, copied again
+    checked = _mcdc("verify", "-s", source_uri, "-t", target_uri, "-c", str(first))
+    assert checked.returncode == 0, checked.stdout + checked.stderr

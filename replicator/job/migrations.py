@@ -184,10 +184,22 @@ def _refusal(other: Held, shared: list[Namespace], store: CheckpointStore, setti
             "migration beside it, select only namespaces it does not write (--include, --exclude)"
         )
     state = "running" if other.running else "stopped, resumable"
+    written = f"the target's {names} {'is' if len(shared) == 1 else 'are'} written by"
+    origin = (cp.reverse_of or {}).get("checkpoint") if cp is not None else None
+    if cp is not None and cp.reverse_of is not None:  # never advise throwing a way back away
+        return (
+            f"{written} the way back of {origin or 'a migration'} (checkpoint {path}, as its cutover wrote it, "
+            f"{state}): one way back per migration; run it with --checkpoint {path} (the command its cutover "
+            "printed), not another checkpoint"
+        )
+    go_on = (
+        "stop it first, or select only" if other.running else
+        f"to go on with that migration, run it with --checkpoint {path} (and --snapshot always to copy it "
+        "again); to run another one beside it, select only"
+    )  # fmt: skip
     return (
-        f"the target's {names} {'is' if len(shared) == 1 else 'are'} written by another migration (checkpoint "
-        f"{path}, {what}, {state}): one migration per target namespace; select only namespaces it does not "
-        f"write (--include, --exclude), or, if that migration is over, delete {path} first"
+        f"{written} another migration (checkpoint {path}, {what}, {state}): one migration per target "
+        f"namespace; {go_on} namespaces it does not write (--include, --exclude)"
     )
 
 

@@ -172,6 +172,20 @@ class FieldEditor:
         fields = update.updated_fields if updated is raw else RawBSONDocument(updated, _codec(update.updated_fields))
         return UpdateDescription(fields, removed, truncated)
 
+    def renamed_fields(self) -> set[str]:
+        """The top-level fields a rename touches (at their level or under them), by both names."""
+        out: set[str] = set()
+
+        def renames(node: _Node) -> bool:
+            return node.rename is not None or any(renames(child) for child in node.children.values())
+
+        for name, node in self._root.items():
+            if renames(node):
+                out.add(name.decode())
+                if node.rename is not None:
+                    out.add(node.rename.decode())
+        return out
+
     def excluded_paths(self) -> list[str]:
         """The dotted paths this editor excludes (through arrays, as the rules name them)."""
         out: list[str] = []

@@ -23,7 +23,7 @@ migration's documents. See docs/how-to/migrate-a-cluster.md, "the way back of a 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from replicator.events import Namespace
@@ -106,3 +106,26 @@ class TargetGuard:
         if paths:
             parts.append(f"the fields it excluded ({', '.join(paths)})")
         return " and ".join(parts)
+
+
+def renamed_filter_fields(
+    guard: TargetGuard, filters: DocumentFilters, fields: FieldRules, namespaces: Iterable[Namespace]
+) -> str | None:
+    """Why a way back cannot decide its filter on these (source) namespaces, or None: its filter names the old
+    side's fields, and is decided on the new side's documents, so it may not read a field a field rename
+    renamed (its documents carry another name there)."""
+    if guard.filter_names != "target" or not filters or not fields:
+        return None
+    for ns in namespaces:
+        query, editor = filters.for_namespace(ns), fields.for_namespace(ns)
+        if query is None or editor is None:
+            continue
+        both = sorted(query.fields() & editor.renamed_fields())
+        if both:
+            return (
+                f"source: the way back's --filter on {ns} reads {', '.join(both)}, which its migration's "
+                "--field-rename renamed: the new side's documents name it otherwise, so the way back cannot tell "
+                "which of them the migration copied, and is refused; a migration whose --filter reads no field "
+                "its --field-rename renames has a way back"
+            )
+    return None
