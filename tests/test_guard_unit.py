@@ -48,6 +48,9 @@ def test_a_kept_field_whose_parent_is_no_longer_a_document_has_no_place() -> Non
         _kept(["shop.orders.a.pin"], {"_id": 1, "a": {"pin": 9}}, {"_id": 1, "a": 5})
     assert refused.value.path == "a"
     assert _kept(["shop.orders.a.pin"], {"_id": 1, "a": {"x": 1}}, {"_id": 1, "a": 5}) == [("_id", 1), ("a", 5)]
+    with pytest.raises(KeptFieldConflict) as gone:  # the parent is gone from the new document
+        _kept(["shop.orders.a.pin"], {"_id": 1, "a": {"pin": 9}}, {"_id": 1, "b": 5})
+    assert gone.value.path == "a"
 
 
 def test_the_guard_narrows_writes_to_the_filters_documents_and_finds_what_was_not_copied() -> None:

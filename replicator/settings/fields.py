@@ -204,8 +204,8 @@ class FieldEditor:
         """``new`` without the fields this editor excludes, and with ``old``'s values of them, each in its
         place (after the field that came before it in ``old``): the document the way back of a migration
         that excluded those fields writes over ``old``. Every other byte of ``new`` is kept. Raises
-        :class:`KeptFieldConflict` where ``new`` has no place for one of them (its parent is no longer a
-        document, or an array of them changed its length)."""
+        :class:`KeptFieldConflict` where ``new`` has no place for one of them (its parent is gone or no
+        longer a document, or an array of them changed its length)."""
         raw = _keep_document(_raw(old), _raw(new), self._root, "")
         return new if raw == _raw(new) else RawBSONDocument(raw, _codec(new))
 
@@ -377,6 +377,10 @@ def _keep_document(old: bytes, new: bytes, nodes: dict[bytes, _Node], prefix: st
             value = _edit_value(kind, value, _excluded_only(node.children))
         parts.append((name, bytes((kind,)) + name + b"\x00" + value))
     names = [name for name, _ in parts]
+    for name, (kind, _, value) in old_items.items():  # a parent of kept fields the new document lacks
+        node = nodes.get(name)
+        if node is not None and not node.exclude and name not in names and _holds_excluded(kind, value, node.children):
+            raise KeptFieldConflict(prefix + name.decode())
     order = list(old_items)
     for i, name in enumerate(order):
         node = nodes.get(name)

@@ -17,17 +17,20 @@ migration did not copy is never deleted, stripped or replaced.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from replicator.bsonkit.extjson import dumps_str
 from replicator.errors import SinkError
-from replicator.events import ChangeEvent, Namespace, Op, by_namespace
+from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op, by_namespace
 from replicator.settings.fields import KeptFieldConflict
 from replicator.settings.guard import TargetGuard
 from replicator.sinks.base import SourceLookup
-from replicator.sinks.mongo.plan import DuplicateKey, id_bytes
+from replicator.sinks.mongo.plan import DUPLICATE_KEY, DuplicateKey, id_bytes
 from replicator.source.connection import Client
+
+log = logging.getLogger("mcdc.sink.mongo")
 
 #: ``_id``s read per query
 _CHUNK = 1000
@@ -127,6 +130,12 @@ class Guarded:
             f"stops; remove them from the old side's document if they are not needed, {_AGAIN}"
         )
 
+    def check_clash(self, ns: Namespace, event: ChangeEvent, error: Mapping[str, Any]) -> None:
+        """A write error: a guarded upsert that met, by its ``_id``, an old-side document the migration did not
+        copy stops the run (:meth:`clash`)."""
+        if error.get("code") == DUPLICATE_KEY and self.guards(ns):
+            raise self.clash(ns, event) from None
+
     def clash(self, ns: Namespace, event: ChangeEvent) -> SinkError:
         """A guarded upsert failed on the ``_id`` index: the old side's document of that ``_id`` is one the
         migration did not copy."""
@@ -166,12 +175,23 @@ class Guarded:
             return False
         return await self._client[ns.db][ns.coll or ""].find_one(query, {"_id": 1}) is not None
 
-    async def check_ddl(self, event: ChangeEvent, namespaces: Iterable[Namespace]) -> None:
-        """Refuse a drop, rename or dropped database that would take ``namespaces`` (the old side's, which
-        ``event`` drops, renames or replaces) along with what the migration did not copy. A drop takes the
-        excluded fields with the migration's documents, as a delete does; a rename would move them to a name
-        the way back does not keep them under."""
-        for ns in namespaces:
+    async def _dropped_by(self, event: ChangeEvent) -> list[Namespace]:
+        """The target namespaces a drop, rename or dropped database replaces."""
+        if event.op is Op.DROP:
+            return [event.ns]
+        if event.op is Op.RENAME:
+            return [event.ns] + ([event.to] if event.to is not None else [])
+        if event.op is Op.DROP_DATABASE:
+            names = await self._client[event.ns.db].list_collection_names()
+            return [Namespace(event.ns.db, name) for name in names]
+        return []
+
+    async def check_ddl(self, event: ChangeEvent) -> None:
+        """Refuse a drop, rename or dropped database that would take the old side's namespaces it drops,
+        renames or replaces along with what the migration did not copy. A drop takes the excluded fields
+        with the migration's documents, as a delete does; a rename would move them to a name the way back
+        does not keep them under."""
+        for ns in await self._dropped_by(event):
             moved = event.op is Op.RENAME and ns == event.ns
             if not self.guards(ns) or not await self.holds_unmigrated(ns, fields=moved):
                 continue
@@ -192,6 +212,28 @@ class Guarded:
         """Is a copy of ``ns`` made again a merge (the old side's ``ns`` holds what the migration did not copy,
         so it is not dropped)?"""
         return self.guards(ns) and await self.holds_unmigrated(ns)
+
+    async def merge(
+        self, specs: Sequence[CollectionSpec], align: Callable[[CollectionSpec], Awaitable[bool]]
+    ) -> list[CollectionSpec]:
+        """Of a copy's collections made again, those to drop (returned); the others hold what the migration did
+        not copy and are merged: their options made the source's with ``align`` (collMod), else refused."""
+        merged = [spec for spec in specs if await self.merges(spec.ns)]
+        for spec in merged:
+            if not await align(spec):
+                raise self.unaligned(spec.ns)
+        if merged:
+            names = ", ".join(str(spec.ns) for spec in merged)
+            log.info("%s: copied again as a merge: what the migration did not copy stays", names)
+        return [spec for spec in specs if spec not in merged]
+
+    async def finish(self, specs: Sequence[CollectionSpec], lookup: SourceLookup | None) -> None:
+        """After a copy: each guarded collection's cleanup (see :meth:`cleanup`)."""
+        for spec in specs:
+            if self.guards(spec.ns) and not spec.is_view:
+                gone = await self.cleanup(spec.ns, lookup)
+                if gone:
+                    log.info("%s: deleted %d documents of the migration the source no longer has", spec.ns, gone)
 
     def unaligned(self, ns: Namespace) -> SinkError:
         """A merged copy of ``ns`` whose options only a new collection could take."""

@@ -22,7 +22,6 @@ from typing import Any
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError, WriteConcernError
 
-from replicator.bsonkit.extjson import dumps_str
 from replicator.errors import SinkError, SinkUnavailable
 from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op, Position, by_namespace
 from replicator.settings.guard import TargetGuard
@@ -43,6 +42,8 @@ from replicator.sinks.mongo.plan import (
     id_bytes,
     literal_ops,
     plan,
+    refused,
+    segments,
     stale_delta,
 )
 from replicator.sinks.mongo.schema import MongoSchema
@@ -81,35 +82,11 @@ def no_transactions(exc: OperationFailure) -> bool:
     return exc.code == _ILLEGAL_OPERATION and _NO_TRANSACTIONS_MESSAGE in str(exc).lower()
 
 
-def _refused(ns: Namespace, event: ChangeEvent, error: Mapping[str, Any]) -> SinkError:
-    """A write error that stops the run, in one line naming the namespace, the document and the code."""
-    try:
-        what = f"_id {dumps_str(event.document_key['_id'], relaxed=True)}"
-    except (ValueError, KeyError):
-        what = event.op.value
-    message = str(error.get("errmsg") or "").splitlines()[0][:300] if error.get("errmsg") else ""
-    return SinkError(
-        f"replaying into {ns}: the target refused the write of {what} (code {error.get('code')}: {message})"
-    )
-
-
 def _acknowledged(ns: Namespace, exc: BulkWriteError) -> None:
     """Raise :func:`concern_failed` when the write concern failed, whatever the write errors beside it."""
     concern = exc.details.get("writeConcernErrors")
     if concern:
         raise concern_failed(ns, concern[0]) from None
-
-
-def _segments(batch: Sequence[ChangeEvent]) -> list[tuple[str, list[ChangeEvent]]]:
-    """Split a batch into runs applied as one unit: plain document events, one transaction, or one DDL."""
-    out: list[tuple[str, list[ChangeEvent]]] = []
-    for event in batch:
-        kind = "ddl" if event.op.is_ddl else ("txn" if event.txn is not None else "plain")
-        if out and kind != "ddl" and out[-1][0] == kind and (kind == "plain" or out[-1][1][-1].txn == event.txn):
-            out[-1][1].append(event)
-        else:
-            out.append((kind, [event]))
-    return out
 
 
 class MongoSink(Sink):
@@ -178,24 +155,13 @@ class MongoSink(Sink):
         """Collections with their options, then (on a mongos) sharded as ``specs`` say, before any copy. A way
         back's collection that holds what its migration did not copy is not dropped: its copy is a merge."""
         if drop_existing and self._guarded:
-            merged = [spec for spec in specs if await self._guarded.merges(spec.ns)]
-            for spec in merged:
-                if not await self._schema.align_options(spec):
-                    raise self._guarded.unaligned(spec.ns)
-            if merged:
-                log.info("%s: copied again as a merge: %s", ", ".join(str(s.ns) for s in merged),
-                         "what the migration did not copy stays")  # fmt: skip
-            specs = [spec for spec in specs if spec not in merged]
+            specs = await self._guarded.merge(specs, self._schema.align_options)
         await self._schema.prepare(specs, drop_existing=drop_existing)
         if self.shards:
             await self._sharding.shard(specs)
 
     async def finish_snapshot(self, specs: Sequence[CollectionSpec]) -> None:
-        for spec in specs:
-            if self._guarded.guards(spec.ns) and not spec.is_view:
-                gone = await self._guarded.cleanup(spec.ns, self._lookup)
-                if gone:
-                    log.info("%s: deleted %d documents of the migration the source no longer has", spec.ns, gone)
+        await self._guarded.finish(specs, self._lookup)
         await self._schema.reconcile_indexes(specs)
 
     async def reconcile(self, spec: CollectionSpec) -> bool:
@@ -235,24 +201,13 @@ class MongoSink(Sink):
         batch is as durable as that concern makes it."""
         if self._guarded:
             batch = await self._guarded.events(batch)
-        for kind, events in _segments(batch):
+        for kind, events in segments(batch):
             if kind == "ddl":  # not bounded: an index build or a rename across databases takes its time
                 if self._guarded:
-                    await self._guarded.check_ddl(events[0], await self._dropped_by(events[0]))
+                    await self._guarded.check_ddl(events[0])
                 await self._schema.apply(events[0])
             else:
                 await self._bounded(self._write_documents(kind, events))
-
-    async def _dropped_by(self, event: ChangeEvent) -> list[Namespace]:
-        """The target namespaces a drop, rename or dropped database replaces (for the guard)."""
-        if event.op is Op.DROP:
-            return [event.ns]
-        if event.op is Op.RENAME:
-            return [event.ns] + ([event.to] if event.to is not None else [])
-        if event.op is Op.DROP_DATABASE:
-            names = await self._client[event.ns.db].list_collection_names()
-            return [Namespace(event.ns.db, name) for name in names]
-        return []
 
     async def _write_documents(self, kind: str, events: Sequence[ChangeEvent]) -> None:
         if kind == "txn" and self._transactions:
@@ -334,9 +289,9 @@ class MongoSink(Sink):
                 dup = duplicate_key(error)
                 if dup is not None:
                     raise _Conflict(dup, event, []) from None
-                self._clash(ns, event, error)
+                self._guarded.check_clash(ns, event, error)
                 if error.get("code") != DOLLAR_PREFIXED:
-                    raise _refused(ns, event, error) from None
+                    raise refused(ns, event, error) from None
                 retry.extend((event, op) for op in literal_ops(event))
             await self._ordered(ns, retry)
 
@@ -372,21 +327,16 @@ class MongoSink(Sink):
                     raise
                 if dup is not None:
                     raise _Conflict(dup, event, ops[failed + 1 :]) from None
-                self._clash(ns, event, error)
+                self._guarded.check_clash(ns, event, error)
                 if error.get("code") == DOLLAR_PREFIXED and id(event) not in rewritten:
                     rewritten.add(id(event))
                     ops[failed : failed + 1] = [(event, o) for o in literal_ops(event)]
                     start = failed
                     continue
                 if not stale_delta(op, error):
-                    raise _refused(ns, event, error) from None
+                    raise refused(ns, event, error) from None
                 log.warning("skipped a delta update on %s the target cannot apply: %s", ns, error.get("errmsg"))
                 start = failed + 1
-
-    def _clash(self, ns: Namespace, event: ChangeEvent, error: Mapping[str, Any]) -> None:
-        """A guarded upsert that met, by its ``_id``, an old-side document the migration did not copy."""
-        if error.get("code") == DUPLICATE_KEY and self._guarded.guards(ns):
-            raise self._guarded.clash(ns, event) from None
 
     async def _apply_transaction(self, events: Sequence[ChangeEvent]) -> None:
         """One target transaction for one source transaction. Where the target cannot keep it one unit
@@ -414,7 +364,7 @@ class MongoSink(Sink):
                              "writes one by one", events[0].ns, code)  # fmt: skip
                 elif isinstance(exc, BulkWriteError):
                     errors = exc.details.get("writeErrors") or [{}]
-                    raise _refused(events[0].ns, events[0], errors[0]) from None
+                    raise refused(events[0].ns, events[0], errors[0]) from None
                 else:
                     raise
                 await self._apply(events)
