@@ -265,7 +265,7 @@ def test_every_flag_reaches_the_settings(command: str, monkeypatch: pytest.Monke
     monkeypatch.setattr("replicator.observe.logs.setup_logging", lambda *args, **kwargs: None)
     seen: list[Settings] = []
 
-    async def library_call(settings: Settings) -> Any:
+    async def library_call(settings: Settings, **_: Any) -> Any:
         seen.append(settings)
         return {} if command == "status" else VerifyReport(0, 0, [])
 
@@ -286,6 +286,7 @@ def test_every_flag_reaches_the_settings(command: str, monkeypatch: pytest.Monke
         return CutoverResult(Timestamp(1, 1), 0, 0.0, "back.json", "mcdc tail ...", writes_blocked=False)
 
     monkeypatch.setattr("replicator.job.cutover.cutover", cutover)
+    monkeypatch.setattr("replicator.job.release.release_only", cutover)  # SAMPLE's --release-only
     result = runner.invoke(app, [command, *_args(command)])
     assert result.exit_code == 0, result.output
     expected = settings_from_strings({o.name: SAMPLE[o.name] for o in for_command(command)}, command=command)

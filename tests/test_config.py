@@ -191,6 +191,7 @@ SAMPLE = {
     "control": "true",
     "block-writes": "true",
     "reverse-checkpoint": "/var/lib/mcdc/back.json",
+    "release-only": "true",
     "json": "true",
     "progress": "false",
     "log-format": "json",

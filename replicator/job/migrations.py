@@ -53,6 +53,12 @@ def followed(settings: Settings, command: str) -> Settings:
     return dataclasses.replace(recorded.applied(settings), checkpoint=path)
 
 
+def cut_over(settings: Settings) -> bool:
+    """Was the migration of these settings' checkpoint cut over (its target's TTLs given back)?"""
+    cp = CheckpointStore(settings.checkpoint_path()).load()
+    return cp is not None and cp.cutover is not None
+
+
 def find_migration(settings: Settings, path: Path) -> Path:
     """The one default checkpoint of this source and target when it copies another selection than the
     options say (a migration of --include ..., asked about with --source and --target alone), or the one

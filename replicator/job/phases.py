@@ -47,6 +47,7 @@ from replicator.observe.tally import format_ts, listing, plural
 from replicator.replay.recorded import Recorded
 from replicator.settings.config import Settings, parse_start_at
 from replicator.settings.fields import FieldRules
+from replicator.settings.selection import Scope
 from replicator.settings.uri import is_mongo_uri, redact
 from replicator.sinks.base import Sink
 from replicator.sinks.registry import open_sink
@@ -138,6 +139,12 @@ class SyncJob:
                     assert self.store.owner is not None
                     source_id, target_id = self.store.owner
                     hold_targets(self.store, self.s, cp, source=source_id, target=target_id, namespaces=namespaces)
+                    # the target's own TTL monitor deletes nothing while the migration writes it (sinks/mongo/ttl.py)
+                    mapped = Scope(self.s.selection, self.s.renamer).mapped(namespaces)
+                    await sink.hold_ttls(sorted(mapped, key=str), cp.held if cp is not None else None)
+                    self.store.held = sink.held_ttls
+                    if self.metrics is not None:
+                        self.metrics.held = sink.held_ttls
                     # after every check: a mistake costs no JVM start
                     await self.engine.start(replay_only=self._replays_only(cp))
                     await self._run(client, info, sink, cp)

@@ -136,6 +136,7 @@ class Settings:
     control: bool = False  # tail: POST /commit on the metrics port stops the tail and cuts over
     full_verify: bool = False  # cutover: compare everything, even after a clean pass of tail --verify
     reverse_checkpoint: Path | None = None  # cutover: where the way back's checkpoint goes (default: its pair's)
+    release_only: bool = False  # cutover: only give back the target's TTLs the migration holds (sinks/mongo/ttl.py)
     # event sinks (Kafka, stdout, jsonl); Debezium's property names in brackets
     topic_prefix: str = "mcdc"  # [topic.prefix] topics are <prefix>.<db>.<collection>
     topic_routes: tuple[str, ...] = ()  # REGEX=TOPIC on "db.collection" (first match wins; \1 = group 1)

@@ -301,6 +301,9 @@ OPTIONS: tuple[Option, ...] = (
                "MongoDB 6.0+); else stop the application's writes before the cutover.", ("cutover",)),
         Option("reverse-checkpoint", "reverse_checkpoint", "Where the checkpoint of the way back goes (default: "
                "the default checkpoint of --source TARGET --target SOURCE).", ("cutover",), metavar="PATH"),
+        Option("release-only", "release_only", "Only give the target's TTLs, which the migration holds still while "
+               "it writes, their source's values back, and change nothing else (a migration abandoned rather "
+               "than cut over).", ("cutover",)),
     ),
     # output
     *_panel(

@@ -96,23 +96,27 @@ def assert_identical(
     *,
     target_where: Where | None = None,
     strip: Strip | None = None,
+    held: bool = True,
 ) -> dict[str, Any]:
     """Assert both servers hold the same namespaces, options, indexes and documents (byte for byte);
     ``only``: compare just the ``db.coll`` names it keeps; ``where``: the target holds only the source's
     documents this query of their namespace finds (a --filter's); ``target_where``: of the target's, only
     those its query finds are compared (a way back's old side keeps the rest); ``strip``: fields compared
-    on neither side (a --field-exclude's)."""
+    on neither side (a --field-exclude's); ``held``: a target's TTL at MongoDB's largest expireAfterSeconds
+    counts as the source's (a migration holds it there until cutover)."""
     src, dst = server_state(source_uri, only, where, strip), server_state(target_uri, only, target_where, strip)
     assert sorted(src) == sorted(dst), f"namespaces differ: {sorted(set(src) ^ set(dst))}"
     for ns, want in src.items():
         got = dst[ns]
         assert got["kind"] == want["kind"], ns
-        assert bson.decode(got["options"]) == bson.decode(want["options"]) and got["options"] == want["options"], (
+        options = _held_value(got["options"], want["options"]) if held else got["options"]
+        assert bson.decode(options) == bson.decode(want["options"]) and options == want["options"], (
             f"{ns} options: {bson.decode(want['options'])} != {bson.decode(got['options'])}"
         )
         if want["kind"] == "view":
             continue
-        assert got["indexes"] == want["indexes"], f"{ns} indexes: {sorted(want['indexes'])} vs {sorted(got['indexes'])}"
+        indexes = _as_held(got["indexes"], want["indexes"]) if held else got["indexes"]
+        assert indexes == want["indexes"], f"{ns} indexes: {sorted(want['indexes'])} vs {sorted(got['indexes'])}"
         missing = want["docs"].keys() - got["docs"].keys()
         extra = got["docs"].keys() - want["docs"].keys()
         changed = [k for k in want["docs"].keys() & got["docs"].keys() if want["docs"][k] != got["docs"][k]]
@@ -125,3 +129,20 @@ def assert_identical(
             f"{[bson.decode(k) for k in [*missing, *extra, *changed][:3]]}{first}"
         )
     return src
+
+
+#: MongoDB's largest expireAfterSeconds, at which a migration holds the target's TTLs until cutover
+HELD_TTL = 2_147_483_647
+
+
+def _held_value(got: bytes, want: bytes) -> bytes:
+    """An index spec's or options' BSON with a held TTL taken for the source's (``want``'s) value."""
+    mine, theirs = bson.decode(got, codec_options=_ORDERED), bson.decode(want, codec_options=_ORDERED)
+    if mine.get("expireAfterSeconds") == HELD_TTL and "expireAfterSeconds" in theirs:
+        mine["expireAfterSeconds"] = theirs["expireAfterSeconds"]
+        return bson.encode(mine, codec_options=_ORDERED)
+    return got
+
+
+def _as_held(got: dict[str, bytes], want: dict[str, bytes]) -> dict[str, bytes]:
+    return {name: _held_value(spec, want[name]) if name in want else spec for name, spec in got.items()}

@@ -25,6 +25,11 @@ A ``commitTransaction`` is the same (3 of 3 lost on the plain server): a tail's 
 lost behind its saved checkpoint. Mended here: a schema command or a commit asking for the journal returns
 once the journal is synced.
 
+Third, not a quirk of its protocol: ``secantusd-py`` reads ``[storage] ttl_sweep_seconds`` from its config
+file but does not hand it to the server, whose TTL monitor then runs every 60 s (as mongod's does by
+default; ``ttlMonitorSleepSecs`` changes it there). ``--ttl-sweep-seconds S`` here hands it over, so that
+a test can watch the monitor work (tests/test_ttl_hold.py).
+
 Run as ``python secantus_server.py ARGS``, with ``secantusd-py``'s arguments.
 """
 
@@ -86,7 +91,30 @@ def journaled(handler: Any) -> Any:
 _NEEDED = ("collection_uuid", "_collection_uuid", "_coll_options", "_refresh_read_snapshot", "_session")
 _NEEDED_COMMANDS = ("_HANDLERS", "_wants_journal")
 
+
+def _ttl_sweep(argv: list[str]) -> float | None:
+    """``--ttl-sweep-seconds S`` taken out of ``argv`` (None: not given)."""
+    if "--ttl-sweep-seconds" not in argv:
+        return None
+    at = argv.index("--ttl-sweep-seconds")
+    seconds = float(argv[at + 1])
+    del argv[at : at + 2]
+    return seconds
+
+
+def _with_ttl_sweep(server_class: Any, seconds: float) -> Any:
+    def make(*args: Any, **kwargs: Any) -> Any:
+        return server_class(*args, ttl_sweep_seconds=seconds, **kwargs)
+
+    return make
+
+
 if __name__ == "__main__":
+    sweep = _ttl_sweep(sys.argv)
+    if sweep is not None:
+        import secantus.cli
+
+        secantus.cli.SecantusDBServer = _with_ttl_sweep(secantus.cli.SecantusDBServer, sweep)
     if all(hasattr(Storage, name) for name in _NEEDED) and all(hasattr(commands, n) for n in _NEEDED_COMMANDS):
         Storage.collection_uuid = collection_uuid
         for name in JOURNALED_COMMANDS:

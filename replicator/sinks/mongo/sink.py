@@ -48,6 +48,7 @@ from replicator.sinks.mongo.plan import (
 )
 from replicator.sinks.mongo.schema import MongoSchema
 from replicator.sinks.mongo.sharding import TargetSharding, lacking
+from replicator.sinks.mongo.ttl import Held, hold_existing
 from replicator.sinks.mongo.unique import settle
 from replicator.source.connection import ServerInfo, grants, make_client, probe, server_message
 from replicator.source.privileges import Grants
@@ -166,6 +167,14 @@ class MongoSink(Sink):
 
     async def reconcile(self, spec: CollectionSpec) -> bool:
         return await self._schema.reconcile(spec)
+
+    async def hold_ttls(self, namespaces: Sequence[Namespace], record: Mapping[str, Any] | None) -> None:
+        self._schema.held = Held(record)
+        if record is None:
+            await hold_existing(self._client, namespaces, self._schema.held)
+
+    def held_ttls(self) -> dict[str, dict[str, Any]] | None:
+        return self._schema.held.to_json()
 
     @property
     def deletes_time_ranges(self) -> bool:
