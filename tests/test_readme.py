@@ -48,6 +48,8 @@ NOT_RUN = {
     'mcdc sync -s "$SRC" -t delta:/data/lake': "an object store and a REST catalog are not here; tests/test_lake.py "
     "runs the local forms (sync, catch-up, tail into delta: and iceberg:)",
     WALKTHROUGH: "run three ways (a filter, a selection, everything) by test_the_migration_walkthrough_runs_as_written",
+    'mcdc cutover --source "$SRC" --target "$DST" --checkpoint mig.json --release-only': "a migration abandoned "
+    "with its TTLs held: tests/test_ttl_hold.py runs the command on one and checks nothing else changed",
 }
 #: The first lines of the blocks that run every command they hold, in the pages' order. The blocks that copy
 #: run on an empty target, each as if it were the reader's first run; a block that begins with status,
