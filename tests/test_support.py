@@ -237,6 +237,19 @@ def test_a_journaled_transaction_survives_a_kill_9_right_after_its_commit(tmp_pa
             assert found == 5, f"trial {trial}: the committed transaction lost {5 - found} of its 5 documents"
 
 
+def test_a_clustered_collections_ttl_changed_by_coll_mod_is_stored(source_uri: str) -> None:
+    """mongod 5.3+ sets a clustered collection's expireAfterSeconds with collMod; SecantusDB answered ok and
+    kept the old value (the test servers run with that mended: secantus_server.py)."""
+    with servers.connect(source_uri) as client:
+        client.clustered.command(
+            {"create": "c", "clusteredIndex": {"key": {"_id": 1}, "unique": True}, "expireAfterSeconds": 600}
+        )
+        client.clustered.command("collMod", "c", expireAfterSeconds=60)
+        options = client.clustered.command("listCollections", filter={"name": "c"})["cursor"]["firstBatch"][0]
+        client.drop_database("clustered")
+    assert options["options"]["expireAfterSeconds"] == 60
+
+
 def test_local_server_restart_keeps_data(tmp_path: Path) -> None:
     with servers.LocalServer(tmp_path / "db") as server:
         port = server.port

@@ -157,3 +157,29 @@ def test_a_way_backs_first_run_holds_the_old_sides_ttls_and_its_cutover_gives_th
     rollback = _mcdc("cutover", *way_back, "--reverse-checkpoint", str(tmp_path / "again.json"))
     assert rollback.returncode == 0, rollback.stderr
     assert _ttls(source_uri) == _ttls(target_uri) == {"sessions.lastSeen_ttl": 120}
+
+
+@pytest.mark.integration
+def test_a_clustered_collections_own_ttl_is_held_and_given_back(
+    source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    cp = tmp_path / "cp.json"
+    with pymongo.MongoClient(source_uri) as client:
+        client.app.command({"create": "events", "clusteredIndex": {"key": {"_id": 1}, "unique": True},
+                            "expireAfterSeconds": 600})  # fmt: skip
+        client.app.events.insert_one({"_id": datetime.now(UTC)})
+    run = ("-s", source_uri, "-t", target_uri, "-c", str(cp), "--no-progress")
+    assert _mcdc("sync", *run).returncode == 0
+
+    def ttl(uri: str) -> Any:
+        with pymongo.MongoClient(uri) as client:
+            return client.app.command("listCollections", filter={"name": "events"})["cursor"]["firstBatch"][0][
+                "options"
+            ]["expireAfterSeconds"]
+
+    assert ttl(target_uri) == HOLD
+    held = json.loads(_mcdc("status", "-c", str(cp), "--json").stdout)["progress"]["heldTTLs"]
+    assert held == [{"namespace": "app.events", "index": None, "sourceExpireAfterSeconds": 600}]
+    done = _mcdc("cutover", *run, "--json", "--reverse-checkpoint", str(tmp_path / "back.json"))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["restored"] == ["app.events (the collection's TTL)"] and ttl(target_uri) == 600

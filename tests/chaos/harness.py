@@ -597,6 +597,8 @@ class Runner:
         done = subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=600)
         if done.returncode != 0:
             self.fail(f"cutover exited with {done.returncode}: {done.stderr.strip()[-2000:]}")
+        if held := _held_ttls(new.uri):
+            self.fail(f"cutover left TTLs held on the target: {held}")
         printed = shlex.split(json.loads(done.stdout)["reverse_command"])
         at = printed.index("--checkpoint")
         if Path(printed[at + 1]) != back:
@@ -776,6 +778,8 @@ class Runner:
         self._wait_started(self._proc)
         self._proc.send_signal(signal.SIGTERM)
         code = self._proc.wait(120)
+        if code == 2 and self.way_back is not None and self._follow_advice(self._log_of[self._proc.pid]):
+            return  # it had stopped on a refusal before the signal: done as advised, the next run goes on
         if code == EXIT_UNAVAILABLE and self.failpoints.since(self._runs[self._proc.pid][1]):
             # an outage under a fail point ended it, or the signal came while it waited for a server one struck
             self.tally.outages += 1
@@ -993,6 +997,24 @@ def _unselected(uri: str, selected: Callable[[str], bool]) -> dict[str, list[Any
                 if not selected(f"{db}.{coll}") and not coll.startswith("system."):
                     out[f"{db}.{coll}"] = sorted(client[db][coll].find(), key=repr)
     return out
+
+
+def _held_ttls(uri: str) -> list[str]:
+    """The TTLs a server holds at MongoDB's largest expireAfterSeconds (a migration's, before its cutover)."""
+    import pymongo
+
+    from tests.support.compare import HELD_TTL
+
+    held = []
+    with pymongo.MongoClient(uri) as client:
+        for db in ("chaos", "chaos2"):
+            for info in client[db].list_collections():
+                if (info.get("options") or {}).get("expireAfterSeconds") == HELD_TTL:
+                    held.append(f"{db}.{info['name']}")
+                if info.get("type", "collection") == "collection":
+                    held += [f"{db}.{info['name']} {ix['name']}" for ix in client[db][info["name"]].list_indexes()
+                             if ix.get("expireAfterSeconds") == HELD_TTL]  # fmt: skip
+    return held
 
 
 @dataclass

@@ -7,6 +7,8 @@ Namespaces (all in the selection but ``chaos.ext_*``, which ``SELECTION`` exclud
   documents; index churn and views on ``a``; collMod of ``b``'s validator. Bursts of fresh documents
   into ``a`` (string ``_id``s no other write touches), for a target crashed right after they are acknowledged.
 * ``chaos.u``: a unique index on ``k``, whose values documents swap.
+* TTLs made before mcdc starts (a TTL index on ``b``, the clustered ``chaos.ttl_clustered``'s own), which no
+  document meets: a migration holds them still on its target, and its cutover gives them back.
 * ``chaos.log``: rotated (``log -> log_N``, a new ``log`` with the same ``_id``s), archives dropped later.
 * ``chaos.c``: dropped and created again with other options (capped, a validator, plain).
 * ``chaos.in_N`` / ``chaos.ext_N``: collections renamed into the selection from ``ext_*`` and out of it.
@@ -79,6 +81,13 @@ def prepare(uri: str) -> None:
         chaos.b.insert_many([{"_id": i, "n": Int64(i)} for i in range(IDS)])
         chaos.u.insert_many([{"_id": i, "k": i} for i in range(8)])
         chaos.u.create_index("k", unique=True, name="k_unique")
+        # TTLs, which a migration holds still on its target until cutover (no document here ever expires:
+        # no field ``expires``, and the clustered collection's _ids are no dates)
+        chaos.b.create_index("expires", expireAfterSeconds=3600, name="ttl_expires")
+        chaos.create_collection(
+            "ttl_clustered", clusteredIndex={"key": {"_id": 1}, "unique": True}, expireAfterSeconds=86400
+        )
+        chaos.ttl_clustered.insert_many([{"_id": i, "n": i} for i in range(5)])
         chaos.log.insert_many([{"_id": i, "gen": 0} for i in range(4)])
         client.chaos2.x.insert_many([{"_id": i} for i in range(5)])
         client.chaos3.w.insert_many([{"_id": i, "widened": True} for i in range(7)])  # taken by a widened selection
