@@ -130,6 +130,9 @@ class Checkpoint:
     #: the source and target it was last run between (Settings.pair_key), so that status and cutover find a
     #: default checkpoint whose selection changed since its file was named; None before a run recorded it
     pair: str | None = None
+    #: a start after a Debezium connector's offset (debezium_offset.DebeziumOffset's JSON): while the position
+    #: is still its token, a transaction Debezium had begun writing is continued; None for any other start
+    handover: dict[str, Any] | None = None
 
     def acknowledge(
         self, position: Position, shard_positions: Mapping[str, Position] | None = None, *, applied: bool = True
@@ -165,6 +168,7 @@ class Checkpoint:
             "owned": sorted(self.owned),
             "migration_id": self.migration_id,
             "pair": self.pair,
+            "handover": self.handover,
             "stream": self.stream.to_json() if self.stream is not None else None,
             "snapshot": {
                 "status": self.snapshot.status,
@@ -200,6 +204,7 @@ class Checkpoint:
             owned={str(ns) for ns in data.get("owned") or ()},
             migration_id=_optional_str(data.get("migration_id")),
             pair=_optional_str(data.get("pair")),
+            handover=dict(data["handover"]) if data.get("handover") is not None else None,
             # absent from a checkpoint written before scopes were recorded: the deployment's stream
             stream=StreamScope.from_json(data["stream"])
             if data.get("stream") is not None
