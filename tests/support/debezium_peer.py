@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -55,6 +56,23 @@ def properties(
         "value.converter.schemas.enable": "true" if schemas else "false",
         "errors.max.retries": "0",
     }
+
+
+def replica_set_uri(uri: str) -> str:
+    """The server named by ``uri`` as a replica set member (Debezium's driver wants the set's name)."""
+    import pymongo
+
+    with pymongo.MongoClient(uri, directConnection=True) as client:
+        host, port = client.address or ("127.0.0.1", 27017)
+        name = client.admin.command("hello")["setName"]
+    return f"mongodb://{host}:{port}/?replicaSet={name}"
+
+
+def start(uri: str, out: Path, *args: str) -> subprocess.Popen[str]:
+    """This module as a process of its own on the server ``uri`` (any URI of it), its log beside OUT (a .log)."""
+    argv = [sys.executable, "-m", "tests.support.debezium_peer", replica_set_uri(uri), str(out), *args]
+    with out.with_suffix(".log").open("w") as log:  # read by a test when the peer stops too early
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True)
 
 
 def kafka_properties(bootstrap: str, offsets_topic: str, flush_ms: int) -> dict[str, str]:
