@@ -54,8 +54,8 @@ async def check(offset: DebeziumOffset, client: Client, info: ServerInfo, *, sha
     if rs is not None and (info.kind == "sharded" or shard_streams):
         raise ConfigError(
             f"{OPTION}: a per-replica-set offset (replica set {rs}) resumes that shard's own change stream; mcdc "
-            "reads the sharded source's cluster-wide stream through mongos, which its token cannot resume: take a new snapshot "
-            "instead (leave the option out)"
+            "reads the sharded source's cluster-wide stream through mongos, which its token cannot resume: take a "
+            "new snapshot instead (leave the option out)"
         )
     if rs is not None and rs != info.set_name:
         raise ConfigError(
