@@ -48,6 +48,15 @@ def test_offsets_topic_lines_take_the_last_value_of_each_key_and_a_tombstone_rem
     assert DebeziumOffset.from_json(offset.to_json()) == offset  # as a checkpoint records it
 
 
+def test_kafka_connects_rest_answer_of_the_connectors_offsets_is_read_too() -> None:
+    """GET /connectors/NAME/offsets (Kafka Connect 3.6+, KIP-875)."""
+    answer = {"offsets": [{"partition": {"server_id": "mcdc"}, "offset": VALUE}]}
+    offset = parse(json.dumps(answer), prefix="mcdc")
+    assert offset.position.resume_token == TOKEN and offset.server_id == "mcdc"
+    with pytest.raises(ConfigError, match=r"topic\.prefix mcdc"):
+        parse(json.dumps(answer), prefix="shop")
+
+
 def test_a_token_of_a_snapshot_only_offset_has_no_time_and_an_old_offsets_token_is_its_data() -> None:
     offset = parse(json.dumps({"sec": -1, "ord": -1, "resume_token": TOKEN_B64}), prefix="mcdc")
     assert offset.position.cluster_time is None and offset.position.resume_token == TOKEN

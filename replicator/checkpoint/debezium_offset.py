@@ -19,8 +19,9 @@ Debezium resumes the stream right after the token (``resumeAfter``), or at the c
 (``startAtOperationTime``); mcdc does the same, and continues a transaction Debezium had begun writing with its
 id and counts (no second BEGIN; END with the whole transaction's counts).
 
-:func:`parse` takes the value alone, or lines ``KEY<TAB>VALUE`` as Kafka's console consumer prints the offsets
-topic with ``print.key=true`` (or ``kcat -K '\\t'``): the last value of each key
+:func:`parse` takes the value alone, Kafka Connect's ``GET /connectors/NAME/offsets`` answer (3.6+:
+``{"offsets": [{"partition": {...}, "offset": {...}}]}``), or lines ``KEY<TAB>VALUE`` as Kafka's console
+consumer prints the offsets topic with ``print.key=true`` (or ``kcat -K '\\t'``): the last value of each key
 counts, a null value removes it (a tombstone), as Kafka Connect reads the topic.
 """
 
@@ -142,9 +143,13 @@ def _entries(text: str) -> list[tuple[dict[str, Any] | None, dict[str, Any]]]:
     stripped = text.strip()
     if stripped.startswith("{"):
         try:
-            return [(None, _object(json.loads(stripped)))]
+            whole = _object(json.loads(stripped))
         except json.JSONDecodeError:
             pass  # several lines of values: read line by line
+        else:
+            if isinstance(whole.get("offsets"), list):  # Kafka Connect's REST API: GET /connectors/NAME/offsets
+                return [(_object(o.get("partition")), _object(o.get("offset"))) for o in whole["offsets"]]
+            return [(None, whole)]
     by_key: dict[str, tuple[dict[str, Any] | None, dict[str, Any] | None]] = {}
     for number, line in enumerate(stripped.splitlines(), 1):
         if not line.strip():
