@@ -4,7 +4,8 @@ Debezium's MongoDB connector (embedded, tests/support/debezium_peer.py) streams 
 a Kafka Connect worker would: records produced by the Java client (its default partitioner), offsets kept in
 the broker's offsets topic. It takes its snapshot, follows a workload, and stops inside a multi-document
 transaction. mcdc then starts from the offset read from the offsets topic (``KEY<TAB>VALUE`` lines, as Kafka's
-console consumer prints them), while the workload goes on, on topics of 6 partitions.
+console consumer prints them), while the workload goes on, on topics of 6 partitions: with the command of
+docs/how-to/switch-from-debezium.md, on the test's servers.
 
 A consumer reads the topics from the start and checks, per document:
 
@@ -25,6 +26,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -141,6 +144,22 @@ async def _wait(
         await asyncio.sleep(0.5)
 
 
+def _documented_command(source: str, bootstrap: str, cp: Path, offset_file: Path) -> list[str]:
+    """The how-to's mcdc command (docs/how-to/switch-from-debezium.md), on this test's servers and files."""
+    page = (Path(__file__).parent.parent / "docs" / "how-to" / "switch-from-debezium.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", page, re.S) if b.startswith("# the connector's topics"))
+    command = " ".join(line.rstrip("\\ ") for line in block.splitlines() if not line.startswith("#"))
+    for theirs, ours in {
+        '"$SRC"': source, "kafka://broker1:9092": f"kafka://{bootstrap}", "/var/lib/mcdc/switch.json": str(cp),
+        "@offset.json": f"@{offset_file}",
+    }.items():  # fmt: skip
+        assert theirs in command, theirs
+        command = command.replace(theirs, ours)
+    words = shlex.split(command)
+    assert words[:2] == ["mcdc", "tail"] and f"--topic-prefix {PREFIX}" in command
+    return [sys.executable, "-m", "replicator.cli", *words[1:], "--no-progress"]
+
+
 def _lines(out: Path) -> list[dict[str, Any]]:
     if not out.exists():
         return []
@@ -184,15 +203,13 @@ async def test_a_switch_from_debezium_keeps_partitions_and_loses_no_change(
         workload.thread.start()
         assert debezium.wait(timeout=180) == 0, logs[0].read_text()[-3000:]
         offsets = await consume_all(kafka.bootstrap, [OFFSETS])
-        offset_file = tmp_path / "offset.txt"  # as kafka-console-consumer.sh --property print.key=true prints them
+        offset_file = tmp_path / "offset.json"  # as kafka-console-consumer.sh --property print.key=true prints them
         offset_file.write_text(
             "".join(f"{r.key.decode()}\t{(r.value or b'null').decode()}\n" for r in offsets if r.key)
         )
 
         cp = tmp_path / "cp.json"
-        argv = [sys.executable, "-m", "replicator.cli", "tail", "-s", own_source, "-t", f"kafka://{kafka.bootstrap}"]
-        argv += ["-c", str(cp), "--no-progress", "--include", r"shop\..*", "--topic-prefix", PREFIX, "--tx-metadata"]
-        argv += ["--extended-json", "debezium", "--start-after-debezium-offset", f"@{offset_file}"]
+        argv = _documented_command(own_source, kafka.bootstrap, cp, offset_file)
         with cp.with_suffix(".log").open("w") as log:
             mcdc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, text=True)
         procs, logs = [mcdc], [cp.with_suffix(".log")]
