@@ -42,7 +42,7 @@ How: pymongo's C decoder turns a raw document into Python data with these conver
 :mod:`replicator.bsonkit.extjson` does for canonical Extended JSON), doubles as ``orjson.Fragment`` s of
 Java's text, and orjson writes it; the driver's separators (``": "``) are put in afterwards, exactly: in
 orjson's compact output every ``":`` is a name's end unless a string holds an escaped quote or starts with
-a colon (``_NOT_ONLY_NAMES``), and then orjson's indented output, whose line breaks are all separators, is
+a colon (``_COLON_STRING``), and then orjson's indented output, whose line breaks are all separators, is
 used instead. Text that is not all ASCII
 is escaped last.
 """
@@ -87,9 +87,11 @@ _LAST_MS_OF_9999 = 253_402_300_799_999
 _EPOCH = datetime.datetime(1970, 1, 1)
 _HEX = tuple(f"{subtype:02X}" for subtype in range(256))
 _BREAK = re.compile(rb"\n *")  # orjson's indentation: a line break and the next line's spaces
-#: in orjson's compact text, what makes a '":' other than a name's end: a quote escaped in a string, or a string
-#: that starts with ':' (its opening quote follows one of '{[,:'; so does a name's end when a name ends in one)
-_NOT_ONLY_NAMES = re.compile(rb'\\"|[{\[,:]":')
+#: in orjson's compact text, what makes a '":' other than a name's end: a quote escaped in a string (``\\"``), or
+#: a string that starts with ':' (its opening quote follows one of '{[,:'; so does a name's end when a name ends
+#: in one). The regular expression begins with the literal '":', which the engine skips to in C: a fifth of
+#: the time of searching for the four sequences as literals, or of one expression with a character class first
+_COLON_STRING = re.compile(rb'":(?<=[{\[,:]":)')
 _TENTH = Decimal("0.1")
 
 
@@ -309,18 +311,28 @@ def _walk(v: Any, table: dict[type, _Converter]) -> Any:
 def _compact(data: Any) -> bytes:
     """``data`` with the driver's separators when indenting with no characters: ``{"a": 1,"b": [1,2]}``."""
     text = _dumps(data)
-    if _NOT_ONLY_NAMES.search(text) is None:  # every '":' ends a name
+    # every '":' ends a name (one byte's search first: a text without any escape needs no second one)
+    if (b"\\" not in text or b'\\"' not in text) and _COLON_STRING.search(text) is None:
         text = text.replace(b'":', b'": ')
     else:
         text = _BREAK.sub(b"", _dumps(data, option=_INDENT))
+    return _ascii(text)
+
+
+def _ascii(text: bytes) -> bytes:
     return text if text.isascii() and b"\x7f" not in text else _escape(text)
 
 
 def _spaced(data: Any) -> bytes:
     """``data`` with the driver's default separators: ``{"a": 1, "b": [1, 2]}``."""
+    text = _dumps(data)
+    # no array, no escape, no string starting with ':': every '":' ends a name, and every ',"' separates two
+    # members unless a string ends with ',' (then ',",' or ',"}' follows): the common updatedFields
+    simple = b"[" not in text and b"\\" not in text and _COLON_STRING.search(text) is None
+    if simple and b',",' not in text and b',"}' not in text:
+        return _ascii(text.replace(b'":', b'": ').replace(b',"', b', "'))
     text = _dumps(data, option=_INDENT).replace(b",\n", b",\x00\n")  # NUL: never raw in JSON text
-    text = _BREAK.sub(b"", text).replace(b",\x00", b", ")
-    return text if text.isascii() and b"\x7f" not in text else _escape(text)
+    return _ascii(_BREAK.sub(b"", text).replace(b",\x00", b", "))
 
 
 def strict(document: Any) -> bytes:
@@ -354,6 +366,13 @@ def relaxed_key(document: RawBSONDocument) -> bytes | None:
         name_end = data.index(0, pos + 1)
         stop = value_end(data, data[pos], name_end + 1)
         if data[pos + 1 : name_end] == b"_id":
+            kind, value = data[pos], name_end + 1
+            if kind == 0x07:  # the common kinds first, written from the bytes: an ObjectId
+                return b'{"$oid": "' + data[value:stop].hex().encode() + b'"}'
+            if kind == 0x10 or kind == 0x12:  # int32, int64 (relaxed: a number)
+                return b"%d" % int.from_bytes(data[value:stop], "little", signed=True)
+            if kind == 0x02:
+                return relaxed_id(data[value + 4 : stop - 1].decode())
             element = bytes(data[pos:stop])
             one = (len(element) + 5).to_bytes(4, "little") + element + b"\x00"
             text = _compact(_data(RawBSONDocument(one), True))
