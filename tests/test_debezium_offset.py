@@ -175,3 +175,12 @@ def test_a_token_that_left_the_oplog_ends_the_run_with_exit_4(tmp_path: Path) ->
         assert server.stop(signal.SIGTERM) == 0
     finally:
         server.close()
+
+
+@pytest.mark.parametrize(("name", "value"), [("extended-json", "debezium"), ("start-after-debezium-offset", "{}")])
+def test_the_spark_data_source_refuses_debeziums_options_it_does_not_follow(name: str, value: str) -> None:
+    """Its rows hold canonical or relaxed Extended JSON: taking these and writing something else would be a slip."""
+    from replicator.spark_datasource.options import settings_for
+
+    with pytest.raises(ConfigError, match=f"option {name}: .*the data source's rows"):
+        settings_for({"source": "mongodb://127.0.0.1:1", name: value})
