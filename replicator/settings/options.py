@@ -179,8 +179,9 @@ OPTIONS: tuple[Option, ...] = (
         Option(
             "start-after-debezium-offset", "start_after_debezium_offset", "With no checkpoint: no snapshot, "
             "resume the change stream right after a Debezium MongoDB connector's offset (as Kafka Connect stores "
-            "it; the value, or KEY<TAB>VALUE lines of its offsets topic), on the same topics, a transaction it "
-            "had begun included (docs/how-to/switch-from-debezium.md).", REPLICATE, metavar="JSON|@FILE",
+            "it: the value, Kafka Connect's REST answer, or the KEY, tab, VALUE lines of its offsets topic), on the "
+            "same topics, a transaction it had begun included (docs/how-to/switch-from-debezium.md).", REPLICATE,
+            metavar="JSON|@FILE",
         ),
         Option("workers", "workers", "Collections or _id ranges copied at once.", SELECTING, short="-w",
                minimum=1, help_for={"verify": "Collections or _id ranges compared at once."}),
