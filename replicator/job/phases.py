@@ -49,6 +49,7 @@ from replicator.observe.tally import format_ts, listing, plural
 from replicator.replay.recorded import Recorded
 from replicator.settings.config import Settings, parse_start_at
 from replicator.settings.fields import FieldRules
+from replicator.settings.selection import Scope
 from replicator.settings.uri import is_mongo_uri, redact
 from replicator.sinks.base import Sink
 from replicator.sinks.registry import open_sink
@@ -143,6 +144,12 @@ class SyncJob:
                     assert self.store.owner is not None
                     source_id, target_id = self.store.owner
                     hold_targets(self.store, self.s, cp, source=source_id, target=target_id, namespaces=namespaces)
+                    # the target's own TTL monitor deletes nothing while the migration writes it (sinks/mongo/ttl.py)
+                    mapped = Scope(self.s.selection, self.s.renamer).mapped(namespaces)
+                    await sink.hold_ttls(sorted(mapped, key=str), cp.held if cp is not None else None)
+                    self.store.held = sink.held_ttls
+                    if self.metrics is not None:
+                        self.metrics.held = sink.held_ttls
                     # after every check: a mistake costs no JVM start
                     await self.engine.start(replay_only=self._replays_only(cp))
                     await self._run(client, info, sink, cp)
@@ -389,6 +396,7 @@ class SyncJob:
             identity,
             position=position,
             shards=shard_positions,
+            reverse_of=cp.reverse_of if cp is not None else None,  # a way back copied again is still one
             snapshot=SnapshotProgress(
                 status="in_progress", plan=[p.to_json() for p in plan], drop_target=drop, started_at=time.time()
             ),
@@ -401,7 +409,13 @@ class SyncJob:
         )
         if busy:  # say what is replaced before it is gone
             why = "--drop-target" if s.drop_target else "a new snapshot"
-            self.reporter.info(f"{why}: replacing the target's data in {listing(busy, 50)}")
+            kept = [ns for ns in busy if s.guard.guards(ns)]  # a way back's: merged (sinks/mongo/guarded.py)
+            if kept:
+                self.reporter.info(f"{why}: replacing the migration's documents in {listing(kept, 50)}, keeping "
+                                   "what it did not copy")  # fmt: skip
+            rest = [ns for ns in busy if ns not in kept]
+            if rest:
+                self.reporter.info(f"{why}: replacing the target's data in {listing(rest, 50)}")
         await sink.prepare(targets, drop_existing=drop)
         cp.snapshot.prepared = {str(t.ns) for t in targets}
         self.store.save(cp)  # before any copy: a resumed run must not prepare (drop) them again

@@ -18,6 +18,7 @@ from replicator.observe.tally import duration
 from replicator.replay.recorded import Recorded, refused_change
 from replicator.settings.config import Settings
 from replicator.settings.fields import FieldRules
+from replicator.settings.guard import renamed_filter_fields
 from replicator.settings.selection import check_collisions
 from replicator.settings.uri import redact
 from replicator.sinks.base import Sink
@@ -49,6 +50,9 @@ async def check_selection(
     namespaces = await catalog.list_namespaces(client, settings.selection)
     check_collisions([ns for ns in namespaces if settings.selection(ns)], settings.renamer)
     fields.check([ns for ns in namespaces if settings.selection(ns)])
+    conflict = renamed_filter_fields(settings.guard, settings.filters, fields, namespaces)
+    if conflict is not None:
+        raise ConfigError(conflict)
     problem = catalog.unmatched(settings.selection, namespaces)
     if problem is not None and settings.include and first_run:
         raise ConfigError(problem)

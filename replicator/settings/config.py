@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from bson.timestamp import Timestamp
 
     from replicator.settings.filters import DocumentFilters
+    from replicator.settings.guard import TargetGuard
     from replicator.settings.selection import Renamer, Selection
 
 _log = logging.getLogger("mcdc.config")
@@ -73,12 +74,19 @@ def _no_filters() -> DocumentFilters:
     return DocumentFilters()
 
 
+def _no_guard() -> TargetGuard:
+    from replicator.settings.guard import TargetGuard
+
+    return TargetGuard()
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything one mcdc run needs. Build it with :func:`resolve`; pass it to constructors.
 
-    Every field but ``selection``, ``renamer`` and ``filters`` (compiled from include/exclude/rename/filter) is
-    set by one option of options.py: its flag, MCDC_* variable and config-file key."""
+    Every field but ``selection``, ``renamer`` and ``filters`` (compiled from include/exclude/rename/filter) and
+    ``guard`` (a way back's, from its checkpoint) is set by one option of options.py: its flag, MCDC_* variable
+    and config-file key."""
 
     source: str
     target: str = ""
@@ -129,6 +137,7 @@ class Settings:
     control: bool = False  # tail: POST /commit on the metrics port stops the tail and cuts over
     full_verify: bool = False  # cutover: compare everything, even after a clean pass of tail --verify
     reverse_checkpoint: Path | None = None  # cutover: where the way back's checkpoint goes (default: its pair's)
+    release_only: bool = False  # cutover: only give back the target's TTLs the migration holds (sinks/mongo/ttl.py)
     # event sinks (Kafka, stdout, jsonl); Debezium's property names in brackets
     topic_prefix: str = "mcdc"  # [topic.prefix] topics are <prefix>.<db>.<collection>
     topic_routes: tuple[str, ...] = ()  # REGEX=TOPIC on "db.collection" (first match wins; \1 = group 1)
@@ -161,6 +170,8 @@ class Settings:
     selection: Selection = field(default_factory=_everything, compare=False)
     renamer: Renamer = field(default_factory=_no_renames, compare=False)
     filters: DocumentFilters = field(default_factory=_no_filters, compare=False)
+    #: a way back's: what its target holds that the migration did not copy (recorded.Recorded.applied)
+    guard: TargetGuard = field(default_factory=_no_guard, compare=False)
 
     def waits_at_start(self, command: str) -> bool:
         """Is a server unreachable at start waited for (under --max-retries)? tail's always is; sync's and
@@ -237,7 +248,7 @@ def _kind(hint: Any) -> Any:
 _KINDS = {
     name: _kind(hint)
     for name, hint in get_type_hints(
-        Settings, localns={"Selection": Any, "Renamer": Any, "DocumentFilters": Any}
+        Settings, localns={"Selection": Any, "Renamer": Any, "DocumentFilters": Any, "TargetGuard": Any}
     ).items()
 }
 

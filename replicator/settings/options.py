@@ -113,8 +113,12 @@ OPTIONS: tuple[Option, ...] = (
         Option(
             "checkpoint", "checkpoint", "Checkpoint file (default: one per migration, that is per source, target "
             "and selection, under $XDG_STATE_HOME/mcdc or ~/.local/state/mcdc).",
-            (*JOB, "status"), metavar="PATH", short="-c",
-            help_for={"status": "Checkpoint file to read (default: the one of --source and --target)."},
+            (*JOB, "verify", "status"), metavar="PATH", short="-c",
+            help_for={"status": "Checkpoint file to read (default: the one of --source and --target).",
+                      "verify": "A migration's checkpoint: compare what it copies (its selection, filters and "
+                      "field rules, which selection options must then repeat or leave out); a way back's "
+                      "compares the old side's part that the migration copied (default: the one of --source "
+                      "and --target, where there is one)."},
         ),
     ),
     # which namespaces and fields
@@ -306,6 +310,9 @@ OPTIONS: tuple[Option, ...] = (
                "MongoDB 6.0+); else stop the application's writes before the cutover.", ("cutover",)),
         Option("reverse-checkpoint", "reverse_checkpoint", "Where the checkpoint of the way back goes (default: "
                "the default checkpoint of --source TARGET --target SOURCE).", ("cutover",), metavar="PATH"),
+        Option("release-only", "release_only", "Only give the target's TTLs, which the migration holds still while "
+               "it writes, their source's values back, and change nothing else (a migration abandoned rather "
+               "than cut over).", ("cutover",)),
     ),
     # output
     *_panel(

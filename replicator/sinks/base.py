@@ -164,6 +164,15 @@ class Sink(ABC):
         documents again; False when that takes a new copy (then mcdc copies it again)."""
         return False
 
+    async def hold_ttls(self, namespaces: Sequence[Namespace], record: Mapping[str, Any] | None) -> None:  # noqa: B027
+        """A destination whose TTLs would delete documents on their own clock (MongoDB) holds them still while
+        the migration writes it (sinks/mongo/ttl.py): ``record``, the checkpoint's, says what it held so far;
+        None, that nothing was held yet, so the TTLs these (destination) namespaces have now are held."""
+
+    def held_ttls(self) -> dict[str, dict[str, Any]] | None:
+        """What the destination holds now, for the checkpoint (None: nothing to record)."""
+        return None
+
     async def __aenter__(self) -> Sink:
         await self.start()
         return self

@@ -58,8 +58,8 @@ DDL_KINDS: dict[str, int] = {
 LAKE_KINDS: dict[str, int] = {"txn_ddl": 2, "big_txn": 2}
 #: filtered plans' own (harness.FILTERS): documents of ``a`` and ``b`` moved into and out of a filter on
 #: ``region`` by updates, replaces, inserts and updateMany, with the values a query's semantics turn on:
-#: arrays that hold the value or not, null, a missing field, another type
-FLIP_KINDS: dict[str, int] = {"flip": 8, "flip_many": 1, "flip_insert": 2}
+#: arrays that hold the value or not, null, a missing field, another type; and ``u``'s unique keys moved
+FLIP_KINDS: dict[str, int] = {"flip": 8, "flip_many": 1, "flip_insert": 2, "rekey": 2}
 REGIONS: tuple[Any, ...] = ("EU", "US", "UK", ["US", "EU"], ["US"], None, 7)
 
 
@@ -218,6 +218,11 @@ class ChaosWorkload:
         """Fresh documents on both sides of the filter (``_id``s no other write touches)."""
         docs = [{"_id": f"f-{self._n}-{k}", "region": self._region(), "v": self._n} for k in range(3)]
         self.client.chaos[self.rng.choice(["a", "b"])].insert_many(docs)
+
+    def _rekey(self) -> None:
+        """A document of ``u`` takes another unique key (refused while another holds it): on the new side, the
+        key of an old-side document its migration never copied, which the way back must not delete."""
+        self.client.chaos.u.update_one({"_id": self.rng.randrange(8)}, {"$set": {"k": self.rng.randrange(10)}})
 
     def _dollar(self) -> None:
         value = {"$literal": {"$price": self._n}}
