@@ -123,7 +123,8 @@ NOT_APPLICABLE = {
         "verify": _VERIFIER,
         "verify_interval_s": _VERIFIER,
         **dict.fromkeys(
-            ("snapshot", "drop_target", "start_at", "shard_target"), "a cutover's checkpoint has its snapshot done"
+            ("snapshot", "drop_target", "start_at", "start_after_debezium_offset", "shard_target"),
+            "a cutover's checkpoint has its snapshot done",
         ),
         "on_history_lost": "a cutover whose position left the oplog fails: it takes no new snapshot",
         **dict.fromkeys(

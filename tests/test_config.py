@@ -145,6 +145,7 @@ SAMPLE = {
     "drop-target": "true",
     "shard-target": 'shop\\.orders={"region": 1}',
     "start-at": "2024-05-01T00:00:00Z",
+    "start-after-debezium-offset": "@/var/lib/mcdc/debezium-offset.json",
     "workers": "8",
     "partition-docs": "10000",
     "split": "never",

@@ -133,6 +133,9 @@ class Checkpoint:
     #: the source's TTLs behind those its target holds (sinks/mongo/ttl.py): {"db.coll": {index or "": s}};
     #: None while no run held them (the first run holds the TTLs the target has then)
     held: dict[str, dict[str, Any]] | None = None
+    #: a start after a Debezium connector's offset (debezium_offset.DebeziumOffset's JSON): while the position
+    #: is still its token, a transaction Debezium had begun writing is continued; None for any other start
+    handover: dict[str, Any] | None = None
 
     def acknowledge(
         self, position: Position, shard_positions: Mapping[str, Position] | None = None, *, applied: bool = True
@@ -169,6 +172,7 @@ class Checkpoint:
             "migration_id": self.migration_id,
             "pair": self.pair,
             "held": self.held,
+            "handover": self.handover,
             "stream": self.stream.to_json() if self.stream is not None else None,
             "snapshot": {
                 "status": self.snapshot.status,
@@ -205,6 +209,7 @@ class Checkpoint:
             migration_id=_optional_str(data.get("migration_id")),
             pair=_optional_str(data.get("pair")),
             held={str(k): dict(v) for k, v in data["held"].items()} if isinstance(data.get("held"), dict) else None,
+            handover=dict(data["handover"]) if data.get("handover") is not None else None,
             # absent from a checkpoint written before scopes were recorded: the deployment's stream
             stream=StreamScope.from_json(data["stream"])
             if data.get("stream") is not None

@@ -26,9 +26,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from replicator.checkpoint.debezium_offset import DebeziumOffset
 from replicator.checkpoint.store import DEPLOYMENT, Checkpoint, CheckpointStore, SnapshotProgress
 from replicator.errors import ConfigError, HistoryLost, TopologyError
 from replicator.events import Namespace, Position
+from replicator.job import handover
 from replicator.job.copy import SnapshotCopy, target_specs
 from replicator.job.engines import open_engine
 from replicator.job.migrations import hold_targets
@@ -92,6 +94,8 @@ class SyncJob:
         self._resnapshot = False  # a new snapshot is due whatever the checkpoint says (history lost)
         self._started_snapshot = False  # this run planned the snapshot it copies
         self._scope = DEPLOYMENT  # the change stream followed (decided with the source's privileges)
+        self._handover: DebeziumOffset | None = None  # --start-after-debezium-offset's, read when the run starts
+        self._info: ServerInfo | None = None  # the source, once reached
         self.summary = Summary(
             command=command,
             source=redact(settings.source),
@@ -111,6 +115,7 @@ class SyncJob:
         if self.s.verify and self.command == "tail" and not is_mongo_uri(self.s.target):
             raise ConfigError(f"--verify compares two MongoDB deployments: --target {redact(self.s.target)} is not")
         sink = open_sink(self.s)  # before any connection: a bad target or sink option fails at once
+        self._handover = handover.read(self.s)  # and so does an unusable Debezium offset
         try:
             with self.store.locked():
                 client = make_client(
@@ -164,8 +169,13 @@ class SyncJob:
         s = self.s
         saved = Checkpointed(cp.snapshot.status, bool(cp.position)) if cp is not None else None
         return self.command == "catch-up" and not copies(
-            saved, mode=s.snapshot, snapshot_only=s.snapshot_only, start_at=s.start_at is not None
+            saved, mode=s.snapshot, snapshot_only=s.snapshot_only, start_at=self._starts_at
         )
+
+    @property
+    def _starts_at(self) -> bool:
+        """With no checkpoint, the run starts at a given position (--start-at, a Debezium offset)."""
+        return self.s.start_at is not None or self.s.start_after_debezium_offset is not None
 
     async def _check_source(self, client: Client, sink: Sink) -> tuple[ServerInfo, Checkpoint | None, list[Namespace]]:
         """Reach the source and check it before anything is written: its members (--read-preference
@@ -207,6 +217,7 @@ class SyncJob:
                 "--snapshot-only to copy anyway"
             )
         identity = source_name(info, s.source)
+        self._info = info
         if self.command == "catch-up" and cp is None:  # a cron job's first run: begins as sync would
             self.reporter.info(
                 f"no checkpoint at {self.store.path} yet: this first run begins as --snapshot {s.snapshot} says"
@@ -233,6 +244,7 @@ class SyncJob:
                     if self.metrics is not None and cp.snapshot.status in ("done", "none"):
                         self.metrics.snapshot_done()
                     if not s.snapshot_only:
+                        handover.carry(sink, cp)
                         await self._replay.follow_selection(client, sink, cp)
                         await self._replay.run(reader, sink, cp, snapshot_window=False, follow=self.command == "tail")
                     break
@@ -312,13 +324,19 @@ class SyncJob:
         s = self.s
         force = self._resnapshot
         saved = Checkpointed(cp.snapshot.status, bool(cp.position)) if cp is not None else None
-        start = decide(
-            saved, mode=s.snapshot, snapshot_only=s.snapshot_only, start_at=s.start_at is not None, force=force
-        )
+        start = decide(saved, mode=s.snapshot, snapshot_only=s.snapshot_only, start_at=self._starts_at, force=force)
         if start is Start.RESUME:
             self.reporter.info(f"resuming the snapshot recorded in {self.store.path}")
             assert cp is not None
             return await self._copy(client, sink, cp, fresh=False, started=self._started_snapshot)
+        if start is Start.START_AT and self._handover is not None:
+            assert self._info is not None
+            await handover.check(self._handover, client, self._info, shard_streams=isinstance(reader, MergedReader))
+            cp = self._new_checkpoint(identity)
+            handover.record(cp, self._handover)
+            self.store.save(cp)
+            self.reporter.info(f"no snapshot: replicating right after the Debezium offset {handover.describe(cp)}")
+            return cp
         if start is Start.START_AT:
             assert s.start_at is not None
             at = parse_start_at(s.start_at)

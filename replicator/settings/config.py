@@ -120,6 +120,7 @@ class Settings:
     io_timeout_s: float = 300.0  # an answer that never comes (a request lost by a restarted server) is an outage
     # tail
     start_at: str | None = None  # ISO-8601 time or SECONDS,INCREMENT (startAtOperationTime)
+    start_after_debezium_offset: str | None = None  # a Debezium offset's JSON, or @FILE (checkpoint.debezium_offset)
     on_history_lost: str = "fail"  # or "resnapshot"
     oversize: str = "fail"  # or "skip": change events over 16 MB where the server cannot split them
     shards: tuple[str, ...] = ()  # explicit shard replica set URIs, one change stream each
@@ -143,7 +144,7 @@ class Settings:
     sanitize_names: bool = False  # Avro-safe topic names: [A-Za-z0-9_] only
     envelope: str = "debezium"  # debezium | debezium-legacy (after/patch/filter) | plain (mcdc's own event)
     schemas: bool = False  # wrap key and value in {schema, payload} like Kafka Connect's JsonConverter
-    extended_json: str = "canonical"  # canonical (lossless) | relaxed
+    extended_json: str = "canonical"  # canonical (lossless) | relaxed | debezium (Debezium 3.6's bytes)
     tombstones: str = "on"  # [tombstones.on.delete] a null-value message after each delete
     tx_metadata: bool = False  # [provide.transaction.metadata] BEGIN/END to <prefix>.transaction
     heartbeat_interval_s: float = 0.0  # [heartbeat.interval.ms] 0: off

@@ -180,6 +180,13 @@ OPTIONS: tuple[Option, ...] = (
             "start-at", "start_at", "With no checkpoint: no snapshot, replay from TIME (ISO-8601, UTC unless "
             "it says, or SECONDS,INCREMENT).", REPLICATE, metavar="TIME",
         ),
+        Option(
+            "start-after-debezium-offset", "start_after_debezium_offset", "With no checkpoint: no snapshot, "
+            "resume the change stream right after a Debezium MongoDB connector's offset (as Kafka Connect stores "
+            "it: the value, Kafka Connect's REST answer, or the KEY, tab, VALUE lines of its offsets topic), on the "
+            "same topics, a transaction it had begun included (docs/how-to/switch-from-debezium.md).", REPLICATE,
+            metavar="JSON|@FILE",
+        ),
         Option("workers", "workers", "Collections or _id ranges copied at once.", SELECTING, short="-w",
                minimum=1, help_for={"verify": "Collections or _id ranges compared at once."}),
         Option("partition-docs", "partition_docs", "Split collections into _id ranges of about this many "
@@ -253,8 +260,10 @@ OPTIONS: tuple[Option, ...] = (
             REPLICATE, metavar=_choices(*_ENVELOPES), choices=_ENVELOPES, aliases=("--format",),
         ),
         Option("schemas", "schemas", "Wrap key and value in {schema, payload} (Kafka Connect's JSON).", REPLICATE),
-        _choice("extended-json", "extended_json", ("canonical", "relaxed"), "Extended JSON mode (canonical is "
-                "lossless).", REPLICATE),
+        _choice("extended-json", "extended_json", ("canonical", "relaxed", "debezium"), "Extended JSON mode "
+                "(canonical is lossless); debezium: Debezium 3.6's own bytes (the Java driver's strict JSON for "
+                "documents, relaxed for keys and updatedFields), so that keys and partitions match Debezium's "
+                "(--envelope debezium).", REPLICATE),
         _choice("tombstones", "tombstones", ("on", "off"), "A null-value record after each delete "
                 "(Debezium's tombstones.on.delete).", REPLICATE),
         Option("tx-metadata", "tx_metadata", "Transaction BEGIN/END records to PREFIX.transaction.", REPLICATE),

@@ -93,6 +93,11 @@ class Sink(ABC):
         """Called before ``start()`` with a way to re-read documents from the source, for a sink that
         must settle a write as the source has it now (a unique-key conflict in MongoDB)."""
 
+    def carry_transaction(self, tx_id: str, counts: Sequence[tuple[str, int]]) -> None:  # noqa: B027
+        """Optional hook: the run starts inside a transaction whose first records another writer (a Debezium
+        connector) wrote, ``counts`` of its events per collection so far: a sink that writes transaction
+        metadata continues it (no second BEGIN) until its first write is acknowledged."""
+
     async def heartbeat(self) -> None:  # noqa: B027 - optional hook
         """The stream moved without events for this sink (idle, or only filtered-out changes): a sink
         that publishes heartbeats does so here, at its own pace."""
