@@ -21,6 +21,7 @@ from tests.support.kafka import KafkaBroker, delete_consumer_groups, delete_topi
 from tests.support.schedule import SuiteScheduling, uses_the_session_outside_its_modules
 from tests.support.servers import Clients, LocalServer, ServerPair, connect, drop_user_databases, start_pair
 from tests.support.spark import start_session, use_quick_spark_home
+from tests.support.tree import tree_entries
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -29,6 +30,30 @@ def pytest_configure(config: pytest.Config) -> None:
     (tests/support/spark.py says why)."""
     if importlib.util.find_spec("pyspark") is not None:
         use_quick_spark_home()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """What the checkout holds before the suite (see :func:`pytest_sessionfinish`)."""
+    if not hasattr(session.config, "workerinput"):  # the controller (or the only process)
+        session.config.stash[_TREE] = tree_entries()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The suite leaves the checkout as it found it: a test, a Spark JVM, an example or a docs command that
+    wrote into the repository (Spark's ``metastore_db/``, ``derby.log``, ``spark-warehouse/``; a checkpoint,
+    a log) fails the run, naming what it left. Ignored files count too: ``git status --ignored``."""
+    before = session.config.stash.get(_TREE, None)
+    if before is None or hasattr(session.config, "workerinput"):
+        return
+    left = sorted(tree_entries() - before)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"the suite left these in the checkout (git status --ignored): {left}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_TREE = pytest.StashKey[set[str]]()
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # before pytest-xdist's own; none without xdist
