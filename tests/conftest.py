@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -66,14 +67,39 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return SuiteScheduling(config, log)
 
 
+#: the fixtures that start a server process (or a broker, or Spark): a test using one is no quick one
+SERVER_FIXTURES = frozenset(
+    {"servers", "source_uri", "target_uri", "clients", "kafka_broker", "kafka", "spark", "second_shard", "own_source"}
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test that uses the session's SparkSession must run in the unit that has it."""
+    """A test that uses the session's SparkSession must run in the unit that has it. A test that uses a server's
+    fixture is an integration test (``-m "not integration"``, scripts/test.sh --quick, leaves it out), whether
+    or not it says so."""
     for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
         if uses_the_session_outside_its_modules(item):
             raise pytest.UsageError(
                 f"{item.nodeid} uses the spark fixture: add its module to SESSION_MODULES in "
                 "tests/support/schedule.py, so that its worker is the one with the session"
             )
+
+
+@pytest.fixture(autouse=True)
+def _quick_tier(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``scripts/test.sh --quick`` (MCDC_TEST_QUICK=1) runs the tests that start no server, broker or Spark: one
+    that starts a server process there fails, saying to mark it an integration test."""
+    if not os.environ.get("MCDC_TEST_QUICK"):
+        return
+    from tests.support.process import ManagedProcess
+
+    def refuse(process: ManagedProcess) -> None:
+        process.argv()  # what it would run: its own errors first (a missing executable)
+        raise RuntimeError(f"this test starts {process!r}: mark it @pytest.mark.integration (not a quick test)")
+
+    monkeypatch.setattr(ManagedProcess, "spawn", refuse)
 
 
 @pytest.fixture(autouse=True)

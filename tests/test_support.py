@@ -182,6 +182,7 @@ def test_a_collection_dropped_while_collections_are_listed_stays_dropped(source_
     assert not back, f"{len(back)} of {len(dropped)} dropped collections came back: {back[:5]}"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("schema", ["drop a collection", "drop a view", "create an index", "drop an index"])
 def test_a_journaled_schema_command_survives_a_kill_9_right_after_its_acknowledgement(
     tmp_path: Path, schema: str
@@ -216,6 +217,7 @@ def test_a_journaled_schema_command_survives_a_kill_9_right_after_its_acknowledg
     assert ("old_1" in indexes) == (schema != "drop an index"), indexes
 
 
+@pytest.mark.integration
 def test_a_journaled_transaction_survives_a_kill_9_right_after_its_commit(tmp_path: Path) -> None:
     """A ``commitTransaction`` acknowledged with ``j: true`` is in the journal, as on mongod. SecantusDB
     left it in memory: a kill -9 right after the commit lost it (3 of 3 trials on the plain server), which
@@ -250,6 +252,7 @@ def test_a_clustered_collections_ttl_changed_by_coll_mod_is_stored(source_uri: s
     assert options["options"]["expireAfterSeconds"] == 60
 
 
+@pytest.mark.integration
 def test_local_server_restart_keeps_data(tmp_path: Path) -> None:
     with servers.LocalServer(tmp_path / "db") as server:
         port = server.port
