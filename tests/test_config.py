@@ -140,6 +140,7 @@ SAMPLE = {
     "field-exclude": "crm.customers.ssn",
     "field-rename": "shop.orders.total=amount",
     "filter": 'shop\\.orders={"region": "EU", "total": {"$gte": 10}}',
+    "allow-unmatched": "true",
     "snapshot": "always",
     "snapshot-only": "true",
     "drop-target": "true",

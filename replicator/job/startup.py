@@ -19,6 +19,7 @@ from replicator.replay.recorded import Recorded, refused_change
 from replicator.settings.config import Settings
 from replicator.settings.fields import FieldRules
 from replicator.settings.selection import check_collisions
+from replicator.settings.unmatched import refusal, unmatched_rule
 from replicator.settings.uri import redact
 from replicator.sinks.base import Sink
 from replicator.source import catalog
@@ -41,19 +42,28 @@ def check_recorded(settings: Settings, cp: Checkpoint | None, path: str) -> None
 async def check_selection(
     client: Client, settings: Settings, fields: FieldRules, reporter: Reporter, *, command: str, first_run: bool
 ) -> list[Namespace]:
-    """A first run whose --include matches nothing on the source is a mistake: refused before anything
-    is written. Otherwise a selection that matches nothing is worth a warning (sync and tail): the
-    source may be empty yet, or its namespaces dropped since the last run. Two selected namespaces that
-    --rename maps onto one target namespace, and a field rule that names an _id, are refused on every
-    run. Returns the source's namespaces."""
+    """A first run whose --include, or any other rule that names namespaces (--exclude, --filter,
+    --rename, the field rules, --shard-target), matches nothing on the source is a mistake (a typo would copy
+    what the rule was written to keep out): refused before anything is written, unless
+    --allow-unmatched says the rule means a namespace created later. Otherwise a selection or a rule that
+    matches nothing is worth a warning: the source may be empty yet, or its namespaces dropped since the
+    last run (a selection that matches nothing is not said by catch-up, a cron job). Two selected
+    namespaces that --rename maps onto one target namespace, and a field rule that names an _id, are
+    refused on every run. Returns the source's namespaces."""
     namespaces = await catalog.list_namespaces(client, settings.selection)
     check_collisions([ns for ns in namespaces if settings.selection(ns)], settings.renamer)
     fields.check([ns for ns in namespaces if settings.selection(ns)])
     problem = catalog.unmatched(settings.selection, namespaces)
-    if problem is not None and settings.include and first_run:
-        raise ConfigError(problem)
+    rule = unmatched_rule(settings, namespaces)
+    refused = first_run and not settings.allow_unmatched
+    if problem is not None and settings.include and refused:
+        raise ConfigError(refusal(problem))
+    if rule is not None and refused:
+        raise ConfigError(refusal(rule))
     if problem is not None and command != "catch-up":
         reporter.warn(problem)
+    if rule is not None:
+        reporter.warn(rule)
     return namespaces
 
 

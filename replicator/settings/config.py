@@ -146,6 +146,7 @@ class Settings:
     field_exclude: tuple[str, ...] = ()  # [field.exclude.list] db.coll.path: dropped from documents and updates
     field_rename: tuple[str, ...] = ()  # [field.renames] db.coll.path=newname
     filter: tuple[str, ...] = ()  # REGEX=QUERY: only the documents of db.coll that match (settings.filters)
+    allow_unmatched: bool = False  # a rule that names no namespace of the source yet: a warning, not a refusal
     engine: str = "asyncio"  # or "spark": snapshot partitions and the replay's writes as Spark tasks
     spark_master: str = "local[*]"  # ignored under spark-submit, whose session is used
     spark_conf: tuple[str, ...] = ()  # KEY=VALUE Spark settings

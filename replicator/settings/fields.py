@@ -48,6 +48,7 @@ class _Rule:
     rest: tuple[str, ...]  # collection name parts, then the field path
     rename: str | None
     text: str = ""  # as given, with its flag, for messages
+    names: str = ""  # the db.collection part as given (the rule's first two names), for "did you mean"
 
     def on_id(self, ns: Namespace) -> ConfigError:
         return ConfigError(
@@ -75,7 +76,8 @@ def _parse(rule: str, flag: str, *, rename: bool) -> _Rule:
         raise ConfigError(
             f"{flag} {quoted(rule)}: _id is the document key: it and the fields inside it cannot be excluded or renamed"
         )
-    return _Rule(_wildcard(parts[0]), tuple(parts[1:]), new if rename else None, f"{flag} {quoted(rule)}")
+    text = f"{flag} {quoted(rule)}"
+    return _Rule(_wildcard(parts[0]), tuple(parts[1:]), new if rename else None, text, ".".join(parts[:2]))
 
 
 class FieldRules:
@@ -95,6 +97,14 @@ class FieldRules:
         anything is written; :meth:`for_namespace` refuses the same for a namespace that appears later."""
         for ns in namespaces:
             self.for_namespace(ns)
+
+    def matching_none(self, namespaces: Sequence[Namespace]) -> tuple[str, str] | None:
+        """The first rule that names a field of none of these namespaces: the rule as given (with its flag)
+        and its ``db.collection`` part, for a near name; None when each names a field of one of them."""
+        for rule in self._rules:
+            if not any(_match(rule, ns) for ns in namespaces):
+                return rule.text, rule.names
+        return None
 
     def for_namespace(self, ns: Namespace) -> FieldEditor | None:
         """The editor for documents of ``ns`` (a source namespace), or None when no rule applies. A rule

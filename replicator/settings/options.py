@@ -155,6 +155,12 @@ OPTIONS: tuple[Option, ...] = (
             help_for={"verify": "Compare only the source's documents that match QUERY, as sync's --filter "
                       "copied them (repeatable).", "status": _AS_RUN},
         ),
+        Option(
+            "allow-unmatched", "allow_unmatched", "A selection rule (--include, --exclude, --filter, --rename, "
+            "--field-exclude, --field-rename, --shard-target) that matches no namespace of the source yet is "
+            "allowed, with a warning, for a namespace created later (default: refused, so that a typo in a "
+            "name copies nothing).", JOB,
+        ),
     ),
     # the snapshot
     *_panel(
