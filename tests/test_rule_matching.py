@@ -106,23 +106,31 @@ def test_allow_unmatched_lets_a_rule_wait_for_a_namespace_created_later(
     assert json.loads(verified.stdout)["differences"] == []
 
 
-def test_a_rule_whose_namespace_is_dropped_later_warns_and_goes_on(
-    source_uri: str, target_uri: str, tmp_path: Path
+@pytest.mark.parametrize("change", ["drop", "rename"])
+def test_a_rule_whose_namespace_goes_away_later_warns_and_goes_on(
+    source_uri: str, target_uri: str, tmp_path: Path, change: str
 ) -> None:
     """As docs/how-to/select-and-rename.md says: a rule is checked against the source when its migration
     begins; a later run whose rule matches nothing any more (the collection dropped, or renamed to a name
-    the rule does not match) warns and goes on."""
+    the rule does not match) warns and goes on. A collection renamed before the run's stream opened is
+    copied again under its new name's rules (none here), as partial-replication.md says."""
     _shop(source_uri)
     rule = 'shop\\.orders={"pii": false}'
     uris = ("-s", source_uri, "-t", target_uri)
     assert _mcdc("sync", *uris, "--filter", rule, "--no-progress").returncode == 0
     with pymongo.MongoClient(source_uri) as client:
-        client.shop.orders.drop()
+        if change == "drop":
+            client.shop.orders.drop()
+        else:
+            client.shop.orders.rename("orders_old")
+            client.shop.orders_old.insert_one({"_id": 100, "pii": True})
     later = _mcdc("catch-up", *uris, "--filter", rule, "--no-progress")
     assert later.returncode == 0, later.stderr
     assert "WARNING" in later.stderr and "--filter 'shop\\.orders=" in later.stderr
     with pymongo.MongoClient(target_uri) as client:
         assert "orders" not in client.shop.list_collection_names()
+        if change == "rename":  # made before this run's stream opened: copied again under its new name's rules
+            assert sorted(d["_id"] for d in client.shop.orders_old.find()) == list(range(101))
     verified = _mcdc("verify", *uris, "--filter", rule)
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
