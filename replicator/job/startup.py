@@ -48,11 +48,17 @@ async def check_selection(
     --allow-unmatched says the rule means a namespace created later. Otherwise a selection or a rule that
     matches nothing is worth a warning: the source may be empty yet, or its namespaces dropped since the
     last run (a selection that matches nothing is not said by catch-up, a cron job). Two selected
-    namespaces that --rename maps onto one target namespace, and a field rule that names an _id, are
+    namespaces that --rename maps onto one target namespace, a field rule that names an _id, and one that
+    drops or renames a field a unique index is on (the index could not be built on the target), are
     refused on every run. Returns the source's namespaces."""
     namespaces = await catalog.list_namespaces(client, settings.selection)
     check_collisions([ns for ns in namespaces if settings.selection(ns)], settings.renamer)
     fields.check([ns for ns in namespaces if settings.selection(ns)])
+    if fields:  # a unique index on a field the rules edit could not be built on the target
+        for spec in await catalog.describe(client, settings.selection):
+            unbuildable = fields.unique_refusal(spec.ns, spec.indexes)
+            if unbuildable is not None:
+                raise ConfigError(unbuildable)
     problem = catalog.unmatched(settings.selection, namespaces)
     rule = unmatched_rule(settings, namespaces)
     refused = first_run and not settings.allow_unmatched
