@@ -54,9 +54,19 @@ async def check_source_privileges(client: Client, settings: Settings, cp: Checkp
                 f"it: --include only {scope.database}'s collections, or begin another migration (another "
                 "--checkpoint) with readAnyDatabase on the source"
             )
+        stream_db = scope.database
     else:
         scope = StreamScope(stream_database(granted, databases))
-    needs = source_needs(databases, stream=not settings.snapshot_only, stream_db=scope.database)
+        stream_db = scope.database
+        one = databases[0] if databases is not None and len(databases) == 1 else None
+        if (
+            stream_db is None
+            and granted is not None
+            and one is not None
+            and missing(source_needs(None, stream=True), granted)
+        ):
+            stream_db = one  # neither stream may be opened: the one database's is the least to grant
+    needs = source_needs(databases, stream=not settings.snapshot_only, stream_db=stream_db)
     refuse_lacking("source", granted, needs)
     return scope
 
