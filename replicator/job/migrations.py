@@ -55,19 +55,25 @@ def find_migration(settings: Settings, path: Path) -> Path:
     """The one default checkpoint of this source and target when it copies another selection than the
     options say (a migration of --include ..., asked about with --source and --target alone), or the one
     that copies what they say when its file is named after an earlier selection (changed by a run given its
-    --checkpoint). Several: each one named, whatever their selections became."""
+    --checkpoint). Several, or options that select what none of them copies: each one named, whatever their
+    selections became (never another migration's checkpoint for the one asked about)."""
     found = settings.pair_checkpoints()
     asked = settings.copies()
-    if asked:  # the one that copies what the options say (its file named after an earlier selection)
-        found = [one for one in found if one[1] == asked] or found
-    if len(found) == 1:
-        return found[0][0]
     if not found:
         raise ConfigError(
             f"no checkpoint at {path}, the default one of this source and target "
             "(pass --checkpoint if the run was given one)"
         )
     migrations = "; ".join(f"{p} ({_copies_flags(copies) or 'everything'})" for p, copies in found)
+    if asked:  # the one that copies what the options say (its file named after an earlier selection)
+        found = [one for one in found if one[1] == asked]
+        if not found:  # never another migration's: an operator would read its state for this one's
+            raise ConfigError(
+                f"no migration of this source and target copies {_copies_flags(asked)}: its migrations are "
+                f"{migrations}; pass the selection options of one of them, or --checkpoint"
+            )
+    if len(found) == 1:
+        return found[0][0]
     raise ConfigError(
         f"this source and target have {len(found)} migrations: {migrations}; pass --checkpoint, or the "
         "--include (and other selection options) of the one to read"
