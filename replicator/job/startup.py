@@ -9,7 +9,7 @@ from typing import TypeVar
 from pymongo.errors import PyMongoError
 
 from replicator.checkpoint.store import Checkpoint, CheckpointStore
-from replicator.errors import ConfigError, ServerUnavailable
+from replicator.errors import ConfigError, ServerUnavailable, SinkUnavailable
 from replicator.events import Namespace
 from replicator.job.preflight import source_name, target_identity
 from replicator.observe.progress import Reporter
@@ -101,17 +101,20 @@ async def reach(
     reporter: Reporter,
     summary: Summary,
 ) -> tuple[T] | None:
-    """``attempt()``'s result, once a server answers it. An outage at start (a Kafka broker not up yet,
-    or any unreachable server when :meth:`Settings.waits_at_start`: tail, or --max-retries given) is
-    said once, then waited for under --max-retries as an outage later in the run would be. None when
-    stopped meanwhile."""
+    """``attempt()``'s result, once a server answers it. A server or sink unreachable at start (a MongoDB
+    server, a Kafka broker, an object store or a catalog) ends the run at once, exit 75, unless
+    :meth:`Settings.waits_at_start` (tail, or --max-retries given): then it is said once, and waited for
+    under --max-retries as an outage later in the run would be. A retryable error of another kind (an
+    election) is waited for too. None when stopped meanwhile."""
     retries, waiting_since = retrier.retries, 0.0
     try:
         while True:
             try:
                 result = await attempt()
             except Exception as exc:
-                unreachable = isinstance(exc, ServerUnavailable) and settings.waits_at_start(command)
+                unreachable = isinstance(exc, ServerUnavailable | SinkUnavailable)
+                if unreachable and not settings.waits_at_start(command):
+                    raise
                 if not (unreachable or is_retryable(exc)):
                     raise
                 if not waiting_since:
