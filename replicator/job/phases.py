@@ -37,6 +37,7 @@ from replicator.job.preflight import (
     check_target_privileges,
     refuse_same_server,
     source_name,
+    target_keys,
 )
 from replicator.job.replay import Replay
 from replicator.job.startup import check_recorded, check_selection, claim, reach
@@ -137,7 +138,8 @@ class SyncJob:
                         claim(self.store, self.s, info, sink, cp, started=True)
                     assert self.store.owner is not None
                     source_id, target_id = self.store.owner
-                    hold_targets(self.store, self.s, cp, source=source_id, target=target_id, namespaces=namespaces)
+                    hold_targets(self.store, self.s, cp, source=source_id, target=target_id, namespaces=namespaces,
+                                 keys=target_keys(sink, self.s))  # fmt: skip
                     # after every check: a mistake costs no JVM start
                     await self.engine.start(replay_only=self._replays_only(cp))
                     await self._run(client, info, sink, cp)

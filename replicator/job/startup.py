@@ -11,7 +11,7 @@ from pymongo.errors import PyMongoError
 from replicator.checkpoint.store import Checkpoint, CheckpointStore
 from replicator.errors import ConfigError, ServerUnavailable, SinkUnavailable
 from replicator.events import Namespace
-from replicator.job.preflight import source_name, target_identity
+from replicator.job.preflight import source_name, target_identity, target_keys
 from replicator.observe.progress import Reporter
 from replicator.observe.summary import Summary
 from replicator.observe.tally import duration
@@ -23,7 +23,7 @@ from replicator.settings.unmatched import refusal, unmatched_rule
 from replicator.settings.uri import redact
 from replicator.sinks.base import Sink
 from replicator.source import catalog
-from replicator.source.connection import Client, ServerInfo, deployment_identity, server_message
+from replicator.source.connection import Client, ServerInfo, deployment_identity, server_message, uri_identity
 from replicator.source.retry import Retrier, is_retryable
 
 T = TypeVar("T")
@@ -81,13 +81,15 @@ def claim(
     target = target_identity(sink, settings)
     if target is None and not started:
         return False
-    store.claim(
-        cp,
-        source=deployment_identity(info, settings.source),
-        target=target or redact(settings.target),  # a MongoDB sink that did not expose its server
-        source_name=source_name(info, settings.source),
-        pair=settings.pair_key(),
-    )
+    source = deployment_identity(info, settings.source)
+    target = target or redact(settings.target)  # a MongoDB sink that did not expose its server
+    if cp is not None:  # what an older mcdc recorded of these same servers (by the URI's hosts) is theirs too
+        if cp.source_identity == uri_identity(info, settings.source):
+            cp.source_identity = source
+        if cp.target_identity is not None and cp.target_identity in target_keys(sink, settings):
+            cp.target_identity = target
+    store.claim(cp, source=source, target=target, source_name=source_name(info, settings.source),
+                pair=settings.pair_key())  # fmt: skip
     return True
 
 

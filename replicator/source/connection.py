@@ -40,6 +40,9 @@ class ServerInfo:
     #: The deployment's own unique id ("rs:<set name>/<replicaSetId>" or "cluster:<clusterId>"), when the
     #: server has one and lets us read it; see :func:`deployment_identity`.
     deployment_id: str | None = None
+    #: a replica set's members as its own configuration names them (hello's hosts, passives and arbiters),
+    #: sorted: the same however a URI spells them
+    members: tuple[str, ...] = ()
 
     @property
     def has_change_streams(self) -> bool:
@@ -47,11 +50,21 @@ class ServerInfo:
 
 
 def deployment_identity(info: ServerInfo, uri: str) -> str:
-    """What tells this deployment from any other, for a checkpoint: its own id when the server gave one,
-    else the replica set name with the URI's sorted seed hosts (every replica set called rs0 looks alike by
-    name alone). Never holds credentials."""
+    """What tells this deployment from any other, for a checkpoint and for the migrations of a target: its
+    own id when the server gave one, else a replica set's name with its members as the set names them
+    (every replica set called rs0 looks alike by name alone; a URI may name a member by another host name
+    or address), else the URI's sorted seed hosts (a mongos or a standalone server says no more of itself).
+    Never holds credentials."""
     if info.deployment_id:
         return info.deployment_id
+    if info.set_name and info.members:
+        return f"rs:{info.set_name}@{','.join(info.members)}"
+    return uri_identity(info, uri)
+
+
+def uri_identity(info: ServerInfo, uri: str) -> str:
+    """A deployment named by the URI's sorted seed hosts (and its replica set's name): what an older mcdc
+    recorded of a server that hid its own id, still taken as this deployment's."""
     hosts = ",".join(sorted(host_set(uri)))
     return f"rs:{info.set_name}@{hosts}" if info.set_name else f"hosts:{hosts}"
 
@@ -139,6 +152,7 @@ async def probe(client: Client, uri: str, role: str) -> ServerInfo:
         process_id=str(pid) if pid is not None else None,
         max_wire_version=int(hello.get("maxWireVersion", 0)),
         deployment_id=deployment_id,
+        members=tuple(sorted({str(h) for key in ("hosts", "passives", "arbiters") for h in hello.get(key) or ()})),
     )
 
 
