@@ -141,6 +141,8 @@ SAMPLE = {
     "field-rename": "shop.orders.total=amount",
     "filter": 'shop\\.orders={"region": "EU", "total": {"$gte": 10}}',
     "allow-unmatched": "true",
+    "list": "true",
+    "forget": "/var/lib/mcdc/old.json",
     "snapshot": "always",
     "snapshot-only": "true",
     "drop-target": "true",

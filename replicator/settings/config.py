@@ -128,6 +128,8 @@ class Settings:
     control: bool = False  # tail: POST /commit on the metrics port stops the tail and cuts over
     full_verify: bool = False  # cutover: compare everything, even after a clean pass of tail --verify
     reverse_checkpoint: Path | None = None  # cutover: where the way back's checkpoint goes (default: its pair's)
+    list_migrations: bool = False  # status: list the migrations recorded in the state directory
+    forget: Path | None = None  # status: forget this finished migration (its checkpoint and record)
     # event sinks (Kafka, stdout, jsonl); Debezium's property names in brackets
     topic_prefix: str = "mcdc"  # [topic.prefix] topics are <prefix>.<db>.<collection>
     topic_routes: tuple[str, ...] = ()  # REGEX=TOPIC on "db.collection" (first match wins; \1 = group 1)

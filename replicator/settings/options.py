@@ -116,6 +116,15 @@ OPTIONS: tuple[Option, ...] = (
             (*JOB, "status"), metavar="PATH", short="-c",
             help_for={"status": "Checkpoint file to read (default: the one of --source and --target)."},
         ),
+        Option(
+            "list", "list_migrations", "List the migrations recorded in the state directory ($XDG_STATE_HOME/mcdc or "
+            "~/.local/state/mcdc): each one's checkpoint, state, servers and selection.", ("status",),
+        ),
+        Option(
+            "forget", "forget", "Forget a finished migration: delete its checkpoint (with its backup and lock) and "
+            "its record; refused while a run holds it, and for a way back not cut over.", ("status",),
+            metavar="PATH",
+        ),
     ),
     # which namespaces and fields
     *_panel(
