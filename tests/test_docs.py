@@ -5,6 +5,7 @@ anchor and the navigation; tests/test_readme.py runs the pages' shell examples.)
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import re
 from pathlib import Path
 from types import ModuleType
@@ -78,3 +79,28 @@ def test_an_option_s_row_gives_its_default_choices_and_help_escaped_for_markdown
     assert "| `120` |" in rows["| `--retry-max-delay`"]  # a float shown as --help shows it
     assert r"shop\\.orders" in rows["| `--filter`"]  # a backslash of the help survives Markdown
     assert rows["| `--source`, `-s`"].count(" | ") == 6  # seven cells, whatever the help holds
+
+
+def _prose(page: Path) -> list[str]:
+    """A page's lines outside code blocks (a fenced block's lines are blank here)."""
+    lines, fenced = [], False
+    for line in page.read_text().splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            lines.append("")
+            continue
+        lines.append("" if fenced else line)
+    return lines
+
+
+def test_every_list_renders_as_a_list_and_the_long_pages_have_headings() -> None:
+    """A Markdown list right after a paragraph line is that paragraph's run-on text (issue 49: the least
+    privilege page's two lists); a long page without subheadings has no table of contents."""
+    item = re.compile(r"^(- |\* |\d+\. )")
+    for page in [README, *sorted(DOCS.rglob("*.md"))]:
+        lines = _prose(page)
+        for before, line in itertools.pairwise(lines):
+            glued = item.match(line) and before.strip() and not item.match(before) and not before.startswith(" ")
+            assert not glued, f"{page.name}: a list after a paragraph line, with no blank line: {line[:60]!r}"
+        if len(lines) > 80 and page != README:
+            assert any(line.startswith("## ") for line in lines), f"{page.name}: a long page without headings"
