@@ -4,6 +4,8 @@ anchor and the navigation; tests/test_readme.py runs the pages' shell examples.)
 
 from __future__ import annotations
 
+import ast
+import builtins
 import importlib.util
 import itertools
 import re
@@ -104,3 +106,53 @@ def test_every_list_renders_as_a_list_and_the_long_pages_have_headings() -> None
             assert not glued, f"{page.name}: a list after a paragraph line, with no blank line: {line[:60]!r}"
         if len(lines) > 80 and page != README:
             assert any(line.startswith("## ") for line in lines), f"{page.name}: a long page without headings"
+
+
+#: The Python blocks of README.md and docs/, by their first line: which test runs each, or why none does.
+PYTHON_BLOCKS = {
+    "import duckdb": "tests/test_lake.py runs it as written, on a state table mcdc wrote",
+    "from replicator.lakeflow import MongoLakeflowConnect": "tests/test_lakeflow.py runs it as written",
+    "from pyspark.sql import SparkSession": "not run as a block: it needs a source, a target and a SparkSession on "
+    "them at once; tests/test_spark_datasource.py runs each of its reads and writes",
+}
+
+
+def _python_blocks() -> list[tuple[Path, str]]:
+    pages = [README, *sorted(DOCS.rglob("*.md"))]
+    return [(page, block) for page in pages for block in re.findall(r"```python\n(.*?)```", page.read_text(), re.S)]
+
+
+def _unbound(block: str) -> set[str]:
+    """The names a block uses that it neither imports nor assigns (nor are Python's own)."""
+    tree = ast.parse(block)
+    bound = set(dir(builtins))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            bound |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            bound.add(node.id)
+        elif isinstance(node, ast.FunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+    return used - bound
+
+
+def test_every_python_block_defines_what_it_uses_and_is_run_or_says_why_not() -> None:
+    """Issue 49: snippets used spark, SRC, DST, CP and duckdb without defining or importing them."""
+    blocks = _python_blocks()
+    assert blocks
+    for page, block in blocks:
+        assert _unbound(block) == set(), f"{page.name}: a Python block uses {sorted(_unbound(block))} undefined"
+        first = block.splitlines()[0]
+        assert any(first.startswith(p) for p in PYTHON_BLOCKS), f"{page.name}: {first!r} neither run nor listed"
+
+
+def test_every_page_whose_commands_use_src_and_dst_says_what_they_are() -> None:
+    """``$SRC``/``$DST`` in a page's commands: the page sets them, or links to where they are set."""
+    for page in [README, *sorted(DOCS.rglob("*.md"))]:
+        text = page.read_text()
+        commands = "".join(re.findall(r"```bash\n(.*?)```", text, re.S))
+        if re.search(r"\$(SRC|DST)\b", commands):
+            assert re.search(r"^SRC=", text, re.M) or "first-migration.md" in text, page.name
