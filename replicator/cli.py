@@ -295,12 +295,16 @@ def verify(settings: Settings) -> None:
     Exit 0 when identical; exit 1 with a report (namespace, a few _ids) when not; exit 2 when the
     selection matches no namespace on the source.
     """
+    from replicator.job.migrations import cut_over, followed
+
     if settings.engine == "spark":
         from replicator.engines.spark.verify import verify_on_spark as run_verify
     else:
         from replicator.checking.verify import verify as run_verify
 
-    report = _run(lambda: run_verify(settings))
+    settings = followed(settings, "verify")  # a migration's checkpoint says what it copies
+    held = not cut_over(settings)  # TTLs held while a migration writes count as the source's, not after
+    report = _run(lambda: run_verify(settings, held=held))
     if settings.json_output:
         _emit_json(report.to_json())
     else:
@@ -341,14 +345,17 @@ def cutover(settings: Settings) -> None:
     time, verifies every selected document, index and option, and checks that the source took no write
     meanwhile: exit 5 if it did, exit 1 if the target differs. On success prints the cutover point and
     writes the reverse checkpoint: `mcdc tail --source TARGET --target SOURCE` then carries writes made
-    on the new side back. Running it again after success only says so.
+    on the new side back. Running it again after success only says so. --release-only gives back the
+    target's TTLs the migration held still, and does nothing else (a migration abandoned, not cut over).
     """
     from replicator.job.cutover import cutover as run_cutover
+    from replicator.job.release import release_only
     from replicator.observe.progress import make_reporter
 
     reporter = make_reporter(settings.progress and not settings.json_output, max_read_rate=settings.max_read_rate)
+    run = release_only if settings.release_only else run_cutover
     try:
-        result = _run(lambda: run_cutover(settings, reporter))
+        result = _run(lambda: run(settings, reporter))
     finally:
         reporter.close()
     _print_cutover(result, settings)

@@ -38,7 +38,7 @@ One run measures three things:
    over all events the figure, best of ``--cpu-rounds``. Two document sizes:
 
    a. small: the events above, for the envelopes debezium (the default), debezium-legacy, plain, and
-      debezium with relaxed extended JSON;
+      debezium with relaxed extended JSON and with Debezium's own JSON (``--extended-json debezium``);
    b. large: the same kind of operations on documents of about 16 KB of BSON (the small document's fields
       and 135 line items: subdocuments of strings, an int, a double, a date, a bool and a nested
       subdocument), ``--events`` / 10 of them but at least 1,000 (at most ``--events``), for debezium and
@@ -149,7 +149,7 @@ RATIO_TARGET = 0.8
 CPU_TARGET_US = 10.0
 LARGE_LINES = 135  # line items of a large document: about 16 KB of BSON with make_doc's fields
 LARGE_MIN_EVENTS = 1_000  # the large-document variant of part 2: --events / 10, at least this (at most --events)
-LARGE_ENVELOPES = ("debezium", "plain")
+LARGE_ENVELOPES = ("debezium", "plain", "debezium, Debezium's JSON")
 DELIVERY_KINDS = ("mcdc write", "mcdc send", "raw aiokafka")
 DRAIN_KINDS = ("mcdc catch-up", "bare pymongo (dict)", "bare pymongo (raw)")
 ENVELOPES: dict[str, dict[str, Any]] = {
@@ -157,6 +157,7 @@ ENVELOPES: dict[str, dict[str, Any]] = {
     "debezium-legacy": {"style": "debezium-legacy"},
     "plain": {"style": "plain"},
     "debezium, relaxed JSON": {"style": "debezium", "relaxed": True},
+    "debezium, Debezium's JSON": {"style": "debezium", "json": "debezium"},  # --extended-json debezium
 }
 ADJECTIVES = ("compact", "deluxe", "sturdy", "portable", "classic", "modern", "rugged", "silent")
 NOUNS = ("widget", "gadget", "bracket", "sprocket", "valve", "sensor", "adapter", "housing")

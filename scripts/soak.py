@@ -68,6 +68,10 @@ def main() -> int:
         "--filter", choices=["drawn", "yes", "no"], default="drawn",
         help="plans with a --filter (partial replication): as each seed draws it (about a third), always, never",
     )  # fmt: skip
+    parser.add_argument(
+        "--field-exclude", choices=["drawn", "yes", "no"], default="drawn",
+        help="MongoDB plans with a --field-exclude: as each seed draws it (about a third), always, never",
+    )  # fmt: skip
     parser.add_argument("--once", action="store_true", help="run the one plan of --seed, then stop")
     parser.add_argument("--workdir", type=Path, help="keep servers' data and mcdc's logs here")
     args = parser.parse_args()
@@ -90,9 +94,11 @@ def main() -> int:
             if engine not in SINK_ENGINES[sink]:  # a sink that runs on fewer engines: one of its own
                 engine = pick.choice([e for e in engines if e in SINK_ENGINES[sink]])
             filtered = None if args.filter == "drawn" else args.filter == "yes"
+            excluded = None if args.field_exclude == "drawn" else args.field_exclude == "yes"
             plan = Plan.draw(
-                seed, mode=mode, engine=engine, sink=sink, length=args.length, replays=args.replays, filtered=filtered
-            )
+                seed, mode=mode, engine=engine, sink=sink, length=args.length, replays=args.replays, filtered=filtered,
+                excluded=excluded,
+            )  # fmt: skip
             began = time.monotonic()
             try:
                 tally = run_plan(plan, servers, base / f"plan-{seed}")
@@ -102,7 +108,8 @@ def main() -> int:
             total.add(tally)
             print(
                 f"plan {n + 1} (seed {seed}, {plan.mode}, {plan.engine}, {plan.sink}"
-                f"{', filtered' if plan.filter else ''}): ok in "
+                f"{', filtered' if plan.filter else ''}{', field-exclude' if plan.exclude else ''}"
+                f"{', and back' if plan.back else ''}): ok in "
                 f"{time.monotonic() - began:.0f} s, {tally.faults} faults, {tally.failpoints} fail points"
                 f"{f' ({tally.outages} runs ended by one, run again)' if tally.outages else ''}, "
                 f"{tally.writes} writes, "

@@ -3,8 +3,16 @@
 # The integration tests start their own MongoDB-compatible servers (SecantusDB); to run them against a
 # real mongod replica set instead, export MCDC_TEST_SOURCE_URI and MCDC_TEST_TARGET_URI (their user
 # databases are dropped!).
+#
+# --quick: the linters, the docs' build and the tests that start no server, broker or Spark (under 3 minutes);
+# CI runs everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+QUICK=""
+if [ "${1:-}" = "--quick" ]; then
+  QUICK=1
+  shift
+fi
 VENV="${MCDC_VENV:-.venv}"
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
@@ -21,6 +29,9 @@ fi
 SITE="$(mktemp -d)"
 trap 'rm -rf "$SITE"' EXIT
 NO_MKDOCS_2_WARNING=1 "$VENV/bin/python" -m mkdocs build --strict --site-dir "$SITE"
+if [ -n "$QUICK" ]; then
+  MCDC_TEST_QUICK=1 exec "$VENV/bin/python" -m pytest -n "${MCDC_TEST_WORKERS:-2}" -m "not integration" "$@"
+fi
 # Each worker starts servers of its own; external servers are shared, so their tests run one at a time.
 # With --dist loadgroup, the tests that use the session's SparkSession share one worker (one session for the
 # suite) and the longest tests start first (tests/support/schedule.py).

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from tests.support.kafka import KafkaBroker, delete_consumer_groups, delete_topi
 from tests.support.schedule import SuiteScheduling, uses_the_session_outside_its_modules
 from tests.support.servers import Clients, LocalServer, ServerPair, connect, drop_user_databases, start_pair
 from tests.support.spark import start_session, use_quick_spark_home
+from tests.support.tree import tree_entries
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -29,6 +31,30 @@ def pytest_configure(config: pytest.Config) -> None:
     (tests/support/spark.py says why)."""
     if importlib.util.find_spec("pyspark") is not None:
         use_quick_spark_home()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """What the checkout holds before the suite (see :func:`pytest_sessionfinish`)."""
+    if not hasattr(session.config, "workerinput"):  # the controller (or the only process)
+        session.config.stash[_TREE] = tree_entries()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The suite leaves the checkout as it found it: a test, a Spark JVM, an example or a docs command that
+    wrote into the repository (Spark's ``metastore_db/``, ``derby.log``, ``spark-warehouse/``; a checkpoint,
+    a log) fails the run, naming what it left. Ignored files count too: ``git status --ignored``."""
+    before = session.config.stash.get(_TREE, None)
+    if before is None or hasattr(session.config, "workerinput"):
+        return
+    left = sorted(tree_entries() - before)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"the suite left these in the checkout (git status --ignored): {left}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_TREE = pytest.StashKey[set[str]]()
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # before pytest-xdist's own; none without xdist
@@ -41,14 +67,39 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return SuiteScheduling(config, log)
 
 
+#: the fixtures that start a server process (or a broker, or Spark): a test using one is no quick one
+SERVER_FIXTURES = frozenset(
+    {"servers", "source_uri", "target_uri", "clients", "kafka_broker", "kafka", "spark", "second_shard", "own_source"}
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test that uses the session's SparkSession must run in the unit that has it."""
+    """A test that uses the session's SparkSession must run in the unit that has it. A test that uses a server's
+    fixture is an integration test (``-m "not integration"``, scripts/test.sh --quick, leaves it out), whether
+    or not it says so."""
     for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
         if uses_the_session_outside_its_modules(item):
             raise pytest.UsageError(
                 f"{item.nodeid} uses the spark fixture: add its module to SESSION_MODULES in "
                 "tests/support/schedule.py, so that its worker is the one with the session"
             )
+
+
+@pytest.fixture(autouse=True)
+def _quick_tier(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``scripts/test.sh --quick`` (MCDC_TEST_QUICK=1) runs the tests that start no server, broker or Spark: one
+    that starts a server process there fails, saying to mark it an integration test."""
+    if not os.environ.get("MCDC_TEST_QUICK"):
+        return
+    from tests.support.process import ManagedProcess
+
+    def refuse(process: ManagedProcess) -> None:
+        process.argv()  # what it would run: its own errors first (a missing executable)
+        raise RuntimeError(f"this test starts {process!r}: mark it @pytest.mark.integration (not a quick test)")
+
+    monkeypatch.setattr(ManagedProcess, "spawn", refuse)
 
 
 @pytest.fixture(autouse=True)

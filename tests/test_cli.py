@@ -115,7 +115,7 @@ NOT_APPLICABLE = {
         "snapshot_only": "tail follows the stream: a copy without it is sync --snapshot-only",
         "spark_start_after_s": _SPARK_AT_ONCE,
     },
-    "verify": {},
+    "verify": {"topic_prefix": "the default checkpoint's name holds it for an event sink: verify's target is MongoDB"},
     "status": {},
     "cutover": {
         "shard_refresh_s": "only tail follows shards being added or removed",
@@ -123,7 +123,8 @@ NOT_APPLICABLE = {
         "verify": _VERIFIER,
         "verify_interval_s": _VERIFIER,
         **dict.fromkeys(
-            ("snapshot", "drop_target", "start_at", "shard_target"), "a cutover's checkpoint has its snapshot done"
+            ("snapshot", "drop_target", "start_at", "start_after_debezium_offset", "shard_target"),
+            "a cutover's checkpoint has its snapshot done",
         ),
         "on_history_lost": "a cutover whose position left the oplog fails: it takes no new snapshot",
         **dict.fromkeys(
@@ -171,6 +172,7 @@ READERS = {
             ROOT / "engines" / "spark" / "verify.py",
             ROOT / "engines" / "spark" / "session.py",
             ROOT / "source" / "reads.py",  # --read-preference, --max-read-rate
+            ROOT / "job" / "migrations.py",  # --checkpoint: what a migration copies
         ],
         ["_settings", "verify"],
     ),
@@ -181,7 +183,12 @@ READERS["cutover"] = (
     ["_settings", "cutover"],
 )
 FIELDS = {f.name for f in dataclasses.fields(Settings)}
-DERIVED = {"selection": {"include", "exclude"}, "renamer": {"rename"}, "filters": {"filter"}}
+DERIVED = {
+    "selection": {"include", "exclude"},
+    "renamer": {"rename"},
+    "filters": {"filter"},
+    "guard": {"filter", "field_exclude"},
+}
 
 
 def _reads(tree: ast.AST) -> set[str]:
@@ -259,7 +266,7 @@ def test_every_flag_reaches_the_settings(command: str, monkeypatch: pytest.Monke
     monkeypatch.setattr("replicator.observe.logs.setup_logging", lambda *args, **kwargs: None)
     seen: list[Settings] = []
 
-    async def library_call(settings: Settings) -> Any:
+    async def library_call(settings: Settings, **_: Any) -> Any:
         seen.append(settings)
         return {} if command == "status" else VerifyReport(0, 0, [])
 
@@ -269,6 +276,7 @@ def test_every_flag_reaches_the_settings(command: str, monkeypatch: pytest.Monke
     monkeypatch.setattr("replicator.checking.verify.verify", library_call)
     monkeypatch.setattr("replicator.engines.spark.verify.verify_on_spark", library_call)  # SAMPLE's engine
     monkeypatch.setattr("replicator.job.status.status", library_call)
+    monkeypatch.setattr("replicator.job.migrations.followed", lambda settings, command: settings)  # no checkpoint
 
     async def cutover(settings: Settings, reporter: Any) -> Any:
         from bson.timestamp import Timestamp
@@ -279,6 +287,7 @@ def test_every_flag_reaches_the_settings(command: str, monkeypatch: pytest.Monke
         return CutoverResult(Timestamp(1, 1), 0, 0.0, "back.json", "mcdc tail ...", writes_blocked=False)
 
     monkeypatch.setattr("replicator.job.cutover.cutover", cutover)
+    monkeypatch.setattr("replicator.job.release.release_only", cutover)  # SAMPLE's --release-only
     result = runner.invoke(app, [command, *_args(command)])
     assert result.exit_code == 0, result.output
     expected = settings_from_strings({o.name: SAMPLE[o.name] for o in for_command(command)}, command=command)

@@ -148,6 +148,7 @@ SAMPLE = {
     "drop-target": "true",
     "shard-target": 'shop\\.orders={"region": 1}',
     "start-at": "2024-05-01T00:00:00Z",
+    "start-after-debezium-offset": "@/var/lib/mcdc/debezium-offset.json",
     "workers": "8",
     "partition-docs": "10000",
     "split": "never",
@@ -194,6 +195,7 @@ SAMPLE = {
     "control": "true",
     "block-writes": "true",
     "reverse-checkpoint": "/var/lib/mcdc/back.json",
+    "release-only": "true",
     "json": "true",
     "progress": "false",
     "log-format": "json",
@@ -206,7 +208,7 @@ SAMPLE = {
 
 def test_every_settings_field_has_one_option_and_every_option_one_name() -> None:
     fields = {f.name: f for f in dataclasses.fields(Settings)}
-    assert sorted(o.field for o in OPTIONS) == sorted(set(fields) - {"selection", "renamer", "filters"})
+    assert sorted(o.field for o in OPTIONS) == sorted(set(fields) - {"selection", "renamer", "filters", "guard"})
     assert len({o.name for o in OPTIONS}) == len(OPTIONS)
     for option in OPTIONS:
         assert re.fullmatch(r"[a-z][a-z-]*[a-z]", option.name), option.name

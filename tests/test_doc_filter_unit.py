@@ -214,7 +214,9 @@ def test_a_changed_filter_on_a_checkpoint_is_refused_with_the_fix() -> None:
     assert reason is not None and "--filter" in reason and "--snapshot always" in reason
     assert refused_change(saved, Recorded(filter=('a\\.b={"x": 1}',)), "cp.json") is None
     assert Recorded.from_json(saved.to_json()) == saved
-    assert saved.way_back().filter == ()  # the new side holds the matches: all of it goes back
+    back = saved.way_back()  # the way back is of the migration's part: filtered as it was, and guarded
+    assert back.filter == saved.filter and back.guard and back.filter_names == "target"
+    assert back.way_back().filter == saved.filter and back.way_back().filter_names == "source"
 
 
 def test_the_filter_is_part_of_the_migration_a_default_checkpoint_names() -> None:

@@ -150,9 +150,12 @@ def test_every_python_block_defines_what_it_uses_and_is_run_or_says_why_not() ->
 
 
 def test_every_page_whose_commands_use_src_and_dst_says_what_they_are() -> None:
-    """``$SRC``/``$DST`` in a page's commands: the page sets them, or links to where they are set."""
+    """``$SRC``/``$DST`` in a page's commands: the page sets them, says in its text what they are (`$SRC`
+    named outside its code blocks), or links to where they are set."""
     for page in [README, *sorted(DOCS.rglob("*.md"))]:
         text = page.read_text()
         commands = "".join(re.findall(r"```bash\n(.*?)```", text, re.S))
+        prose = "\n".join(_prose(page))
         if re.search(r"\$(SRC|DST)\b", commands):
-            assert re.search(r"^SRC=", text, re.M) or "first-migration.md" in text, page.name
+            said = re.search(r"^SRC=", text, re.M) or "`$SRC`" in prose or "first-migration.md" in text
+            assert said, f"{page.name}: its commands use $SRC/$DST, and it does not say what they are"

@@ -133,6 +133,10 @@ OPTIONS = [
         ("debezium", "debezium-legacy", "plain"), (False, True), (False, True), (True, False), (False, True)
     )
 ]
+OPTIONS += [  # Debezium 3.6's own bytes (--extended-json debezium): the debezium envelope only
+    EnvelopeOptions("debezium", schemas, False, tombstones, tx_metadata, json="debezium")
+    for schemas, tombstones, tx_metadata in product((False, True), (True, False), (False, True))
+]
 
 
 @pytest.mark.parametrize("seed", range(4))

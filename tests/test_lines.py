@@ -116,10 +116,19 @@ def test_a_second_snapshot_into_a_jsonl_file_needs_drop_target(source_uri: str, 
     out = _mcdc(*sync, "-c", str(second))  # another migration into the file the first one writes: refused
     lines = [line for line in out.stderr.decode().splitlines() if line.strip()]
     assert out.returncode == 2 and lines[-1].startswith("mcdc: error: ") and "Traceback" not in out.stderr.decode()
-    assert str(first) in lines[-1] and f"delete {first}" in lines[-1]
+    assert f"--checkpoint {first}" in lines[-1] and "--snapshot always" in lines[-1] and "delete" not in lines[-1]
     assert path.read_bytes() == before and not second.exists()
 
-    first.unlink()  # the advice: that migration is over
+    out = _mcdc(*sync, "-c", str(first), "--snapshot", "always")  # the advice: that migration, copied again
+    assert out.returncode == 0, out.stderr
+    assert path.read_bytes().startswith(before) and len(path.read_bytes().splitlines()) == 12  # its reads, after
+
+    out = _mcdc(*sync, "-c", str(second), "--drop-target")  # another one's --drop-target: still refused
+    assert out.returncode == 2 and f"--checkpoint {first}" in out.stderr.decode()
+    assert len(path.read_bytes().splitlines()) == 12
+    before = path.read_bytes()
+
+    first.unlink()  # its owner ends the first migration
     out = _mcdc(*sync, "-c", str(second))  # a second snapshot would mix with the first one's records
     lines = [line for line in out.stderr.decode().splitlines() if line.strip()]
     assert out.returncode == 2 and lines[-1].startswith("mcdc: error: ") and "Traceback" not in out.stderr.decode()

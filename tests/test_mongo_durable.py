@@ -162,6 +162,8 @@ async def test_a_write_concern_in_the_uri_goes_with_every_write_as_given(target_
 
 #: a burst of inserts, and how many bursts the target is killed in
 BURST, BURSTS = 500, 5
+#: documents per source transaction in a burst of transactions
+TXN_DOCS = 25
 
 
 def _position(cp: Path) -> Timestamp:
@@ -189,8 +191,9 @@ def _mcdc(command: str, source: str, target: str, *options: str) -> list[str]:
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("writes", ["inserts", "transactions"])
 def test_a_target_killed_right_after_the_checkpoint_moved_keeps_every_document_before_it(
-    source_uri: str, tmp_path: Path
+    source_uri: str, tmp_path: Path, writes: str
 ) -> None:
     """What the checkpoint records as written survives a crash of the target at the worst moment: kill -9
     as soon as the checkpoint file moves into a burst of inserts (a save comes right after the ack of a
@@ -199,7 +202,9 @@ def test_a_target_killed_right_after_the_checkpoint_moved_keeps_every_document_b
 
     At 141123f (a batch's writes with w:1, then one no-op write with the durable write concern) runs of
     this test lost documents the checkpoint was past: the test server makes a write durable when that
-    write asks for the journal, and a no-op has nothing to sync."""
+    write asks for the journal, and a no-op has nothing to sync. With the source's writes in transactions
+    (replayed as target transactions), 5 to 105 documents were lost in 5 of 7 trials until the test server
+    was mended to journal a commit that asks for it (issue 48; tests/support/secantus_server.py)."""
     if external_uris() is not None:
         pytest.skip("kills a server of its own")
     target = LocalServer(tmp_path / "target")
@@ -218,7 +223,12 @@ def test_a_target_killed_right_after_the_checkpoint_moved_keeps_every_document_b
                 for n in range(BURSTS):
                     before = _position(cp)
                     with docs.watch([{"$match": {"fullDocument.n": n}}]) as stream:
-                        docs.insert_many([{"_id": f"{n}-{i}", "n": n, "pad": "x" * 100} for i in range(BURST)])
+                        burst = [{"_id": f"{n}-{i}", "n": n, "pad": "x" * 100} for i in range(BURST)]
+                        if writes == "inserts":
+                            docs.insert_many(burst)
+                        for at in range(0, BURST if writes == "transactions" else 0, TXN_DOCS):
+                            with client.start_session() as session, session.start_transaction():
+                                docs.insert_many(burst[at : at + TXN_DOCS], session=session)
                         _wait(lambda before=before: _position(cp) > before, tail, log, f"a save in burst {n}")
                         target.kill()  # at once: the checkpoint says a batch of the burst is written
                         at = _position(cp)

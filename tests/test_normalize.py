@@ -12,8 +12,8 @@ from pymongo import DeleteOne, ReplaceOne, UpdateOne
 
 from replicator.events import ChangeEvent, Namespace, Op, Transaction
 from replicator.events.normalize import OPERATION_TYPES, normalize_change
+from replicator.sinks.mongo.plan import segments as _segments
 from replicator.sinks.mongo.plan import write_ops
-from replicator.sinks.mongo.sink import _segments
 from replicator.source.changestream import token_timestamp
 
 

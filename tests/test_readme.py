@@ -32,6 +32,8 @@ README = ROOT / "README.md"
 #: The pages whose blocks are run, the README first: a block on several pages is run where it comes first.
 PAGES = (README, *sorted((ROOT / "docs").rglob("*.md")))
 
+#: docs/how-to/migrate-a-cluster.md's whole migration, with its way back
+WALKTHROUGH = "# a migration of part of a collection, cut over, and its way back"
 #: Blocks not run here, by their first line, and why.
 NOT_RUN = {
     "# 1. install and run the demo": "the demo is run by test_scripts.py, the test command is this suite",
@@ -43,8 +45,15 @@ NOT_RUN = {
     "bash scripts/test.sh": "the test command is this suite",
     "mcdc sync -s 'mongodb://a,b,c/?replicaSet=rs0'": "a three-member replica set is not here; "
     "tests/test_read_policy.py runs both options end to end on the test server",
+    "# Kafka Connect 3.5+; with an older worker, DELETE the connector": "no Kafka Connect worker and no Kafka "
+    "distribution here; tests/test_debezium_switch.py reads the offsets topic these print, as they print it",
+    "# the connector's topics, keys and transaction records": "it starts where a Debezium connector stopped: "
+    "tests/test_debezium_switch.py runs this block's command after stopping Debezium 3.6 on the test broker",
     'mcdc sync -s "$SRC" -t delta:/data/lake': "an object store and a REST catalog are not here; tests/test_lake.py "
     "runs the local forms (sync, catch-up, tail into delta: and iceberg:)",
+    WALKTHROUGH: "run three ways (a filter, a selection, everything) by test_the_migration_walkthrough_runs_as_written",
+    'mcdc cutover --source "$SRC" --target "$DST" --checkpoint mig.json --release-only': "a migration abandoned "
+    "with its TTLs held: tests/test_ttl_hold.py runs the command on one and checks nothing else changed",
 }
 #: The first lines of the blocks that run every command they hold, in the pages' order. The blocks that copy
 #: run on an empty target, each as if it were the reader's first run; a block that begins with status,
@@ -251,3 +260,43 @@ def test_the_readme_trial_on_two_dev_servers(tmp_path: Path) -> None:
 def _wait_for_port(port: str) -> str:
     """A bash line waiting up to 60 s for a server to listen on ``port``."""
     return f"for _ in $(seq 300); do (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && break; sleep 0.2; done"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", ["filter", "selection", "everything"])
+def test_the_migration_walkthrough_runs_as_written(source_uri: str, target_uri: str, tmp_path: Path, kind: str) -> None:
+    """docs/how-to/migrate-a-cluster.md's commands, as written, for a migration of part of a collection, of one
+    collection (without --filter), and of everything (without --include either): the application's writes on
+    the new side (a collMod among them) go back, and the old side keeps what the migration did not copy."""
+    with pymongo.MongoClient(source_uri) as client:
+        client.shop.orders.insert_many([{"_id": i, "total": i} for i in range(50, 250)])
+        client.shop.users.insert_many([{"_id": i} for i in range(5)])
+        before = {d["_id"]: d for d in client.shop.orders.find({"total": {"$lt": 100}})}
+    shell = Shell(tmp_path, {}, {"SRC": source_uri, "DST": target_uri, "XDG_STATE_HOME": str(tmp_path / "state")})
+    for command in _commands(_block(WALKTHROUGH)):
+        if kind != "filter":
+            command = re.sub(r" --filter '[^']*'", "", command)
+        if kind == "everything":
+            command = re.sub(r" --include '[^']*'", "", command)
+        if not command.startswith("mcdc tail"):
+            _ok(shell.run(command), command)
+            continue
+        with pymongo.MongoClient(target_uri) as client:  # the application, moved to the new side
+            client.shop.command("collMod", "orders", validator={"total": {"$exists": True}})
+            client.shop.orders.update_one({"_id": 200}, {"$set": {"note": "paid"}})
+            client.shop.orders.delete_one({"_id": 201})
+            client.shop.orders.insert_one({"_id": 9999, "total": 500})
+        proc = subprocess.Popen(["bash", "-c", "exec " + command], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, env=shell.env, cwd=tmp_path)  # fmt: skip
+        with pymongo.MongoClient(source_uri) as old:
+            deadline = time.monotonic() + 120
+            while old.shop.orders.find_one({"_id": 9999}) is None and proc.poll() is None:
+                assert time.monotonic() < deadline, "the way back did not carry the new side's writes"
+                time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err[-3000:]
+    with pymongo.MongoClient(source_uri) as client:
+        orders = {d["_id"]: d for d in client.shop.orders.find()}
+    assert orders[200]["note"] == "paid" and 201 not in orders and orders[9999]["total"] == 500
+    assert {i: orders.get(i) for i in before} == before  # copied or not, each is the old side's, as it was

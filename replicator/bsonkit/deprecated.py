@@ -91,10 +91,18 @@ def _walk(data: bytes, pos: int, end: int, spots: list[int]) -> bool:
     return False
 
 
-def convert(data: bytes, decode: Callable[[bytes], dict[str, Any]], start: int = 0, array: bool = False) -> Any:
+def convert(
+    data: bytes,
+    decode: Callable[[bytes], dict[str, Any]],
+    start: int = 0,
+    array: bool = False,
+    *,
+    dbpointer: Callable[[str, str], Any] | None = None,
+) -> Any:
     """The document (or array) at ``start`` as Extended JSON data: deprecated types in their spec form,
     documents and arrays walked, every other element converted by ``decode`` (the caller's C decoder, given
-    a one-element document)."""
+    a one-element document). ``dbpointer``: a DBPointer's form other than the spec's, from its namespace
+    and ObjectId hex (the Java driver's JSON writes ``{"$ref": ns, "$id": {"$oid": hex}}``)."""
     out: dict[str, Any] = {}
     pos, end = start + 4, start + _int32(data, start) - 1
     while pos < end:
@@ -109,11 +117,13 @@ def convert(data: bytes, decode: Callable[[bytes], dict[str, Any]], start: int =
             out[name] = {"$undefined": True}
         elif t == _DBPOINTER:
             ns = data[value + 4 : stop - 13].decode()
-            out[name] = {"$dbPointer": {"$ref": ns, "$id": {"$oid": data[stop - 12 : stop].hex()}}}
+            oid = data[stop - 12 : stop].hex()
+            out[name] = dbpointer(ns, oid) if dbpointer else {"$dbPointer": {"$ref": ns, "$id": {"$oid": oid}}}
         elif t in (0x03, 0x04) and holds_deprecated(data[value:stop]):
-            out[name] = convert(data, decode, value, array=t == 0x04)
+            out[name] = convert(data, decode, value, array=t == 0x04, dbpointer=dbpointer)
         elif t == 0x0F and holds_deprecated(data[(scope := value + 8 + _int32(data, value + 4)) : stop]):
-            out[name] = {"$code": data[value + 8 : scope - 1].decode(), "$scope": convert(data, decode, scope)}
+            code = data[value + 8 : scope - 1].decode()
+            out[name] = {"$code": code, "$scope": convert(data, decode, scope, dbpointer=dbpointer)}
         else:
             element = data[pos:stop]
             out.update(decode((len(element) + 5).to_bytes(4, "little") + element + b"\x00"))

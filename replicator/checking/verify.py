@@ -33,6 +33,7 @@ from replicator.settings.unmatched import unmatched_rule
 from replicator.settings.uri import is_mongo_uri, redact
 from replicator.sinks.mongo.schema import same_index
 from replicator.sinks.mongo.sharding import same_key
+from replicator.sinks.mongo.ttl import as_source
 from replicator.source import catalog
 from replicator.source.connection import DICT_CODEC, Client, make_client, probe
 from replicator.source.partitions import Partition, plan_collection, with_catch_all
@@ -203,9 +204,17 @@ def _encoded(options: Mapping[str, Any], key: str) -> bytes | None:
     return bson.encode({"v": options[key]}) if key in options else None
 
 
-def schema_differences(ns: str, want: CollectionSpec, found: CollectionSpec) -> list[Difference]:
+def schema_differences(ns: str, want: CollectionSpec, found: CollectionSpec, *, held: bool = True) -> list[Difference]:
     """Options (byte-exact; a view's viewOn, already renamed, and pipeline are options) and indexes by name.
-    ``want`` is the source spec as named on the target."""
+    ``want`` is the source spec as named on the target. ``held``: a TTL the target holds while a migration
+    writes it (sinks/mongo/ttl.py) is taken for the source's value; after a cutover, not."""
+    if held:
+        source_ix = {str(ix["name"]): ix for ix in want.indexes}
+        found = replace(
+            found,
+            options=as_source(found.options, want.options),
+            indexes=tuple(as_source(ix, source_ix.get(str(ix["name"]))) for ix in found.indexes),
+        )
     out = []
     if bson.encode(want.options) != bson.encode(found.options):
         keys = [k for k in {**want.options, **found.options} if _encoded(want.options, k) != _encoded(found.options, k)]
@@ -229,11 +238,11 @@ def schema_differences(ns: str, want: CollectionSpec, found: CollectionSpec) -> 
 
 
 def namespace_differences(
-    src: Namespace, want: CollectionSpec | None, found: CollectionSpec | None
+    src: Namespace, want: CollectionSpec | None, found: CollectionSpec | None, *, held: bool = True
 ) -> list[Difference]:
     """How a namespace differs beyond its documents: missing on either side, of another kind, or with
     other options or indexes. ``want``: the source's spec as named on the target (None: not on the
-    source); ``found``: the target's."""
+    source); ``found``: the target's; ``held``: see :func:`schema_differences`."""
     if want is None and found is None:
         return []
     if want is None:
@@ -244,7 +253,7 @@ def namespace_differences(
         return [Difference(ns, "missing_namespace", f"{want.kind} missing on the target")]
     if found.kind != want.kind:
         return [Difference(ns, "kind", f"a {want.kind} on the source, a {found.kind} on the target")]
-    return schema_differences(ns, want, found)
+    return schema_differences(ns, want, found, held=held)
 
 
 async def diff_partition(
@@ -265,15 +274,18 @@ async def diff_partition(
     is read, from when and how fast (the target is read on its primary, unpaced)."""
     differ = DocumentDiffer(settings.verify_sample if sample is None else sample)
     editor = fields.for_namespace(part.ns)
+    kept = settings.guard.kept(dst)
     docs, size = settings.batch_docs, settings.batch_bytes
     async for batch in read_partition(source, part, batch_docs=docs, batch_bytes=size, reads=reads):  # as edited
-        differ.add_source(edited(batch, editor))
+        differ.add_source(edited(edited(batch, editor), kept))
         if pace is not None:
             await pace()
     # the plan's $type + bound filters mean the same on any server, so they select the same range there
-    # (the target holds only what a --filter kept: its whole range is compared, not the range's matches)
-    async for batch in read_partition(target, replace(part, ns=dst, where=None), batch_docs=docs, batch_bytes=size):
-        differ.add_target(batch)
+    # (the target holds only what a --filter kept: its whole range is compared, not the range's matches;
+    # a way back's target also holds what the migration did not copy, which is not compared: settings.guard)
+    theirs = replace(part, ns=dst, where=settings.guard.where(dst))
+    async for batch in read_partition(target, theirs, batch_docs=docs, batch_bytes=size):
+        differ.add_target(edited(batch, kept))
         if pace is not None:
             await pace()
     return differ.finish()
@@ -297,6 +309,7 @@ class _Verifier:
         differ: RangeDiffer | None = None,
         scope: Scope | None = None,
         reads: SourceReads | None = None,
+        held: bool = True,
     ) -> None:
         self.s = settings
         self.reads = reads if reads is not None else SourceReads()
@@ -307,6 +320,7 @@ class _Verifier:
         self.documents = 0
         self.fields = FieldRules(settings.field_exclude, settings.field_rename)
         self._differ = differ or self._diff_here
+        self.held = held
 
     async def run(self) -> VerifyReport:
         s = self.s
@@ -335,7 +349,7 @@ class _Verifier:
     async def _namespace(self, spec: CollectionSpec, found: CollectionSpec | None) -> list[Difference]:
         want = rename_spec(spec, self.s.renamer)
         ns = _label(spec.ns, want.ns)
-        differences = namespace_differences(spec.ns, want, found)
+        differences = namespace_differences(spec.ns, want, found, held=self.held)
         if found is None or found.kind != want.kind:
             return differences
         keys = None if self.scope is None else self.scope(spec.ns)
@@ -366,6 +380,7 @@ class _Verifier:
         total = DocumentDiff(self.s.verify_sample)
         editor = self.fields.for_namespace(src)
         where = self.s.filters.where(src)
+        kept, guarded = self.s.guard.kept(dst), self.s.guard.where(dst)
         ordered = sorted(keys)
         for start in range(0, len(ordered), _BY_KEY):
             values = [bson.decode(k, codec_options=DICT_CODEC)["_id"] for k in ordered[start : start + _BY_KEY]]
@@ -375,8 +390,9 @@ class _Verifier:
                 await self.reads.pace(len(values))
                 source = self.reads.collection(self.source, src)
                 found = await source.find(filtered(query, where), session=session).to_list()
-                differ.add_source(edited(found, editor))
-                differ.add_target(await self.target[dst.db][dst.coll or ""].find(query).to_list())
+                differ.add_source(edited(edited(found, editor), kept))
+                theirs = await self.target[dst.db][dst.coll or ""].find(filtered(query, guarded)).to_list()
+                differ.add_target(edited(theirs, kept))
             total.merge(differ.finish())
         self.documents += total.source_docs
         return total.differences(ns)
@@ -393,17 +409,20 @@ class _Verifier:
             on_source = await self.reads.collection(self.source, src).count_documents(
                 self.s.filters.where(src) or {}, session=session
             )
-            on_target = await self.target[dst.db][dst.coll or ""].count_documents({})
+            on_target = await self.target[dst.db][dst.coll or ""].count_documents(self.s.guard.where(dst) or {})
         if on_source == on_target:
             return []
         return [Difference(ns, "count", f"{on_source} documents on the source, {on_target} on the target")]
 
 
-async def verify(settings: Settings, differ: RangeDiffer | None = None, scope: Scope | None = None) -> VerifyReport:
+async def verify(
+    settings: Settings, differ: RangeDiffer | None = None, scope: Scope | None = None, *, held: bool = True
+) -> VerifyReport:
     """Compare the selected source namespaces with their (renamed) target namespaces: kinds, options,
     indexes and every document, byte for byte. Differences are reported, not raised. ``differ``: how
     ranges are compared (default: here, ``--workers`` at once; the Spark engine's runs them as tasks).
-    ``scope``: compare only these documents of a namespace (cutover after a verifier's clean pass)."""
+    ``scope``: compare only these documents of a namespace (cutover after a verifier's clean pass).
+    ``held``: a TTL the target holds still while a migration writes it counts as the source's value."""
     if not is_mongo_uri(settings.target):
         raise ConfigError(
             f"verify compares two MongoDB deployments: --target {redact(settings.target)} is not mongodb://"
@@ -418,7 +437,7 @@ async def verify(settings: Settings, differ: RangeDiffer | None = None, scope: S
             info = await probe(source, settings.source, "source")
             await probe(target, settings.target, "target")
             reads = await start_reads(source, info, ReadPolicy.of(settings))
-            report = await _Verifier(settings, source, target, differ, scope, reads).run()
+            report = await _Verifier(settings, source, target, differ, scope, reads, held).run()
         finally:
             await target.close()
     finally:

@@ -19,7 +19,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,6 +130,12 @@ class Checkpoint:
     #: the source and target it was last run between (Settings.pair_key), so that status and cutover find a
     #: default checkpoint whose selection changed since its file was named; None before a run recorded it
     pair: str | None = None
+    #: the source's TTLs behind those its target holds (sinks/mongo/ttl.py): {"db.coll": {index or "": s}};
+    #: None while no run held them (the first run holds the TTLs the target has then)
+    held: dict[str, dict[str, Any]] | None = None
+    #: a start after a Debezium connector's offset (debezium_offset.DebeziumOffset's JSON): while the position
+    #: is still its token, a transaction Debezium had begun writing is continued; None for any other start
+    handover: dict[str, Any] | None = None
 
     def acknowledge(
         self, position: Position, shard_positions: Mapping[str, Position] | None = None, *, applied: bool = True
@@ -165,6 +171,8 @@ class Checkpoint:
             "owned": sorted(self.owned),
             "migration_id": self.migration_id,
             "pair": self.pair,
+            "held": self.held,
+            "handover": self.handover,
             "stream": self.stream.to_json() if self.stream is not None else None,
             "snapshot": {
                 "status": self.snapshot.status,
@@ -200,6 +208,8 @@ class Checkpoint:
             owned={str(ns) for ns in data.get("owned") or ()},
             migration_id=_optional_str(data.get("migration_id")),
             pair=_optional_str(data.get("pair")),
+            held={str(k): dict(v) for k, v in data["held"].items()} if isinstance(data.get("held"), dict) else None,
+            handover=dict(data["handover"]) if data.get("handover") is not None else None,
             # absent from a checkpoint written before scopes were recorded: the deployment's stream
             stream=StreamScope.from_json(data["stream"])
             if data.get("stream") is not None
@@ -268,6 +278,8 @@ class CheckpointStore:
         self._lock_fd: int | None = None
         self._owner: tuple[str, str] | None = None  # (source, target) identities of the run: see claim()
         self._pair: str | None = None
+        #: what the run's sink holds on the target now, recorded with each save (Sink.held_ttls)
+        self.held: Callable[[], dict[str, dict[str, Any]] | None] = lambda: None
 
     def load(self) -> Checkpoint | None:
         """The saved checkpoint, or None when there is none yet."""
@@ -326,6 +338,8 @@ class CheckpointStore:
             checkpoint.source_identity, checkpoint.target_identity = self._owner
         if self._pair is not None:
             checkpoint.pair = self._pair
+        if (held := self.held()) is not None:
+            checkpoint.held = held
         payload = json.dumps(checkpoint.to_json(), indent=1, sort_keys=True).encode()
         real = self.real
         tmp = real.with_name(f".{real.name}.{os.getpid()}.tmp")

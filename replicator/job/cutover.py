@@ -39,6 +39,7 @@ from replicator.events import Position, ts_from_json, ts_to_json
 from replicator.job.migrations import followed, record_way_back
 from replicator.job.phases import SyncJob
 from replicator.job.preflight import source_name
+from replicator.job.release import release_ttls
 from replicator.observe.progress import Reporter
 from replicator.observe.tally import duration, format_ts, listing, plural
 from replicator.replay.recorded import Recorded
@@ -73,6 +74,8 @@ class CutoverResult:
     #: when the proof was made (the second catch-up found nothing), this machine's clock, ISO 8601 UTC; the
     #: point is the source's last write, earlier when the source was idle ("" in an older cutover's record)
     proven_at: str = ""
+    #: the TTLs the migration held on the target, given back their source's values (sinks/mongo/ttl.py)
+    restored: list[str] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -96,6 +99,7 @@ class CutoverResult:
             + ("" if self.verified == "full" else "; an _id deleted on both sides has no document to compare")
             + ")",
             *last_write,
+            *([f"restored the source's TTLs on the target: {listing(self.restored, 20)}"] if self.restored else []),
             f"reverse checkpoint {self.reverse_checkpoint}: to carry the target's writes back to the source, run",
             f"  {self.reverse_command}",
         ]
@@ -154,6 +158,9 @@ async def cutover(settings: Settings, reporter: Reporter) -> CutoverResult:
         point = cp.position.cluster_time
         if point is None:
             raise CutoverRefused("the checkpoint holds no cluster time after the catch-up; run cutover again")
+        restored = await release_ttls(settings, source, cp)  # proven: the target's own TTLs run again
+        if restored:
+            reporter.info(f"restored the source's TTLs on the target: {listing(restored, 20)}")
         reverse = await _write_reverse(settings, cp, store)
     finally:
         await source.close()
@@ -167,11 +174,13 @@ async def cutover(settings: Settings, reporter: Reporter) -> CutoverResult:
         verified=scope,
         detail=detail,
         proven_at=_iso(proven_at),
+        restored=restored,
     )
     with store.locked():
         cp = store.load()
         assert cp is not None
         cp.cutover = {**result.to_json(), "at": time.time()}
+        cp.held = {}
         store.save(cp)
     return result
 

@@ -31,25 +31,33 @@ from replicator.source.partitions import Partition
 
 def followed(settings: Settings, command: str) -> Settings:
     """The settings a run of ``command`` follows. A way back's checkpoint decides its selection (the options
-    given must be none, or the same); a cutover given no selection cuts over its checkpoint's, and given
-    ``--source`` and ``--target`` alone finds the pair's one migration (as status does)."""
+    given must be none, or the same); a cutover or a verify given no selection takes its checkpoint's, and a
+    cutover given ``--source`` and ``--target`` alone finds the pair's one migration (as status does)."""
     path = settings.checkpoint_path()
     if command == "cutover" and settings.checkpoint is None and not path.exists():
         path = find_migration(settings, path)
     cp = CheckpointStore(path).load()
+    if cp is None and command == "verify" and settings.checkpoint is not None:
+        raise ConfigError(f"no checkpoint at {path}: verify --checkpoint compares what a migration copies")
     if cp is None or cp.recorded is None:
         return settings
     recorded, given = Recorded.from_json(cp.recorded), Recorded.of(settings)
-    if cp.reverse_of is not None:
+    if cp.reverse_of is not None or recorded.guard or recorded.keep:  # a way back, or one copied again
         if given != Recorded() and not given.same_options(recorded):
+            origin = (cp.reverse_of or {}).get("checkpoint") or "a migration"
             raise ConfigError(
-                f"checkpoint {path} is the way back of {cp.reverse_of.get('checkpoint') or 'a migration'}: it "
-                f"follows that migration's selection, reversed ({flags(recorded) or 'everything'}); run it with "
-                "those options, or with no selection option at all"
+                f"checkpoint {path} is the way back of {origin}: it follows that migration's selection, reversed "
+                f"({flags(recorded) or 'everything'}); run it with those options, or with no selection option at all"
             )
-    elif command != "cutover" or given != Recorded():
+    elif command not in ("cutover", "verify") or given != Recorded():
         return settings
     return dataclasses.replace(recorded.applied(settings), checkpoint=path)
+
+
+def cut_over(settings: Settings) -> bool:
+    """Was the migration of these settings' checkpoint cut over (its target's TTLs given back)?"""
+    cp = CheckpointStore(settings.checkpoint_path()).load()
+    return cp is not None and cp.cutover is not None
 
 
 def find_migration(settings: Settings, path: Path) -> Path:
@@ -264,10 +272,22 @@ def _refusal(other: Held, shared: list[Namespace], store: CheckpointStore, setti
             "migration beside it, select only namespaces it does not write (--include, --exclude)"
         )
     state = "running" if other.running else "stopped, resumable"
+    written = f"the target's {names} {'is' if len(shared) == 1 else 'are'} written by"
+    origin = (cp.reverse_of or {}).get("checkpoint") if cp is not None else None
+    if cp is not None and cp.reverse_of is not None:  # never advise throwing a way back away
+        return (
+            f"{written} the way back of {origin or 'a migration'} (checkpoint {path}, as its cutover wrote it, "
+            f"{state}): one way back per migration; run it with --checkpoint {path} (the command its cutover "
+            "printed), not another checkpoint"
+        )
+    go_on = (
+        "stop it first, or select only" if other.running else
+        f"to go on with that migration, run it with --checkpoint {path} (and --snapshot always to copy it "
+        "again); to run another one beside it, select only"
+    )  # fmt: skip
     return (
-        f"the target's {names} {'is' if len(shared) == 1 else 'are'} written by another migration (checkpoint "
-        f"{path}, {what}, {state}): one migration per target namespace; select only namespaces it does not "
-        f"write (--include, --exclude), or, if that migration is over, delete {path} first"
+        f"{written} another migration (checkpoint {path}, {what}, {state}): one migration per target "
+        f"namespace; {go_on} namespaces it does not write (--include, --exclude)"
     )
 
 

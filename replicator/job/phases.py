@@ -26,9 +26,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from replicator.checkpoint.debezium_offset import DebeziumOffset
 from replicator.checkpoint.store import DEPLOYMENT, Checkpoint, CheckpointStore, SnapshotProgress
 from replicator.errors import ConfigError, HistoryLost, TopologyError
 from replicator.events import Namespace, Position
+from replicator.job import handover
 from replicator.job.copy import SnapshotCopy, target_specs
 from replicator.job.engines import open_engine
 from replicator.job.migrations import hold_targets
@@ -48,6 +50,7 @@ from replicator.observe.tally import format_ts, listing, plural
 from replicator.replay.recorded import Recorded
 from replicator.settings.config import Settings, parse_start_at
 from replicator.settings.fields import FieldRules
+from replicator.settings.selection import Scope
 from replicator.settings.uri import is_mongo_uri, redact
 from replicator.sinks.base import Sink
 from replicator.sinks.registry import open_sink
@@ -92,6 +95,8 @@ class SyncJob:
         self._resnapshot = False  # a new snapshot is due whatever the checkpoint says (history lost)
         self._started_snapshot = False  # this run planned the snapshot it copies
         self._scope = DEPLOYMENT  # the change stream followed (decided with the source's privileges)
+        self._handover: DebeziumOffset | None = None  # --start-after-debezium-offset's, read when the run starts
+        self._info: ServerInfo | None = None  # the source, once reached
         self.summary = Summary(
             command=command,
             source=redact(settings.source),
@@ -111,6 +116,7 @@ class SyncJob:
         if self.s.verify and self.command == "tail" and not is_mongo_uri(self.s.target):
             raise ConfigError(f"--verify compares two MongoDB deployments: --target {redact(self.s.target)} is not")
         sink = open_sink(self.s)  # before any connection: a bad target or sink option fails at once
+        self._handover = handover.read(self.s)  # and so does an unusable Debezium offset
         try:
             with self.store.locked():
                 client = make_client(
@@ -140,6 +146,12 @@ class SyncJob:
                     source_id, target_id = self.store.owner
                     hold_targets(self.store, self.s, cp, source=source_id, target=target_id, namespaces=namespaces,
                                  keys=target_keys(sink, self.s))  # fmt: skip
+                    # the target's own TTL monitor deletes nothing while the migration writes it (sinks/mongo/ttl.py)
+                    mapped = Scope(self.s.selection, self.s.renamer).mapped(namespaces)
+                    await sink.hold_ttls(sorted(mapped, key=str), cp.held if cp is not None else None)
+                    self.store.held = sink.held_ttls
+                    if self.metrics is not None:
+                        self.metrics.held = sink.held_ttls
                     # after every check: a mistake costs no JVM start
                     await self.engine.start(replay_only=self._replays_only(cp))
                     await self._run(client, info, sink, cp)
@@ -159,8 +171,13 @@ class SyncJob:
         s = self.s
         saved = Checkpointed(cp.snapshot.status, bool(cp.position)) if cp is not None else None
         return self.command == "catch-up" and not copies(
-            saved, mode=s.snapshot, snapshot_only=s.snapshot_only, start_at=s.start_at is not None
+            saved, mode=s.snapshot, snapshot_only=s.snapshot_only, start_at=self._starts_at
         )
+
+    @property
+    def _starts_at(self) -> bool:
+        """With no checkpoint, the run starts at a given position (--start-at, a Debezium offset)."""
+        return self.s.start_at is not None or self.s.start_after_debezium_offset is not None
 
     async def _check_source(self, client: Client, sink: Sink) -> tuple[ServerInfo, Checkpoint | None, list[Namespace]]:
         """Reach the source and check it before anything is written: its members (--read-preference
@@ -202,6 +219,7 @@ class SyncJob:
                 "--snapshot-only to copy anyway"
             )
         identity = source_name(info, s.source)
+        self._info = info
         if self.command == "catch-up" and cp is None:  # a cron job's first run: begins as sync would
             self.reporter.info(
                 f"no checkpoint at {self.store.path} yet: this first run begins as --snapshot {s.snapshot} says"
@@ -228,6 +246,7 @@ class SyncJob:
                     if self.metrics is not None and cp.snapshot.status in ("done", "none"):
                         self.metrics.snapshot_done()
                     if not s.snapshot_only:
+                        handover.carry(sink, cp)
                         await self._replay.follow_selection(client, sink, cp)
                         await self._replay.run(reader, sink, cp, snapshot_window=False, follow=self.command == "tail")
                     break
@@ -307,13 +326,19 @@ class SyncJob:
         s = self.s
         force = self._resnapshot
         saved = Checkpointed(cp.snapshot.status, bool(cp.position)) if cp is not None else None
-        start = decide(
-            saved, mode=s.snapshot, snapshot_only=s.snapshot_only, start_at=s.start_at is not None, force=force
-        )
+        start = decide(saved, mode=s.snapshot, snapshot_only=s.snapshot_only, start_at=self._starts_at, force=force)
         if start is Start.RESUME:
             self.reporter.info(f"resuming the snapshot recorded in {self.store.path}")
             assert cp is not None
             return await self._copy(client, sink, cp, fresh=False, started=self._started_snapshot)
+        if start is Start.START_AT and self._handover is not None:
+            assert self._info is not None
+            await handover.check(self._handover, client, self._info, shard_streams=isinstance(reader, MergedReader))
+            cp = self._new_checkpoint(identity)
+            handover.record(cp, self._handover)
+            self.store.save(cp)
+            self.reporter.info(f"no snapshot: replicating right after the Debezium offset {handover.describe(cp)}")
+            return cp
         if start is Start.START_AT:
             assert s.start_at is not None
             at = parse_start_at(s.start_at)
@@ -373,6 +398,7 @@ class SyncJob:
             identity,
             position=position,
             shards=shard_positions,
+            reverse_of=cp.reverse_of if cp is not None else None,  # a way back copied again is still one
             snapshot=SnapshotProgress(
                 status="in_progress", plan=[p.to_json() for p in plan], drop_target=drop, started_at=time.time()
             ),
@@ -385,7 +411,13 @@ class SyncJob:
         )
         if busy:  # say what is replaced before it is gone
             why = "--drop-target" if s.drop_target else "a new snapshot"
-            self.reporter.info(f"{why}: replacing the target's data in {listing(busy, 50)}")
+            kept = [ns for ns in busy if s.guard.guards(ns)]  # a way back's: merged (sinks/mongo/guarded.py)
+            if kept:
+                self.reporter.info(f"{why}: replacing the migration's documents in {listing(kept, 50)}, keeping "
+                                   "what it did not copy")  # fmt: skip
+            rest = [ns for ns in busy if ns not in kept]
+            if rest:
+                self.reporter.info(f"{why}: replacing the target's data in {listing(rest, 50)}")
         await sink.prepare(targets, drop_existing=drop)
         cp.snapshot.prepared = {str(t.ns) for t in targets}
         self.store.save(cp)  # before any copy: a resumed run must not prepare (drop) them again

@@ -182,7 +182,9 @@ class Replay:
         apply = self._engine.apply_with(sink)
         if sink.holds_state:
             if self._window is None:
-                self._window = DdlWindow(self.s.selection)
+                filters = self.s.filters
+                renamed = (lambda ns: filters.where(ns) is not None) if filters else None
+                self._window = DdlWindow(self.s.selection, copy_renamed=renamed)
             return ReplayStage(sink, transform, client=self._client, window=self._window, resync=resync, apply=apply)
 
         async def recopy_renamed(events: Sequence[ChangeEvent]) -> None:

@@ -18,6 +18,7 @@ from replicator.observe.tally import duration
 from replicator.replay.recorded import Recorded, refused_change
 from replicator.settings.config import Settings
 from replicator.settings.fields import FieldRules
+from replicator.settings.guard import renamed_filter_fields
 from replicator.settings.selection import check_collisions
 from replicator.settings.unmatched import refusal, unmatched_rule
 from replicator.settings.uri import redact
@@ -59,6 +60,9 @@ async def check_selection(
             unbuildable = fields.unique_refusal(spec.ns, spec.indexes)
             if unbuildable is not None:
                 raise ConfigError(unbuildable)
+    conflict = renamed_filter_fields(settings.guard, settings.filters, fields, namespaces)
+    if conflict is not None:
+        raise ConfigError(conflict)
     problem = catalog.unmatched(settings.selection, namespaces)
     rule = unmatched_rule(settings, namespaces)
     refused = first_run and not settings.allow_unmatched

@@ -17,6 +17,7 @@ from replicator.job import ledger
 from replicator.job.migrations import find_migration
 from replicator.observe.migration import COMMITTED, STATES, STOPPED, Facts, progress_document
 from replicator.settings.config import Settings
+from replicator.sinks.mongo.ttl import HOLD
 from replicator.source.changestream import current_time
 from replicator.source.connection import make_client, probe
 from replicator.source.partitions import Partition
@@ -67,6 +68,7 @@ async def checkpoint_status(path: Path, source: str | None = None, timeout_s: fl
         copied_documents=None,
         # the embedded verifier's place, as its last run left it ("phase" as /progress said it there)
         verification=None if cp.verifier is None else verification_of(cp.verifier),
+        held=cp.held,
     )
     return {
         **progress_document(facts),
@@ -151,6 +153,10 @@ def status_lines(status: dict[str, Any]) -> list[str]:
         f"snapshot   {snap['status']}: {snap['partitions_done']}/{snap['partitions_total']} partitions, "
         f"{snap['collections_remaining']}/{snap['collections_total']} collections remaining",
     ]
+    for held in progress.get("heldTTLs", ()):
+        what = f"index {held['index']}" if held["index"] else "the collection's TTL"
+        lines.append(f"held TTL   {held['namespace']} {what}: {held['sourceExpireAfterSeconds']} s on the source "
+                     f"(the target's is held at {HOLD} until cutover)")  # fmt: skip
     v = progress["verification"]
     if v["phase"] != "off":  # a tail --verify ran on it
         current = v["currentPass"]

@@ -74,6 +74,8 @@ class Metrics:
         self._copied_before = 0  # documents of the snapshot that earlier runs copied
         self._snapshot_done = False  # the snapshot is done (or none is needed): the replay is what remains
         self.verification: Verification | None = None  # the embedded verifier's findings, when it runs
+        #: what the run's target holds still (its sink's Sink.held_ttls), for /progress
+        self.held: Callable[[], dict[str, dict[str, Any]] | None] = lambda: None
         self.max_read_rate: float = 0  # --max-read-rate, shown in /progress (0: no cap)
         #: tail --control: POST /commit asks the tail to stop and cut over (argument: block the source's
         #: writes first); returns None when accepted, else why not. None: no /commit.
@@ -194,6 +196,7 @@ class Metrics:
             copied_documents=self._copied_before + self._snapshot_docs,
             verification=self.verification,
             max_read_rate=self.max_read_rate,
+            held=self.held(),
         )
 
     def render(self) -> str:

@@ -88,6 +88,9 @@ class Facts:
     lag_from_run: bool = True
     reason: str = ""  # why it is retrying, when it is
     max_read_rate: float = 0  # --max-read-rate: documents/s the snapshot and verify read at most (0: no cap)
+    #: the TTLs the target holds still while the migration writes it, with the source's values
+    #: ({"db.coll": {index name, or "" for a clustered collection's: seconds}}; sinks/mongo/ttl.py)
+    held: dict[str, dict[str, Any]] | None = None
 
 
 def can_commit(facts: Facts) -> bool:
@@ -130,4 +133,10 @@ def progress_document(facts: Facts) -> dict[str, Any]:
     }
     if facts.events_applied is not None:
         progress["totalEventsApplied"] = facts.events_applied
+    if facts.held:
+        progress["heldTTLs"] = [
+            {"namespace": ns, "index": name or None, "sourceExpireAfterSeconds": seconds}
+            for ns, names in sorted(facts.held.items())
+            for name, seconds in sorted(names.items())
+        ]
     return {"progress": progress}

@@ -16,7 +16,9 @@ instead, the namespaces it touches are marked, their document events are skipped
 the stream passes the horizon they are copied again from the source as it is then (data DDL: drop,
 rename, dropDatabase), or their indexes and options are made the source's (catalog DDL: create, collMod,
 createIndexes, dropIndexes). Events after the copy converge on it as after a snapshot. A DDL event is
-thereby a barrier: nothing after it in a batch is applied before the decision about it.
+thereby a barrier: nothing after it in a batch is applied before the decision about it. A rename of a
+filtered collection is copied again wherever it comes: an update read just before it was looked up under
+the old name, found nothing, and became a delete.
 
 The checkpoint may not move past a marked DDL event before the copy is done (a run killed in between
 must meet the event again): :attr:`DdlWindow.pending` says so.
@@ -24,7 +26,7 @@ must meet the event again): :attr:`DdlWindow.pending` says so.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from bson.timestamp import Timestamp
@@ -63,8 +65,12 @@ def _time(event: ChangeEvent) -> Timestamp | None:
 class DdlWindow:
     """The horizons of one replay, and the namespaces waiting to be copied again."""
 
-    def __init__(self, selection: Selection) -> None:
+    def __init__(self, selection: Selection, *, copy_renamed: Callable[[Namespace], bool] | None = None) -> None:
+        """``copy_renamed``: the namespaces whose renames are copied again wherever they come (a filtered
+        collection's: an update read just before its rename is looked up under the old name, finds nothing,
+        and the filter takes that for a document that stopped matching)."""
         self._selection = selection
+        self._copy_renamed = copy_renamed
         self.horizon: Timestamp | None = None
         self._ahead: dict[Namespace, Timestamp] = {}
         self._todo = Resync()
@@ -141,7 +147,8 @@ class DdlWindow:
         todo = self._todo
         waiting = event.ns.db in todo.databases or any(self._waiting(ns) or ns in todo.catalog for ns in touched)
         # renamed in from outside the selection: its documents were never replicated, copy it
-        if not (inside or waiting or renamed_into_selection(event, self._selection)):
+        copied = renamed_into_selection(event, self._selection) or self._filtered_rename(event, touched)
+        if not (inside or waiting or copied):
             return True
         if event.op is Op.DROP_DATABASE:
             self._todo.databases.add(event.ns.db)
@@ -151,6 +158,9 @@ class DdlWindow:
             self._todo.catalog.update(ns for ns in touched if not self._waiting(ns))
         self._push_due(bound if bound is not None and (ts is None or bound > ts) else ts)
         return False
+
+    def _filtered_rename(self, event: ChangeEvent, touched: Sequence[Namespace]) -> bool:
+        return event.op is Op.RENAME and self._copy_renamed is not None and any(map(self._copy_renamed, touched))
 
     def _push_due(self, due: Timestamp | None) -> None:
         if due is not None and (self._due is None or due > self._due):

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from replicator.events import Namespace
-from replicator.settings.filters import DocumentFilters
+from replicator.settings.filters import DocumentFilters, needs_lookup
+from replicator.settings.guard import TargetGuard
 from replicator.settings.selection import Image, Renamer, Scope, Selection
 
 S = TypeVar("S")
@@ -44,18 +45,38 @@ class Recorded:
     field_rename: tuple[str, ...] = ()
     filter: tuple[str, ...] = ()
     image_of: Recorded | None = None
+    #: a way back's: the target's documents outside ``filter`` are not its own (the migration did not copy
+    #: them), nor are these fields (``db.coll.path``, by the target's names): see settings.guard
+    guard: bool = False
+    keep: tuple[str, ...] = ()
+    #: which side's names ``filter``'s patterns name: "source" (a migration's own), or "target" (the way
+    #: back of a migration that renamed collections names them as the migration's source did)
+    filter_names: str = "source"
 
     @classmethod
     def of(cls, settings: Any) -> Recorded:
         """From a run's Settings."""
         selection = settings.selection
         image = cls.from_json(json.loads(selection.origin)) if isinstance(selection, Image) else None
-        return cls(**{name: tuple(getattr(settings, name)) for name in FIELDS}, image_of=image)
+        guard = settings.guard
+        return cls(
+            **{name: tuple(getattr(settings, name)) for name in FIELDS},
+            image_of=image,
+            guard=bool(guard.protect),
+            keep=guard.keep,
+            filter_names=guard.filter_names,
+        )
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {name.replace("_", "-"): list(getattr(self, name)) for name in FIELDS}
         if self.image_of is not None:
             data[_IMAGE] = self.image_of.to_json()
+        if self.guard:
+            data["guard"] = True
+        if self.keep:
+            data["keep"] = list(self.keep)
+        if self.filter_names != "source":
+            data["filter-names"] = self.filter_names
         return data
 
     @classmethod
@@ -64,6 +85,9 @@ class Recorded:
         return cls(
             **{name: tuple(str(v) for v in data.get(name.replace("_", "-")) or ()) for name in FIELDS},
             image_of=cls.from_json(image) if isinstance(image, Mapping) else None,
+            guard=bool(data.get("guard")),
+            keep=tuple(str(v) for v in data.get("keep") or ()),
+            filter_names="target" if data.get("filter-names") == "target" else "source",
         )
 
     @property
@@ -86,23 +110,45 @@ class Recorded:
     def way_back(self) -> Recorded:
         """What the way back of a migration made with this selects: the namespaces it wrote, under their
         source names again (renames and field renames inverted). Without renames that is the same
-        ``--include``/``--exclude``; with them, the image of this selection. A field this migration
-        excluded is not on the new side: there is nothing to exclude on the way back; nor is a ``--filter``
-        applied: the new side holds only what matched, and every change made there goes back."""
+        ``--include``/``--exclude``; with them, the image of this selection.
+
+        The way back of a migration of part of a collection is of that part (settings.guard): it is
+        filtered as the migration was, and the target's documents outside the filter, and the fields the
+        migration excluded, are not its own (``guard``, ``keep``). Its own way back (the migration going
+        forward again) excludes those fields again."""
         renames = tuple(f"{new}={old}" for old, _, new in (rule.partition("=") for rule in self.rename))
         fields = tuple(_reverse_field_rename(rule, Renamer.from_rules(self.rename)) for rule in self.field_rename)
+        part: dict[str, Any] = {
+            "field_exclude": self.keep,
+            "filter": self.filter,
+            "guard": bool(self.filter),
+            "keep": self.field_exclude,
+            "filter_names": ("target" if self.filter_names == "source" else "source") if self.filter else "source",
+        }
         if not self.rename and self.image_of is None:
-            return Recorded(self.include, self.exclude, field_rename=fields)
-        return Recorded(rename=renames, field_rename=fields, image_of=self)
+            return Recorded(self.include, self.exclude, field_rename=fields, **part)
+        return Recorded(rename=renames, field_rename=fields, image_of=self, **part)
 
     def applied(self, settings: S) -> S:
-        """``settings`` with exactly this selection, these renames and field rules."""
+        """``settings`` with exactly this selection, these renames, field rules and guard."""
+        renamer = Renamer.from_rules(self.rename)
+        by_target = self.filter_names == "target" and bool(renamer)
+        by_source = self.filter_names == "source" and bool(renamer)
+        guard = TargetGuard(
+            self.filter if self.guard else (), self.keep, filter_names=self.filter_names,
+            by=renamer.inverse() if by_source else None,
+        )  # fmt: skip
+        full_document = settings.full_document  # type: ignore[attr-defined]
+        if (self.filter or self.keep) and needs_lookup(full_document):
+            full_document = "updateLookup"  # the filter and the kept fields decide on whole documents
         return dataclasses.replace(
             settings,  # type: ignore[type-var]
             **self.options,
             selection=self.selection,
-            renamer=Renamer.from_rules(self.rename),
-            filters=DocumentFilters(self.filter),
+            renamer=renamer,
+            filters=DocumentFilters(self.filter, by=renamer if by_target else None),
+            guard=guard,
+            full_document=full_document,
         )
 
 

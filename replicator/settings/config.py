@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from bson.timestamp import Timestamp
 
     from replicator.settings.filters import DocumentFilters
+    from replicator.settings.guard import TargetGuard
     from replicator.settings.selection import Renamer, Selection
 
 _log = logging.getLogger("mcdc.config")
@@ -73,12 +74,19 @@ def _no_filters() -> DocumentFilters:
     return DocumentFilters()
 
 
+def _no_guard() -> TargetGuard:
+    from replicator.settings.guard import TargetGuard
+
+    return TargetGuard()
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything one mcdc run needs. Build it with :func:`resolve`; pass it to constructors.
 
-    Every field but ``selection``, ``renamer`` and ``filters`` (compiled from include/exclude/rename/filter) is
-    set by one option of options.py: its flag, MCDC_* variable and config-file key."""
+    Every field but ``selection``, ``renamer`` and ``filters`` (compiled from include/exclude/rename/filter) and
+    ``guard`` (a way back's, from its checkpoint) is set by one option of options.py: its flag, MCDC_* variable
+    and config-file key."""
 
     source: str
     target: str = ""
@@ -112,6 +120,7 @@ class Settings:
     io_timeout_s: float = 300.0  # an answer that never comes (a request lost by a restarted server) is an outage
     # tail
     start_at: str | None = None  # ISO-8601 time or SECONDS,INCREMENT (startAtOperationTime)
+    start_after_debezium_offset: str | None = None  # a Debezium offset's JSON, or @FILE (checkpoint.debezium_offset)
     on_history_lost: str = "fail"  # or "resnapshot"
     oversize: str = "fail"  # or "skip": change events over 16 MB where the server cannot split them
     shards: tuple[str, ...] = ()  # explicit shard replica set URIs, one change stream each
@@ -128,6 +137,7 @@ class Settings:
     control: bool = False  # tail: POST /commit on the metrics port stops the tail and cuts over
     full_verify: bool = False  # cutover: compare everything, even after a clean pass of tail --verify
     reverse_checkpoint: Path | None = None  # cutover: where the way back's checkpoint goes (default: its pair's)
+    release_only: bool = False  # cutover: only give back the target's TTLs the migration holds (sinks/mongo/ttl.py)
     list_migrations: bool = False  # status: list the migrations recorded in the state directory
     forget: Path | None = None  # status: forget this finished migration (its checkpoint and record)
     # event sinks (Kafka, stdout, jsonl); Debezium's property names in brackets
@@ -136,7 +146,7 @@ class Settings:
     sanitize_names: bool = False  # Avro-safe topic names: [A-Za-z0-9_] only
     envelope: str = "debezium"  # debezium | debezium-legacy (after/patch/filter) | plain (mcdc's own event)
     schemas: bool = False  # wrap key and value in {schema, payload} like Kafka Connect's JsonConverter
-    extended_json: str = "canonical"  # canonical (lossless) | relaxed
+    extended_json: str = "canonical"  # canonical (lossless) | relaxed | debezium (Debezium 3.6's bytes)
     tombstones: str = "on"  # [tombstones.on.delete] a null-value message after each delete
     tx_metadata: bool = False  # [provide.transaction.metadata] BEGIN/END to <prefix>.transaction
     heartbeat_interval_s: float = 0.0  # [heartbeat.interval.ms] 0: off
@@ -163,6 +173,8 @@ class Settings:
     selection: Selection = field(default_factory=_everything, compare=False)
     renamer: Renamer = field(default_factory=_no_renames, compare=False)
     filters: DocumentFilters = field(default_factory=_no_filters, compare=False)
+    #: a way back's: what its target holds that the migration did not copy (recorded.Recorded.applied)
+    guard: TargetGuard = field(default_factory=_no_guard, compare=False)
 
     def waits_at_start(self, command: str) -> bool:
         """Is a server unreachable at start waited for (under --max-retries)? tail's always is; sync's and
@@ -239,7 +251,7 @@ def _kind(hint: Any) -> Any:
 _KINDS = {
     name: _kind(hint)
     for name, hint in get_type_hints(
-        Settings, localns={"Selection": Any, "Renamer": Any, "DocumentFilters": Any}
+        Settings, localns={"Selection": Any, "Renamer": Any, "DocumentFilters": Any, "TargetGuard": Any}
     ).items()
 }
 

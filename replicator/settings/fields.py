@@ -215,6 +215,43 @@ class FieldEditor:
         fields = update.updated_fields if updated is raw else RawBSONDocument(updated, _codec(update.updated_fields))
         return UpdateDescription(fields, removed, truncated)
 
+    def renamed_fields(self) -> set[str]:
+        """The top-level fields a rename touches (at their level or under them), by both names."""
+        out: set[str] = set()
+
+        def renames(node: _Node) -> bool:
+            return node.rename is not None or any(renames(child) for child in node.children.values())
+
+        for name, node in self._root.items():
+            if renames(node):
+                out.add(name.decode())
+                if node.rename is not None:
+                    out.add(node.rename.decode())
+        return out
+
+    def excluded_paths(self) -> list[str]:
+        """The dotted paths this editor excludes (through arrays, as the rules name them)."""
+        out: list[str] = []
+
+        def walk(nodes: dict[bytes, _Node], prefix: str) -> None:
+            for name, node in nodes.items():
+                path = f"{prefix}{name.decode()}"
+                if node.exclude:
+                    out.append(path)
+                walk(node.children, path + ".")
+
+        walk(self._root, "")
+        return out
+
+    def kept(self, old: Mapping[str, Any], new: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``new`` without the fields this editor excludes, and with ``old``'s values of them, each in its
+        place (after the field that came before it in ``old``): the document the way back of a migration
+        that excluded those fields writes over ``old``. Every other byte of ``new`` is kept. Raises
+        :class:`KeptFieldConflict` where ``new`` has no place for one of them (its parent is gone or no
+        longer a document, or an array of them changed its length)."""
+        raw = _keep_document(_raw(old), _raw(new), self._root, "")
+        return new if raw == _raw(new) else RawBSONDocument(raw, _codec(new))
+
     def _walk(self, path: bytes) -> tuple[bytes, dict[bytes, _Node] | None] | None:
         """A dotted path as renamed, and the rules that apply inside its value; None when excluded.
         Array indexes (numeric parts) pass through."""
@@ -329,6 +366,78 @@ def _edit_document(data: bytes, nodes: dict[bytes, _Node]) -> bytes:
         return node.rename or name, inside
 
     return _edit_elements(data, edit)
+
+
+class KeptFieldConflict(ValueError):
+    """A document has no place for a field the way back keeps: ``path`` (dotted) names where it was."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
+
+
+def _holds_excluded(kind: int, value: bytes, nodes: dict[bytes, _Node]) -> bool:
+    return _edit_value(kind, value, _excluded_only(nodes)) != value
+
+
+def _excluded_only(nodes: dict[bytes, _Node]) -> dict[bytes, _Node]:
+    return {name: _Node(exclude=node.exclude, children=_excluded_only(node.children)) for name, node in nodes.items()}
+
+
+def _keep_value(old_kind: int, old: bytes, kind: int, new: bytes, nodes: dict[bytes, _Node], path: str) -> bytes:
+    """``new`` (of type ``kind``) stripped of the excluded fields inside it, with ``old``'s values of them."""
+    if old_kind == kind == _DOCUMENT:
+        return _keep_document(old, new, nodes, path + ".")
+    if old_kind == kind == _ARRAY:
+        old_items, new_items = list(_elements(old)), list(_elements(new))
+        if len(old_items) == len(new_items):
+            parts = []
+            for (_, ok, _, ova, ost), (_, nk, name, nva, nst) in zip(old_items, new_items, strict=True):
+                value = _keep_value(ok, old[ova:ost], nk, new[nva:nst], nodes, path)
+                parts.append(bytes((nk,)) + name + b"\x00" + value)
+            body = b"".join(parts)
+            return _INT32.pack(len(body) + 5) + body + b"\x00"
+    if _holds_excluded(old_kind, old, nodes):
+        raise KeptFieldConflict(path)
+    return _edit_value(kind, new, _excluded_only(nodes))
+
+
+def _keep_document(old: bytes, new: bytes, nodes: dict[bytes, _Node], prefix: str) -> bytes:
+    old_items = {name: (kind, old[at:stop], old[value_at:stop]) for at, kind, name, value_at, stop in _elements(old)}
+    parts: list[tuple[bytes, bytes]] = []  # (name, element)
+    for start, kind, name, value_at, stop in _elements(new):
+        node = nodes.get(name)
+        if node is not None and node.exclude:
+            continue  # the new side's own value of a field the way back never writes
+        if node is None or not node.children:
+            parts.append((name, new[start:stop]))
+            continue
+        was = old_items.get(name)
+        value = new[value_at:stop]
+        if was is not None:
+            value = _keep_value(was[0], was[2], kind, value, node.children, prefix + name.decode())
+        else:
+            value = _edit_value(kind, value, _excluded_only(node.children))
+        parts.append((name, bytes((kind,)) + name + b"\x00" + value))
+    names = [name for name, _ in parts]
+    for name, (kind, _, value) in old_items.items():  # a parent of kept fields the new document lacks
+        node = nodes.get(name)
+        if node is not None and not node.exclude and name not in names and _holds_excluded(kind, value, node.children):
+            raise KeptFieldConflict(prefix + name.decode())
+    order = list(old_items)
+    for i, name in enumerate(order):
+        node = nodes.get(name)
+        if node is None or not node.exclude:
+            continue
+        at = 0  # after the nearest field before it in old that the document still has
+        for before in reversed(order[:i]):
+            if before in names:
+                at = names.index(before) + 1
+                break
+        parts.insert(at, (name, old_items[name][1]))
+        names.insert(at, name)
+    body = b"".join(element for _, element in parts)
+    return _INT32.pack(len(body) + 5) + body + b"\x00"
 
 
 def transform_fields(rules: FieldRules) -> Callable[[ChangeEvent], ChangeEvent]:

@@ -47,9 +47,12 @@ def _parse(text: str) -> _Filter:
 class DocumentFilters:
     """The run's ``--filter`` rules: the query of each source namespace (or None: every document)."""
 
-    def __init__(self, rules: Sequence[str] = ()) -> None:
+    def __init__(self, rules: Sequence[str] = (), *, by: Callable[[Namespace], Namespace] | None = None) -> None:
+        """``by``: the name a namespace's filter is found by, where it is not its own (the way back of a
+        migration that renamed collections filters by the names the migration's filters named)."""
         self._filters = [_parse(rule) for rule in rules]
         self._queries: dict[Namespace, Query | None] = {}
+        self._by = by
 
     def __bool__(self) -> bool:
         return bool(self._filters)
@@ -59,10 +62,12 @@ class DocumentFilters:
         return [(f.rule, f.pattern) for f in self._filters]
 
     def __getstate__(self) -> dict[str, Any]:  # pickled into Spark tasks: the compiled matchers stay here
-        return {"_filters": self._filters, "_queries": {}}
+        return {"_filters": self._filters, "_queries": {}, "_by": self._by}
 
     def where(self, ns: Namespace) -> Mapping[str, Any] | None:
         """The find() filter that selects ``ns``'s replicated documents on the server; None: all of them."""
+        if ns.coll is not None and self._by is not None:
+            ns = self._by(ns)
         if ns.coll is None:
             return None
         text = f"{ns.db}.{ns.coll}"

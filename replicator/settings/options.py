@@ -113,8 +113,12 @@ OPTIONS: tuple[Option, ...] = (
         Option(
             "checkpoint", "checkpoint", "Checkpoint file (default: one per migration, that is per source, target "
             "and selection, under $XDG_STATE_HOME/mcdc or ~/.local/state/mcdc).",
-            (*JOB, "status"), metavar="PATH", short="-c",
-            help_for={"status": "Checkpoint file to read (default: the one of --source and --target)."},
+            (*JOB, "verify", "status"), metavar="PATH", short="-c",
+            help_for={"status": "Checkpoint file to read (default: the one of --source and --target).",
+                      "verify": "A migration's checkpoint: compare what it copies (its selection, filters and "
+                      "field rules, which selection options must then repeat or leave out); a way back's "
+                      "compares the old side's part that the migration copied (default: the one of --source "
+                      "and --target, where there is one)."},
         ),
         Option(
             "list", "list_migrations", "List the migrations recorded in the state directory ($XDG_STATE_HOME/mcdc or "
@@ -191,6 +195,13 @@ OPTIONS: tuple[Option, ...] = (
             "start-at", "start_at", "With no checkpoint: no snapshot, replay from TIME (ISO-8601, UTC unless "
             "it says, or SECONDS,INCREMENT).", REPLICATE, metavar="TIME",
         ),
+        Option(
+            "start-after-debezium-offset", "start_after_debezium_offset", "With no checkpoint: no snapshot, "
+            "resume the change stream right after a Debezium MongoDB connector's offset (as Kafka Connect stores "
+            "it: the value, Kafka Connect's REST answer, or the KEY, tab, VALUE lines of its offsets topic), on the "
+            "same topics, a transaction it had begun included (docs/how-to/switch-from-debezium.md).", REPLICATE,
+            metavar="JSON|@FILE",
+        ),
         Option("workers", "workers", "Collections or _id ranges copied at once.", SELECTING, short="-w",
                minimum=1, help_for={"verify": "Collections or _id ranges compared at once."}),
         Option("partition-docs", "partition_docs", "Split collections into _id ranges of about this many "
@@ -264,8 +275,10 @@ OPTIONS: tuple[Option, ...] = (
             REPLICATE, metavar=_choices(*_ENVELOPES), choices=_ENVELOPES, aliases=("--format",),
         ),
         Option("schemas", "schemas", "Wrap key and value in {schema, payload} (Kafka Connect's JSON).", REPLICATE),
-        _choice("extended-json", "extended_json", ("canonical", "relaxed"), "Extended JSON mode (canonical is "
-                "lossless).", REPLICATE),
+        _choice("extended-json", "extended_json", ("canonical", "relaxed", "debezium"), "Extended JSON mode "
+                "(canonical is lossless); debezium: Debezium 3.6's own bytes (the Java driver's strict JSON for "
+                "documents, relaxed for keys and updatedFields), so that keys and partitions match Debezium's "
+                "(--envelope debezium).", REPLICATE),
         _choice("tombstones", "tombstones", ("on", "off"), "A null-value record after each delete "
                 "(Debezium's tombstones.on.delete).", REPLICATE),
         Option("tx-metadata", "tx_metadata", "Transaction BEGIN/END records to PREFIX.transaction.", REPLICATE),
@@ -312,6 +325,9 @@ OPTIONS: tuple[Option, ...] = (
                "MongoDB 6.0+); else stop the application's writes before the cutover.", ("cutover",)),
         Option("reverse-checkpoint", "reverse_checkpoint", "Where the checkpoint of the way back goes (default: "
                "the default checkpoint of --source TARGET --target SOURCE).", ("cutover",), metavar="PATH"),
+        Option("release-only", "release_only", "Only give the target's TTLs, which the migration holds still while "
+               "it writes, their source's values back, and change nothing else (a migration abandoned rather "
+               "than cut over).", ("cutover",)),
     ),
     # output
     *_panel(

@@ -300,6 +300,11 @@ def _validate_engine(s: Settings) -> None:
 
 
 def _validate_event_options(s: Settings) -> None:
+    if s.extended_json == "debezium" and s.envelope != "debezium":
+        raise ConfigError(
+            f"--extended-json debezium writes Debezium 3.6's records: it goes with --envelope debezium, "
+            f"not {s.envelope} (drop one of them)"
+        )
     if not s.topic_prefix or any(c in s.topic_prefix for c in "/\\ \t\n"):
         raise ConfigError(f"--topic-prefix {quoted(s.topic_prefix)} is not a usable topic name prefix")
     for route in s.topic_routes:

@@ -93,6 +93,11 @@ class Sink(ABC):
         """Called before ``start()`` with a way to re-read documents from the source, for a sink that
         must settle a write as the source has it now (a unique-key conflict in MongoDB)."""
 
+    def carry_transaction(self, tx_id: str, counts: Sequence[tuple[str, int]]) -> None:  # noqa: B027
+        """Optional hook: the run starts inside a transaction whose first records another writer (a Debezium
+        connector) wrote, ``counts`` of its events per collection so far: a sink that writes transaction
+        metadata continues it (no second BEGIN) until its first write is acknowledged."""
+
     async def heartbeat(self) -> None:  # noqa: B027 - optional hook
         """The stream moved without events for this sink (idle, or only filtered-out changes): a sink
         that publishes heartbeats does so here, at its own pace."""
@@ -158,6 +163,15 @@ class Sink(ABC):
         """Make the destination's collection match ``spec``'s options and indexes without copying its
         documents again; False when that takes a new copy (then mcdc copies it again)."""
         return False
+
+    async def hold_ttls(self, namespaces: Sequence[Namespace], record: Mapping[str, Any] | None) -> None:  # noqa: B027
+        """A destination whose TTLs would delete documents on their own clock (MongoDB) holds them still while
+        the migration writes it (sinks/mongo/ttl.py): ``record``, the checkpoint's, says what it held so far;
+        None, that nothing was held yet, so the TTLs these (destination) namespaces have now are held."""
+
+    def held_ttls(self) -> dict[str, dict[str, Any]] | None:
+        """What the destination holds now, for the checkpoint (None: nothing to record)."""
+        return None
 
     async def __aenter__(self) -> Sink:
         await self.start()

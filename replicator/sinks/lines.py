@@ -102,6 +102,10 @@ class LineSink(Sink):
 
     async def write(self, batch: Sequence[ChangeEvent]) -> None:
         await self._write(self.encoder.iter_encode(batch))
+        self.encoder.carried = None  # acknowledged: a transaction carried over is continued or ended
+
+    def carry_transaction(self, tx_id: str, counts: Sequence[tuple[str, int]]) -> None:
+        self.encoder.carried = (tx_id, tuple(counts))
 
     async def write_copy(
         self, ns: Namespace, documents: Sequence[Mapping[str, Any]], at: Position | None, *, last: bool = False

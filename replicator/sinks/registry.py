@@ -36,7 +36,10 @@ def open_sink(settings: Settings) -> Sink:
         from replicator.sinks.mongo.sink import MongoSink
 
         scope = Scope(settings.selection, settings.renamer)
-        return MongoSink(uri, timeout_s=settings.connect_timeout_s, scope=scope, io_timeout_s=settings.io_timeout_s)
+        return MongoSink(
+            uri, timeout_s=settings.connect_timeout_s, scope=scope, io_timeout_s=settings.io_timeout_s,
+            guard=settings.guard,
+        )  # fmt: skip
     if scheme == "memory":
         from replicator.sinks.memory import MemorySink
 

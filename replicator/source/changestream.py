@@ -235,6 +235,10 @@ class ChangeStreamReader:
         if start.resume_token is not None:
             kwargs[self._token_key] = start.resume_token
         elif start.cluster_time is not None:
+            # a server may start a stream older than its oplog silently from the oplog's oldest entry: a time
+            # before that entry is a gap, whatever the server says
+            window = await oplog_window(self.client)
+            check_in_oplog(start, window[0] if window is not None else None)
             kwargs["start_at_operation_time"] = start.cluster_time
         await self._stop_reading()
         self._fragments = Fragments()
@@ -453,9 +457,22 @@ def _drained(stream: AsyncChangeStream[Any]) -> bool:
     return data is not None and len(data) == 0
 
 
+def check_in_oplog(start: Position, oldest: Timestamp | None) -> None:
+    """Refuse a start from a time (no token) older than the oplog's ``oldest`` entry (None: not known): a
+    server may start such a stream silently from that entry, a gap mongod would refuse."""
+    time = start.cluster_time
+    if start.resume_token is None and time is not None and oldest is not None and time < oldest:
+        raise history_lost(start)
+
+
 def _history_error(exc: OperationFailure, start: Position | None) -> HistoryLost | None:
     if exc.code not in HISTORY_LOST_CODES and "resume point may no longer be in the oplog" not in str(exc):
         return None
+    return history_lost(start)
+
+
+def history_lost(start: Position | None) -> HistoryLost:
+    """The checkpoint's position left the source's oplog: what to do about it."""
     where = ""
     if start is not None and start.cluster_time is not None:
         where = f" (saved position {start.cluster_time.as_datetime():%Y-%m-%d %H:%M:%S} UTC)"

@@ -16,8 +16,9 @@ from typing import Any
 
 import pymongo
 from bson.raw_bson import RawBSONDocument
+from bson.timestamp import Timestamp
 from pymongo.change_stream import ChangeStream
-from pymongo.errors import ConnectionFailure, OperationFailure
+from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 
 from replicator.events import Position
 from replicator.settings.config import Settings
@@ -28,9 +29,10 @@ from replicator.source.changestream import (
     _assemble,
     _history_error,
     after_refusal,
+    check_in_oplog,
     reopen_options,
 )
-from replicator.source.connection import client_options, failure, read_timeout, refusals
+from replicator.source.connection import DICT_CODEC, client_options, failure, read_timeout, refusals
 
 log = logging.getLogger("mcdc.spark")
 
@@ -92,10 +94,21 @@ class RawChangeStream:
         if start.resume_token is not None:
             kwargs["resume_after"] = start.resume_token
         elif start.cluster_time is not None:
+            check_in_oplog(start, self._oldest())
             kwargs["start_at_operation_time"] = start.cluster_time
         self._fragments = []
         self._kwargs = kwargs
         self._watch(kwargs, start)
+
+    def _oldest(self) -> Timestamp | None:
+        """The oplog's oldest entry's time (None where it cannot be read: see changestream.oplog_window)."""
+        try:
+            entry = self.client.local.get_collection("oplog.rs", codec_options=DICT_CODEC).find_one(
+                {}, {"ts": 1}, sort=[("$natural", 1)]
+            )
+        except PyMongoError:
+            return None
+        return entry["ts"] if entry is not None and isinstance(entry.get("ts"), Timestamp) else None
 
     def _watch(self, kwargs: dict[str, Any], start: Position | None) -> None:
         while True:  # the same fallbacks as ChangeStreamReader.open

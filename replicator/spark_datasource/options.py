@@ -45,6 +45,12 @@ def settings_for(options: Mapping[str, str], need: str | None = None) -> Setting
     # command "status": the one that needs neither a source nor a target (a writer needs no source); the
     # one this role needs is checked below, and each URI given is still validated
     settings = settings_from_strings(mcdc, command="status")
+    if settings.start_after_debezium_offset is not None or settings.extended_json == "debezium":
+        given = "start-after-debezium-offset" if settings.start_after_debezium_offset is not None else "extended-json"
+        raise ConfigError(
+            f"option {given}: Debezium's records and offsets are for mcdc's Kafka, stdout and jsonl targets (the CLI); "
+            "the data source's rows hold canonical or relaxed Extended JSON"
+        )
     if need is not None and not getattr(settings, need):
         raise ConfigError(f'no {need}: pass .option("{need}", "mongodb://...") to the mcdc data source')
     return settings

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from bson import json_util
+from bson.raw_bson import RawBSONDocument
 from bson.timestamp import Timestamp
 
 from replicator.errors import EXIT_UNAVAILABLE
@@ -107,11 +108,20 @@ READ_RATES = (0, 0, 1500, 4000)
 #: may be an array, missing or null) and on the "v" its updates raise
 FILTERED_SHARE = 0.3
 FILTERS = (
+    'chaos\\.u={"_id": {"$lt": 6}}',  # a unique index: the way back meets keys of documents it never copied
     'chaos\\.a={"region": "EU"}',
     'chaos\\.(a|b)={"region": {"$in": ["EU", "UK"]}}',
     'chaos\\.(a|b)={"$or": [{"region": "EU"}, {"v": {"$gte": 40}}]}',
     'chaos\\.b={"region": {"$ne": "US"}}',
 )
+
+
+#: --field-exclude rules a MongoDB plan may draw (fields no filter reads): top-level and nested
+EXCLUDED_SHARE = 0.3
+EXCLUDES = ("chaos.a.t", "chaos.b.c", "chaos.a.sub.x")
+#: where a way back's refusals are followed as they advise: the old side's documents it would not replace,
+#: moved out of the selection (tests/test_way_back_partial.py follows each advice by hand)
+MOVED = "mcdc_moved"
 
 
 def _in_order(steps: list[str], wanted: list[str]) -> list[str]:
@@ -158,6 +168,8 @@ class Plan:
     opening: str = ""
     #: the way back's fail point steps (its target, MongoDB, is the old side), among its other steps
     back_fails: tuple[str, ...] = ()
+    #: the runs' --field-exclude (db.coll.path), or "": the target holds the source's documents without it
+    exclude: str = ""
 
     @classmethod
     def draw(
@@ -170,9 +182,11 @@ class Plan:
         length: int = 8,
         replays: int = 3,
         filtered: bool | None = None,
+        excluded: bool | None = None,
     ) -> Plan:
         """``filtered``: whether the plan's runs take a --filter (None: drawn from the seed, apart from the
-        rest so that a seed's other draws stay what they were)."""
+        rest so that a seed's other draws stay what they were); ``excluded``: a --field-exclude, the same
+        way (MongoDB targets only)."""
         rng = random.Random(seed)
         mode = mode or rng.choice(MODES)
         faults = ["kill", "restore", "pause source", "restart source", "stop", "lag"]
@@ -199,8 +213,11 @@ class Plan:
         filters = random.Random(seed * 15485863 + 7)
         drawn, pick = filters.random() < FILTERED_SHARE, filters.choice(FILTERS)
         chosen = pick if (drawn if filtered is None else filtered) else ""
-        # a filtered migration's way back carries what the new side holds (the matches) onto an old side that
-        # keeps the rest too: it is never identical, by design (docs/how-to/partial-replication.md)
+        # a filtered (or field-excluding) migration's way back carries the new side's part onto an old side that
+        # keeps the rest, which it never touches (docs/how-to/migrate-a-cluster.md): compared as such
+        cuts = random.Random(seed * 2654435761 + 13)
+        drawn_cut, cut = cuts.random() < EXCLUDED_SHARE, cuts.choice(EXCLUDES)
+        exclude = cut if sink == "mongo" and (drawn_cut if excluded is None else excluded) else ""
         # the source's load options, drawn apart too: reads through a causally consistent session at a
         # preference the single-node source serves from its primary, and a cap the copy must live with
         loads = random.Random(seed * 7919 + 11)
@@ -219,15 +236,16 @@ class Plan:
             steps.insert(fails.randrange(len(steps) + 1), step)
         opening = failpoints.draw(fails, sides) if fails.random() < 0.5 else ""
         back_fails = tuple(failpoints.draw(fails, failpoints.sides_of("mongo")) for _ in range(fails.randint(1, 2)))
-        back = back and not chosen
         return cls(
-            seed, mode, engine, sink, tuple(steps), replays, back, chosen, reads, opening, back_fails if back else ()
-        )
+            seed, mode, engine, sink, tuple(steps), replays, back, chosen, reads, opening, back_fails if back else (),
+            exclude,
+        )  # fmt: skip
 
     def __str__(self) -> str:
         return (
             f"seed={self.seed} mode={self.mode} engine={self.engine} sink={self.sink} replays={self.replays}"
             f"{' then cutover and back' if self.back else ''}{f' filter={self.filter}' if self.filter else ''}"
+            f"{f' field-exclude={self.exclude}' if self.exclude else ''}"
             f"{' ' + ' '.join(self.reads) if self.reads else ''}\n"
             f"  steps: {', '.join(self.steps)}"
             + (f"\n  into the first snapshot: {self.opening}" if self.opening else "")
@@ -239,7 +257,7 @@ class Plan:
         return (
             f"python scripts/soak.py --once --seed {self.seed} --mode {self.mode} --engine {self.engine} "
             f"--sink {self.sink} --length {sum(s.startswith('write') for s in self.steps)} --replays {self.replays}"
-            + f" --filter {'yes' if self.filter else 'no'}"
+            + f" --filter {'yes' if self.filter else 'no'} --field-exclude {'yes' if self.exclude else 'no'}"
         )
 
     def where(self, ns: str) -> dict[str, Any] | None:
@@ -249,6 +267,11 @@ class Plan:
             return None
         regex, _, query = self.filter.partition("=")
         return json_util.loads(query) if re.fullmatch(regex, ns) else None
+
+    def excluded(self, ns: str) -> list[str]:
+        """The paths of ``db.coll``'s fields the plan's --field-exclude leaves out."""
+        db, coll, path = self.exclude.split(".", 2) if self.exclude else ("", "", "")
+        return [path] if path and ns == f"{db}.{coll}" else []
 
 
 @dataclass
@@ -349,6 +372,11 @@ class Runner:
         self._proc: subprocess.Popen[bytes] | None = None
         #: each run's command, and the fail points' mark when it began (did one meet it?)
         self._runs: dict[int, tuple[str, tuple[int, bool]]] = {}
+        self._log_of: dict[int, Path] = {}  # each run's log
+        #: the way back's refusals followed as they advise: documents moved out of the selection, and the
+        #: (namespace, _id, path) of excluded fields removed from the old side's documents
+        self.moved: set[tuple[str, bytes]] = set()
+        self.unset: set[tuple[str, bytes]] = set()
         self.prefix = f"chaos{plan.seed}"
         self.selection = "base"  # of SELECTIONS: what the runs select now
         # the plan's own state directory: the migrations it records are its own, not an earlier plan's
@@ -365,8 +393,9 @@ class Runner:
         return selects(self.flags)(ns)
 
     def where(self, ns: str) -> dict[str, Any] | None:
-        """Which of ``db.coll``'s source documents the target holds (the plan's --filter; the way back has none)."""
-        return self.plan.where(ns) if self.way_back is None else None
+        """Which of ``db.coll``'s source documents the target holds (the plan's --filter; the way back's too,
+        whose target keeps the rest of its own)."""
+        return self.plan.where(ns)
 
     # -- mcdc processes ----------------------------------------------------------------------------
     @property
@@ -388,6 +417,8 @@ class Runner:
         argv += self.flags if flags is None else flags
         if self.plan.filter and self.way_back is None:
             argv += ["--filter", self.plan.filter]
+        if self.plan.exclude and self.way_back is None:  # the way back's checkpoint keeps the fields instead
+            argv += ["--field-exclude", self.plan.exclude]
         if self.way_back is None:
             argv += self.plan.reads
         argv += ["--retry-initial-delay", "0.2", "--retry-max-delay", "1", "--max-retries", "-1"]
@@ -411,6 +442,7 @@ class Runner:
             proc = subprocess.Popen(self._argv(command), stdout=out, stderr=subprocess.STDOUT, env=self.env)
         self.tally.runs += 1
         self._runs[proc.pid] = (command, self.failpoints.mark())
+        self._log_of[proc.pid] = log
         return proc
 
     def _outage(self, proc: subprocess.Popen[bytes]) -> subprocess.Popen[bytes] | None:
@@ -418,10 +450,45 @@ class Runner:
         it, the same command run again, as an operator (or cron) would; None otherwise (any other exit is
         the caller's to judge, as before fail points)."""
         command, mark = self._runs[proc.pid]
+        if proc.returncode == 2 and self.way_back is not None and self._follow_advice(self._log_of[proc.pid]):
+            return self._spawn(command)
         if proc.returncode != EXIT_UNAVAILABLE or not self.failpoints.since(mark):
             return None
         self.tally.outages += 1
         return self._spawn(command)
+
+    def _follow_advice(self, log: Path) -> bool:
+        """A way back that stopped rather than replace what its migration did not copy: done as its one-line
+        refusal advises (the old side's document moved out of the selection, or its excluded fields removed),
+        so that the same command goes on. False for any other error."""
+        errors = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("mcdc: error:")]
+        line = errors[-1] if errors else ""
+        if "the way back stops" not in line:
+            return False
+        found = re.search(r"target: (\S+) _id (.+?) on the old side is a document the migration did not copy", line)
+        found = found or re.search(r"the old side's (\S+) _id (.+?), which the migration did not copy", line)
+        fields = re.search(r"target: (\S+) _id (.+?): the new side's document has no place for", line)
+        if found is None and fields is None:
+            self.fail(f"a way back's refusal the harness cannot follow: {line}")
+        import bson
+        import pymongo
+
+        ns, text = (found or fields).groups()  # type: ignore[union-attr]
+        key = json_util.loads(text)
+        db, coll = ns.split(".", 1)
+        with pymongo.MongoClient(self.servers.target.uri, document_class=RawBSONDocument) as client:
+            doc = client[db][coll].find_one({"_id": key})
+            if doc is None:
+                self.fail(f"the refusal names a document the old side does not have: {line}")
+            if found is not None:
+                client[MOVED][ns].insert_one(doc)
+                client[db][coll].delete_one({"_id": key})
+                self.moved.add((ns, bson.encode({"_id": key})))
+            else:
+                client[db][coll].update_one({"_id": key}, {"$unset": dict.fromkeys(self.plan.excluded(ns), "")})
+                self.unset.add((ns, bson.encode({"_id": key})))
+        self.tally.kinds["advice"] = self.tally.kinds.get("advice", 0) + 1
+        return True
 
     def _finish(self, proc: subprocess.Popen[bytes], timeout: float) -> None:
         """Wait for a bounded run to exit 0, and count the events its summary reports."""
@@ -519,8 +586,10 @@ class Runner:
 
     def _cut_over_and_back(self) -> None:
         """mongosync's commit and reverse: cut over at the quiet source, then the way back (run as cutover
-        printed it) under writes and faults on the new side, selected and not. The way back's every saved
-        checkpoint replays, and the old side's namespaces outside the selection stay as they were."""
+        printed it) under writes and faults on the new side, selected and not, DDL among them before its first
+        run and during it. The way back's every saved checkpoint replays, the old side's namespaces outside the
+        selection stay as they were, and so does what a partial migration did not copy (documents outside
+        its filter, fields it excluded), but for the refusals the way back made and the harness followed."""
         old, new = self.servers.source, self.servers.target
         untouched = _unselected(old.uri, self.selected)
         back = self.workdir / "back" / "back.json"
@@ -528,6 +597,8 @@ class Runner:
         done = subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=600)
         if done.returncode != 0:
             self.fail(f"cutover exited with {done.returncode}: {done.stderr.strip()[-2000:]}")
+        if held := _held_ttls(new.uri):
+            self.fail(f"cutover left TTLs held on the target: {held}")
         printed = shlex.split(json.loads(done.stdout)["reverse_command"])
         at = printed.index("--checkpoint")
         if Path(printed[at + 1]) != back:
@@ -540,6 +611,18 @@ class Runner:
         places = random.Random(self.plan.seed * 49999 + 19)  # the plan's way-back fail points, at drawn places
         for step in self.plan.back_fails:
             steps.insert(places.randrange(len(steps) + 1), step)
+        kept = _old_part(old.uri, self.plan)
+        since = _cluster_time(back)
+        first = ChaosWorkload(new.uri, random.Random(self.plan.seed * 613 + 3), flips=bool(self.plan.filter))
+        try:  # on the new side before the way back's first run: inside its DDL window
+            first.steps(self.rng.randrange(3, 12))
+            for kind in ("coll_mod", "index"):
+                getattr(first, f"_{kind}")()
+                first.counts[kind] = first.counts.get(kind, 0) + 1
+        finally:
+            first.close()
+        for kind, n in first.counts.items():
+            self.tally.kinds[f"before the way back: {kind}"] = n
         runner = Runner(self.plan, Servers(new, old, None), self.workdir / "back", way_back=(back, options))
         assert self.side is not None
         self.tally.add(runner.run(tuple(steps), side=self.side))
@@ -547,6 +630,9 @@ class Runner:
         if (now := _unselected(old.uri, self.selected)) != untouched:
             changed = sorted(ns for ns in set(now) | set(untouched) if now.get(ns) != untouched.get(ns))
             self.fail(f"the way back wrote the old side's namespaces outside the selection: {changed}")
+        problem = _check_old_part(old.uri, new.uri, self.plan, kept, since, runner.moved, runner.unset)
+        if problem is not None:
+            self.fail(problem)
 
     def _begin(self, workload: ChaosWorkload) -> None:
         """The first snapshot, under writes, maybe killed once (the way back: its first run)."""
@@ -692,6 +778,8 @@ class Runner:
         self._wait_started(self._proc)
         self._proc.send_signal(signal.SIGTERM)
         code = self._proc.wait(120)
+        if code == 2 and self.way_back is not None and self._follow_advice(self._log_of[self._proc.pid]):
+            return  # it had stopped on a refusal before the signal: done as advised, the next run goes on
         if code == EXIT_UNAVAILABLE and self.failpoints.since(self._runs[self._proc.pid][1]):
             # an outage under a fail point ended it, or the signal came while it waited for a server one struck
             self.tally.outages += 1
@@ -842,7 +930,10 @@ class Runner:
             )
             return
         if self.plan.sink == "mongo":
-            assert_identical(self.servers.source.uri, self.servers.target.uri, only=self.selected, where=self.where)
+            assert_identical(
+                self.servers.source.uri, self.servers.target.uri, only=self.selected, where=self.where,
+                target_where=self.where if self.way_back is not None else None, strip=self.plan.excluded,
+            )  # fmt: skip
             return
         import asyncio
 
@@ -893,18 +984,127 @@ def _quirk(line: str) -> bool:
 
 
 def _unselected(uri: str, selected: Callable[[str], bool]) -> dict[str, list[Any]]:
-    """Every user namespace of a server that the selection does not take, with its documents."""
+    """Every user namespace of a server that the selection does not take, with its documents (but those the
+    harness moved there, following a way back's refusal)."""
     import pymongo
 
     out: dict[str, list[Any]] = {}
     with pymongo.MongoClient(uri) as client:
         for db in client.list_database_names():
-            if db in ("admin", "local", "config"):
+            if db in ("admin", "local", "config", MOVED):
                 continue
             for coll in client[db].list_collection_names():
                 if not selected(f"{db}.{coll}") and not coll.startswith("system."):
                     out[f"{db}.{coll}"] = sorted(client[db][coll].find(), key=repr)
     return out
+
+
+def _held_ttls(uri: str) -> list[str]:
+    """The TTLs a server holds at MongoDB's largest expireAfterSeconds (a migration's, before its cutover)."""
+    import pymongo
+
+    from tests.support.compare import HELD_TTL
+
+    held = []
+    with pymongo.MongoClient(uri) as client:
+        for db in ("chaos", "chaos2"):
+            for info in client[db].list_collections():
+                if (info.get("options") or {}).get("expireAfterSeconds") == HELD_TTL:
+                    held.append(f"{db}.{info['name']}")
+                if info.get("type", "collection") == "collection":
+                    held += [f"{db}.{info['name']} {ix['name']}" for ix in client[db][info["name"]].list_indexes()
+                             if ix.get("expireAfterSeconds") == HELD_TTL]  # fmt: skip
+    return held
+
+
+@dataclass
+class _OldPart:
+    """What a partial migration left on the old side, as its cutover left it: the documents outside its
+    filter, and the excluded fields' values of each document (as ``{path: value}`` BSON)."""
+
+    unmigrated: dict[tuple[str, bytes], bytes]
+    fields: dict[tuple[str, bytes], bytes]
+
+
+def _kept_values(raw: bytes, paths: list[str]) -> bytes | None:
+    import bson
+
+    doc = bson.decode(raw)
+    values = {}
+    for path in paths:
+        node: Any = doc
+        for part in path.split("."):
+            node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
+        if node is not _MISSING:
+            values[path] = node
+    return bson.encode(values) if values else None
+
+
+_MISSING = object()
+
+
+def _old_part(uri: str, plan: Plan) -> _OldPart:
+    import bson
+    import pymongo
+
+    part = _OldPart({}, {})
+    with pymongo.MongoClient(uri, document_class=RawBSONDocument) as client:
+        for db in ("chaos", "chaos2"):
+            for coll in client[db].list_collection_names():
+                ns = f"{db}.{coll}"
+                where, paths = plan.where(ns), plan.excluded(ns)
+                if where is not None:
+                    for doc in client[db][coll].find({"$nor": [where]}):
+                        part.unmigrated[(ns, bson.encode({"_id": doc["_id"]}))] = bytes(doc.raw)
+                for doc in client[db][coll].find() if paths else ():
+                    values = _kept_values(bytes(doc.raw), paths)
+                    if values is not None:
+                        part.fields[(ns, bson.encode({"_id": doc["_id"]}))] = values
+    return part
+
+
+def _check_old_part(
+    old: str,
+    new: str,
+    plan: Plan,
+    before: _OldPart,
+    since: Timestamp,
+    moved: set[tuple[str, bytes]],
+    unset: set[tuple[str, bytes]],
+) -> str | None:
+    """Why the old side's part that the migration did not copy is not as the cutover left it (but for what the
+    harness did as a refusal advised), or None. A document's kept fields go with it when the way back deletes
+    it: one the new side deleted, or (filtered) moved out of the filter since the cutover, may lack them."""
+    import bson
+    import pymongo
+
+    gone: set[tuple[str, bytes]] = set()
+    with pymongo.MongoClient(new) as client, client.watch(start_at_operation_time=since) as stream:
+        while (change := stream.try_next()) is not None:
+            ns = f"{(change.get('ns') or {}).get('db')}.{(change.get('ns') or {}).get('coll')}"
+            key = (change.get("documentKey") or {}).get("_id", _MISSING)
+            op = change["operationType"]
+            if key is not _MISSING and (op == "delete" or (plan.where(ns) is not None and op != "insert")):
+                gone.add((ns, bson.encode({"_id": key})))
+    with pymongo.MongoClient(old, document_class=RawBSONDocument) as client:
+        for (ns, key), raw in before.unmigrated.items():
+            db, coll = ns.split(".", 1)
+            where = client[MOVED][ns] if (ns, key) in moved else client[db][coll]
+            now = where.find_one(bson.decode(key))
+            if now is None or bytes(now.raw) != raw:
+                after = str(bson.decode(now.raw))[:300] if now is not None else None
+                return (f"the way back changed {ns} {bson.decode(key)}, which the migration did not copy: "
+                        f"{str(bson.decode(raw))[:300]} -> {after}")  # fmt: skip
+        for (ns, key), values in before.fields.items():
+            if (ns, key) in unset or (ns, key) in moved:
+                continue
+            db, coll = ns.split(".", 1)
+            now = client[db][coll].find_one(bson.decode(key))
+            kept = _kept_values(bytes(now.raw), plan.excluded(ns)) if now is not None else None
+            if kept != values and not (kept is None and (ns, key) in gone):
+                after = bson.decode(kept) if kept is not None else None
+                return f"the way back lost {ns} {bson.decode(key)}'s excluded fields: {bson.decode(values)} -> {after}"
+    return None
 
 
 def _cluster_time(cp: Path) -> Timestamp:

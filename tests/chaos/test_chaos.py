@@ -28,6 +28,9 @@ CHURN = {"rotate", "recreate", "drop_database", "coll_mod", "index", "drop_index
 LAKE_SEED = 1
 #: a filtered MongoDB plan's seed: a target crash and kill -9 among its faults
 FILTERED_SEED = 107
+#: a partial migration's seed (a --filter on chaos.u, which has a unique index, and a nested --field-exclude),
+#: cut over and carried back
+PARTIAL_SEED = 118
 
 
 def _servers(pair: ServerPair, broker: KafkaBroker | None = None) -> Servers:
@@ -78,6 +81,7 @@ FIXED = {
         *(Plan.draw(seed, mode="catch-up", length=4, replays=3) for seed in (2, 13)),
         Plan.draw(FILTERED_SEED, mode="tail", length=5, replays=3, filtered=True),
         Plan.draw(7, mode="tail", engine="spark", length=5, replays=4),
+        Plan.draw(PARTIAL_SEED, mode="tail", length=5, replays=2, filtered=True, excluded=True),
     ],
     "kafka": [Plan.draw(5, mode="tail", sink="kafka", length=4, replays=2)],
     "delta": [Plan.draw(LAKE_SEED, mode="tail", sink="delta", length=5, replays=3)],
@@ -102,6 +106,20 @@ def test_a_filtered_tail_into_mongodb_holds_the_matches_and_its_saved_checkpoint
     plan = Plan.draw(FILTERED_SEED, mode="tail", length=5, replays=3, filtered=True)
     tally = run_plan(plan, _servers(servers), tmp_path)
     assert {"flip", "flip_insert"} <= set(tally.kinds), tally.kinds
+    _armed(tally)
+
+
+def test_a_partial_migration_cut_over_and_carried_back_keeps_what_it_did_not_copy(
+    servers: ServerPair, source_uri: str, target_uri: str, tmp_path: Path
+) -> None:
+    """A migration of part of chaos.u (a unique index) and of part of chaos.a's documents (a nested field
+    excluded), under faults; then cutover, DDL and writes on the new side before the way back's first run and
+    during it: the old side's migrated part follows the new side, and what the migration did not copy stays
+    as the cutover left it, but for the way back's refusals, followed as they advise."""
+    plan = Plan.draw(PARTIAL_SEED, mode="tail", length=5, replays=2, filtered=True, excluded=True)
+    assert plan.back and plan.filter.startswith("chaos\\.u=") and plan.exclude == "chaos.a.sub.x"
+    tally = run_plan(plan, _servers(servers), tmp_path)
+    assert {"before the way back: coll_mod", "before the way back: index"} <= set(tally.kinds), tally.kinds
     _armed(tally)
 
 

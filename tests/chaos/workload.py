@@ -7,6 +7,8 @@ Namespaces (all in the selection but ``chaos.ext_*``, which ``SELECTION`` exclud
   documents; index churn and views on ``a``; collMod of ``b``'s validator. Bursts of fresh documents
   into ``a`` (string ``_id``s no other write touches), for a target crashed right after they are acknowledged.
 * ``chaos.u``: a unique index on ``k``, whose values documents swap.
+* TTLs made before mcdc starts (a TTL index on ``b``, the clustered ``chaos.ttl_clustered``'s own), which no
+  document meets: a migration holds them still on its target, and its cutover gives them back.
 * ``chaos.log``: rotated (``log -> log_N``, a new ``log`` with the same ``_id``s), archives dropped later.
 * ``chaos.c``: dropped and created again with other options (capped, a validator, plain).
 * ``chaos.in_N`` / ``chaos.ext_N``: collections renamed into the selection from ``ext_*`` and out of it.
@@ -58,8 +60,8 @@ DDL_KINDS: dict[str, int] = {
 LAKE_KINDS: dict[str, int] = {"txn_ddl": 2, "big_txn": 2}
 #: filtered plans' own (harness.FILTERS): documents of ``a`` and ``b`` moved into and out of a filter on
 #: ``region`` by updates, replaces, inserts and updateMany, with the values a query's semantics turn on:
-#: arrays that hold the value or not, null, a missing field, another type
-FLIP_KINDS: dict[str, int] = {"flip": 8, "flip_many": 1, "flip_insert": 2}
+#: arrays that hold the value or not, null, a missing field, another type; and ``u``'s unique keys moved
+FLIP_KINDS: dict[str, int] = {"flip": 8, "flip_many": 1, "flip_insert": 2, "rekey": 2}
 REGIONS: tuple[Any, ...] = ("EU", "US", "UK", ["US", "EU"], ["US"], None, 7)
 
 
@@ -79,6 +81,13 @@ def prepare(uri: str) -> None:
         chaos.b.insert_many([{"_id": i, "n": Int64(i)} for i in range(IDS)])
         chaos.u.insert_many([{"_id": i, "k": i} for i in range(8)])
         chaos.u.create_index("k", unique=True, name="k_unique")
+        # TTLs, which a migration holds still on its target until cutover (no document here ever expires:
+        # no field ``expires``, and the clustered collection's _ids are no dates)
+        chaos.b.create_index("expires", expireAfterSeconds=3600, name="ttl_expires")
+        chaos.create_collection(
+            "ttl_clustered", clusteredIndex={"key": {"_id": 1}, "unique": True}, expireAfterSeconds=86400
+        )
+        chaos.ttl_clustered.insert_many([{"_id": i, "n": i} for i in range(5)])
         chaos.log.insert_many([{"_id": i, "gen": 0} for i in range(4)])
         client.chaos2.x.insert_many([{"_id": i} for i in range(5)])
         client.chaos3.w.insert_many([{"_id": i, "widened": True} for i in range(7)])  # taken by a widened selection
@@ -218,6 +227,11 @@ class ChaosWorkload:
         """Fresh documents on both sides of the filter (``_id``s no other write touches)."""
         docs = [{"_id": f"f-{self._n}-{k}", "region": self._region(), "v": self._n} for k in range(3)]
         self.client.chaos[self.rng.choice(["a", "b"])].insert_many(docs)
+
+    def _rekey(self) -> None:
+        """A document of ``u`` takes another unique key (refused while another holds it): on the new side, the
+        key of an old-side document its migration never copied, which the way back must not delete."""
+        self.client.chaos.u.update_one({"_id": self.rng.randrange(8)}, {"$set": {"k": self.rng.randrange(10)}})
 
     def _dollar(self) -> None:
         value = {"$literal": {"$price": self._n}}

@@ -66,8 +66,20 @@ class LocalServer(ManagedProcess):
     readiness = "answer ping"
     probe_errors = (PyMongoError,)
 
-    def __init__(self, storage_dir: Path, port: int | None = None, *, startup_timeout: float = 20.0) -> None:
+    def __init__(
+        self,
+        storage_dir: Path,
+        port: int | None = None,
+        *,
+        startup_timeout: float = 20.0,
+        oplog_entries: int | None = None,
+        ttl_sweep_s: float | None = None,
+    ) -> None:
+        """``oplog_entries``: the oplog's bound (None: the server's own, 100,000 entries); ``ttl_sweep_s``: how
+        often its TTL monitor deletes expired documents (None: every 60 s, as mongod's ttlMonitorSleepSecs)."""
         self.storage_dir = Path(storage_dir)
+        self.oplog_entries = oplog_entries
+        self.ttl_sweep_s = ttl_sweep_s
         super().__init__(
             "127.0.0.1",
             port if port is not None else free_port(),
@@ -90,7 +102,11 @@ class LocalServer(ManagedProcess):
         SecantusDB with its listCollections no longer bringing back a collection dropped meanwhile, and with
         ``configureFailPoint`` (tests/support/failpoint.py) enabled, as MongoDB's driver tests run mongod."""
         _find_executable()  # installed, or say how to install it
-        argv = server_argv(str(_MENDED_SERVER), self.host, self.port, self.storage_dir)
+        argv = server_argv(
+            str(_MENDED_SERVER), self.host, self.port, self.storage_dir, oplog_entries=self.oplog_entries
+        )
+        if self.ttl_sweep_s is not None:  # a flag of the test wrapper's (secantus_server.py)
+            argv += ["--ttl-sweep-seconds", str(self.ttl_sweep_s)]
         return [sys.executable, *argv, "--enable-test-commands"]
 
     def prepare(self) -> None:

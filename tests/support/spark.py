@@ -94,6 +94,20 @@ def use_quick_spark_home() -> None:
     if ARCHIVE_OPTION not in os.environ.get("SPARK_SUBMIT_OPTS", "") and (archive := class_archive(home)):
         own = f"{ARCHIVE_OPTION}{archive} {QUIET_ARCHIVE}"
         os.environ["SPARK_SUBMIT_OPTS"] = f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} {own}".strip()
+    if _SCRATCH_OPTION not in os.environ.get("SPARK_SUBMIT_OPTS", ""):
+        os.environ["SPARK_SUBMIT_OPTS"] = f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} {scratch_options()}".strip()
+
+
+#: where a JVM's Hive metastore (Derby: ``metastore_db/``, ``derby.log``) and warehouse would go: the
+#: directory it starts in, unless told otherwise
+_SCRATCH_OPTION = "-Dderby.system.home="
+
+
+def scratch_options() -> str:
+    """The JVM options that put Spark's metastore, Derby's log and the warehouse under a temporary directory
+    of this process's, never the directory a test or ``spark-sql`` starts in (the repository's root)."""
+    scratch = Path(tempfile.mkdtemp(prefix="mcdc-spark-scratch-"))
+    return f"{_SCRATCH_OPTION}{scratch} -Dspark.sql.warehouse.dir={scratch / 'warehouse'}"
 
 
 #: The JVM option that maps a class archive (application class data sharing, JDK 13 and later).

@@ -39,10 +39,10 @@ class SparkDiffer:
             return list(sc.parallelize(work, len(work)).map(tasks.diff).collect())  # in plan order
 
 
-async def verify_on_spark(settings: Settings) -> VerifyReport:
+async def verify_on_spark(settings: Settings, *, held: bool = True) -> VerifyReport:
     before = existing()
     spark = await asyncio.to_thread(session, settings)
     try:
-        return await verifying.verify(settings, SparkDiffer(settings, spark))
+        return await verifying.verify(settings, SparkDiffer(settings, spark), held=held)
     finally:
         await asyncio.to_thread(stop_owned, spark, before)

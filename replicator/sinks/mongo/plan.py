@@ -7,7 +7,9 @@
 * :func:`coalesce` groups one namespace's events so that unrelated documents' writes go as a few
   commands instead of one per alternating run.
 * :func:`duplicate_key` reads a unique-index conflict out of a write error, :func:`stale_delta` tells a
-  delta update that the target's newer copy of the document cannot take.
+  delta update that the target's newer copy of the document cannot take, :func:`refused` words an error
+  that stops the run.
+* :func:`segments` cuts a batch into the runs applied as one unit.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ import bson
 from bson.raw_bson import RawBSONDocument
 from pymongo import DeleteOne, ReplaceOne, UpdateOne
 
+from replicator.bsonkit.extjson import dumps_str
 from replicator.bsonkit.rawbson import RawDocument, raw_of
-from replicator.events import ChangeEvent, Op, UpdateDescription
+from replicator.errors import SinkError
+from replicator.events import ChangeEvent, Namespace, Op, UpdateDescription
 from replicator.events.update_ops import update_steps
 
 WriteOp = ReplaceOne[Any] | UpdateOne | DeleteOne
@@ -169,3 +173,27 @@ def duplicate_key(error: Mapping[str, Any]) -> DuplicateKey | None:
     if index == _ID_INDEX or (not match and list(pattern) == ["_id"]):
         return None
     return DuplicateKey(index, dict(pattern), dict(error.get("keyValue") or {}))
+
+
+def segments(batch: Sequence[ChangeEvent]) -> list[tuple[str, list[ChangeEvent]]]:
+    """Split a batch into runs applied as one unit: plain document events, one transaction, or one DDL."""
+    out: list[tuple[str, list[ChangeEvent]]] = []
+    for event in batch:
+        kind = "ddl" if event.op.is_ddl else ("txn" if event.txn is not None else "plain")
+        if out and kind != "ddl" and out[-1][0] == kind and (kind == "plain" or out[-1][1][-1].txn == event.txn):
+            out[-1][1].append(event)
+        else:
+            out.append((kind, [event]))
+    return out
+
+
+def refused(ns: Namespace, event: ChangeEvent, error: Mapping[str, Any]) -> SinkError:
+    """A write error that stops the run, in one line naming the namespace, the document and the code."""
+    try:
+        what = f"_id {dumps_str(event.document_key['_id'], relaxed=True)}"
+    except (ValueError, KeyError):
+        what = event.op.value
+    message = str(error.get("errmsg") or "").splitlines()[0][:300] if error.get("errmsg") else ""
+    return SinkError(
+        f"replaying into {ns}: the target refused the write of {what} (code {error.get('code')}: {message})"
+    )

@@ -22,14 +22,15 @@ from typing import Any
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError, WriteConcernError
 
-from replicator.bsonkit.extjson import dumps_str
 from replicator.errors import SinkError, SinkUnavailable
 from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op, Position, by_namespace
+from replicator.settings.guard import TargetGuard
 from replicator.settings.selection import Scope
 from replicator.settings.uri import redact
 from replicator.sinks.base import Sink, SourceLookup
 from replicator.sinks.mongo.commands import UnorderedWrites, delete_unordered, insert_unordered, replace_unordered
 from replicator.sinks.mongo.concern import concern_failed
+from replicator.sinks.mongo.guarded import Guarded
 from replicator.sinks.mongo.plan import (
     DOLLAR_PREFIXED,
     DUPLICATE_KEY,
@@ -41,10 +42,13 @@ from replicator.sinks.mongo.plan import (
     id_bytes,
     literal_ops,
     plan,
+    refused,
+    segments,
     stale_delta,
 )
 from replicator.sinks.mongo.schema import MongoSchema
 from replicator.sinks.mongo.sharding import TargetSharding, lacking
+from replicator.sinks.mongo.ttl import Held, hold_existing
 from replicator.sinks.mongo.unique import settle
 from replicator.source.connection import ServerInfo, grants, make_client, probe, server_message
 from replicator.source.privileges import Grants
@@ -79,35 +83,11 @@ def no_transactions(exc: OperationFailure) -> bool:
     return exc.code == _ILLEGAL_OPERATION and _NO_TRANSACTIONS_MESSAGE in str(exc).lower()
 
 
-def _refused(ns: Namespace, event: ChangeEvent, error: Mapping[str, Any]) -> SinkError:
-    """A write error that stops the run, in one line naming the namespace, the document and the code."""
-    try:
-        what = f"_id {dumps_str(event.document_key['_id'], relaxed=True)}"
-    except (ValueError, KeyError):
-        what = event.op.value
-    message = str(error.get("errmsg") or "").splitlines()[0][:300] if error.get("errmsg") else ""
-    return SinkError(
-        f"replaying into {ns}: the target refused the write of {what} (code {error.get('code')}: {message})"
-    )
-
-
 def _acknowledged(ns: Namespace, exc: BulkWriteError) -> None:
     """Raise :func:`concern_failed` when the write concern failed, whatever the write errors beside it."""
     concern = exc.details.get("writeConcernErrors")
     if concern:
         raise concern_failed(ns, concern[0]) from None
-
-
-def _segments(batch: Sequence[ChangeEvent]) -> list[tuple[str, list[ChangeEvent]]]:
-    """Split a batch into runs applied as one unit: plain document events, one transaction, or one DDL."""
-    out: list[tuple[str, list[ChangeEvent]]] = []
-    for event in batch:
-        kind = "ddl" if event.op.is_ddl else ("txn" if event.txn is not None else "plain")
-        if out and kind != "ddl" and out[-1][0] == kind and (kind == "plain" or out[-1][1][-1].txn == event.txn):
-            out[-1][1].append(event)
-        else:
-            out.append((kind, [event]))
-    return out
 
 
 class MongoSink(Sink):
@@ -119,13 +99,21 @@ class MongoSink(Sink):
     spreads = "document"
 
     def __init__(
-        self, uri: str, *, timeout_s: float = 10.0, scope: Scope | None = None, io_timeout_s: float | None = None
+        self,
+        uri: str,
+        *,
+        timeout_s: float = 10.0,
+        scope: Scope | None = None,
+        io_timeout_s: float | None = None,
+        guard: TargetGuard | None = None,
     ) -> None:
         """``scope``: the target namespaces this run maps its selection to; DDL touches no other.
-        ``io_timeout_s``: how long a batch's document writes may wait for the target's answers."""
+        ``io_timeout_s``: how long a batch's document writes may wait for the target's answers. ``guard``: a
+        way back's, what the target holds that its migration did not copy (see .guarded)."""
         self.uri = uri
         self._io_timeout = io_timeout_s
         self._client = make_client(uri, timeout_s=timeout_s, durable_writes=True, side="target")
+        self._guarded = Guarded(self._client, guard or TargetGuard())
         self._schema = MongoSchema(self._client, scope=scope)
         self._transactions = True
         self._lookup: SourceLookup | None = None
@@ -165,16 +153,28 @@ class MongoSink(Sink):
         return None if replacing else await self._sharding.unfit(specs)
 
     async def prepare(self, specs: Sequence[CollectionSpec], *, drop_existing: bool) -> None:
-        """Collections with their options, then (on a mongos) sharded as ``specs`` say, before any copy."""
+        """Collections with their options, then (on a mongos) sharded as ``specs`` say, before any copy. A way
+        back's collection that holds what its migration did not copy is not dropped: its copy is a merge."""
+        if drop_existing and self._guarded:
+            specs = await self._guarded.merge(specs, self._schema.align_options)
         await self._schema.prepare(specs, drop_existing=drop_existing)
         if self.shards:
             await self._sharding.shard(specs)
 
     async def finish_snapshot(self, specs: Sequence[CollectionSpec]) -> None:
+        await self._guarded.finish(specs, self._lookup)
         await self._schema.reconcile_indexes(specs)
 
     async def reconcile(self, spec: CollectionSpec) -> bool:
         return await self._schema.reconcile(spec)
+
+    async def hold_ttls(self, namespaces: Sequence[Namespace], record: Mapping[str, Any] | None) -> None:
+        self._schema.held = Held(record)
+        if record is None:
+            await hold_existing(self._client, namespaces, self._schema.held)
+
+    def held_ttls(self) -> dict[str, dict[str, Any]] | None:
+        return self._schema.held.to_json()
 
     @property
     def deletes_time_ranges(self) -> bool:
@@ -185,6 +185,8 @@ class MongoSink(Sink):
     async def discard(self, ns: Namespace, where: Mapping[str, Any]) -> None:
         if self._schema.scope is not None and not self._schema.scope(ns):  # never ours to delete from
             raise SinkError(f"refusing to delete from {ns}: it is outside the selection's target namespaces")
+        if self._guarded.guards(ns):
+            return  # a guarded copy upserts, and its cleanup deletes what the source no longer has
         try:
             result = await self._client[ns.db][ns.coll or ""].delete_many(where)
         except OperationFailure as exc:
@@ -206,8 +208,12 @@ class MongoSink(Sink):
         """Apply a batch. Each of its writes, documents and schema alike, carries the client's write concern
         (mcdc's journaled majority unless the URI sets its own: make_client), so once this returns the
         batch is as durable as that concern makes it."""
-        for kind, events in _segments(batch):
+        if self._guarded:
+            batch = await self._guarded.events(batch)
+        for kind, events in segments(batch):
             if kind == "ddl":  # not bounded: an index build or a rename across databases takes its time
+                if self._guarded:
+                    await self._guarded.check_ddl(events[0])
                 await self._schema.apply(events[0])
             else:
                 await self._bounded(self._write_documents(kind, events))
@@ -273,8 +279,9 @@ class MongoSink(Sink):
                 return
             except _Conflict as conflict:
                 settled |= await settle(
-                    self._client, ns, conflict.event, conflict.dup, self._lookup, transactions=self._transactions
-                )
+                    self._client, ns, conflict.event, conflict.dup, self._lookup, transactions=self._transactions,
+                    guarded=self._guarded,
+                )  # fmt: skip
                 todo = [p for p in conflict.rest if id_bytes(p[0].document_key) not in settled]
 
     async def _unordered(self, ns: Namespace, group: list[ChangeEvent], send: UnorderedWrites) -> None:
@@ -291,8 +298,9 @@ class MongoSink(Sink):
                 dup = duplicate_key(error)
                 if dup is not None:
                     raise _Conflict(dup, event, []) from None
+                self._guarded.check_clash(ns, event, error)
                 if error.get("code") != DOLLAR_PREFIXED:
-                    raise _refused(ns, event, error) from None
+                    raise refused(ns, event, error) from None
                 retry.extend((event, op) for op in literal_ops(event))
             await self._ordered(ns, retry)
 
@@ -328,13 +336,14 @@ class MongoSink(Sink):
                     raise
                 if dup is not None:
                     raise _Conflict(dup, event, ops[failed + 1 :]) from None
+                self._guarded.check_clash(ns, event, error)
                 if error.get("code") == DOLLAR_PREFIXED and id(event) not in rewritten:
                     rewritten.add(id(event))
                     ops[failed : failed + 1] = [(event, o) for o in literal_ops(event)]
                     start = failed
                     continue
                 if not stale_delta(op, error):
-                    raise _refused(ns, event, error) from None
+                    raise refused(ns, event, error) from None
                 log.warning("skipped a delta update on %s the target cannot apply: %s", ns, error.get("errmsg"))
                 start = failed + 1
 
@@ -364,7 +373,7 @@ class MongoSink(Sink):
                              "writes one by one", events[0].ns, code)  # fmt: skip
                 elif isinstance(exc, BulkWriteError):
                     errors = exc.details.get("writeErrors") or [{}]
-                    raise _refused(events[0].ns, events[0], errors[0]) from None
+                    raise refused(events[0].ns, events[0], errors[0]) from None
                 else:
                     raise
                 await self._apply(events)
@@ -414,6 +423,9 @@ class MongoSink(Sink):
     async def _insert_copies(self, ns: Namespace, docs: Sequence[Mapping[str, Any]]) -> None:
         """Snapshot copies are plain inserts (fast); a document already there (a partition copied again
         after a crash) is replaced instead, so the target holds the newer copy."""
+        if self._guarded.guards(ns):  # upserts narrowed to the migration's documents, with their kept fields
+            await self._apply(await self._guarded.events([ChangeEvent(Op.READ, ns, document=d) for d in docs]))
+            return
         coll = self._client[ns.db][ns.coll or ""]
         try:
             await insert_unordered(coll, docs)

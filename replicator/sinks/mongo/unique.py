@@ -18,6 +18,7 @@ from pymongo.errors import BulkWriteError
 from replicator.errors import SinkError
 from replicator.events import ChangeEvent, Namespace
 from replicator.sinks.base import SourceLookup
+from replicator.sinks.mongo.guarded import Guarded
 from replicator.sinks.mongo.plan import DuplicateKey, duplicate_key, id_bytes
 from replicator.source.connection import Client
 
@@ -35,9 +36,12 @@ async def settle(
     lookup: SourceLookup | None,
     *,
     transactions: bool,
+    guarded: Guarded | None = None,
 ) -> set[bytes]:
     """Settle ``event``'s conflict ``dup`` on target ``ns`` from the source (``lookup``), in one transaction
-    where the target has them. Returns the settled documents' ``_id``s (as :func:`id_bytes`)."""
+    where the target has them. Returns the settled documents' ``_id``s (as :func:`id_bytes`). ``guarded``: a
+    way back's guard, which never lets a document its migration did not copy be deleted, nor the fields it
+    excluded be lost."""
     if lookup is None:
         raise SinkError(f"replaying into {ns}: {dup.describe()} and no source to settle it from")
     ids: dict[bytes, Any] = {id_bytes(event.document_key): event.document_key["_id"]}
@@ -51,6 +55,9 @@ async def settle(
             break
         # no older than the event: a secondary that is behind waits until it has applied it
         docs = await lookup(ns, list(ids.values()), after=event.position.cluster_time if event.position else None)
+        if guarded:
+            await guarded.check_holders(ns, event, current, ids.values())
+            docs = await guarded.kept_in(ns, docs)
         try:
             await _replace_documents(client, ns, list(ids.values()), docs, transactions=transactions)
             log.info("%s: settled %s from the source (%d documents, %d rounds)", ns, current.describe(),

@@ -48,7 +48,7 @@ def key_schema(name: str) -> Schema:
     return _struct(name, [_field("id", "string", optional=False)])
 
 
-def _source(legacy: bool) -> Schema:
+def _source(legacy: bool, *, rs: bool = True) -> Schema:
     fields = [
         _field("version", "string", optional=False),
         _field("connector", "string", optional=False),
@@ -69,8 +69,9 @@ def _source(legacy: bool) -> Schema:
     ]
     if not legacy:  # Debezium 2.6+
         fields += [_field("ts_us", "int64"), _field("ts_ns", "int64")]
+    if rs or legacy:  # mcdc's own; Debezium 2.x dropped it
+        fields.append(_field("rs", "string", optional=False))
     fields += [
-        _field("rs", "string", optional=False),
         _field("collection", "string", optional=False),
         _field("ord", "int32", optional=False),
     ]
@@ -113,13 +114,13 @@ _UPDATE_DESCRIPTION = _struct(
 )
 
 
-def value_schema(name: str, *, legacy: bool) -> Schema:
-    """The envelope's schema for one collection."""
+def value_schema(name: str, *, legacy: bool, rs: bool = True) -> Schema:
+    """The envelope's schema for one collection (``rs``: its source block has mcdc's ``rs``)."""
     if legacy:
         fields = [_json_field("after"), _json_field("patch"), _json_field("filter")]
     else:
         fields = [_json_field("before"), _json_field("after"), _UPDATE_DESCRIPTION]
-    fields += [_source(legacy), _field("op", "string"), _field("ts_ms", "int64"), _TRANSACTION]
+    fields += [_source(legacy, rs=rs), _field("op", "string"), _field("ts_ms", "int64"), _TRANSACTION]
     return _struct(name, fields)
 
 
@@ -146,22 +147,29 @@ TX_VALUE = _struct(
     version=1,
 )
 DDL_KEY = _struct("io.mcdc.connector.mongo.DdlKey", [_field("db", "string", optional=False)])
-DDL_VALUE = _struct(
-    "io.mcdc.connector.mongo.DdlValue",
-    [
-        _field("op", "string", optional=False),
-        _field("db", "string", optional=False),
-        _field("collection", "string"),
-        _struct(
-            "io.mcdc.connector.mongo.Namespace",
-            [_field("db", "string", optional=False), _field("collection", "string")],
-            optional=True,
-            field="to",
-        ),
-        _json_field("operationDescription"),
-        _source(False),
-        _field("ts_ms", "int64"),
-    ],
-)
+
+
+def _ddl_value(rs: bool) -> Schema:
+    return _struct(
+        "io.mcdc.connector.mongo.DdlValue",
+        [
+            _field("op", "string", optional=False),
+            _field("db", "string", optional=False),
+            _field("collection", "string"),
+            _struct(
+                "io.mcdc.connector.mongo.Namespace",
+                [_field("db", "string", optional=False), _field("collection", "string")],
+                optional=True,
+                field="to",
+            ),
+            _json_field("operationDescription"),
+            _source(False, rs=rs),
+            _field("ts_ms", "int64"),
+        ],
+    )
+
+
+#: mcdc's DDL records (``rs``: their source block has mcdc's ``rs``, as unless --extended-json debezium)
+DDL_VALUE, DDL_VALUE_WITHOUT_RS = _ddl_value(True), _ddl_value(False)
 HEARTBEAT_KEY = _struct("io.debezium.connector.common.ServerNameKey", [_field("serverName", "string", optional=False)])
 HEARTBEAT_VALUE = _struct("io.debezium.connector.common.Heartbeat", [_field("ts_ms", "int64", optional=False)])

@@ -24,8 +24,8 @@ Envelopes (``--envelope``):
 ``plain``
     mcdc's normalized event with documents as extended JSON objects (not strings): for jq and scripts.
 
-Extended JSON is canonical (lossless: Int64, Decimal128, dates, binary subtypes survive) unless
-``relaxed``. ``schemas`` wraps key and value as Kafka Connect's JsonConverter does: ``{schema, payload}``.
+Documents, keys and updatedFields are in canonical Extended JSON (lossless), relaxed, or Debezium 3.6's own
+bytes (``json``, :mod:`.dialect`). ``schemas`` wraps key and value as JsonConverter does: ``{schema, payload}``.
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ import orjson
 
 from replicator.bsonkit.extjson import to_json_value
 from replicator.events import ChangeEvent, Namespace, Op, Transaction, UpdateDescription
-from replicator.events.update_ops import update_document, update_steps
 from replicator.settings.config import Settings
 from replicator.sinks.records import connect_schema
-from replicator.sinks.records.plain import plain_event, transaction_id
+from replicator.sinks.records.dialect import dialect
+from replicator.sinks.records.plain import plain_event, transaction_id, update_operators
 from replicator.sinks.records.source_block import (
     SNAPSHOT_ORD,
     SourceBlocks,
@@ -70,6 +70,8 @@ _OP_LETTER = {Op.READ: "r", Op.INSERT: "c", Op.UPDATE: "u", Op.REPLACE: "u", Op.
 _SNAPSHOT_ORD = b"%d" % SNAPSHOT_ORD
 
 
+#: A transaction another writer began: its id, and its events so far per collection
+_Carried = tuple[str, tuple[tuple[str, int], ...]]
 #: Per namespace, replica set and op: the topic, and the key's and Debezium value's templates (None: dicts)
 _Route = tuple[str, "Parts | None", "Parts | None"]
 
@@ -89,6 +91,7 @@ class EnvelopeOptions:
     relaxed: bool = False
     tombstones: bool = True
     tx_metadata: bool = False
+    json: str = ""  # --extended-json: canonical | relaxed | debezium ("": canonical, or relaxed by ``relaxed``)
 
     @classmethod
     def from_settings(cls, s: Settings) -> EnvelopeOptions:
@@ -98,6 +101,7 @@ class EnvelopeOptions:
             relaxed=s.extended_json == "relaxed",
             tombstones=s.tombstones == "on",
             tx_metadata=s.tx_metadata,
+            json=s.extended_json,
         )
 
 
@@ -114,8 +118,8 @@ class Encoder:
         clock: Callable[[], float] = time.time,
         direct: bool = True,
     ) -> None:
-        """``direct``: write keys and Debezium values from byte templates (see ``templates.py``); False builds
-        every record as a dict for orjson, the reference the templates are tested against."""
+        """``direct``: keys and Debezium values from byte templates (``templates.py``); False: every record as a
+        dict for orjson, the reference the templates are tested against."""
         self.options = options
         self.topics = topics
         self.source_name = source_name
@@ -123,11 +127,15 @@ class Encoder:
         self._heartbeat_s = heartbeat_s
         self._last_heartbeat = -float("inf")
         self._relaxed = options.relaxed
+        self._dialect = dialect(options.json or ("relaxed" if options.relaxed else "canonical"))
+        self._convert, self._text = self._dialect.convert, self._dialect.text
         self._key_schemas: dict[Namespace, dict[str, Any]] = {}
         self._value_schemas: dict[Namespace, dict[str, Any]] = {}
-        self._sources = SourceBlocks(topics.prefix)
+        self._sources = SourceBlocks(topics.prefix, rs=not self._dialect.debezium_source)
         self._direct = direct
         self._routes: dict[tuple[Namespace, str, Op], _Route] = {}
+        #: a transaction Debezium began: continued (or ended) until the sink's first acknowledged write
+        self.carried: _Carried | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Encoder:
@@ -149,13 +157,18 @@ class Encoder:
         now_us = min(max(int(now * 1_000_000), now_ms * 1000), now_ms * 1000 + 999)
         tx_meta = self.options.tx_metadata
         i, n = 0, len(batch)
+        carried = self.carried if tx_meta and n else None
+        if carried is not None and (batch[0].txn is None or self._tx_id(batch[0].txn) != carried[0]):
+            # Debezium writes a transaction's END when the next event comes: this one
+            yield self._tx_message(carried[0], "END", _end(Counter(dict(carried[1]))), batch[0], now_ms)
+            carried = None
         while i < n:
             event = batch[i]
             if tx_meta and event.txn is not None:
                 j = i + 1
                 while j < n and batch[j].txn == event.txn:
                     j += 1
-                yield from self._transaction(batch[i:j], event.txn, now_ms, now_us)
+                yield from self._transaction(batch[i:j], event.txn, now_ms, now_us, carried if i == 0 else None)
                 i = j
                 continue
             yield from self._event(event, now_ms, now_us, None)
@@ -174,23 +187,32 @@ class Encoder:
         messages[-1] = messages[-1]._replace(value=orjson.dumps(value))
         return iter(messages)
 
+    def _tx_id(self, txn: Transaction) -> str:
+        # Debezium 3.x: the transaction's session id in strict JSON (1.x: mcdc's own)
+        return debezium_transaction_id(txn) if self.options.style == "debezium" else transaction_id(txn)
+
     def _transaction(
-        self, events: Sequence[ChangeEvent], txn: Transaction, now_ms: int, now_us: int
+        self,
+        events: Sequence[ChangeEvent],
+        txn: Transaction,
+        now_ms: int,
+        now_us: int,
+        carried: _Carried | None = None,
     ) -> Iterator[Message]:
+        """BEGIN, the events, END; ``carried``: another writer wrote its first events: no BEGIN, orders go on."""
         debezium = self.options.style == "debezium"
-        # Debezium 3.x: the transaction's session id in strict JSON, and collections as db.coll (1.x: rs.db.coll)
-        tx_id = debezium_transaction_id(txn) if debezium else transaction_id(txn)
-        per_collection: Counter[str] = Counter()
-        yield self._tx_message(tx_id, "BEGIN", None, events[0], now_ms)
-        for total, event in enumerate(events, 1):
+        tx_id = self._tx_id(txn)
+        per_collection: Counter[str] = Counter(dict(carried[1])) if carried is not None else Counter()
+        if carried is None:
+            yield self._tx_message(tx_id, "BEGIN", None, events[0], now_ms)
+        for total, event in enumerate(events, per_collection.total() + 1):
             block = None
             if event.op in _DATA_OPS:
                 name = str(event.ns) if debezium else f"{event.rs or self.source_name}.{event.ns}"
                 per_collection[name] += 1
                 block = {"id": tx_id, "total_order": total, "data_collection_order": per_collection[name]}
             yield from self._event(event, now_ms, now_us, block)
-        counts = [{"data_collection": name, "event_count": count} for name, count in per_collection.items()]
-        yield self._tx_message(tx_id, "END", (per_collection.total(), counts), events[-1], now_ms)
+        yield self._tx_message(tx_id, "END", _end(per_collection), events[-1], now_ms)
 
     def _tx_message(
         self, tx_id: str, status: str, end: tuple[int, list[dict[str, Any]]] | None, event: ChangeEvent, now_ms: int
@@ -221,7 +243,7 @@ class Encoder:
                 route = self._route(event, now_ms, now_us)
             topic, key_parts, value_parts = route
             # the document is converted once; its _id gives the key without decoding the documentKey
-            after = to_json_value(event.document, relaxed=self._relaxed) if event.document is not None else None
+            after = self._convert(event.document) if event.document is not None else None
             key = self._key(event, after, key_parts)
             if value_parts is not None:
                 value = self._debezium_bytes(value_parts, event, now_ms, now_us, tx_block, after)
@@ -255,13 +277,10 @@ class Encoder:
         return route
 
     def _key(self, event: ChangeEvent, after: Any, parts: Parts | None) -> bytes:
-        if after is not None and "_id" in after:
-            doc_id = after["_id"]
-        else:
-            doc_id = to_json_value(event.document_key["_id"], relaxed=self._relaxed)
+        doc_id = self._dialect.key_id(event, after)
         if parts is not None:
-            return parts[0] + json_string(orjson.dumps(doc_id)) + parts[1]
-        return orjson.dumps(self._key_data(event.ns, orjson.dumps(doc_id).decode()))
+            return parts[0] + json_string(doc_id) + parts[1]
+        return orjson.dumps(self._key_data(event.ns, doc_id.decode()))
 
     def _key_data(self, ns: Namespace, doc_id: str) -> dict[str, Any]:
         key: dict[str, Any] = {"id": doc_id}
@@ -272,7 +291,7 @@ class Encoder:
     ) -> bytes:
         if self.options.style == "plain":
             return orjson.dumps(self.plain(event))
-        after_text = orjson.dumps(after).decode() if after is not None else None
+        after_text = self._text(after).decode() if after is not None else None
         return orjson.dumps(self._envelope(event, now_ms, now_us, tx_block, after_text))
 
     def _envelope(
@@ -291,8 +310,9 @@ class Encoder:
         update = None
         if event.op is Op.UPDATE and event.update is not None:
             update = self._update_description(event.update)
+        before = event.before
         return {
-            "before": self._json(event.before) if event.before is not None else None,
+            "before": self._text(self._convert(before)).decode() if before is not None else None,
             "after": after,
             "updateDescription": update,
             "source": self._source(event, now_ms, now_us, legacy=False),
@@ -303,7 +323,7 @@ class Encoder:
     def _update_description(self, u: UpdateDescription) -> dict[str, Any]:
         return {
             "removedFields": list(u.removed_fields) or None,
-            "updatedFields": self._json(u.updated_fields),
+            "updatedFields": self._dialect.fields(u.updated_fields),
             "truncatedArrays": [{"field": f, "size": size} for f, size in u.truncated_arrays] or None,
         }
 
@@ -312,14 +332,14 @@ class Encoder:
     ) -> bytes:
         """What ``orjson.dumps`` of :meth:`_envelope` gives, its varying values written into ``parts``."""
         ct = event.change_time
-        txn, update, before, relaxed = event.txn, event.update, event.before, self._relaxed
+        txn, update, before, text = event.txn, event.update, event.before, self._text
         ts, wall = source_ts(event, ct, now_ms), event.wall_time_ms
         ts_us = source_ts_us(event, ct, ts, now_us)
         # integers written inline where they are ints (they always are from normalize): a call less for each
         return debezium_value(
             parts,
-            NULL if before is None else json_string(orjson.dumps(to_json_value(before, relaxed=relaxed))),
-            NULL if after is None else json_string(orjson.dumps(after)),
+            NULL if before is None else json_string(text(self._convert(before))),
+            NULL if after is None else json_string(text(after)),
             orjson.dumps(self._update_description(update)) if event.op is Op.UPDATE and update is not None else NULL,
             b"%d" % ts if type(ts) is int else number(ts),
             b"%d" % ts_us,
@@ -369,7 +389,8 @@ class Encoder:
         key: dict[str, Any] = {"db": event.ns.db}
         if self.options.schemas:
             key = connect_schema.wrap(connect_schema.DDL_KEY, key)
-            value = connect_schema.wrap(connect_schema.DDL_VALUE, value)
+            schema = connect_schema.DDL_VALUE_WITHOUT_RS if self._dialect.debezium_source else connect_schema.DDL_VALUE
+            value = connect_schema.wrap(schema, value)
         return Message(self.topics.ddl, orjson.dumps(key), orjson.dumps(value))
 
     def plain(self, event: ChangeEvent) -> dict[str, Any]:
@@ -412,7 +433,9 @@ class Encoder:
         schema = self._value_schemas.get(ns)
         if schema is None:
             legacy = self.options.style == "debezium-legacy"
-            schema = connect_schema.value_schema(self._schema_name(ns) + ".Envelope", legacy=legacy)
+            schema = connect_schema.value_schema(
+                self._schema_name(ns) + ".Envelope", legacy=legacy, rs=not self._dialect.debezium_source
+            )
             self._value_schemas[ns] = schema
         return schema
 
@@ -421,10 +444,7 @@ class Encoder:
         return f"{self.topics.prefix}.{db}.{coll}"
 
 
-def update_operators(event: ChangeEvent) -> dict[str, Any] | list[dict[str, Any]]:
-    """An update event's delta as one idempotent MongoDB update (``$set``, ``$unset`` with ``true`` as in
-    Debezium 1.x's patch, ``$push`` with ``$slice`` for a truncated array); where MongoDB cannot take it
-    as one (an array truncated while only some of its elements change), the updates to apply in order."""
-    assert event.update is not None
-    one = update_document(event.update, unset_value=True)
-    return one if one is not None else update_steps(event.update, unset_value=True)
+def _end(per_collection: Counter[str]) -> tuple[int, list[dict[str, Any]]]:
+    """An END record's event_count and data_collections."""
+    counts = [{"data_collection": name, "event_count": count} for name, count in per_collection.items()]
+    return per_collection.total(), counts

@@ -1,5 +1,5 @@
 """The ``plain`` envelope: mcdc's own event as JSON data, documents as extended JSON objects (for jq and
-scripts); and the transaction id every envelope names a transaction by."""
+scripts); the transaction id every envelope names a transaction by; and the legacy envelope's ``patch``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 from replicator.bsonkit.extjson import to_json_value
 from replicator.events import ChangeEvent, Transaction
+from replicator.events.update_ops import update_document, update_steps
 
 
 def plain_event(event: ChangeEvent, *, relaxed: bool, source_name: str) -> dict[str, Any]:
@@ -49,3 +50,12 @@ def transaction_id(txn: Transaction) -> str:
     except ValueError:  # a binary that is not a UUID
         session = bytes(lsid or b"").hex()
     return f"{session}:{txn.txn_number}"
+
+
+def update_operators(event: ChangeEvent) -> dict[str, Any] | list[dict[str, Any]]:
+    """An update event's delta as one idempotent MongoDB update (``$set``, ``$unset`` with ``true`` as in
+    Debezium 1.x's patch, ``$push`` with ``$slice`` for a truncated array); where MongoDB cannot take it
+    as one (an array truncated while only some of its elements change), the updates to apply in order."""
+    assert event.update is not None
+    one = update_document(event.update, unset_value=True)
+    return one if one is not None else update_steps(event.update, unset_value=True)

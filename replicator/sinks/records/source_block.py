@@ -31,8 +31,10 @@ from replicator.sinks.records.plain import transaction_id
 class SourceBlocks:
     """Source blocks for one topic prefix (the connector's ``name``)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, rs: bool = True) -> None:
+        """``rs``: with mcdc's own ``rs`` field (Debezium 3.6's block has none)."""
         self._name = name
+        self._rs = rs
         self._bases: dict[tuple[Namespace, str, bool, bool], dict[str, Any]] = {}
 
     def block(
@@ -78,7 +80,9 @@ class SourceBlocks:
         }
         if not legacy:  # Debezium 2.6+: the same instant as ts_ms, to the microsecond and nanosecond
             base.update(ts_us=None, ts_ns=None)
-        base.update(rs=rs, collection=ns.coll, ord=SNAPSHOT_ORD if snapshot and not legacy else 0)
+        if self._rs or legacy:
+            base["rs"] = rs
+        base.update(collection=ns.coll, ord=SNAPSHOT_ORD if snapshot and not legacy else 0)
         if legacy:
             base.update(h=None, tord=None, stxnid=None)
         else:
