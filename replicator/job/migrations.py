@@ -189,12 +189,16 @@ def _same_target(other: Held, me: Lease) -> set[str]:
 
 
 def _file_refusal(other: Held, key: str) -> str:
+    path = other.lease.checkpoint
     state = "running" if other.running else "stopped, resumable"
+    go_on = (
+        "stop it first, or" if other.running else
+        f"to go on with that migration, run it with --checkpoint {path} (and --snapshot always to copy it again);"
+    )  # fmt: skip
     return (
-        f"target: the file {key.removeprefix('file:')} is written by another migration (checkpoint "
-        f"{other.lease.checkpoint}, {state}), under this name or another (a symbolic link, another "
-        "--topic-prefix): one migration per file, whose snapshot or --drop-target would empty it under the other; "
-        f"give this one a file of its own, or, if that migration is over, delete {other.lease.checkpoint} first"
+        f"target: the file {key.removeprefix('file:')} is written by another migration (checkpoint {path}, "
+        f"{state}), under this name or another (a symbolic link, another --topic-prefix): one migration per file, "
+        f"whose snapshot or --drop-target would empty it under the other; {go_on} give this one a file of its own"
     )
 
 
