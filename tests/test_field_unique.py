@@ -5,26 +5,14 @@ never a warning and exit 0. Against the real servers."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pymongo
 import pytest
 
+from tests.support.cli import mcdc, one_line_error
+
 pytestmark = pytest.mark.integration
-
-
-def _mcdc(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "replicator.cli", *args], capture_output=True, text=True, timeout=120)
-
-
-def _one_line_error(result: subprocess.CompletedProcess[str], code: int, *fragments: str) -> None:
-    assert result.returncode == code, (result.returncode, result.stderr)
-    errors = [line for line in result.stderr.splitlines() if line.startswith("mcdc: error:")]
-    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
-    for fragment in fragments:
-        assert fragment in errors[0], errors[0]
 
 
 def _people(uri: str, *, index: bool = True, **options: bool) -> None:
@@ -47,8 +35,8 @@ def test_a_field_rule_on_a_uniquely_indexed_field_is_refused_before_anything_is_
     source_uri: str, target_uri: str, tmp_path: Path, flag: str, rule: str, index: str, field: str
 ) -> None:
     _people(source_uri)
-    result = _mcdc("sync", "-s", source_uri, "-t", target_uri, "-c", str(tmp_path / "cp.json"), flag, rule)
-    _one_line_error(result, 2, "source:", f"unique index {index}", f"on {field}", rule)
+    result = mcdc("sync", "-s", source_uri, "-t", target_uri, "-c", str(tmp_path / "cp.json"), flag, rule)
+    one_line_error(result, 2, "source:", f"unique index {index}", f"on {field}", rule)
     with pymongo.MongoClient(target_uri) as client:
         assert "shop" not in client.list_database_names()
 
@@ -60,9 +48,9 @@ def test_a_sparse_unique_index_on_an_excluded_field_indexes_no_document_and_veri
         client.shop.people.insert_many([{"_id": i, "ssn": f"s{i}"} for i in range(5)])
         client.shop.people.create_index("ssn", unique=True, sparse=True, name="ssn_1")
     uris = ("-s", source_uri, "-t", target_uri, "--field-exclude", "shop.people.ssn")
-    synced = _mcdc("sync", *uris, "--no-progress")
+    synced = mcdc("sync", *uris, "--no-progress")
     assert synced.returncode == 0 and "WARNING" not in synced.stderr, synced.stderr
-    verified = _mcdc("verify", *uris)
+    verified = mcdc("verify", *uris)
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
@@ -71,11 +59,11 @@ def test_a_unique_index_made_later_on_an_excluded_field_stops_the_run_in_one_lin
 ) -> None:
     _people(source_uri, index=False)
     uris = ("-s", source_uri, "-t", target_uri, "--field-exclude", "shop.people.ssn")
-    assert _mcdc("sync", *uris, "--no-progress").returncode == 0
+    assert mcdc("sync", *uris, "--no-progress").returncode == 0
     with pymongo.MongoClient(source_uri) as client:
         client.shop.people.create_index("ssn", unique=True, name="ssn_1")
-    later = _mcdc("catch-up", *uris, "--no-progress")
-    _one_line_error(later, 2, "unique index ssn_1", "shop.people")
+    later = mcdc("catch-up", *uris, "--no-progress")
+    one_line_error(later, 2, "unique index ssn_1", "shop.people")
 
 
 async def test_a_unique_index_the_target_s_documents_cannot_take_is_an_error_not_a_warning(target_uri: str) -> None:

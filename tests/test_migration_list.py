@@ -14,24 +14,13 @@ from pathlib import Path
 import pymongo
 import pytest
 
+from tests.support.cli import mcdc, one_line_error
+
 pytestmark = pytest.mark.integration
 
 
-def _mcdc(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "replicator.cli", *args], capture_output=True, text=True, timeout=120)
-
-
-def _one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
-    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
-    errors = [line for line in result.stderr.splitlines() if line.startswith("mcdc: error:")]
-    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    for fragment in fragments:
-        assert fragment in errors[0], errors[0]
-    return errors[0]
-
-
 def _listed() -> dict[str, dict[str, object]]:
-    result = _mcdc("status", "--list", "--json")
+    result = mcdc("status", "--list", "--json")
     assert result.returncode == 0, result.stderr
     return {m["checkpoint"]: m for m in json.loads(result.stdout)["migrations"]}
 
@@ -44,25 +33,25 @@ def test_the_migrations_are_listed_and_a_finished_one_is_forgotten(
         client.crm.people.insert_one({"_id": 1})
     uris = ("-s", source_uri, "-t", target_uri, "--no-progress")
     shop, lines = tmp_path / "shop.json", tmp_path / "events.jsonl"
-    assert _mcdc("sync", *uris, "--include", "shop\\..*", "-c", str(shop)).returncode == 0
-    assert _mcdc("sync", *uris, "--include", "crm\\..*").returncode == 0  # a default checkpoint
-    assert _mcdc("sync", "-s", source_uri, "-t", f"jsonl:{lines}", "--no-progress").returncode == 0
+    assert mcdc("sync", *uris, "--include", "shop\\..*", "-c", str(shop)).returncode == 0
+    assert mcdc("sync", *uris, "--include", "crm\\..*").returncode == 0  # a default checkpoint
+    assert mcdc("sync", "-s", source_uri, "-t", f"jsonl:{lines}", "--no-progress").returncode == 0
     listed = _listed()
     assert len(listed) == 3, listed
     assert listed[str(shop)]["selection"] == "--include shop\\..*" and listed[str(shop)]["state"] == "stopped"
     crm = next(path for path, m in listed.items() if m["selection"] == "--include crm\\..*")
     assert Path(crm).parent == Path(os.environ["XDG_STATE_HOME"]) / "mcdc"
-    text = _mcdc("status", "--list")
+    text = mcdc("status", "--list")
     assert text.returncode == 0 and str(shop) in text.stdout and "mcdc status --forget" in text.stdout
 
-    forgot = _mcdc("status", "--forget", str(shop))
+    forgot = mcdc("status", "--forget", str(shop))
     assert forgot.returncode == 0, forgot.stderr
     assert not shop.exists() and not Path(f"{shop}.backup").exists() and not Path(f"{shop}.lock").exists()
     assert str(shop) not in _listed() and len(_listed()) == 2
     # its target namespaces are no migration's now: another may take them
-    again = _mcdc("sync", *uris, "--include", "shop\\.orders", "--drop-target")
+    again = mcdc("sync", *uris, "--include", "shop\\.orders", "--drop-target")
     assert again.returncode == 0, again.stderr
-    verified = _mcdc("verify", *uris[:4], "--include", "shop\\.orders")
+    verified = mcdc("verify", *uris[:4], "--include", "shop\\.orders")
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
@@ -82,16 +71,16 @@ def test_a_running_migration_and_a_live_way_back_are_not_forgotten(
         while not (cp.exists() and json.loads(cp.read_text())["snapshot"]["status"] == "done"):
             assert time.monotonic() < deadline and tail.poll() is None, "the tail did not save its snapshot"
             time.sleep(0.2)
-        _one_line_error(_mcdc("status", "--forget", str(cp)), str(cp), "a run holds it")
+        one_line_error(mcdc("status", "--forget", str(cp)), 2, str(cp), "a run holds it")
         assert cp.exists()
     finally:
         tail.terminate()
         assert tail.wait(timeout=60) == 0
-    cut = _mcdc("cutover", "-s", source_uri, "-t", target_uri, "-c", str(cp), "--reverse-checkpoint", str(back))
+    cut = mcdc("cutover", "-s", source_uri, "-t", target_uri, "-c", str(cp), "--reverse-checkpoint", str(back))
     assert cut.returncode == 0, cut.stderr
     assert _listed()[str(back)]["state"] == "way back"
-    refused = _one_line_error(_mcdc("status", "--forget", str(back)), str(back), "way back")
+    refused = one_line_error(mcdc("status", "--forget", str(back)), 2, str(back), "way back")
     assert "delete" not in refused and back.exists()
-    forgot = _mcdc("status", "--forget", str(cp))  # the forward one is finished: cut over
+    forgot = mcdc("status", "--forget", str(cp))  # the forward one is finished: cut over
     assert forgot.returncode == 0, forgot.stderr
     assert not cp.exists() and back.exists() and str(back) in _listed()

@@ -17,20 +17,9 @@ from pathlib import Path
 import pymongo
 import pytest
 
+from tests.support.cli import mcdc, one_line_error
+
 pytestmark = pytest.mark.integration
-
-
-def _mcdc(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "replicator.cli", *args], capture_output=True, text=True, timeout=120)
-
-
-def _one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
-    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
-    errors = [line for line in result.stderr.splitlines() if line.startswith("mcdc: error:")]
-    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    for fragment in fragments:
-        assert fragment in errors[0], errors[0]
-    return errors[0]
 
 
 def _fill(uri: str, ns: str, count: int, **fields: object) -> None:
@@ -50,15 +39,15 @@ def test_a_target_named_by_another_host_name_is_the_same_target(
 ) -> None:
     _fill(source_uri, "shop.orders", 100, side="one")
     _fill(own_source, "shop.orders", 50, side="two")
-    assert _mcdc("sync", "-s", source_uri, "-t", target_uri, "--no-progress").returncode == 0  # resumable
+    assert mcdc("sync", "-s", source_uri, "-t", target_uri, "--no-progress").returncode == 0  # resumable
     host = socket.gethostname()  # this machine's name: another spelling of the target's 127.0.0.1
     if "127.0.0.1" not in target_uri or socket.gethostbyname(host) != "127.0.0.1":
         pytest.skip(f"the target is not on 127.0.0.1, or this machine's name {host} is not another name of it")
     aliased = target_uri.replace("127.0.0.1", host)
-    second = _mcdc("sync", "-s", own_source, "-t", aliased, "--drop-target", "--no-progress")
-    _one_line_error(second, "shop.orders", "written by another migration")
+    second = mcdc("sync", "-s", own_source, "-t", aliased, "--drop-target", "--no-progress")
+    one_line_error(second, 2, "shop.orders", "written by another migration")
     assert _ids(target_uri, "shop.orders") == list(range(100))
-    verified = _mcdc("verify", "-s", source_uri, "-t", target_uri)
+    verified = mcdc("verify", "-s", source_uri, "-t", target_uri)
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
@@ -69,7 +58,7 @@ def test_one_json_lines_file_named_twice_is_one_target(
     _fill(source_uri, "shop.orders", 100)
     _fill(own_source, "crm.people", 10)  # another selection: no namespace shared, yet one file
     path = tmp_path / "events.jsonl"
-    assert _mcdc("sync", "-s", source_uri, "-t", f"jsonl:{path}", "--no-progress").returncode == 0
+    assert mcdc("sync", "-s", source_uri, "-t", f"jsonl:{path}", "--no-progress").returncode == 0
     before = path.read_bytes()
     assert len(before.splitlines()) == 100
     other = f"jsonl:{path}"
@@ -77,10 +66,10 @@ def test_one_json_lines_file_named_twice_is_one_target(
     if spelling == "symlink":
         (tmp_path / "link.jsonl").symlink_to(path)
         other, extra = f"jsonl:{tmp_path / 'link.jsonl'}", ()
-    second = _mcdc("sync", "-s", own_source, "-t", other, *extra, "--drop-target", "--no-progress")
-    _one_line_error(second, str(path), "another migration", "give this one a file of its own")
+    second = mcdc("sync", "-s", own_source, "-t", other, *extra, "--drop-target", "--no-progress")
+    one_line_error(second, 2, str(path), "another migration", "give this one a file of its own")
     assert path.read_bytes() == before
-    own = _mcdc("sync", "-s", own_source, "-t", f"jsonl:{tmp_path / 'own.jsonl'}", *extra, "--no-progress")
+    own = mcdc("sync", "-s", own_source, "-t", f"jsonl:{tmp_path / 'own.jsonl'}", *extra, "--no-progress")
     assert own.returncode == 0, own.stderr  # the advice: a file of its own
     assert len((tmp_path / "own.jsonl").read_bytes().splitlines()) == 10 and path.read_bytes() == before
 
@@ -137,7 +126,7 @@ def test_an_overlap_made_later_stops_the_tail_that_would_write_the_other_s_names
         for step in ["create", "rename"] if first == "create" else ["rename", "create"]:
             tail, ddl = steps[step]
             ddl()
-            _one_line_error(_ended(tail), "shop.a2", "another migration")
+            one_line_error(_ended(tail), 2, "shop.a2", "another migration")
     finally:
         for tail in (tail_a, tail_b):
             if tail.poll() is None:
@@ -148,13 +137,13 @@ def test_an_overlap_made_later_stops_the_tail_that_would_write_the_other_s_names
     with pymongo.MongoClient(target_uri) as client:
         assert "a2" not in client.shop.list_collection_names()  # neither wrote the namespace both select
     # the advice: narrow one selection (B's, on its checkpoint), so that only A writes shop.a2; both go on
-    narrowed = _mcdc("catch-up", "-s", own_source, "-t", target_uri, "-c", str(cp_b), "--include", "shop\\.b2")
+    narrowed = mcdc("catch-up", "-s", own_source, "-t", target_uri, "-c", str(cp_b), "--include", "shop\\.b2")
     assert narrowed.returncode == 0, narrowed.stderr
     a = ("-s", source_uri, "-t", target_uri, "--include", "shop\\.a.*")
-    assert _mcdc("catch-up", *a, "-c", str(cp_a), "--no-progress").returncode == 0
+    assert mcdc("catch-up", *a, "-c", str(cp_a), "--no-progress").returncode == 0
     assert _ids(target_uri, "shop.a2") == list(range(100))
     for verify in (a, ("-s", own_source, "-t", target_uri, "--include", "shop\\.b2")):
-        verified = _mcdc("verify", *verify)
+        verified = mcdc("verify", *verify)
         assert verified.returncode == 0, verified.stdout + verified.stderr
 
 

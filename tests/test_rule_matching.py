@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pymongo
 import pytest
+
+from tests.support.cli import mcdc, one_line_error
 
 pytestmark = pytest.mark.integration
 
@@ -27,22 +27,6 @@ TYPOS = [
     ("--field-rename", "shop.order.ssn=tax_id", "shop.orders"),
     ("--shard-target", 'shop\\.order={"_id": "hashed"}', "shop.orders"),
 ]
-
-
-def _mcdc(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "replicator.cli", *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
-
-
-def _one_line_error(result: subprocess.CompletedProcess[str], code: int, *fragments: str) -> str:
-    assert result.returncode == code, (result.returncode, result.stderr)
-    errors = [line for line in result.stderr.splitlines() if line.startswith("mcdc: error:")]
-    assert len(errors) == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    for fragment in fragments:
-        assert fragment in errors[0], errors[0]
-    return errors[0]
 
 
 def _shop(uri: str) -> None:
@@ -63,8 +47,8 @@ def test_a_rule_that_matches_no_namespace_is_refused_naming_the_near_one(
 ) -> None:
     _shop(source_uri)
     cp = tmp_path / "cp.json"
-    refused = _mcdc("sync", "-s", source_uri, "-t", target_uri, "-c", str(cp), flag, rule, "--no-progress")
-    _one_line_error(refused, 2, flag, "matches no", "on the source", f"did you mean '{near}'?", "--allow-unmatched")
+    refused = mcdc("sync", "-s", source_uri, "-t", target_uri, "-c", str(cp), flag, rule, "--no-progress")
+    one_line_error(refused, 2, flag, "matches no", "on the source", f"did you mean '{near}'?", "--allow-unmatched")
     assert _written(target_uri) == []  # nothing written
     assert list(tmp_path.iterdir()) == []  # neither a checkpoint nor a lock file
 
@@ -74,12 +58,12 @@ def test_the_rules_of_variables_and_config_files_are_refused_too(
 ) -> None:
     _shop(source_uri)
     env = {**os.environ, "MCDC_FILTER": 'shop\\.order={"pii": false}'}
-    by_variable = _mcdc("sync", "-s", source_uri, "-t", target_uri, "-c", str(tmp_path / "a.json"), env=env)
-    _one_line_error(by_variable, 2, "--filter", "did you mean 'shop.orders'?")
+    by_variable = mcdc("sync", "-s", source_uri, "-t", target_uri, "-c", str(tmp_path / "a.json"), env=env)
+    one_line_error(by_variable, 2, "--filter", "did you mean 'shop.orders'?")
     config = tmp_path / "mcdc.toml"
     config.write_text('exclude = ["shop\\\\.secret"]\n')
-    by_file = _mcdc("sync", "-s", source_uri, "-t", target_uri, "-c", str(tmp_path / "b.json"), "--config", str(config))
-    _one_line_error(by_file, 2, "--exclude 'shop\\.secret'", "did you mean 'shop.secrets'?")
+    by_file = mcdc("sync", "-s", source_uri, "-t", target_uri, "-c", str(tmp_path / "b.json"), "--config", str(config))
+    one_line_error(by_file, 2, "--exclude 'shop\\.secret'", "did you mean 'shop.secrets'?")
     assert _written(target_uri) == []
 
 
@@ -90,18 +74,18 @@ def test_allow_unmatched_lets_a_rule_wait_for_a_namespace_created_later(
     _shop(source_uri)
     rule = 'shop\\.returns={"pii": false}'
     uris = ("-s", source_uri, "-t", target_uri)
-    first = _mcdc("sync", *uris, "--filter", rule, "--allow-unmatched", "--no-progress")
+    first = mcdc("sync", *uris, "--filter", rule, "--allow-unmatched", "--no-progress")
     assert first.returncode == 0, first.stderr
     assert "WARNING" in first.stderr and "--filter 'shop\\.returns=" in first.stderr
     with pymongo.MongoClient(source_uri) as client:
         client.shop.create_collection("returns")
         client.shop.returns.insert_many([{"_id": i, "pii": i % 2 == 1} for i in range(10)])
-    later = _mcdc("catch-up", *uris, "--filter", rule, "--allow-unmatched", "--no-progress")
+    later = mcdc("catch-up", *uris, "--filter", rule, "--allow-unmatched", "--no-progress")
     assert later.returncode == 0, later.stderr
     with pymongo.MongoClient(target_uri) as client:
         assert sorted(d["_id"] for d in client.shop.returns.find()) == [0, 2, 4, 6, 8]
         assert client.shop.orders.count_documents({}) == 100
-    verified = _mcdc("verify", *uris, "--filter", rule, "--json")
+    verified = mcdc("verify", *uris, "--filter", rule, "--json")
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert json.loads(verified.stdout)["differences"] == []
 
@@ -117,21 +101,21 @@ def test_a_rule_whose_namespace_goes_away_later_warns_and_goes_on(
     _shop(source_uri)
     rule = 'shop\\.orders={"pii": false}'
     uris = ("-s", source_uri, "-t", target_uri)
-    assert _mcdc("sync", *uris, "--filter", rule, "--no-progress").returncode == 0
+    assert mcdc("sync", *uris, "--filter", rule, "--no-progress").returncode == 0
     with pymongo.MongoClient(source_uri) as client:
         if change == "drop":
             client.shop.orders.drop()
         else:
             client.shop.orders.rename("orders_old")
             client.shop.orders_old.insert_one({"_id": 100, "pii": True})
-    later = _mcdc("catch-up", *uris, "--filter", rule, "--no-progress")
+    later = mcdc("catch-up", *uris, "--filter", rule, "--no-progress")
     assert later.returncode == 0, later.stderr
     assert "WARNING" in later.stderr and "--filter 'shop\\.orders=" in later.stderr
     with pymongo.MongoClient(target_uri) as client:
         assert "orders" not in client.shop.list_collection_names()
         if change == "rename":  # made before this run's stream opened: copied again under its new name's rules
             assert sorted(d["_id"] for d in client.shop.orders_old.find()) == list(range(101))
-    verified = _mcdc("verify", *uris, "--filter", rule)
+    verified = mcdc("verify", *uris, "--filter", rule)
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 

@@ -8,12 +8,12 @@ minutes) bounds how long an outage may take to be told."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pymongo
 import pytest
 
+from tests.support.cli import mcdc, one_line_error
 from tests.support.servers import free_port
 
 pytestmark = pytest.mark.integration
@@ -23,19 +23,10 @@ _FAST = ("--retry-initial-delay", "0.05", "--retry-max-delay", "0.1")
 _S3 = ("AWS_ALLOW_HTTP=true", "AWS_ACCESS_KEY_ID=a", "AWS_SECRET_ACCESS_KEY=b", "AWS_REGION=us-east-1")
 
 
-def _mcdc(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "replicator.cli", *args], capture_output=True, text=True, timeout=150)
-
-
-def _one_line_error(result: subprocess.CompletedProcess[str], code: int, *fragments: str) -> str:
-    assert result.returncode == code, (result.returncode, result.stderr[-3000:])
-    errors = [line for line in result.stderr.splitlines() if line.startswith("mcdc: error:")]
-    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    for fragment in fragments:
-        assert fragment in errors[0], errors[0]
+def _no_noise(result: subprocess.CompletedProcess[str]) -> None:
+    """No HTTP client's or object store's raw text in what the user reads."""
     for noise in ("HTTPConnectionPool", "urllib3", "NewConnectionError", "\x1b["):
         assert noise not in result.stderr, result.stderr[-3000:]
-    return errors[0]
 
 
 def _targets(tmp_path: Path) -> dict[str, tuple[str, ...]]:
@@ -60,14 +51,16 @@ def test_an_unreachable_target_exits_75_at_once_from_sync_and_after_max_retries_
         client.shop.orders.insert_many([{"_id": i} for i in range(3)])
     target, *options = _targets(tmp_path)[kind]
     args = ("-s", source_uri, "-t", target, *options, "--connect-timeout", "3", "--no-progress")
-    synced = _mcdc("sync", *args, "-c", str(tmp_path / "sync.json"))  # the default retries: none at start
-    assert "gave up" not in _one_line_error(synced, 75, "is unreachable")
-    tailed = _mcdc("tail", *args, *_FAST, "-c", str(tmp_path / "tail.json"), "--max-retries", "1")
-    _one_line_error(tailed, 75, "gave up after 1 retries (--max-retries 1)", "is unreachable")
+    synced = mcdc("sync", *args, "-c", str(tmp_path / "sync.json"))  # the default retries: none at start
+    assert "gave up" not in one_line_error(synced, 75, "is unreachable")
+    _no_noise(synced)
+    tailed = mcdc("tail", *args, *_FAST, "-c", str(tmp_path / "tail.json"), "--max-retries", "1")
+    one_line_error(tailed, 75, "gave up after 1 retries (--max-retries 1)", "is unreachable")
+    _no_noise(tailed)
     assert not (tmp_path / "sync.json").exists() and not (tmp_path / "tail.json").exists()
 
 
 def test_a_mongodb_port_named_as_a_kafka_broker_is_a_mistake_exit_2(source_uri: str, tmp_path: Path) -> None:
     port = source_uri.split("//", 1)[1].split("/", 1)[0]
-    result = _mcdc("sync", "-s", source_uri, "-t", f"kafka://{port}", "-c", str(tmp_path / "cp.json"), *_FAST)
-    _one_line_error(result, 2, f"kafka://{port}", "not as a Kafka broker")
+    result = mcdc("sync", "-s", source_uri, "-t", f"kafka://{port}", "-c", str(tmp_path / "cp.json"), *_FAST)
+    one_line_error(result, 2, f"kafka://{port}", "not as a Kafka broker")

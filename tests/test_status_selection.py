@@ -5,26 +5,13 @@ another migration's state. Against the real servers."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pymongo
 import pytest
 
+from tests.support.cli import mcdc, one_line_error
+
 pytestmark = pytest.mark.integration
-
-
-def _mcdc(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "replicator.cli", *args], capture_output=True, text=True, timeout=120)
-
-
-def _one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
-    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
-    errors = [line for line in result.stderr.splitlines() if line.startswith("mcdc: error:")]
-    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
-    for fragment in fragments:
-        assert fragment in errors[0], errors[0]
-    return errors[0]
 
 
 def test_status_and_cutover_of_a_selection_never_run_name_the_pair_s_migrations(
@@ -34,10 +21,10 @@ def test_status_and_cutover_of_a_selection_never_run_name_the_pair_s_migrations(
         client.shop.orders.insert_many([{"_id": i} for i in range(5)])
         client.crm.people.insert_one({"_id": 1})
     uris = ("-s", source_uri, "-t", target_uri)
-    assert _mcdc("sync", *uris, "--no-progress").returncode == 0  # the pair's one migration: everything
+    assert mcdc("sync", *uris, "--no-progress").returncode == 0  # the pair's one migration: everything
     for command in (("status",), ("status", "--json"), ("cutover",)):
-        asked = _mcdc(*command, *uris, "--include", "zzz\\..*")
-        line = _one_line_error(asked, "no migration of this source and target", "--include zzz\\..*", "(everything)")
+        asked = mcdc(*command, *uris, "--include", "zzz\\..*")
+        line = one_line_error(asked, 2, "no migration of this source and target", "--include zzz\\..*", "(everything)")
         assert "checkpoint-" in line, line  # the migration there is, by its checkpoint
         assert asked.stdout == ""
 
@@ -48,10 +35,12 @@ def test_of_two_migrations_each_is_found_by_its_selection_and_a_third_by_none(so
         client.crm.people.insert_one({"_id": 1})
     uris = ("-s", source_uri, "-t", target_uri)
     for include in ("shop\\..*", "crm\\..*"):
-        assert _mcdc("sync", *uris, "--include", include, "--no-progress").returncode == 0
-    shop = _mcdc("status", *uris, "--include", "shop\\..*", "--json")
-    crm = _mcdc("status", *uris, "--include", "crm\\..*", "--json")
+        assert mcdc("sync", *uris, "--include", include, "--no-progress").returncode == 0
+    shop = mcdc("status", *uris, "--include", "shop\\..*", "--json")
+    crm = mcdc("status", *uris, "--include", "crm\\..*", "--json")
     assert shop.returncode == 0 and crm.returncode == 0, shop.stderr + crm.stderr
     assert json.loads(shop.stdout)["checkpoint"] != json.loads(crm.stdout)["checkpoint"]
-    line = _one_line_error(_mcdc("status", *uris, "--include", "shop\\.orders"), "--include shop\\..*", "--include crm")
+    line = one_line_error(
+        mcdc("status", *uris, "--include", "shop\\.orders"), 2, "--include shop\\..*", "--include crm"
+    )
     assert line.count("checkpoint-") == 2, line
