@@ -44,6 +44,7 @@ def auth_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Secure
             "src_least": ["readAnyDatabase"],  # a selection that names its databases
             "src_whole": ["readAnyDatabase", "clusterMonitor"],  # the deployment (mongod: readAnyDatabase)
             "src_read": [_db("shop")],  # one database: its own change stream, not the deployment's
+            "src_crm": [_db("crm")],  # read on another database than the one selected
         },
     )
     try:
@@ -247,6 +248,44 @@ def test_a_missing_privilege_is_one_line_naming_the_side_and_the_role_before_any
     assert errors == [f"mcdc: error: {errors[0].removeprefix('mcdc: error: ')}"], result.stderr
     assert expected in errors[0], errors[0]
     assert _user_databases(target) == []  # nothing written
+    out.assert_no_credentials(src, tgt)
+
+
+@pytest.mark.parametrize("side", ["source", "target"])
+def test_a_uri_without_a_user_is_told_to_put_one_in_not_to_grant_a_role(
+    servers_clean: tuple[SecureServer, SecureServer], tmp_path: Path, side: str
+) -> None:
+    """No user in the URI of a server that requires one: no role can help, the URI needs a user."""
+    source, target = servers_clean
+    src = source.uri if side == "source" else source.user_uri("src_whole")
+    tgt = target.uri if side == "target" else target.user_uri("tgt_least")
+    out = Outputs(tmp_path)
+    for include in ([SHOP], [r"sh.p\..*"]):  # a database named literally (listCollections), or listDatabases
+        args = [arg for pattern in include for arg in ("--include", pattern)]
+        result = out.run("sync", "-s", src, "-t", tgt, "-c", str(tmp_path / "cp.json"), *args, "--no-progress")
+        errors = [line for line in result.stderr.splitlines() if line.startswith("mcdc: error:")]
+        assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
+        assert errors[0] == (
+            f"mcdc: error: the {side} requires authentication: put a user in the URI (mongodb://USER:PASSWORD@HOST/...)"
+        ), errors[0]
+        assert _user_databases(target) == []
+    out.assert_no_credentials(src, tgt)
+
+
+def test_read_on_another_database_is_told_the_read_the_selection_needs(
+    servers_clean: tuple[SecureServer, SecureServer], tmp_path: Path
+) -> None:
+    """read on crm, selecting shop: read on shop is enough (least-privilege.md's table), not readAnyDatabase."""
+    source, target = servers_clean
+    src, tgt = source.user_uri("src_crm"), target.user_uri("tgt_least")
+    out = Outputs(tmp_path)
+    for extra in ((), ("--snapshot-only",)):
+        result = out.run("sync", "-s", src, "-t", tgt, "-c", str(tmp_path / "cp.json"), "--include", SHOP, *extra)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("mcdc: error:")]
+        assert result.returncode == 2 and len(errors) == 1, result.stderr
+        assert errors[0].startswith("mcdc: error: source: user src_crm may not "), errors[0]
+        assert errors[0].endswith("on shop (grant read on shop, or readAnyDatabase)"), errors[0]
+    assert _user_databases(target) == []
     out.assert_no_credentials(src, tgt)
 
 

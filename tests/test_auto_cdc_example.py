@@ -315,3 +315,28 @@ def test_merge_catalog_refuses_in_one_line_what_spark_would_refuse_after_the_run
         "jars on the classpath (spark.jars.packages)? [CANNOT_LOAD_CATALOG.PLUGIN_CLASS_NOT_FOUND] Cannot load "
         "catalog 'lake'"
     )
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", ["iceberg", "delta"])
+def test_the_conf_files_keep_spark_s_own_files_out_of_the_working_directory(tmp_path: Path, kind: str) -> None:
+    """Issue 49: running the README left spark-warehouse/ (and a metastore, derby.log) where it ran. The conf
+    files put Spark's warehouse and the SQL CLI's metastore under /tmp/mcdc-auto-cdc. Run with the conf as
+    written but for its jar (no Maven Central here), on a statement that needs no catalog plugin."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    real = (EXAMPLE / "conf" / kind / "spark-defaults.conf").read_text()
+    kept = [line for line in real.splitlines(keepends=True) if not line.startswith(("spark.jars", "spark.sql.ext"))]
+    kept = [line for line in kept if "DeltaCatalog" not in line]  # the catalog class is in the jar
+    # its paths moved into this test's directory: the reader's /tmp/mcdc-auto-cdc is not the test's to write
+    (conf / "spark-defaults.conf").write_text("".join(kept).replace("/tmp/mcdc-auto-cdc", str(tmp_path / "state")))
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    env = _environment(SPARK_CONF_DIR=str(conf), PYSPARK_PYTHON=sys.executable)
+    done = subprocess.run(
+        ["spark-sql", "-e", "CREATE NAMESPACE IF NOT EXISTS mcdc_trace; SELECT 1"], cwd=cwd, env=env,
+        capture_output=True, text=True, timeout=TIMEOUT_S,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name for p in cwd.iterdir()) == []
+    assert (tmp_path / "state").is_dir()  # where they went

@@ -306,7 +306,7 @@ def test_checkpoint_of_another_deployment_is_refused(
 
 
 def test_deployment_identity_prefers_the_servers_own_id() -> None:
-    from replicator.source.connection import ServerInfo, deployment_identity
+    from replicator.source.connection import ServerInfo, deployment_identity, uri_identity
 
     strong = ServerInfo("replicaset", "rs0", "p", 21, deployment_id=SOURCE)
     assert deployment_identity(strong, "mongodb://a:1,b:2/?replicaSet=rs0") == SOURCE
@@ -316,6 +316,11 @@ def test_deployment_identity_prefers_the_servers_own_id() -> None:
     assert deployment_identity(weak, uri) == "rs:rs0@a:1,b:2"
     mongos = ServerInfo("sharded", None, "p", 21)
     assert deployment_identity(mongos, "mongodb://router") == "hosts:router:27017"
+    # a set that hides its id is named by its members as its configuration names them, not by the URI
+    members = ServerInfo("replicaset", "rs0", "p", 21, members=("db1:27017", "db2:27017"))
+    for spelled in ("mongodb://db1/?replicaSet=rs0", "mongodb://10.0.0.7:27017,db2/?replicaSet=rs0"):
+        assert deployment_identity(members, spelled) == "rs:rs0@db1:27017,db2:27017"
+    assert uri_identity(members, "mongodb://10.0.0.7/?replicaSet=rs0") == "rs:rs0@10.0.0.7:27017"
 
 
 def test_event_target_identity_is_the_redacted_uri_and_topic_prefix(tmp_path: Path) -> None:

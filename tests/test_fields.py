@@ -149,3 +149,27 @@ def test_a_rule_that_names_id_through_a_dotted_collection_name_is_refused() -> N
 def test_debezium_colon_form_of_a_rename() -> None:
     out = editor(rename=("shop.customers.a:b",)).document(raw({"_id": 1, "a": 1}))
     assert out.raw == bson.encode({"_id": 1, "b": 1})
+
+
+def test_a_unique_index_on_an_edited_field_is_named_and_its_event_stops_the_stream() -> None:
+    rules = FieldRules(["shop.people.ssn", "shop.*.address.zip"], ["shop.people.name=full"])
+    people = Namespace("shop", "people")
+    unique = {"key": {"ssn": 1}, "name": "ssn_1", "unique": True}
+    said = rules.unique_refusal(people, [unique])
+    assert said is not None and said.startswith("source: shop.people's unique index ssn_1 is on ssn, which ")
+    assert "--field-exclude 'shop.people.ssn' drops" in said
+    assert "rule" in str(rules.unique_refusal(people, [{"key": {"full": 1, "name": 1}, "name": "n", "unique": True}]))
+    assert rules.unique_refusal(people, [{"key": {"address": 1}, "name": "a", "unique": True}]) is not None
+    # kept: not unique, sparse on that one field, on a field no rule edits, in another collection
+    assert rules.unique_refusal(people, [{"key": {"ssn": 1}, "name": "s"}]) is None
+    assert rules.unique_refusal(people, [{**unique, "sparse": True}]) is None
+    assert rules.unique_refusal(people, [{"key": {"email": 1}, "name": "e", "unique": True}]) is None
+    assert rules.unique_refusal(Namespace("crm", "people"), [unique]) is None
+    apply = transform_fields(rules)
+    event = ChangeEvent(Op.CREATE_INDEXES, people, ddl={"indexes": [unique]})
+    with pytest.raises(ConfigError, match="unique index ssn_1"):
+        apply(event)
+    plain = ChangeEvent(
+        Op.CREATE_INDEXES, people, ddl={"indexes": [{"key": {"email": 1}, "name": "e", "unique": True}]}
+    )
+    assert apply(plain) is plain

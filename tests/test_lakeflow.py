@@ -333,3 +333,16 @@ def test_databricks_labs_conformance_suite_passes_live_and_through_their_spark_d
     for name in (*theirs, *ours):
         assert re.search(rf"::{name}.* PASSED", out), f"{name} did not pass:\n{out[-6000:]}"
     assert "FAILED" not in out
+
+
+def test_the_docs_example_runs_as_written(source_uri: str) -> None:
+    """docs/how-to/databricks.md's block, its source URI put in: the tables it says, and a first page."""
+    with connect(source_uri) as client:
+        client.shop.customers.insert_one({"_id": 1})
+        client.shop.orders.insert_many([{"_id": i} for i in range(3)])
+    page = (Path(__file__).resolve().parent.parent / "docs" / "how-to" / "databricks.md").read_text()
+    (block,) = re.findall(r"```python\n(.*?)```", page, re.S)
+    names: dict[str, Any] = {}
+    exec(block.replace("mongodb://src/?replicaSet=rs0", source_uri), names)  # the docs' own code
+    assert names["source"].list_tables() == ["shop.customers", "shop.orders"]
+    assert list(names["records"]) == [] and names["offset"]  # the first call: the snapshot's offset

@@ -159,8 +159,8 @@ def test_a_refusal_at_run_time_names_the_side_and_the_role(side: str, command: s
 
 def test_explain_refusal_follows_the_cause_and_names_the_side_that_sent_the_command() -> None:
     said = "not authorized on shop to execute command (action: insert)"
-    connection._REFUSED.append(("target", "insert", "shop", said))
-    connection._REFUSED.append(("source", "find", "local", "not authorized on local to execute command"))
+    connection._REFUSED.append(("target", "insert", "shop", said, False))
+    connection._REFUSED.append(("source", "find", "local", "not authorized on local to execute command", False))
     refused = OperationFailure(said, 13, {"ok": 0, "errmsg": said, "code": 13})
     try:
         try:
@@ -172,6 +172,25 @@ def test_explain_refusal_follows_the_cause_and_names_the_side_that_sent_the_comm
     assert explain_refusal(OperationFailure("duplicate key", 11000)) is None
     unseen = OperationFailure("x", 13, {"errmsg": "not authorized on crm", "code": 13})
     assert explain_refusal(unseen) is None  # no client saw it: its side is unknown
+    # a client that gave no credentials: no role helps, the URI needs a user
+    anonymous = "command listDatabases requires authentication"
+    connection._REFUSED.append(("source", "listDatabases", "admin", anonymous, True))
+    told = explain_refusal(OperationFailure(anonymous, 13, {"errmsg": anonymous, "code": 13}))
+    assert told == "the source requires authentication: put a user in the URI (mongodb://USER:PASSWORD@HOST/...)"
+
+
+@pytest.mark.parametrize(
+    ("uri", "credentials"),
+    [
+        ("mongodb://127.0.0.1:27017/?directConnection=true", False),
+        ("mongodb://app:pw@h1,h2/?replicaSet=rs0", True),
+        ("mongodb+srv://app@cluster.example.net/", True),
+        ("mongodb://h/?authMechanism=MONGODB-X509&tls=true", True),
+        ("mongodb://h/?appName=a@b", False),
+    ],
+)
+def test_a_uri_gives_credentials_by_a_user_or_an_auth_mechanism(uri: str, credentials: bool) -> None:
+    assert connection.has_credentials(uri) is credentials
 
 
 @pytest.mark.parametrize(

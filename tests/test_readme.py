@@ -226,8 +226,10 @@ def test_the_readme_commands_run_as_written(
             else:
                 result = shell.run(command)
                 _ok(result, command)
-                if "| jq" in command:
-                    assert "total" in result.stdout  # the documents' after images (JSON strings)
+                if "| jq" in command:  # the documents themselves, not their after images as JSON strings
+                    documents = [json.loads(line) for line in result.stdout.splitlines()]
+                    assert documents and all(isinstance(d, dict) and "_id" in d for d in documents), result.stdout
+                    assert any("total" in d for d in documents), result.stdout
 
 
 @pytest.mark.integration

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -28,6 +29,7 @@ from replicator.settings.config import Settings
 from replicator.settings.fields import FieldEditor, FieldRules
 from replicator.settings.filters import filtered
 from replicator.settings.selection import rename_spec, target_databases
+from replicator.settings.unmatched import unmatched_rule
 from replicator.settings.uri import is_mongo_uri, redact
 from replicator.sinks.mongo.schema import same_index
 from replicator.sinks.mongo.sharding import same_key
@@ -38,6 +40,8 @@ from replicator.source.partitions import Partition, plan_collection, with_catch_
 from replicator.source.reads import ReadPolicy, SourceReads, start_reads
 from replicator.source.sharding import with_shard_keys
 from replicator.source.snapshot import read_partition
+
+log = logging.getLogger("mcdc.verify")
 
 #: ``_id``s read per query when only some documents are compared
 _BY_KEY = 1000
@@ -320,9 +324,13 @@ class _Verifier:
 
     async def run(self) -> VerifyReport:
         s = self.s
-        problem = catalog.unmatched(s.selection, await catalog.list_namespaces(self.source, s.selection))
+        namespaces = await catalog.list_namespaces(self.source, s.selection)
+        problem = catalog.unmatched(s.selection, namespaces)
         if problem is not None:  # nothing to compare would pass as "identical"
             raise ConfigError(f"nothing to verify: {problem}")
+        rule = unmatched_rule(s, namespaces)
+        if rule is not None:  # a slip here shows as differences, never as "identical": said, not refused
+            log.warning("%s", rule)
         specs = await catalog.describe(self.source, s.selection)
         wanted = {s.renamer(spec.ns): spec for spec in specs}
         on_target = await catalog.describe(self.target, target_databases(s.selection, s.renamer))

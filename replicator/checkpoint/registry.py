@@ -42,6 +42,8 @@ class Lease:
     #: target namespaces its copies wrote beyond its first snapshot (a widened selection's): its own, even
     #: after an older version of its checkpoint, which does not know of them, is restored
     owned: tuple[str, ...] = ()
+    #: other names of its target (job.preflight.target_keys): a target found under any is the same target
+    keys: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, data: Any) -> Lease | None:
@@ -53,6 +55,7 @@ class Lease:
                 recorded=dict(data.get("recorded") or {}),
                 targets=tuple(str(ns) for ns in data.get("targets") or ()),
                 owned=tuple(str(ns) for ns in data.get("owned") or ()),
+                keys=tuple(str(key) for key in data.get("keys") or ()),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None  # an entry this mcdc cannot read is dropped, not fatal

@@ -19,9 +19,10 @@ from pathlib import Path
 from replicator.checkpoint.registry import Held, Lease, Registry, held
 from replicator.checkpoint.store import Checkpoint, CheckpointStore
 from replicator.errors import ConfigError
-from replicator.events import Namespace
+from replicator.events import ChangeEvent, Namespace
 from replicator.observe.tally import listing
 from replicator.replay.recorded import FIELDS, Recorded
+from replicator.replay.stage import Transform
 from replicator.settings.config import Settings, state_dir
 from replicator.settings.selection import Renamer, Scope, shared_targets
 from replicator.sinks.registry import scheme_of
@@ -63,19 +64,25 @@ def find_migration(settings: Settings, path: Path) -> Path:
     """The one default checkpoint of this source and target when it copies another selection than the
     options say (a migration of --include ..., asked about with --source and --target alone), or the one
     that copies what they say when its file is named after an earlier selection (changed by a run given its
-    --checkpoint). Several: each one named, whatever their selections became."""
+    --checkpoint). Several, or options that select what none of them copies: each one named, whatever their
+    selections became (never another migration's checkpoint for the one asked about)."""
     found = settings.pair_checkpoints()
     asked = settings.copies()
-    if asked:  # the one that copies what the options say (its file named after an earlier selection)
-        found = [one for one in found if one[1] == asked] or found
-    if len(found) == 1:
-        return found[0][0]
     if not found:
         raise ConfigError(
             f"no checkpoint at {path}, the default one of this source and target "
             "(pass --checkpoint if the run was given one)"
         )
     migrations = "; ".join(f"{p} ({_copies_flags(copies) or 'everything'})" for p, copies in found)
+    if asked:  # the one that copies what the options say (its file named after an earlier selection)
+        found = [one for one in found if one[1] == asked]
+        if not found:  # never another migration's: an operator would read its state for this one's
+            raise ConfigError(
+                f"no migration of this source and target copies {_copies_flags(asked)}: its migrations are "
+                f"{migrations}; pass the selection options of one of them, or --checkpoint"
+            )
+    if len(found) == 1:
+        return found[0][0]
     raise ConfigError(
         f"this source and target have {len(found)} migrations: {migrations}; pass --checkpoint, or the "
         "--include (and other selection options) of the one to read"
@@ -101,14 +108,17 @@ def hold_targets(
     source: str,
     target: str,
     namespaces: Sequence[Namespace],
+    keys: Sequence[str] = (),
 ) -> None:
-    """Refuse this run if another migration of ``target`` (a deployment's identity) writes a target namespace
-    it would write (mapped from the source's ``namespaces``, or named by its ``--include``); else record it
+    """Refuse this run if another migration of ``target`` (a deployment's identity, or any of its other
+    names: ``keys``, see :func:`~.preflight.target_keys`) writes a target namespace it would write (mapped
+    from the source's ``namespaces``, or named by its ``--include``), or writes the same file; else record it
     in the registry. Before anything is written. A copy of this run's checkpoint (``cp``) elsewhere is this
     same migration: refused only while a run goes on from it."""
     scope = Scope(settings.selection, settings.renamer)
     mine = scope.mapped(namespaces)
-    me = Lease(str(store.real), target, source, Recorded.of(settings).to_json(), tuple(sorted(map(str, mine))))
+    me = Lease(str(store.real), target, source, Recorded.of(settings).to_json(), tuple(sorted(map(str, mine))),
+               keys=tuple(keys))  # fmt: skip
     if scheme_of(settings.target) == "stdout":
         return  # each run's standard output is a destination of its own
     registry = Registry(state_dir())
@@ -122,7 +132,11 @@ def hold_targets(
             if other is None:
                 continue
             kept.append(lease)
-            shared = _shared(other, scope, mine) if _target_of(other) == target else []
+            same = _same_target(other, me)
+            files = [key for key in same if key.startswith("file:")]
+            if files and not _same_migration(cp, other):  # one file, one writer: whatever each selects
+                raise ConfigError(_file_refusal(other, files[0]))
+            shared = _shared(other, scope, mine) if same else []
             if shared and _same_migration(cp, other):
                 if other.running:
                     raise ConfigError(
@@ -166,6 +180,78 @@ def _same_migration(cp: Checkpoint | None, other: Held) -> bool:
 def _target_of(other: Held) -> str:
     cp = other.checkpoint
     return cp.target_identity if cp is not None and cp.target_identity else other.lease.target
+
+
+def _same_target(other: Held, me: Lease) -> set[str]:
+    """The names under which ``other``'s target is this run's (``me``'s): empty when it is another target."""
+    theirs = {_target_of(other), other.lease.target, *other.lease.keys}
+    return theirs & {me.target, *me.keys}
+
+
+def _file_refusal(other: Held, key: str) -> str:
+    path = other.lease.checkpoint
+    state = "running" if other.running else "stopped, resumable"
+    go_on = (
+        "stop it first, or" if other.running else
+        f"to go on with that migration, run it with --checkpoint {path} (and --snapshot always to copy it again);"
+    )  # fmt: skip
+    return (
+        f"target: the file {key.removeprefix('file:')} is written by another migration (checkpoint {path}, "
+        f"{state}), under this name or another (a symbolic link, another --topic-prefix): one migration per file, "
+        f"whose snapshot or --drop-target would empty it under the other; {go_on} give this one a file of its own"
+    )
+
+
+def guard_writes(store: CheckpointStore, transform: Transform) -> Transform:
+    """``transform``, refusing (ConfigError, one line) an event that would write, create, drop or rename a
+    target namespace another migration of this target selects: an overlap of two selections made after both
+    started (a collection created on either source, or renamed onto a name, that both select), which would
+    otherwise mix the two copies or drop the other's. Each target namespace is asked once per run (in the
+    registry), the first time an event reaches it: before that event is written."""
+    asked: set[Namespace] = set()
+    last: list[Namespace | None] = [None]  # a run of events of one namespace object is not hashed again
+
+    def guarded(event: ChangeEvent) -> ChangeEvent | None:
+        out = transform(event)
+        if out is None or (out.ns is last[0] and out.to is None):
+            return out
+        for ns in (out.ns, out.to):
+            if ns is None or ns.coll is None or ns in asked:
+                continue
+            problem = _foreign(store, ns, out)
+            if problem is not None:
+                raise ConfigError(problem)
+            asked.add(ns)
+        last[0] = out.ns
+        return out
+
+    return guarded
+
+
+def _foreign(store: CheckpointStore, ns: Namespace, event: ChangeEvent) -> str | None:
+    """Why ``event`` may not reach target namespace ``ns``: another migration of the same target selects it."""
+    registry, path = Registry(state_dir()), str(store.real)
+    with registry.locked() as leases:
+        me = next((lease for lease in leases if lease.checkpoint == path), None)
+        if me is None:
+            return None  # not recorded (a standard output's run)
+        held_me = held(me)
+        mine = held_me.checkpoint if held_me is not None else None
+        for lease in _with_unrecorded(leases):
+            other = held(lease) if lease.checkpoint != path else None
+            if other is None or not _same_target(other, me) or _same_migration(mine, other):
+                continue
+            recorded = Recorded.from_json(other.recorded)
+            if not Scope(recorded.selection, Renamer.from_rules(recorded.rename))(ns):
+                continue
+            state = "running" if other.running else "stopped, resumable"
+            return (
+                f"target: {ns}, which this run's {event.op.value} of {event.origin or event.ns} would reach, is "
+                f"selected by another migration of this target (checkpoint {lease.checkpoint}, "
+                f"{flags(recorded) or 'everything'}, {state}): one migration per target namespace; narrow one of "
+                f"the two selections (--include, --exclude) so that only one of them writes {ns}"
+            )
+    return None
 
 
 def _shared(other: Held, scope: Scope, mine: set[Namespace]) -> list[Namespace]:

@@ -39,6 +39,7 @@ from replicator.job.preflight import (
     check_target_privileges,
     refuse_same_server,
     source_name,
+    target_keys,
 )
 from replicator.job.replay import Replay
 from replicator.job.startup import check_recorded, check_selection, claim, reach
@@ -143,7 +144,8 @@ class SyncJob:
                         claim(self.store, self.s, info, sink, cp, started=True)
                     assert self.store.owner is not None
                     source_id, target_id = self.store.owner
-                    hold_targets(self.store, self.s, cp, source=source_id, target=target_id, namespaces=namespaces)
+                    hold_targets(self.store, self.s, cp, source=source_id, target=target_id, namespaces=namespaces,
+                                 keys=target_keys(sink, self.s))  # fmt: skip
                     # the target's own TTL monitor deletes nothing while the migration writes it (sinks/mongo/ttl.py)
                     mapped = Scope(self.s.selection, self.s.renamer).mapped(namespaces)
                     await sink.hold_ttls(sorted(mapped, key=str), cp.held if cp is not None else None)

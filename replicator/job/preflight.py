@@ -16,7 +16,7 @@ from replicator.settings.uri import host_set, is_mongo_uri, redact
 from replicator.sinks.base import Sink
 from replicator.sinks.registry import scheme_of
 from replicator.source import catalog
-from replicator.source.connection import Client, ServerInfo, deployment_identity, grants
+from replicator.source.connection import Client, ServerInfo, deployment_identity, grants, uri_identity
 from replicator.source.privileges import (
     Grants,
     Need,
@@ -54,9 +54,19 @@ async def check_source_privileges(client: Client, settings: Settings, cp: Checkp
                 f"it: --include only {scope.database}'s collections, or begin another migration (another "
                 "--checkpoint) with readAnyDatabase on the source"
             )
+        stream_db = scope.database
     else:
         scope = StreamScope(stream_database(granted, databases))
-    needs = source_needs(databases, stream=not settings.snapshot_only, stream_db=scope.database)
+        stream_db = scope.database
+        one = databases[0] if databases is not None and len(databases) == 1 else None
+        if (
+            stream_db is None
+            and granted is not None
+            and one is not None
+            and missing(source_needs(None, stream=True), granted)
+        ):
+            stream_db = one  # neither stream may be opened: the one database's is the least to grant
+    needs = source_needs(databases, stream=not settings.snapshot_only, stream_db=stream_db)
     refuse_lacking("source", granted, needs)
     return scope
 
@@ -108,6 +118,27 @@ def source_name(info: ServerInfo, uri: str) -> str:
     if info.set_name:
         return f"rs:{info.set_name}"
     return "hosts:" + ",".join(sorted(host_set(uri)))
+
+
+def target_keys(sink: Sink, settings: Settings) -> tuple[str, ...]:
+    """Every name of this run's target, beside :func:`target_identity`, by which another migration may have
+    recorded the same target (checkpoint.registry): a MongoDB target's identity as an older mcdc made it
+    (from the URI's hosts); a JSON-lines file by its real path, symlinks resolved, whatever the topic prefix
+    (``file:``: one writer per file, whatever it selects); a local lake by its real path (its tables do not
+    depend on the topic prefix)."""
+    target = settings.target
+    if is_mongo_uri(target):
+        server = getattr(sink, "server", None)
+        if not isinstance(server, ServerInfo):
+            return ()
+        return tuple(dict.fromkeys((deployment_identity(server, target), uri_identity(server, target))))
+    scheme = scheme_of(target)
+    rest = target[len(scheme) + 1 :]
+    if scheme == "jsonl":
+        return ("file:" + os.path.realpath(os.path.expanduser(rest)),)
+    if scheme in ("delta", "iceberg"):
+        return (f"{scheme}:" + (redact(rest) if "://" in rest else os.path.realpath(os.path.expanduser(rest))),)
+    return ()
 
 
 def target_identity(sink: Sink, settings: Settings) -> str | None:

@@ -14,7 +14,7 @@ from replicator.checkpoint.store import Checkpoint, CheckpointStore
 from replicator.engines.base import Engine
 from replicator.errors import ConfigError
 from replicator.events import ChangeEvent, Namespace, Op
-from replicator.job.migrations import own
+from replicator.job.migrations import guard_writes, own
 from replicator.observe.metrics import Metrics
 from replicator.observe.progress import Reporter
 from replicator.observe.summary import Summary
@@ -133,6 +133,7 @@ class Replay:
             fields=self._fields,
             filters=self.s.filters or None,
         )
+        transform = guard_writes(self._store, transform)  # nothing onto another migration's namespace
         stage = self._stage(sink, transform, snapshot_window=snapshot_window)
         self._reporter.replay_begin()
         started = time.monotonic()

@@ -9,9 +9,9 @@ from typing import TypeVar
 from pymongo.errors import PyMongoError
 
 from replicator.checkpoint.store import Checkpoint, CheckpointStore
-from replicator.errors import ConfigError, ServerUnavailable
+from replicator.errors import ConfigError, ServerUnavailable, SinkUnavailable
 from replicator.events import Namespace
-from replicator.job.preflight import source_name, target_identity
+from replicator.job.preflight import source_name, target_identity, target_keys
 from replicator.observe.progress import Reporter
 from replicator.observe.summary import Summary
 from replicator.observe.tally import duration
@@ -20,10 +20,11 @@ from replicator.settings.config import Settings
 from replicator.settings.fields import FieldRules
 from replicator.settings.guard import renamed_filter_fields
 from replicator.settings.selection import check_collisions
+from replicator.settings.unmatched import refusal, unmatched_rule
 from replicator.settings.uri import redact
 from replicator.sinks.base import Sink
 from replicator.source import catalog
-from replicator.source.connection import Client, ServerInfo, deployment_identity, server_message
+from replicator.source.connection import Client, ServerInfo, deployment_identity, server_message, uri_identity
 from replicator.source.retry import Retrier, is_retryable
 
 T = TypeVar("T")
@@ -42,22 +43,37 @@ def check_recorded(settings: Settings, cp: Checkpoint | None, path: str) -> None
 async def check_selection(
     client: Client, settings: Settings, fields: FieldRules, reporter: Reporter, *, command: str, first_run: bool
 ) -> list[Namespace]:
-    """A first run whose --include matches nothing on the source is a mistake: refused before anything
-    is written. Otherwise a selection that matches nothing is worth a warning (sync and tail): the
-    source may be empty yet, or its namespaces dropped since the last run. Two selected namespaces that
-    --rename maps onto one target namespace, and a field rule that names an _id, are refused on every
-    run. Returns the source's namespaces."""
+    """A first run whose --include, or any other rule that names namespaces (--exclude, --filter,
+    --rename, the field rules, --shard-target), matches nothing on the source is a mistake (a typo would copy
+    what the rule was written to keep out): refused before anything is written, unless
+    --allow-unmatched says the rule means a namespace created later. Otherwise a selection or a rule that
+    matches nothing is worth a warning: the source may be empty yet, or its namespaces dropped since the
+    last run (a selection that matches nothing is not said by catch-up, a cron job). Two selected
+    namespaces that --rename maps onto one target namespace, a field rule that names an _id, and one that
+    drops or renames a field a unique index is on (the index could not be built on the target), are
+    refused on every run. Returns the source's namespaces."""
     namespaces = await catalog.list_namespaces(client, settings.selection)
     check_collisions([ns for ns in namespaces if settings.selection(ns)], settings.renamer)
     fields.check([ns for ns in namespaces if settings.selection(ns)])
+    if fields:  # a unique index on a field the rules edit could not be built on the target
+        for spec in await catalog.describe(client, settings.selection):
+            unbuildable = fields.unique_refusal(spec.ns, spec.indexes)
+            if unbuildable is not None:
+                raise ConfigError(unbuildable)
     conflict = renamed_filter_fields(settings.guard, settings.filters, fields, namespaces)
     if conflict is not None:
         raise ConfigError(conflict)
     problem = catalog.unmatched(settings.selection, namespaces)
-    if problem is not None and settings.include and first_run:
-        raise ConfigError(problem)
+    rule = unmatched_rule(settings, namespaces)
+    refused = first_run and not settings.allow_unmatched
+    if problem is not None and settings.include and refused:
+        raise ConfigError(refusal(problem))
+    if rule is not None and refused:
+        raise ConfigError(refusal(rule))
     if problem is not None and command != "catch-up":
         reporter.warn(problem)
+    if rule is not None:
+        reporter.warn(rule)
     return namespaces
 
 
@@ -69,13 +85,15 @@ def claim(
     target = target_identity(sink, settings)
     if target is None and not started:
         return False
-    store.claim(
-        cp,
-        source=deployment_identity(info, settings.source),
-        target=target or redact(settings.target),  # a MongoDB sink that did not expose its server
-        source_name=source_name(info, settings.source),
-        pair=settings.pair_key(),
-    )
+    source = deployment_identity(info, settings.source)
+    target = target or redact(settings.target)  # a MongoDB sink that did not expose its server
+    if cp is not None:  # what an older mcdc recorded of these same servers (by the URI's hosts) is theirs too
+        if cp.source_identity == uri_identity(info, settings.source):
+            cp.source_identity = source
+        if cp.target_identity is not None and cp.target_identity in target_keys(sink, settings):
+            cp.target_identity = target
+    store.claim(cp, source=source, target=target, source_name=source_name(info, settings.source),
+                pair=settings.pair_key())  # fmt: skip
     return True
 
 
@@ -89,17 +107,20 @@ async def reach(
     reporter: Reporter,
     summary: Summary,
 ) -> tuple[T] | None:
-    """``attempt()``'s result, once a server answers it. An outage at start (a Kafka broker not up yet,
-    or any unreachable server when :meth:`Settings.waits_at_start`: tail, or --max-retries given) is
-    said once, then waited for under --max-retries as an outage later in the run would be. None when
-    stopped meanwhile."""
+    """``attempt()``'s result, once a server answers it. A server or sink unreachable at start (a MongoDB
+    server, a Kafka broker, an object store or a catalog) ends the run at once, exit 75, unless
+    :meth:`Settings.waits_at_start` (tail, or --max-retries given): then it is said once, and waited for
+    under --max-retries as an outage later in the run would be. A retryable error of another kind (an
+    election) is waited for too. None when stopped meanwhile."""
     retries, waiting_since = retrier.retries, 0.0
     try:
         while True:
             try:
                 result = await attempt()
             except Exception as exc:
-                unreachable = isinstance(exc, ServerUnavailable) and settings.waits_at_start(command)
+                unreachable = isinstance(exc, ServerUnavailable | SinkUnavailable)
+                if unreachable and not settings.waits_at_start(command):
+                    raise
                 if not (unreachable or is_retryable(exc)):
                     raise
                 if not waiting_since:

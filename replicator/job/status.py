@@ -13,6 +13,7 @@ from replicator.checking.sweep_state import verification_of
 from replicator.checkpoint.store import CheckpointStore
 from replicator.errors import ConfigError
 from replicator.events import ts_to_json
+from replicator.job import ledger
 from replicator.job.migrations import find_migration
 from replicator.observe.migration import COMMITTED, STATES, STOPPED, Facts, progress_document
 from replicator.settings.config import Settings
@@ -110,7 +111,12 @@ def _running_state(snapshot: str) -> str:
 
 async def status(settings: Settings) -> dict[str, Any]:
     """``mcdc status``: the status of --checkpoint, else of the default checkpoint of --source and --target
-    (the one sync, catch-up and tail use without --checkpoint)."""
+    (the one sync, catch-up and tail use without --checkpoint); with --list, the migrations recorded in the
+    state directory; with --forget, the one forgotten (see :mod:`.ledger`)."""
+    if settings.forget is not None:
+        return ledger.forget(settings.forget)
+    if settings.list_migrations:
+        return {"migrations": ledger.migrations()}
     if settings.checkpoint is None and not (settings.source and settings.target):
         raise ConfigError(
             "which checkpoint? pass --checkpoint PATH, or --source and --target (or a --config naming them) "
@@ -127,6 +133,11 @@ async def status(settings: Settings) -> dict[str, Any]:
 
 
 def status_lines(status: dict[str, Any]) -> list[str]:
+    if "migrations" in status:
+        return ledger.listing_lines(status["migrations"])
+    if "forgotten" in status:
+        return [f"forgot the migration of checkpoint {status['forgotten']} ({status['state']}): its target's copies "
+                "stay as they are, and are no migration's now"]  # fmt: skip
     snap = status["snapshot"]
     progress = status["progress"]
     unknown = "- (not recorded yet: the next run records it)"

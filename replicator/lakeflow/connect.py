@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import difflib
 import json
 import logging
 import re
@@ -48,6 +47,7 @@ from replicator.lakeflow.records import (
     shard_fields,
 )
 from replicator.settings.config import Settings
+from replicator.settings.unmatched import near
 from replicator.source import catalog
 from replicator.source.changestream import oplog_window
 from replicator.source.connection import make_client, probe, server_message
@@ -56,6 +56,7 @@ from replicator.spark_datasource import offsets
 from replicator.spark_datasource.changes import sync_client
 from replicator.spark_datasource.offsets import ShardOffset
 from replicator.spark_datasource.options import settings_for
+from replicator.spark_datasource.snapshot import check_selection
 from replicator.spark_datasource.stream import ChangeStreamReader, position_now
 
 log = logging.getLogger("mcdc.lakeflow")
@@ -189,6 +190,7 @@ class MongoLakeflowConnect:
         _checked(settings_for(options, "source"))
         reader = ChangeStreamReader(options)
         reader.match = {"ns.db": ns.db, "ns.coll": ns.coll}
+        reader.checked = True  # the connector's rules were checked against its whole selection (_known)
         return reader
 
     def _shard_key(self, ns: Namespace) -> tuple[str, ...]:
@@ -204,8 +206,7 @@ class MongoLakeflowConnect:
         if self._tables is None or table not in self._tables:
             self._tables = asyncio.run(_collections(self._settings))
         if table not in self._tables:
-            near = difflib.get_close_matches(table, self._tables, n=1)
-            hint = f" (did you mean {quoted(near[0])}?)" if near else ""
+            hint = near(table, self._tables)
             raise ConfigError(f"table {quoted(table)} is not a selected collection of the source{hint}")
         return ns
 
@@ -222,9 +223,12 @@ def _checked(s: Settings) -> Settings:
 
 
 async def _collections(s: Settings) -> list[str]:
+    """The selected collections, once the selection's rules are checked against the source (a rule that
+    matches none is refused unless ``allow-unmatched`` says it means a collection created later)."""
     client = make_client(s.source, timeout_s=s.connect_timeout_s, io_timeout_s=s.io_timeout_s)
     try:
         await probe(client, s.source, "source")
+        await check_selection(client, s)
         specs = await catalog.describe(client, s.selection)
         return sorted(str(spec.ns) for spec in specs if spec.kind == "collection")
     finally:

@@ -138,6 +138,8 @@ class Settings:
     full_verify: bool = False  # cutover: compare everything, even after a clean pass of tail --verify
     reverse_checkpoint: Path | None = None  # cutover: where the way back's checkpoint goes (default: its pair's)
     release_only: bool = False  # cutover: only give back the target's TTLs the migration holds (sinks/mongo/ttl.py)
+    list_migrations: bool = False  # status: list the migrations recorded in the state directory
+    forget: Path | None = None  # status: forget this finished migration (its checkpoint and record)
     # event sinks (Kafka, stdout, jsonl); Debezium's property names in brackets
     topic_prefix: str = "mcdc"  # [topic.prefix] topics are <prefix>.<db>.<collection>
     topic_routes: tuple[str, ...] = ()  # REGEX=TOPIC on "db.collection" (first match wins; \1 = group 1)
@@ -156,6 +158,7 @@ class Settings:
     field_exclude: tuple[str, ...] = ()  # [field.exclude.list] db.coll.path: dropped from documents and updates
     field_rename: tuple[str, ...] = ()  # [field.renames] db.coll.path=newname
     filter: tuple[str, ...] = ()  # REGEX=QUERY: only the documents of db.coll that match (settings.filters)
+    allow_unmatched: bool = False  # a rule that names no namespace of the source yet: a warning, not a refusal
     engine: str = "asyncio"  # or "spark": snapshot partitions and the replay's writes as Spark tasks
     spark_master: str = "local[*]"  # ignored under spark-submit, whose session is used
     spark_conf: tuple[str, ...] = ()  # KEY=VALUE Spark settings

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -25,7 +25,7 @@ import bson
 from bson.raw_bson import RawBSONDocument
 
 from replicator.errors import ConfigError, quoted
-from replicator.events import ChangeEvent, Namespace, UpdateDescription
+from replicator.events import ChangeEvent, Namespace, Op, UpdateDescription
 
 _INT32 = struct.Struct("<i")
 _DOCUMENT, _ARRAY = 0x03, 0x04
@@ -48,6 +48,7 @@ class _Rule:
     rest: tuple[str, ...]  # collection name parts, then the field path
     rename: str | None
     text: str = ""  # as given, with its flag, for messages
+    names: str = ""  # the db.collection part as given (the rule's first two names), for "did you mean"
 
     def on_id(self, ns: Namespace) -> ConfigError:
         return ConfigError(
@@ -75,7 +76,8 @@ def _parse(rule: str, flag: str, *, rename: bool) -> _Rule:
         raise ConfigError(
             f"{flag} {quoted(rule)}: _id is the document key: it and the fields inside it cannot be excluded or renamed"
         )
-    return _Rule(_wildcard(parts[0]), tuple(parts[1:]), new if rename else None, f"{flag} {quoted(rule)}")
+    text = f"{flag} {quoted(rule)}"
+    return _Rule(_wildcard(parts[0]), tuple(parts[1:]), new if rename else None, text, ".".join(parts[:2]))
 
 
 class FieldRules:
@@ -95,6 +97,47 @@ class FieldRules:
         anything is written; :meth:`for_namespace` refuses the same for a namespace that appears later."""
         for ns in namespaces:
             self.for_namespace(ns)
+
+    def matching_none(self, namespaces: Sequence[Namespace]) -> tuple[str, str] | None:
+        """The first rule that names a field of none of these namespaces: the rule as given (with its flag)
+        and its ``db.collection`` part, for a near name; None when each names a field of one of them."""
+        for rule in self._rules:
+            if not any(_match(rule, ns) for ns in namespaces):
+                return rule.text, rule.names
+        return None
+
+    def unique_refusal(self, ns: Namespace, indexes: Iterable[Mapping[str, Any]]) -> str | None:
+        """Why one of source namespace ``ns``'s ``indexes`` cannot be built on the target as these rules edit
+        its documents: a unique index on a field a rule drops or renames (or on a field inside one, or on
+        a document holding one) finds that field missing, that is null, in every target document, and two
+        of them repeat its key. None when there is no such index. A sparse index on that one field is kept:
+        it indexes no document that lacks it."""
+        for index in indexes:
+            key = index.get("key")
+            if not index.get("unique") or not isinstance(key, Mapping):
+                continue
+            fields = [str(name) for name in key]
+            if index.get("sparse") and len(fields) == 1:
+                continue
+            for name in fields:
+                rule = self._editing(ns, tuple(name.split(".")))
+                if rule is not None:
+                    what = "renames" if rule.rename is not None else "drops"
+                    return (
+                        f"source: {ns}'s unique index {index.get('name')} is on {name}, which {rule.text} {what}: "
+                        "every target document would lack it, and the index could not be built there; leave the "
+                        f"field as it is (remove the rule), or leave {ns} out of the selection (--exclude)"
+                    )
+        return None
+
+    def _editing(self, ns: Namespace, path: tuple[str, ...]) -> _Rule | None:
+        """The rule that drops or renames ``path`` of ``ns``'s documents, a field inside it, or a document
+        that holds it (array indexes left aside)."""
+        for rule in self._rules:
+            named = _match(rule, ns)
+            if named and (path[: len(named)] == named or named[: len(path)] == path):
+                return rule
+        return None
 
     def for_namespace(self, ns: Namespace) -> FieldEditor | None:
         """The editor for documents of ``ns`` (a source namespace), or None when no rule applies. A rule
@@ -402,6 +445,10 @@ def transform_fields(rules: FieldRules) -> Callable[[ChangeEvent], ChangeEvent]:
     namespace that has rules, passes every other event as it is."""
 
     def apply(event: ChangeEvent) -> ChangeEvent:
+        if event.op is Op.CREATE_INDEXES:  # a unique index made on an edited field: see unique_refusal
+            problem = rules.unique_refusal(event.ns, (event.ddl or {}).get("indexes") or ())
+            if problem is not None:
+                raise ConfigError(problem)
         editor = rules.for_namespace(event.ns)
         return editor.event(event) if editor is not None else event
 

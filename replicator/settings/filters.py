@@ -31,6 +31,7 @@ from replicator.settings.rules import regex_and_document
 class _Filter:
     pattern: re.Pattern[str]
     spec: Mapping[str, Any]
+    rule: str = ""  # as given, for messages
 
 
 def _parse(text: str) -> _Filter:
@@ -40,7 +41,7 @@ def _parse(text: str) -> _Filter:
         compile_query(spec)
     except ConfigError as exc:
         raise ConfigError(f"--filter {quoted(text)}: {str(exc).removeprefix('--filter: ')}") from None
-    return _Filter(pattern, spec)
+    return _Filter(pattern, spec, text)
 
 
 class DocumentFilters:
@@ -55,6 +56,10 @@ class DocumentFilters:
 
     def __bool__(self) -> bool:
         return bool(self._filters)
+
+    def patterns(self) -> list[tuple[str, re.Pattern[str]]]:
+        """Each rule as given, with its compiled REGEX."""
+        return [(f.rule, f.pattern) for f in self._filters]
 
     def __getstate__(self) -> dict[str, Any]:  # pickled into Spark tasks: the compiled matchers stay here
         return {"_filters": self._filters, "_queries": {}, "_by": self._by}

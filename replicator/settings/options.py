@@ -120,6 +120,15 @@ OPTIONS: tuple[Option, ...] = (
                       "compares the old side's part that the migration copied (default: the one of --source "
                       "and --target, where there is one)."},
         ),
+        Option(
+            "list", "list_migrations", "List the migrations recorded in the state directory ($XDG_STATE_HOME/mcdc or "
+            "~/.local/state/mcdc): each one's checkpoint, state, servers and selection.", ("status",),
+        ),
+        Option(
+            "forget", "forget", "Forget a finished migration: delete its checkpoint (with its backup and lock) and "
+            "its record; refused while a run holds it, and for a way back not cut over.", ("status",),
+            metavar="PATH",
+        ),
     ),
     # which namespaces and fields
     *_panel(
@@ -158,6 +167,12 @@ OPTIONS: tuple[Option, ...] = (
             "match a namespace apply).", (*SELECTING, "status"), metavar="REGEX=QUERY", commas=False,
             help_for={"verify": "Compare only the source's documents that match QUERY, as sync's --filter "
                       "copied them (repeatable).", "status": _AS_RUN},
+        ),
+        Option(
+            "allow-unmatched", "allow_unmatched", "A selection rule (--include, --exclude, --filter, --rename, "
+            "--field-exclude, --field-rename, --shard-target) that matches no namespace of the source yet is "
+            "allowed, with a warning, for a namespace created later (default: refused, so that a typo in a "
+            "name copies nothing).", JOB,
         ),
     ),
     # the snapshot

@@ -10,6 +10,7 @@ group; the class is called with the target URI and the run's Settings (``cls(uri
 
 from __future__ import annotations
 
+import difflib
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -62,4 +63,28 @@ def open_sink(settings: Settings) -> Sink:
             if not isinstance(sink, Sink):
                 raise ConfigError(f"plug-in sink {quoted(ep.value)} for {scheme}:// is not a replicator Sink")
             return sink
-    raise ConfigError(f"no sink for target {quoted(redact(uri))}: unknown scheme {quoted(scheme)}")
+    schemes = [*BUILT_IN, *(ep.name for ep in entry_points(group="mcdc.sinks"))]
+    meant = _meant(redact(uri), scheme, schemes)
+    hint = f"did you mean {quoted(meant)}?" if meant else "mcdc writes to " + ", ".join(_shape(s) for s in schemes)
+    raise ConfigError(f"no sink for target {quoted(redact(uri))}: unknown scheme {quoted(scheme)} ({hint})")
+
+
+#: the schemes a target may have (``-`` is stdout too; ``memory:`` is the tests')
+BUILT_IN = ("mongodb", "mongodb+srv", "kafka", "delta", "iceberg", "jsonl", "stdout")
+#: schemes written as URLs (``kafka://``), the others as ``scheme:PATH``
+_URLS = frozenset({"mongodb", "mongodb+srv", "kafka"})
+
+
+def _shape(scheme: str) -> str:
+    return f"{scheme}://" if scheme in _URLS else scheme if scheme == "stdout" else f"{scheme}:PATH"
+
+
+def _meant(uri: str, scheme: str, schemes: list[str]) -> str | None:
+    """The target ``uri`` (redacted) most likely meant: a known scheme without its colon (``delta/tmp/x``),
+    or the known scheme nearest to a misspelled one (``kafak://``), the rest kept."""
+    for name in sorted(schemes, key=len, reverse=True):
+        if uri.lower().startswith(name) and uri[len(name) : len(name) + 1] != ":" and len(uri) > len(name):
+            rest = uri[len(name) :]
+            return f"{name}://{rest.lstrip('/')}" if name in _URLS else f"{name}:{rest}"
+    near = difflib.get_close_matches(scheme, schemes, n=1, cutoff=0.6)
+    return near[0] + uri[len(scheme) :] if near and uri.lower().startswith(scheme) else None

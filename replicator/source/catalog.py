@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -12,6 +11,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from replicator.errors import quoted
 from replicator.events import CollectionSpec, Namespace
 from replicator.settings.selection import Selection
+from replicator.settings.unmatched import near
 from replicator.source.connection import DICT_CODEC
 
 #: listIndexes fields the server assigns; everything else is the index's definition.
@@ -62,8 +62,7 @@ def unmatched(selection: Selection, namespaces: Sequence[Namespace]) -> str | No
     names = [str(ns) for ns in namespaces]
     for pattern in selection.include:
         if not any(pattern.fullmatch(name) for name in names):
-            near = difflib.get_close_matches(pattern.pattern.replace("\\", ""), names, n=1)
-            hint = f" (did you mean {quoted(near[0])}?)" if near else ""
+            hint = near(pattern.pattern, names)
             return f"--include {quoted(pattern.pattern)} matches no namespace on the source{hint}"
     if any(selection(ns) for ns in namespaces):
         return None

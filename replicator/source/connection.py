@@ -40,6 +40,9 @@ class ServerInfo:
     #: The deployment's own unique id ("rs:<set name>/<replicaSetId>" or "cluster:<clusterId>"), when the
     #: server has one and lets us read it; see :func:`deployment_identity`.
     deployment_id: str | None = None
+    #: a replica set's members as its own configuration names them (hello's hosts, passives and arbiters),
+    #: sorted: the same however a URI spells them
+    members: tuple[str, ...] = ()
 
     @property
     def has_change_streams(self) -> bool:
@@ -47,11 +50,21 @@ class ServerInfo:
 
 
 def deployment_identity(info: ServerInfo, uri: str) -> str:
-    """What tells this deployment from any other, for a checkpoint: its own id when the server gave one,
-    else the replica set name with the URI's sorted seed hosts (every replica set called rs0 looks alike by
-    name alone). Never holds credentials."""
+    """What tells this deployment from any other, for a checkpoint and for the migrations of a target: its
+    own id when the server gave one, else a replica set's name with its members as the set names them
+    (every replica set called rs0 looks alike by name alone; a URI may name a member by another host name
+    or address), else the URI's sorted seed hosts (a mongos or a standalone server says no more of itself).
+    Never holds credentials."""
     if info.deployment_id:
         return info.deployment_id
+    if info.set_name and info.members:
+        return f"rs:{info.set_name}@{','.join(info.members)}"
+    return uri_identity(info, uri)
+
+
+def uri_identity(info: ServerInfo, uri: str) -> str:
+    """A deployment named by the URI's sorted seed hosts (and its replica set's name): what an older mcdc
+    recorded of a server that hid its own id, still taken as this deployment's."""
     hosts = ",".join(sorted(host_set(uri)))
     return f"rs:{info.set_name}@{hosts}" if info.set_name else f"hosts:{hosts}"
 
@@ -115,7 +128,7 @@ def make_client(
         extra.update(w="majority", journal=True)
     try:
         return AsyncMongoClient(
-            uri, **client_options(timeout_s, "mcdc", uri), connect=False, event_listeners=[_Refusals(side)], **extra
+            uri, **client_options(timeout_s, "mcdc", uri), connect=False, event_listeners=[refusals(side, uri)], **extra
         )
     except (ConfigurationError, ValueError, TypeError) as exc:
         raise ConnectionFailed(f"cannot use {redact(uri)}: {redact(str(exc))}") from None
@@ -139,6 +152,7 @@ async def probe(client: Client, uri: str, role: str) -> ServerInfo:
         process_id=str(pid) if pid is not None else None,
         max_wire_version=int(hello.get("maxWireVersion", 0)),
         deployment_id=deployment_id,
+        members=tuple(sorted({str(h) for key in ("hosts", "passives", "arbiters") for h in hello.get(key) or ()})),
     )
 
 
@@ -249,18 +263,35 @@ async def grants(client: Client) -> Grants | None:
     return grants_of(reply)
 
 
-def refusals(side: str) -> monitoring.CommandListener:
-    """The listener a client needs for :func:`explain_refusal` to name the role a refused command needs
-    (every client :func:`make_client` makes has one)."""
-    return _Refusals(side)
+def refusals(side: str, uri: str) -> monitoring.CommandListener:
+    """The listener a client of ``uri`` needs for :func:`explain_refusal` to name the role a refused command
+    needs, or, for a URI without credentials, that the server wants a user (every client
+    :func:`make_client` makes has one)."""
+    return _Refusals(side, anonymous=not has_credentials(uri))
+
+
+#: URI userinfo: ``scheme://USER[:PASSWORD]@``
+_USERINFO = re.compile(r"^[a-z+]+://[^/@?]+@", re.IGNORECASE)
+
+
+def has_credentials(uri: str) -> bool:
+    """Does ``uri`` authenticate: a user in it, or an authMechanism that needs none there (X.509, AWS, ...)?"""
+    return bool(_USERINFO.match(uri)) or "authmechanism" in uri_options(uri)
+
+
+def unauthenticated(side: str) -> str:
+    """What to do when ``side``'s server refused a client that gave no credentials: no role can help."""
+    return f"the {side} requires authentication: put a user in the URI (mongodb://USER:PASSWORD@HOST/...)"
 
 
 class _Refusals(monitoring.CommandListener):
     """Keeps the last commands a server refused as Unauthorized, and the last error replies, with the side
-    that sent them: the exception the driver raises names neither."""
+    that sent them (and whether its client gave credentials at all): the exception the driver raises says
+    neither."""
 
-    def __init__(self, side: str) -> None:
+    def __init__(self, side: str, *, anonymous: bool = False) -> None:
         self.side = side
+        self.anonymous = anonymous
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         pass
@@ -281,27 +312,28 @@ class _Refusals(monitoring.CommandListener):
     ) -> None:
         said = str(error.get("errmsg", ""))
         if error.get("code") == UNAUTHORIZED:
-            _REFUSED.append((self.side, event.command_name, event.database_name, said))
+            _REFUSED.append((self.side, event.command_name, event.database_name, said, self.anonymous))
         _FAILED.append((self.side, event.command_name, event.database_name, error.get("code"), said))
 
 
-#: (side, command, database, message) of the latest Unauthorized replies, newest last.
-_REFUSED: deque[tuple[str, str, str, str]] = deque(maxlen=16)
+#: (side, command, database, message, no credentials given) of the latest Unauthorized replies, newest last.
+_REFUSED: deque[tuple[str, str, str, str, bool]] = deque(maxlen=16)
 #: (side, command, database, code, message) of the latest error replies, newest last.
 _FAILED: deque[tuple[str, str, str, Any, str]] = deque(maxlen=16)
 
 
 def explain_refusal(exc: BaseException) -> str | None:
     """One line for an error that is (or was caused by) a server's Unauthorized reply: which side refused
-    which command, and the built-in role that grants it. None for any other error, or for a refusal no
+    which command, and the built-in role that grants it (or, to a client that gave no credentials, that
+    the URI needs a user). None for any other error, or for a refusal no
     client of this process saw (its side unknown)."""
     seen: BaseException | None = exc
     while seen is not None:
         message = _unauthorized(seen)
         if message is not None:
-            for side, command, db, said in reversed(_REFUSED):
+            for side, command, db, said, anonymous in reversed(_REFUSED):
                 if said == message:
-                    return command_refusal(side, command, db)
+                    return unauthenticated(side) if anonymous else command_refusal(side, command, db)
             return None
         seen = seen.__cause__ or seen.__context__
     return None

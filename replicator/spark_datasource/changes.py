@@ -49,7 +49,7 @@ def sync_client(
     is in use is told as the CLI tells it (:func:`~replicator.source.connection.failure`), in one line
     naming ``role`` and the URI without credentials."""
     options = client_options(timeout_s, "mcdc-spark", uri)
-    listeners = [refusals("source")]  # a refused command is told with the role that grants it
+    listeners = [refusals("source", uri)]  # a refused command is told with the role that grants it
     client: SyncClient = pymongo.MongoClient(
         uri, **options, **read_timeout(uri, io_timeout_s), event_listeners=listeners
     )

@@ -26,9 +26,10 @@ from replicator.errors import ConfigError, McdcError
 from replicator.events.positions import snapshot_position
 from replicator.events.rows import Row, snapshot_row
 from replicator.settings.config import Settings
+from replicator.settings.unmatched import refusal, unmatched_rule
 from replicator.source import catalog
 from replicator.source.changestream import current_time
-from replicator.source.connection import failure, make_client, probe
+from replicator.source.connection import Client, failure, make_client, probe
 from replicator.source.incarnations import collection_uuids
 from replicator.source.partitions import Partition, plan_specs
 from replicator.source.reads import ReadPolicy, SourceReads, check_members
@@ -93,11 +94,13 @@ def read_range(s: Settings, part: Range) -> Iterator[Row]:
             yield snapshot_row(plan.ns, doc, at, relaxed=relaxed)
 
 
-def plan_steadily(s: Settings, begin: Callable[[], Timestamp | None]) -> tuple[Timestamp, list[dict[str, Any]]]:
+def plan_steadily(
+    s: Settings, begin: Callable[[], Timestamp | None], *, check: bool = True
+) -> tuple[Timestamp, list[dict[str, Any]]]:
     """The snapshot's time and plan (:func:`plan_snapshot`, from the time ``begin`` takes, None: the
     source's now), made again while renames or drops touch its collections before it is done."""
     for _ in range(PLAN_ATTEMPTS):
-        at, plan = asyncio.run(plan_snapshot(s, begin()))
+        at, plan = asyncio.run(plan_snapshot(s, begin(), check=check))
         with sync_client(s.source, s.connect_timeout_s, s.io_timeout_s) as client:
             moved = moved_since(client, s, at, {Partition.from_json(part).ns for part in plan})
         if not moved:
@@ -109,20 +112,47 @@ def plan_steadily(s: Settings, begin: Callable[[], Timestamp | None]) -> tuple[T
     )
 
 
-async def plan_snapshot(s: Settings, at: Timestamp | None = None) -> tuple[Timestamp, list[dict[str, Any]]]:
+async def check_selection(client: Client, s: Settings) -> None:
+    """A query's selection and rules, before it reads anything, as a first run of the CLI checks them: an
+    ``include`` or another rule that names namespaces (``exclude``, ``filter``, ``rename``, the field rules,
+    ``shard-target``) and matches none on the source is refused, unless ``allow-unmatched`` is set (then
+    it is logged)."""
+    namespaces = await catalog.list_namespaces(client, s.selection)
+    problem = catalog.unmatched(s.selection, namespaces) if s.include else None
+    for said in (problem, unmatched_rule(s, namespaces)):
+        if said is not None and not s.allow_unmatched:
+            raise ConfigError(refusal(said, '.option("allow-unmatched", "true")'))
+        if said is not None:
+            log.warning("%s", said)
+
+
+async def check_source(s: Settings) -> None:
+    """:func:`check_selection` on a client of its own (a stream that takes no snapshot)."""
+    client = make_client(s.source, timeout_s=s.connect_timeout_s, io_timeout_s=s.io_timeout_s)
+    try:
+        await probe(client, s.source, "source")
+        await check_selection(client, s)
+    except (ConnectionFailure, OperationFailure) as exc:
+        raise await failure(exc, client, s.source, "source") from None
+    finally:
+        await client.close()
+
+
+async def plan_snapshot(
+    s: Settings, at: Timestamp | None = None, *, check: bool = True
+) -> tuple[Timestamp, list[dict[str, Any]]]:
     """The source's time (``at`` when the stream's positions were taken already), then the snapshot's
     partitions of every selected collection (views have no documents of their own), each as
-    ``Partition.to_json`` with its collection's ``uuid`` (hex) when the source reports one."""
+    ``Partition.to_json`` with its collection's ``uuid`` (hex) when the source reports one. ``check``: the
+    selection's rules first (:func:`check_selection`), unless the caller did already."""
     client = make_client(s.source, timeout_s=s.connect_timeout_s, io_timeout_s=s.io_timeout_s)
     try:
         await probe(client, s.source, "source")  # unreachable, refusing us: the CLI's one line
         policy = ReadPolicy.of(s)
         await check_members(client, policy)  # --read-preference secondary: servable?
         at = at if at is not None else await current_time(client)
-        if s.include:
-            problem = catalog.unmatched(s.selection, await catalog.list_namespaces(client, s.selection))
-            if problem is not None:
-                raise ConfigError(problem)
+        if check:
+            await check_selection(client, s)
         specs = await catalog.describe(client, s.selection)
         refusal = s.filters.collation_refusal(specs)
         if refusal is not None:

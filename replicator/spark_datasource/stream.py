@@ -51,7 +51,7 @@ from replicator.spark_datasource.changes import (
 )
 from replicator.spark_datasource.offsets import REPLICA_SET, ShardOffset, SnapshotOffset
 from replicator.spark_datasource.options import START_POSITIONS, one_line, settings_for
-from replicator.spark_datasource.snapshot import Range, plan_steadily, read_next, snapshot_first
+from replicator.spark_datasource.snapshot import Range, check_source, plan_steadily, read_next, snapshot_first
 from replicator.spark_datasource.snapshot import read_range as read_snapshot_range
 from replicator.spark_datasource.variant import VARIANT, as_variant, document_type
 
@@ -83,6 +83,9 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     numbered among them, the same on every read."""
 
     match: Mapping[str, Any] | None = None
+    #: the selection's rules were checked against the source by the caller (a Lakeflow table's reader: its
+    #: connector checked the whole selection, of which the table's is a part)
+    checked: bool = False
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self.options = dict(options)
@@ -138,11 +141,13 @@ class ChangeStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # events at it (a ping's time is the last write's) and those until the position was taken must
             # come after them too. The documents, read later still, may show them already: a consumer
             # folding by sequence applies them again, as it does every later event.
-            at, plan = plan_steadily(s, self._time_now)  # a plan made again reads the time again
+            at, plan = plan_steadily(s, self._time_now, check=not self.checked)  # each plan reads the time again
             start = {name: ShardOffset(None, at.time, at.inc) for name in self.shards()}
             snapshot = SnapshotOffset(at.time, at.inc, tuple(plan))
             log.info("mcdc stream reads a snapshot of %d partitions first, at %s", len(plan), at)
         else:
+            if not self.checked:
+                asyncio.run(check_source(s))
             for name, uri in self.shards().items():
                 with sync_client(uri, s.connect_timeout_s, s.io_timeout_s, role=_role(name)) as client:
                     start[name] = position_now(client, s)

@@ -10,10 +10,11 @@ never echoed in errors.
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Any
 
-from replicator.errors import ConfigError
+from replicator.errors import ConfigError, quoted
 
 #: Kafka property -> (aiokafka argument, type)
 _SIMPLE: dict[str, tuple[str, type]] = {
@@ -90,7 +91,7 @@ def producer_config(opts: tuple[str, ...], bootstrap: list[str]) -> dict[str, An
         elif key == "enable.idempotence":
             config["enable_idempotence"] = value.lower() in ("true", "1", "yes", "on")
         else:
-            raise ConfigError(f"--kafka-opt {key}: not a producer setting mcdc knows (see mcdc --help)")
+            raise ConfigError(f"--kafka-opt {key}: not a producer setting mcdc knows ({_known(key)})")
     compression = config.get("compression_type")
     if compression is not None:
         if compression not in _COMPRESSION:
@@ -102,6 +103,18 @@ def producer_config(opts: tuple[str, ...], bootstrap: list[str]) -> dict[str, An
     if ssl or str(config.get("security_protocol", "")).endswith("SSL"):
         config["ssl_context"] = _ssl_context(ssl, check_hostname)
     return config
+
+
+#: every setting --kafka-opt takes
+KNOWN = sorted(
+    {*_SIMPLE, *_SSL, "sasl.jaas.config", "acks", "enable.idempotence", "ssl.endpoint.identification.algorithm"}
+)
+
+
+def _known(key: str) -> str:
+    """The setting ``key`` most likely meant (``compresion.type``, ``linger_ms``), else the ones there are."""
+    near = difflib.get_close_matches(key.lower().replace("_", "."), KNOWN, n=1, cutoff=0.75)
+    return f"did you mean {quoted(near[0])}?" if near else "it takes " + ", ".join(KNOWN)
 
 
 def _has_codecs() -> bool:

@@ -5,8 +5,10 @@ only when the broker acknowledged every one of them, so the checkpoint never pas
 record. Records are keyed by document ``_id`` and placed by Kafka's default partitioner (computed here,
 see ``partitioner.py``), so equal keys go to one partition: a document's events stay in order.
 
-A broker that cannot be reached at ``start`` is :class:`SinkUnavailable` too: the run retries it with
-backoff under ``--max-retries`` as it does an outage later on.
+A broker that cannot be reached at ``start`` is :class:`SinkUnavailable` too, as an unreachable MongoDB
+target is an outage: sync ends at once (exit 75), tail (or a run given ``--max-retries``) waits for it
+with backoff under ``--max-retries``. An address that takes the connection but does not answer as a
+Kafka broker (probe.py: a MongoDB port, a TLS listener asked in plain text) is a ConfigError (exit 2).
 
 A broker outage pauses ``write``: the idempotent producer retries until the broker is back (a warning
 is logged every 15 s meanwhile). Errors it does give up on (a full buffer, metadata unavailable) surface
@@ -41,6 +43,7 @@ from replicator.settings.uri import kafka_bootstrap, redact
 from replicator.sinks.base import Sink, read_events
 from replicator.sinks.kafka.options import producer_config
 from replicator.sinks.kafka.partitioner import partition
+from replicator.sinks.kafka.probe import speaks_another_protocol
 from replicator.sinks.records.envelope import Encoder, Message
 
 log = logging.getLogger("mcdc.sinks.kafka")
@@ -114,8 +117,24 @@ class KafkaSink(Sink):
             reason = describe_error(exc, self._timeout_s)
             if self._fatal(exc):
                 raise SinkError(f"Kafka {redact(self.uri)} refused the producer: {reason}; {_REFUSED_HINT}") from None
+            other = await self._another_protocol()
+            if other is not None:
+                raise ConfigError(
+                    f"Kafka {redact(self.uri)}: {other} answers, but not as a Kafka broker (another server's port, "
+                    "or a TLS listener asked in plain text: --kafka-opt security.protocol=SSL); fix --target"
+                ) from None
             raise SinkUnavailable(f"Kafka {redact(self.uri)} is unreachable: {reason}; {_UNREACHABLE_HINT}") from None
         self._producer = producer
+
+    async def _another_protocol(self) -> str | None:
+        """The first bootstrap address that takes a connection but does not speak Kafka (in plain text: a
+        TLS listener is asked nothing), else None: the producer's failure is an outage."""
+        if str(self._config.get("security_protocol", "PLAINTEXT")).upper() not in ("PLAINTEXT", "SASL_PLAINTEXT"):
+            return None
+        for address in self._config["bootstrap_servers"]:
+            if await speaks_another_protocol(address, self._timeout_s):
+                return str(address)
+        return None
 
     async def write(self, batch: Sequence[ChangeEvent]) -> None:
         await self.send(self.encoder.iter_encode(batch))

@@ -7,6 +7,7 @@ over the table's others); ``None`` keeps the table's.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,6 +19,30 @@ import pyarrow.parquet as pq
 from replicator.errors import ConfigError
 from replicator.events.positions import Mark
 from replicator.sinks.lake.tables import SCHEMAS, TableRef
+
+#: what an object store's or a catalog's client says of a server it could not reach (delta-rs's object_store,
+#: requests/urllib3 under pyiceberg's REST catalog)
+_NO_ANSWER = re.compile(
+    r"tcp connect error|error sending request|connection refused|failed to establish a new connection|"
+    r"max retries exceeded|timed out|dns error|name or service not known|connection reset",
+    re.IGNORECASE,
+)
+_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
+_REASON = re.compile(r"\[Errno -?\d+\] [^'\")\]\n]+|[A-Za-z][\w ]*\(os error \d+\)")
+
+
+def unreachable(exc: BaseException) -> str | None:
+    """Why the object store or catalog could not be reached, in a few words (``Connection refused (os error
+    111)``), when ``exc`` says so; None for any other failure."""
+    text = _COLOURS.sub("", str(exc))
+    if not _NO_ANSWER.search(text):
+        return None
+    found = _REASON.search(text)
+    if found is not None:
+        return found.group(0).strip()
+    lines = [line.strip(" \u21b3") for line in text.splitlines() if line.strip(" \u21b3")]
+    return lines[-1][:200] if lines else "no answer"
+
 
 #: a filter of rows: (column, the values it may hold)
 Where = tuple[str, list[str]]

@@ -23,11 +23,11 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import DeltaError, DeltaProtocolError, SchemaMismatchError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
-from replicator.errors import ConfigError
+from replicator.errors import ConfigError, SinkUnavailable
 from replicator.events import Namespace
 from replicator.events.positions import WHOLE_TIME, Mark, Stamp
 from replicator.settings.uri import redact
-from replicator.sinks.lake.backend import APP_ID, Format, Where, check_schema, conform, deleted
+from replicator.sinks.lake.backend import APP_ID, Format, Where, check_schema, conform, deleted, unreachable
 from replicator.sinks.lake.tables import SCHEMAS, TableRef
 
 
@@ -65,7 +65,14 @@ class DeltaBackend(Format):
         return True if isinstance(exc, DeltaError) else None  # a lost commit race, the object store
 
     def check_writable(self) -> None:
-        if not self.local:
+        if not self.local:  # an object store: does it answer? (nothing is written to it yet)
+            try:
+                DeltaTable.is_deltatable(self.root, self.options)
+            except (OSError, DeltaError) as exc:
+                reason = unreachable(exc)
+                if reason is not None:
+                    raise SinkUnavailable(f"{self.label} is unreachable: {reason}") from None
+                raise
             return
         try:
             os.makedirs(self.root, exist_ok=True)
@@ -94,6 +101,9 @@ class DeltaBackend(Format):
         try:
             DeltaTable.create(self._uri(ref), schema=SCHEMAS[ref.kind], mode="ignore", storage_options=self.options)
         except (OSError, DeltaError) as exc:
+            reason = unreachable(exc)
+            if reason is not None:
+                raise SinkUnavailable(f"{self.label} is unreachable: {reason}") from None
             raise ConfigError(f"--target {self.label}: cannot create {ref.path()}: {exc}") from None
         return True
 

@@ -28,11 +28,11 @@ from pyiceberg.expressions import And, BooleanExpression, EqualTo, In, Reference
 from pyiceberg.expressions.literals import literal
 from pyiceberg.table import Table, Transaction
 
-from replicator.errors import ConfigError
+from replicator.errors import ConfigError, SinkUnavailable
 from replicator.events import Namespace
 from replicator.events.positions import WHOLE_TIME, Mark
 from replicator.settings.uri import redact
-from replicator.sinks.lake.backend import Format, Where, check_schema, conform
+from replicator.sinks.lake.backend import Format, Where, check_schema, conform, unreachable
 from replicator.sinks.lake.tables import SCHEMAS, TableRef
 
 PROPERTY = "mcdc.mark"
@@ -119,6 +119,11 @@ class IcebergBackend(Format):
                 break
             try:
                 self._catalog = load_catalog("mcdc", **self.properties)
+            except OSError as exc:  # a REST catalog that does not answer (requests' errors are OSErrors)
+                reason = unreachable(exc)
+                if reason is None:
+                    raise ConfigError(f"--target {self.label}: cannot open its catalog: {redact(str(exc))}") from None
+                raise SinkUnavailable(f"{self.label}: its catalog is unreachable: {redact(reason)}") from None
             except Exception as exc:  # any catalog's own error, said in one line
                 # a new SQL catalog opened by another process at the same moment (a reader of the lake, a Spark
                 # task): pyiceberg creates its tables when it finds none, and the later one fails: open it again

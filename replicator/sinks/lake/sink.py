@@ -42,7 +42,7 @@ from replicator.settings.selection import Scope
 from replicator.settings.uri import redact
 from replicator.sinks.base import Sink
 from replicator.sinks.lake import typed
-from replicator.sinks.lake.backend import duplicates, key_column
+from replicator.sinks.lake.backend import duplicates, key_column, unreachable
 from replicator.sinks.lake.fold import fold, needs_base
 from replicator.sinks.lake.formats import open_backend
 from replicator.sinks.lake.tables import SCHEMAS, TableRef, change_table, snapshot_tables, state_table
@@ -95,8 +95,10 @@ class LakeSink(Sink):
             retry = True if isinstance(exc, OSError) else self.backend.retryable(exc)
             if retry is None:
                 raise
+            reason = unreachable(exc)  # the store or catalog did not answer: said as an outage is
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            message = f"{self.backend.label}: {redact(first[:300])}"
+            said = f" is unreachable: {reason}" if reason is not None else f": {first[:300]}"
+            message = redact(self.backend.label + said)
             raise (SinkUnavailable(message) if retry else SinkError(message)) from exc
 
     def _lock(self, ref: TableRef) -> asyncio.Lock:

@@ -11,13 +11,14 @@ import bson
 from pymongo import AsyncMongoClient
 from pymongo.errors import OperationFailure, WriteConcernError
 
+from replicator.errors import SinkError
 from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op
 from replicator.settings.selection import Scope
 from replicator.sinks.mongo.concern import check_reply, concern_failed, with_concern
 from replicator.sinks.mongo.sharding import same_key
 from replicator.sinks.mongo.ttl import COLLECTION, Held, held_index, held_options
 from replicator.source.catalog import clean_index, clean_options
-from replicator.source.connection import DICT_CODEC
+from replicator.source.connection import DICT_CODEC, server_message
 from replicator.source.privileges import UNAUTHORIZED, command_refusal
 
 log = logging.getLogger("mcdc.sink.mongo")
@@ -26,6 +27,7 @@ NAMESPACE_EXISTS = 48
 NAMESPACE_NOT_FOUND = 26
 INDEX_NOT_FOUND = 27
 INDEX_CONFLICTS = frozenset({85, 86})  # IndexOptionsConflict, IndexKeySpecsConflict
+DUPLICATE_KEY = 11000
 _ID_INDEX = "_id_"
 #: the collection options collMod sets
 _COLL_MOD = frozenset(
@@ -165,6 +167,12 @@ class MongoSchema:
             await self._command(ns, ns.db, {"createIndexes": ns.coll, "indexes": specs})
             return
         except OperationFailure as exc:
+            if len(specs) == 1 and exc.code == DUPLICATE_KEY and specs[0].get("unique"):
+                raise SinkError(
+                    f"target: the unique index {specs[0].get('name')} on {ns} cannot be built: its key repeats in "
+                    f"the target's documents ({server_message(exc)}), which the source's do not; the target "
+                    "no longer holds what the source does (a field rule on the index's field?)"
+                ) from None
             if len(specs) == 1 and exc.code not in INDEX_CONFLICTS:
                 log.warning("index %s on %s not created: %s", specs[0].get("name"), ns, exc.details or exc)
                 return
