@@ -16,7 +16,7 @@ ROOT = Path(replicator.__file__).parent
 #: layer do not import each other: the two engines are siblings.
 LAYERS: list[set[str]] = [
     {"replicator", "errors", "bsonkit"},
-    {"events"},
+    {"events", "query"},
     {"settings"},
     {"observe"},
     {"checkpoint"},

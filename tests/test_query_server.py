@@ -21,7 +21,7 @@ from bson.raw_bson import RawBSONDocument
 
 from replicator.bsonkit.rawbson import RAW_CODEC
 from replicator.errors import ConfigError
-from replicator.events.query import compile_query
+from replicator.query import compile_query
 from tests.support.servers import Clients, external_uris
 
 SEED = int(os.environ.get("MCDC_QUERY_SEED", "3801"))

@@ -15,10 +15,10 @@ import pytest
 from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 from bson.raw_bson import RawBSONDocument
 
+from replicator import query as query_module
 from replicator.bsonkit.rawbson import RAW_CODEC
 from replicator.errors import ConfigError
-from replicator.events import query as query_module
-from replicator.events.query import compile_query
+from replicator.query import compile_query
 
 
 def matches(query: dict[str, Any], doc: dict[str, Any]) -> bool:

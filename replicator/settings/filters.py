@@ -8,7 +8,7 @@ The target holds exactly the source's documents that match, at every checkpoint:
 
 * the snapshot (and ``verify``) reads with the query, on the server (:meth:`DocumentFilters.where`);
 * in the stream, :func:`filter_event` decides each event's fate with the query's own matcher
-  (:mod:`replicator.events.query`, which agrees with the server's ``find`` or refuses the query at start):
+  (:mod:`replicator.query`, which agrees with the server's ``find`` or refuses the query at start):
   a document that does not match is not inserted, a replacement or update that makes it stop matching is
   a delete of its ``_id``, an update that makes it match writes it whole (the looked-up document, so the
   change stream must carry one: :func:`needs_lookup`), and deletes and DDL pass through.
@@ -23,7 +23,7 @@ from typing import Any
 
 from replicator.errors import ConfigError, quoted
 from replicator.events import ChangeEvent, CollectionSpec, Namespace, Op
-from replicator.events.query import Query, compile_query
+from replicator.query import Query, compile_query
 from replicator.settings.rules import regex_and_document
 
 

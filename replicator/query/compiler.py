@@ -1,68 +1,35 @@
-"""A MongoDB query (``find``'s filter) decided outside the server, exactly as the server decides it. Pure.
-
-:func:`compile_query` turns a query document into a :class:`Query` whose :meth:`Query.matches` says
-whether ``find(query)`` would return a given document. The rules are mongod's own matcher's (its code,
-its reference pages and its jstests, several of which are this module's unit tests):
-
-- a dotted path reaches into sub-documents, and through arrays into each element that is a document; a
-  numeric part also names an array's element by position (:mod:`.query_paths`); a query on a path
-  matches when any value the path reaches does;
-- where a path ends at an array, the array's elements are candidates and so is the whole array
-  (``{a: 1}`` matches ``{a: [1, 2]}``, ``{a: [1, 2]}`` matches ``{a: [1, 2]}`` and ``{a: [[1, 2]]}``);
-- comparisons stay within one type bracket (:mod:`.bson_order`): numbers of every type together and
-  exactly (NaN equal to NaN only), strings by their bytes (the simple collation), documents field by
-  field in order; ``null`` matches null and a missing field, not undefined (MongoDB 8.0);
-- the negations (``$ne``, ``$nin``, ``$not``, ``$nor``, ``$exists: false``) negate the whole path's
-  answer, not each value's;
-- regular expressions are PCRE's (:mod:`.regex`: ASCII ``\\w``/``\\d``/``\\s``/``\\b``, options i, m, s, x).
-
-Supported: implicit equality, ``$eq $ne $gt $gte $lt $lte $in $nin $exists $type $size $mod $regex
-$options $not $all $elemMatch $and $or $nor $comment $bitsAllSet $bitsAllClear $bitsAnySet
-$bitsAnyClear``. Refused in one line naming the operator, at compile time: what only the server can
-decide (``$where $expr $jsonSchema $text $sampleRate``, geo operators), unknown operators, what the
-server itself refuses, and what MongoDB versions answer differently: ``null`` on a dotted path (9.0
-changed it where the path crosses an array), ``$lt``/``$lte`` MaxKey and ``$gt``/``$gte`` MinKey (their
-answer for a missing field), ``$size`` with a fraction, a regex construct Python reads otherwise.
-The simple collation is assumed: see :attr:`Query.compares_strings`.
-"""
+"""Compiling a query document into the tests that decide it (see the package's docstring). Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import bson
 from bson.binary import UuidRepresentation
-from bson.codec_options import CodecOptions, DatetimeConversion
-from bson.errors import InvalidDocument
+from bson.codec_options import CodecOptions
 from bson.max_key import MaxKey
 from bson.min_key import MinKey
-from bson.raw_bson import RawBSONDocument
 from bson.regex import Regex
 
-from replicator.bsonkit.rawbson import SPAN_CODEC, raw_of
 from replicator.errors import ConfigError
-from replicator.events import bson_order
-from replicator.events.bson_order import (
+from replicator.query import order as bson_order
+from replicator.query.order import (
     BRACKET,
     MISSING,
     NUMBER,
-    Decode,
     fields,
     is_nan,
     object_bytes,
-    plain_fields,
-    some_fields,
 )
-from replicator.events.query_paths import DECODE, TRAVERSE, WHOLE, DocTest, ValueTest, path_test
-from replicator.events.query_values import (
+from replicator.query.paths import DECODE, TRAVERSE, WHOLE, DocTest, ValueTest, path_test
+from replicator.query.values import (
     BITS,
     EQ,
     GT,
     GTE,
     LT,
     LTE,
-    TYPE_ALIASES,
     bit_test,
     comparison,
     fail,
@@ -75,23 +42,9 @@ from replicator.events.query_values import (
     type_test,
 )
 
-__all__ = ["TYPE_ALIASES", "Query", "compile_query"]
-
-#: from this size on (bytes), the fields a query reads are found by their headers rather than by decoding
-#: the document's whole top level (measured on a 1 KB document: 5 us against 3.5; on 22 KB holding an
-#: array of 560 documents: 7 us against 70; on 1 MB: 5 us against 5.8 ms)
-LARGE_DOCUMENT = 16 * 1024
-
 #: how a query or a document given as Python values is encoded: a uuid.UUID as binary subtype 4, as a
 #: driver configured with the standard representation sends it
-_ENCODE: CodecOptions[Any] = CodecOptions(uuid_representation=UuidRepresentation.STANDARD)
-
-#: how the query itself is read: documents as dicts (they are the query's structure), dates as DatetimeMS
-_SPEC_CODEC: CodecOptions[dict[str, Any]] = CodecOptions(
-    document_class=dict,
-    datetime_conversion=DatetimeConversion.DATETIME_MS,
-    uuid_representation=SPAN_CODEC.uuid_representation,
-)
+ENCODE: CodecOptions[Any] = CodecOptions(uuid_representation=UuidRepresentation.STANDARD)
 
 #: operators the server has but this matcher refuses, with why (the rest of the message says how to go on)
 _REFUSED: dict[str, str] = {
@@ -149,7 +102,7 @@ def _all_of(parts: list[_Field]) -> _Field:
     return _Field(lambda d: all(t(d) for t in docs), lambda v: all(t(v) for t in values))
 
 
-def _is_operator_document(value: Any) -> bool:
+def is_operator_document(value: Any) -> bool:
     """Does ``{path: value}`` hold operators (else it is an equality with a document)? mongod's
     isExpressionDocument: the first field starts with $, and it is no DBRef ($ref and $id)."""
     if not isinstance(value, dict) or not value:
@@ -159,7 +112,7 @@ def _is_operator_document(value: Any) -> bool:
 
 def _operand(value: Any) -> Any:
     """A value of the query as the matcher holds a document's values (sub-documents as bytes)."""
-    return fields(bson.encode({"v": value}, codec_options=_ENCODE))["v"]
+    return fields(bson.encode({"v": value}, codec_options=ENCODE))["v"]
 
 
 def _equality(path: str, value: Any) -> _Field:
@@ -216,7 +169,7 @@ def _operators(path: str, ops: dict[str, Any]) -> _Field:
             if type(arg) is not list:
                 raise fail(f"{op} needs an array")
             for one in arg:
-                if _is_operator_document(one):
+                if is_operator_document(one):
                     raise fail(f"{op} cannot hold an operator document ({next(iter(one))})")
                 if one is None:
                     _check_null(path, f"{op}: [null]")
@@ -274,7 +227,7 @@ def _not_argument(path: str, arg: Any) -> _Field:
         raise fail("$not needs a regular expression or a document of operators")
     if not arg:
         raise fail("$not cannot be empty")
-    if not _is_operator_document(arg):
+    if not is_operator_document(arg):
         raise fail("$not needs a document of operators")
     return _operators(path, arg)
 
@@ -291,7 +244,7 @@ def _all(path: str, arg: Any) -> _Field:
         return _all_of([_elem_match(path, one["$elemMatch"]) for one in arg])
     parts = []
     for one in arg:
-        if _is_operator_document(one):
+        if is_operator_document(one):
             raise fail(f"$all cannot hold an operator document ({next(iter(one))})")
         parts.append(_equality(path, one))
     return _all_of(parts)
@@ -301,7 +254,7 @@ def _elem_match(path: str, arg: Any) -> _Field:
     if not isinstance(arg, dict):
         raise fail("$elemMatch needs a document")
     first = next(iter(arg), "")
-    if _is_operator_document(arg) and first not in ("$and", "$or", "$nor", "$where", "$expr", "$comment"):
+    if is_operator_document(arg) and first not in ("$and", "$or", "$nor", "$where", "$expr", "$comment"):
         # on the elements themselves: each operator on the one element
         inner = _operators("", arg).value
 
@@ -312,7 +265,7 @@ def _elem_match(path: str, arg: Any) -> _Field:
 
         return _leaf(path, element_values, WHOLE)
     # on elements that are documents (or arrays, read as documents whose fields are "0", "1", ...)
-    query = _compile(arg)
+    query = compile_spec(arg)
     decode = DECODE.get()
 
     def element_documents(value: Any) -> bool:
@@ -333,7 +286,7 @@ def _elem_match(path: str, arg: Any) -> _Field:
 # --- the query document -------------------------------------------------------------------------------
 
 
-def _compile(spec: Mapping[str, Any]) -> DocTest:
+def compile_spec(spec: Mapping[str, Any]) -> DocTest:
     tests: list[DocTest] = []
     for key, value in spec.items():
         if key.startswith("$"):
@@ -345,7 +298,7 @@ def _compile(spec: Mapping[str, Any]) -> DocTest:
                 raise _refuse(key)
         elif "" in key.split("."):
             raise fail(f"the path {key!r} has an empty part")
-        elif _is_operator_document(value):
+        elif is_operator_document(value):
             tests.append(_operators(key, value).doc)
         else:
             tests.append(_equality(key, value).doc)
@@ -361,132 +314,9 @@ def _logical(op: str, value: Any) -> DocTest:
         raise fail(f"{op} needs a non-empty array of queries")
     if not all(isinstance(one, dict) for one in value):
         raise fail(f"{op}'s elements must be query documents")
-    branches = [_compile(one) for one in value]
+    branches = [compile_spec(one) for one in value]
     if op == "$and":
         return lambda doc: all(t(doc) for t in branches)
     if op == "$or":
         return lambda doc: any(t(doc) for t in branches)
     return lambda doc: not any(t(doc) for t in branches)
-
-
-def _top_fields(spec: Mapping[str, Any]) -> set[str]:
-    names: set[str] = set()
-    for key, value in spec.items():
-        if key in ("$and", "$or", "$nor"):
-            for one in value:
-                names |= _top_fields(one)
-        elif not key.startswith("$"):
-            names.add(key.split(".", 1)[0])
-    return names
-
-
-class Query:
-    """A compiled query: :meth:`matches` says whether ``find(spec)`` returns a document."""
-
-    __slots__ = ("_decode", "_fields", "_test", "compares_strings", "spec")
-
-    def __init__(self, spec: Mapping[str, Any], test: DocTest, as_dicts: Mapping[str, Any], decode: Decode) -> None:
-        self.spec = spec
-        self._test = test
-        self._fields = frozenset(_top_fields(as_dicts))
-        self._decode = decode
-        #: does the query compare strings? The matcher compares them as the simple collation does; a
-        #: collection whose default collation is another one answers such a query otherwise
-        self.compares_strings = _compares_strings(as_dicts)
-
-    def matches(self, doc: Mapping[str, Any]) -> bool:
-        """Would the server's ``find(spec)`` return ``doc``? ``doc`` is a RawBSONDocument (read without
-        decoding its sub-documents) or any mapping bson can encode."""
-        data = raw_of(doc) if isinstance(doc, RawBSONDocument) else bson.encode(doc, codec_options=_ENCODE)
-        if len(data) > LARGE_DOCUMENT:
-            # a stream's raw documents may be views into the reply; the field walk searches bytes
-            return self._test(some_fields(bytes(data), self._fields, self._decode))
-        return self._test(self._decode(data))
-
-    def fields(self) -> frozenset[str]:
-        """The top-level fields the query reads."""
-        return self._fields
-
-    def __repr__(self) -> str:
-        return f"Query({self.spec!r})"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled as its query, compiled again where it is unpickled (a Spark executor): the compiled
-        tests are closures, which pickle cannot carry."""
-        return compile_query, (self.spec,)
-
-
-def compile_query(spec: Mapping[str, Any]) -> Query:
-    """``spec`` (a find filter, as bson decodes one) compiled; ConfigError, one line naming the operator,
-    for what the matcher cannot decide exactly as the server does (or the server itself refuses)."""
-    if not isinstance(spec, Mapping):
-        raise fail("the query must be a document")
-    try:
-        as_dicts = bson.decode(bson.encode(spec, codec_options=_ENCODE), _SPEC_CODEC)
-    except (InvalidDocument, TypeError, ValueError, OverflowError) as exc:
-        raise fail(f"the query is no BSON document ({exc})") from None
-    decode = fields if _reads_types(as_dicts) else plain_fields
-    token = DECODE.set(decode)
-    try:
-        test = _compile(as_dicts)
-    finally:
-        DECODE.reset(token)
-    return Query(spec, test, as_dicts, decode)
-
-
-_COMPARED = frozenset({EQ, "$ne", LT, LTE, GT, GTE})
-
-
-def _reads_types(spec: Mapping[str, Any]) -> bool:
-    """Can the query's answer tell a symbol from a string or undefined from null? Only through $type, a
-    null operand, or a document or array operand (compared element by element, types first): elsewhere a
-    symbol compares as the string it holds, and undefined as pymongo's None (no number, string, ... either)."""
-    return any(
-        op == "$type" or (op in _COMPARED and (arg is None or isinstance(arg, (dict, list))))
-        for op, arg in _operands(spec)
-    )
-
-
-def _compares_strings(spec: Mapping[str, Any]) -> bool:
-    """Does the query compare strings (a collation other than the simple one would answer otherwise)?"""
-    return any(op in _COMPARED and _holds_string(arg) for op, arg in _operands(spec))
-
-
-def _holds_string(value: Any) -> bool:
-    if isinstance(value, str):
-        return True
-    if isinstance(value, dict):
-        return any(_holds_string(one) for one in value.values())
-    return isinstance(value, list) and any(_holds_string(one) for one in value)
-
-
-def _operands(spec: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
-    """Every operator of a query with its argument, $in's, $nin's and $all's values as $eq's, through
-    $and, $or, $nor, $not and $elemMatch (a malformed part is skipped: compiling it says what is wrong)."""
-    for key, value in spec.items():
-        if key in ("$and", "$or", "$nor"):
-            for one in value if isinstance(value, list) else ():
-                if isinstance(one, dict):
-                    yield from _operands(one)
-        elif key.startswith("$"):
-            continue
-        elif _is_operator_document(value):
-            yield from _operator_operands(value)
-        else:
-            yield EQ, value
-
-
-def _operator_operands(ops: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
-    for op, arg in ops.items():
-        if op == "$elemMatch" and isinstance(arg, dict):
-            yield from _operator_operands(arg) if _is_operator_document(arg) else _operands(arg)
-        elif op == "$not" and isinstance(arg, dict):
-            yield from _operator_operands(arg)
-        elif op in ("$in", "$nin", "$all") and isinstance(arg, list):
-            for one in arg:
-                if isinstance(one, dict) and isinstance(one.get("$elemMatch"), dict):
-                    yield from _operator_operands(one)
-                else:
-                    yield EQ, one
-        else:
-            yield op, arg

@@ -14,10 +14,10 @@ from bson.int64 import Int64
 from bson.regex import Regex
 
 from replicator.errors import ConfigError
-from replicator.events import bson_order
-from replicator.events.bson_order import BRACKET, MISSING, NULL, NUMBER, UNDEFINED, Symbol, bracket, compare, is_nan
-from replicator.events.query_paths import ValueTest
-from replicator.events.regex import compile_regex
+from replicator.query import order as bson_order
+from replicator.query.order import BRACKET, MISSING, NULL, NUMBER, UNDEFINED, Symbol, bracket, compare, is_nan
+from replicator.query.paths import ValueTest
+from replicator.query.regex import compile_regex
 
 #: $type's names (and "number"), as the server spells them
 TYPE_ALIASES: dict[str, frozenset[int]] = {

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
-from replicator.events import bson_order
-from replicator.events.bson_order import BRACKET, MISSING, Decode, fields, object_bytes
+from replicator.query import order as bson_order
+from replicator.query.order import BRACKET, MISSING, Decode, fields, object_bytes
 
 #: how the query being compiled reads documents: told apart from pymongo's reading of a symbol (a
 #: string) and undefined (None) only where the query's answer depends on it (see _reads_types)
