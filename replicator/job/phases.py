@@ -47,19 +47,20 @@ from replicator.observe.tally import format_ts, listing, plural
 from replicator.replay.recorded import Recorded
 from replicator.settings.config import Settings, parse_start_at
 from replicator.settings.fields import FieldRules
+from replicator.settings.stream_match import StreamFilter
 from replicator.settings.uri import is_mongo_uri, redact
 from replicator.sinks.base import Sink
 from replicator.sinks.registry import open_sink
 from replicator.snapshot.mode import Checkpointed, Start, copies, decide, drops_target, stopped_at
 from replicator.source import catalog
-from replicator.source.changestream import current_time, refuse_later_start
+from replicator.source.changestream import refuse_later_start
 from replicator.source.connection import Client, ServerInfo, make_client, probe
 from replicator.source.lookup import source_lookup
 from replicator.source.partitions import plan_specs
 from replicator.source.reads import ReadPolicy, check_members
 from replicator.source.retry import Retrier, is_retryable
 from replicator.source.shards import MergedReader
-from replicator.source.topology import Reader, StreamTopology, capture, open_at
+from replicator.source.topology import Reader, StreamTopology, adopt_filter, capture, latest_time, open_at
 
 T = TypeVar("T")
 
@@ -216,6 +217,17 @@ class SyncJob:
         self._topology = StreamTopology(s, self.reporter, client, database=self._scope.database)
         self._replay.bind(client, self._topology)
         reader = await self._topology.reader(info, max_await_ms=await_ms, cp=cp)
+        self._reader = reader
+        if cp is not None and not s.snapshot_only:
+            before = cp.stream_filter
+            moved = await adopt_filter(self._topology, reader, cp)
+            if moved is not None:
+                self.reporter.info(
+                    f"the selection changed the change stream's filter: read with the checkpoint's up to "
+                    f"{format_ts(moved)}, with this run's after it"
+                )
+            if cp.stream_filter != before:
+                self.store.save(cp)  # before any event is read with it
         try:
             while True:
                 try:
@@ -316,8 +328,7 @@ class SyncJob:
             assert s.start_at is not None
             at = parse_start_at(s.start_at)
             # of several shards (which share no clock), the latest: later than every one is in the future
-            sides = [r.client for r in reader.readers.values()] if isinstance(reader, MergedReader) else [client]
-            now = max([await current_time(side) for side in sides])
+            now = await latest_time(reader, client)
             refuse_later_start(s.start_at, at, now, option="--start-at", otherwise="--snapshot never replays from now")
             await self._shard_without_snapshot(client, sink)
             cp = self._new_checkpoint(identity, position=Position(cluster_time=at))
@@ -412,6 +423,10 @@ class SyncJob:
         """A checkpoint that starts here, recording the selection and rules its copies follow."""
         hosts = dict(self._topology.hosts)
         recorded = Recorded.of(self.s).to_json()
-        return Checkpoint(
+        cp = Checkpoint(
             identity, recorded=recorded, shard_hosts=hosts, migration_id=uuid.uuid4().hex, stream=self._scope, **fields
         )
+        if not self.s.snapshot_only:  # its positions are read with this run's match alone
+            cp.stream_filter = StreamFilter(self._topology.stream_filter.match)
+            self._topology.use(self._reader, cp.stream_filter)
+        return cp
