@@ -158,7 +158,8 @@ def test_an_idle_selection_on_a_busy_source_keeps_up_and_never_falls_off_the_opl
     with pymongo.MongoClient(target_uri) as client:
         assert client.shop.orders.find_one({"_id": 99}) == {"_id": 99}
         assert client.shop.list_collection_names() == ["orders"] and "other" not in client.list_database_names()
-    checked = subprocess.run([sys.executable, "-m", "replicator.cli", "verify", *common], capture_output=True, text=True)
+    verify = [sys.executable, "-m", "replicator.cli", "verify", *common]
+    checked = subprocess.run(verify, capture_output=True, text=True, timeout=180)
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 

@@ -46,8 +46,12 @@ async def check_selection(
     is written. Otherwise a selection that matches nothing is worth a warning (sync and tail): the
     source may be empty yet, or its namespaces dropped since the last run. Two selected namespaces that
     --rename maps onto one target namespace, and a field rule that names an _id, are refused on every
-    run. Returns the source's namespaces."""
-    namespaces = await catalog.list_namespaces(client, settings.selection)
+    run. A selection holding a time-series collection is refused where the run would follow the stream
+    (see :func:`~replicator.source.catalog.refuse_unfollowed`). Returns the source's namespaces."""
+    kinds = await catalog.list_kinds(client, settings.selection)
+    if not settings.snapshot_only:
+        catalog.refuse_unfollowed(kinds, settings.selection, command)
+    namespaces = list(kinds)
     check_collisions([ns for ns in namespaces if settings.selection(ns)], settings.renamer)
     fields.check([ns for ns in namespaces if settings.selection(ns)])
     conflict = renamed_filter_fields(settings.guard, settings.filters, fields, namespaces)
