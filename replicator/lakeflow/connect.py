@@ -48,6 +48,7 @@ from replicator.lakeflow.records import (
     shard_fields,
 )
 from replicator.settings.config import Settings
+from replicator.settings.stream_match import change_match
 from replicator.source import catalog
 from replicator.source.changestream import oplog_window
 from replicator.source.connection import make_client, probe, server_message
@@ -186,9 +187,9 @@ class MongoLakeflowConnect:
             options.setdefault("snapshot", "initial")
         else:
             options["snapshot"] = "never"
-        _checked(settings_for(options, "source"))
+        settings = _checked(settings_for(options, "source"))
         reader = ChangeStreamReader(options)
-        reader.match = {"ns.db": ns.db, "ns.coll": ns.coll}
+        reader.match = change_match(settings.selection)  # the command line's own, for this one collection
         return reader
 
     def _shard_key(self, ns: Namespace) -> tuple[str, ...]:
