@@ -220,12 +220,7 @@ class SyncJob:
         self._reader = reader
         if cp is not None and not s.snapshot_only:
             before = cp.stream_filter
-            moved = await adopt_filter(self._topology, reader, cp)
-            if moved is not None:
-                self.reporter.info(
-                    f"the selection changed the change stream's filter: read with the checkpoint's up to "
-                    f"{format_ts(moved)}, with this run's after it"
-                )
+            adopt_filter(self._topology, reader, cp)
             if cp.stream_filter != before:
                 self.store.save(cp)  # before any event is read with it
         try:
@@ -238,7 +233,7 @@ class SyncJob:
                     if self.metrics is not None and cp.snapshot.status in ("done", "none"):
                         self.metrics.snapshot_done()
                     if not s.snapshot_only:
-                        await self._replay.follow_selection(client, sink, cp)
+                        await self._replay.follow_selection(client, sink, cp, reader)
                         await self._replay.run(reader, sink, cp, snapshot_window=False, follow=self.command == "tail")
                     break
                 except HistoryLost as exc:

@@ -180,26 +180,23 @@ async def latest_time(reader: Reader, client: Client) -> Timestamp:
     return max([await current_time(side) for side in sides])
 
 
-async def adopt_filter(topology: StreamTopology, reader: Reader, cp: Checkpoint | None) -> Timestamp | None:
-    """Read ``reader``'s streams with the matches ``cp`` records (settings/stream_match.py), moving to this
-    run's selection's after the source's time now where they differ; ``cp.stream_filter`` is set to them
-    (the caller saves it before the stream is read). Returns the time of such a move, else None. A
-    checkpoint that records none, or holds no position yet, takes this run's as it is."""
+def adopt_filter(topology: StreamTopology, reader: Reader, cp: Checkpoint | None) -> StreamFilter:
+    """The selection's match (settings/stream_match.py) this run wants, after reading ``reader``'s streams
+    with the matches ``cp`` records (set on ``cp.stream_filter``, without the stretches every position
+    has passed): a checkpoint's match changes only with the selection it records (see
+    job.replay.Replay.follow_selection), which is what its target holds. A checkpoint that records none, or
+    holds no position yet, takes this run's as it is."""
     wanted = StreamFilter(topology.stream_filter.match)
     if cp is None:
         topology.use(reader, wanted)
-        return None
+        return wanted
     recorded = cp.stream_filter
     if recorded is None or not (cp.position or cp.shards):
         recorded = wanted
-    now = None
-    if recorded.match != wanted.match:
-        now = await latest_time(reader, topology.client)
-        recorded = recorded.toward(wanted.match, now)
     times = [p.cluster_time for p in cp.shards.values()] if cp.shards else [cp.position.cluster_time]
     cp.stream_filter = recorded.passed(times)
     topology.use(reader, cp.stream_filter)
-    return now
+    return wanted
 
 
 async def open_at(reader: Reader, cp: Checkpoint) -> None:
