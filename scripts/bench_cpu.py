@@ -2,6 +2,7 @@
 clients doing the same work, on the same two servers, in one run.
 
     python scripts/bench_cpu.py [--docs 200000] [--events 50000] [--repeat 3] [--profile] [--json]
+    python scripts/bench_cpu.py --only narrow [--narrow-events 4000] [--repeat 3]
 
 On a real mongod, mcdc's throughput per process is bound by its own CPU, not the server's: so this measures
 CPU (user + system, of each contender's own process, from its start to its exit), not only wall time.
@@ -33,6 +34,10 @@ With ``--profile``, mcdc's copy and replay of the big sizes run once more under 
 waits) and their CPU is summed by stage (read and decode, plan and write, checkpoint, progress, the DDL
 window and lookup checks, the event loop, the driver).
 
+4. **A narrow selection** (issue 50): a catch-up of one collection among ten busy ones, against the same
+   selected work alone (``selection_cost.py``): ``--narrow-events`` writes each, ``--repeat`` pairs, the
+   median ratio. ``--only narrow`` runs this case alone.
+
 Figures on the local test server (SecantusDB) measure mcdc's CPU as they would on mongod; wall times there
 are mostly the server's. Exits 0 whatever the ratios say: it is a measurement (1 when a run fails).
 """
@@ -55,6 +60,7 @@ from typing import Any
 
 import harness
 import pymongo
+import selection_cost
 from bson import Int64
 
 from tests.support.corpus import load_bulk
@@ -289,8 +295,21 @@ def _marginal(
     return {who: (big[who][0] - small[who][0]) / n * 1e6 for who in ("mcdc", "plain")}
 
 
+def _narrow(args: argparse.Namespace, workdir: Path, source: str, target: str) -> dict[str, Any]:
+    harness.heading(
+        f"A narrow selection: catch-up of one collection among ten busy ones, {args.narrow_events:,} writes each"
+    )
+    return selection_cost.measure(
+        source, target, workdir, events=args.narrow_events, repeat=args.repeat, extra=args.mcdc_arg, cpu_of=_cpu_of
+    )
+
+
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     small_docs, small_events = args.docs // 10, args.events // 10
+    if args.only == "narrow":
+        with harness.bench_setup("bench_cpu.py", args, "mcdc-bench-cpu-") as (workdir, source, target, server):
+            narrow = _narrow(args, workdir, source, target)
+        return {"server": server, "code": harness.code_version(), "narrow": narrow}
     with harness.bench_setup("bench_cpu.py", args, "mcdc-bench-cpu-") as (workdir, source, target, server):
         harness.heading("Process start")
         start = _start_costs()
@@ -334,6 +353,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             profile["sync"] = _profile(profiled._mcdc("sync", COLL), workdir / "sync.prof")
             _events(source, COLL, args.events, seed=2 * args.repeat + 1)
             profile["catch-up"] = _profile(profiled._mcdc("catch-up", COLL), workdir / "catch-up.prof")
+        narrow = _narrow(args, workdir, source, target)
 
     runs_data = [_steady(repeat, args.docs - small_docs, args.events - small_events) for repeat in repeats]
     return {
@@ -358,6 +378,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         },
         "profile": profile,
         "idle_catch_up_engines": idle,
+        "narrow": narrow,
         "commands": {"sync": " ".join(runs._mcdc("sync", COLL)), "catch-up": " ".join(runs._mcdc("catch-up", COLL))},
     }
 
@@ -401,6 +422,10 @@ def _pair(runs: dict[str, tuple[float, float, str]]) -> dict[str, Any]:
 def report(data: dict[str, Any]) -> None:
     harness.heading("Results")
     print(f"server: {data['server']}; code: {data['code']}")
+    narrow_verdict, narrow_ok = selection_cost.report(data["narrow"])
+    if "repeats" not in data:  # --only narrow
+        harness.print_verdicts({narrow_verdict: narrow_ok}, {"catch-up": data["narrow"]["command"]})
+        return
     start, steady, r = data["start_cpu_s"], data["steady_us"], data["ratios"]
     sr = data["start_ratios"]
     print(
@@ -454,6 +479,7 @@ def report(data: dict[str, Any]) -> None:
             f"mcdc --version's CPU <= {START_RATIO}x a plain client's start": sr["version"] <= START_RATIO,
             f"mcdc --help's CPU <= {START_RATIO}x a plain client's start": sr["help"] <= START_RATIO,
             f"a catch-up with nothing to replay < {IDLE_CATCH_UP_S} s of CPU": start["idle_catch_up"] < IDLE_CATCH_UP_S,
+            narrow_verdict: narrow_ok,
         },
         data["commands"],
     )
@@ -466,6 +492,10 @@ def main() -> int:
     parser.add_argument(
         "--repeat", type=int, default=3, help="copies and replays of each size, each pair's ratio, then their median"
     )
+    parser.add_argument(
+        "--narrow-events", type=int, default=4000, help="writes on each collection in the narrow case (default 4000)"
+    )
+    parser.add_argument("--only", choices=["narrow"], help="run this case alone (narrow: the narrow selection)")
     harness.add_server_options(parser, "an extra argument for mcdc sync and catch-up (repeatable)")
     return harness.main("bench_cpu.py", parser, None, bench, report)
 

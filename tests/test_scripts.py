@@ -112,7 +112,10 @@ def test_under_load_runs_a_command_beside_burners_and_stops_at_the_first_failure
 
 
 def test_bench_cpu_small_run_prints_the_steady_cpu_ratios() -> None:
-    done = run_script("bench_cpu.py", "--docs", "2000", "--events", "600", "--repeat", "2", "--json", timeout=300)
+    done = run_script(
+        "bench_cpu.py", "--docs", "2000", "--events", "600", "--repeat", "2", "--narrow-events", "150", "--json",
+        timeout=400,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads(done.stdout[done.stdout.rindex('\n{\n  "server"') :])
     assert data["docs"] == [200, 2000] and data["events"] == [60, 600]
@@ -129,6 +132,18 @@ def test_bench_cpu_small_run_prints_the_steady_cpu_ratios() -> None:
     assert all(data["start_ratios"][k] > 0 for k in ("version", "help", "idle_catch_up"))
     assert data["start_cpu_s"]["idle_catch_up"] > data["start_cpu_s"]["mcdc"]  # it connects, reads, saves
     assert "mcdc --help's CPU <= 1.5x" in done.stdout and "nothing to replay < 0.5 s" in done.stdout
+    # issue 50's narrow selection: each repeat's two catch-ups, and their ratio
+    narrow = data["narrow"]
+    assert len(narrow["runs"]) == 2 and all(r["alone_cpu_s"] > 0 and r["busy_cpu_s"] > 0 for r in narrow["runs"])
+    assert "one collection among ten busy ones <= 1.15x" in done.stdout
+
+
+def test_bench_big_txn_small_run_sees_the_transaction_atomic() -> None:
+    done = run_script("bench_big_txn.py", "--docs", "600", "--doc-size", "300", "--json", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(done.stdout[done.stdout.rindex('\n{\n  "server"') :])
+    assert data["atomic"] and set(data["runs"]["txn"]["counts_seen"]) <= {0, 600}
+    assert data["runs"]["txn"]["peak_rss_mb"] > 0 and "one unit on the target" in done.stdout
 
 
 @pytest.mark.filterwarnings("ignore")

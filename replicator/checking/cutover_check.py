@@ -112,9 +112,9 @@ async def changes_between(
     start = Position(cluster_time=since)
     try:
         if isinstance(reader, MergedReader):
-            await reader.open({name: start for name in reader.readers}, start)
+            await reader.open({name: start for name in reader.readers}, start, until=until)
         else:
-            await reader.open(start)
+            await reader.open(start, until=until)
         async for batch in reader.batches(until=until):
             changes.note(_selected(batch.events, settings))
     except HistoryLost:

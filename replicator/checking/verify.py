@@ -14,7 +14,7 @@ import hashlib
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, cast
 
@@ -22,6 +22,7 @@ import bson
 from bson.raw_bson import RawBSONDocument
 
 from replicator.bsonkit import extjson
+from replicator.checking.measurements import Measurements
 from replicator.checking.recheck import key_of, raw_key
 from replicator.errors import ConfigError
 from replicator.events import CollectionSpec, Namespace
@@ -36,7 +37,7 @@ from replicator.sinks.mongo.sharding import same_key
 from replicator.sinks.mongo.ttl import as_source
 from replicator.source import catalog
 from replicator.source.connection import DICT_CODEC, Client, make_client, probe
-from replicator.source.partitions import Partition, plan_collection, with_catch_all
+from replicator.source.partitions import ALL, Partition, plan_collection, with_catch_all
 from replicator.source.reads import ReadPolicy, SourceReads, start_reads
 from replicator.source.sharding import with_shard_keys
 from replicator.source.snapshot import read_partition
@@ -357,8 +358,8 @@ class _Verifier:
             differences += await self._documents_by_key(spec.ns, want.ns, ns, keys)
         elif want.kind == "collection":
             differences += await self._documents(spec.ns, want.ns, ns)
-        elif want.kind == "timeseries":  # measurements have no unique _id to key on: compare counts only
-            differences += await self._count(spec.ns, want.ns, ns)
+        elif want.kind == "timeseries":  # no unique _id to key on: measurements compared as a whole
+            differences += await self._measurements(spec.ns, want.ns, ns)
         return differences
 
     async def _documents(self, src: Namespace, dst: Namespace, ns: str) -> list[Difference]:
@@ -404,15 +405,29 @@ class _Verifier:
 
         return list(await asyncio.gather(*(one(p) for p in plan)))
 
-    async def _count(self, src: Namespace, dst: Namespace, ns: str) -> list[Difference]:
-        async with self.slots, self.reads.session(self.source) as session:
-            on_source = await self.reads.collection(self.source, src).count_documents(
-                self.s.filters.where(src) or {}, session=session
-            )
-            on_target = await self.target[dst.db][dst.coll or ""].count_documents(self.s.guard.where(dst) or {})
-        if on_source == on_target:
+    async def _measurements(self, src: Namespace, dst: Namespace, ns: str) -> list[Difference]:
+        """A time-series collection's measurements, each side folded by content (checking/measurements.py):
+        the source's as the field rules and --filter make them, the target's within a way back's guard."""
+        editor, kept = self.fields.for_namespace(src), self.s.guard.kept(dst)
+        docs, size = self.s.batch_docs, self.s.batch_bytes
+        whole = Partition(src, 0, ALL, keyed=False, where=self.s.filters.where(src))
+        theirs = replace(whole, ns=dst, where=self.s.guard.where(dst))
+
+        async def source() -> AsyncIterator[list[RawBSONDocument]]:
+            async for batch in read_partition(self.source, whole, batch_docs=docs, batch_bytes=size, reads=self.reads):
+                yield edited(edited(batch, editor), kept)
+
+        async def target() -> AsyncIterator[list[RawBSONDocument]]:
+            async for batch in read_partition(self.target, theirs, batch_docs=docs, batch_bytes=size):
+                yield edited(batch, kept)
+
+        async with self.slots:
+            mine, found = await Measurements.of(source()), await Measurements.of(target())
+        self.documents += mine.count
+        problem = mine.differs(found)
+        if problem is None:
             return []
-        return [Difference(ns, "count", f"{on_source} documents on the source, {on_target} on the target")]
+        return [Difference(ns, "count" if mine.count != found.count else "changed", problem)]
 
 
 async def verify(

@@ -27,6 +27,7 @@ from typing import Any
 from replicator.bsonkit.extjson import from_jsonable, to_jsonable
 from replicator.errors import CheckpointError, CheckpointLocked, ConfigError, quoted
 from replicator.events import Position, ts_from_json, ts_to_json
+from replicator.settings.stream_match import StreamFilter
 
 FORMAT = "mcdc-checkpoint"
 VERSION = 1
@@ -127,6 +128,11 @@ class Checkpoint:
     #: the change stream its positions belong to; None while no stream was read for it (a reverse checkpoint
     #: cutover wrote holds only a cluster time): the next run decides and records it
     stream: StreamScope | None = None
+    #: which $match read which stretch of its streams (settings/stream_match.py): an event's place at its
+    #: cluster time is counted among what its match lets through. None while no run recorded one (a new
+    #: checkpoint before its first position, a reverse checkpoint cutover wrote): the next run records its
+    #: own; absent from a checkpoint written before mcdc filtered on the server, which read them unfiltered
+    stream_filter: StreamFilter | None = None
     #: the source and target it was last run between (Settings.pair_key), so that status and cutover find a
     #: default checkpoint whose selection changed since its file was named; None before a run recorded it
     pair: str | None = None
@@ -174,6 +180,7 @@ class Checkpoint:
             "held": self.held,
             "handover": self.handover,
             "stream": self.stream.to_json() if self.stream is not None else None,
+            "stream_filter": self.stream_filter.to_json() if self.stream_filter is not None else None,
             "snapshot": {
                 "status": self.snapshot.status,
                 "plan": self.snapshot.plan,
@@ -214,6 +221,9 @@ class Checkpoint:
             stream=StreamScope.from_json(data["stream"])
             if data.get("stream") is not None
             else (None if "stream" in data else DEPLOYMENT),
+            stream_filter=StreamFilter.from_json(data["stream_filter"])
+            if data.get("stream_filter") is not None
+            else (None if "stream_filter" in data else StreamFilter()),
             snapshot=SnapshotProgress(
                 status=str(snap.get("status", "none")),
                 plan=list(snap.get("plan") or []),

@@ -51,19 +51,20 @@ from replicator.replay.recorded import Recorded
 from replicator.settings.config import Settings, parse_start_at
 from replicator.settings.fields import FieldRules
 from replicator.settings.selection import Scope
+from replicator.settings.stream_match import StreamFilter
 from replicator.settings.uri import is_mongo_uri, redact
 from replicator.sinks.base import Sink
 from replicator.sinks.registry import open_sink
 from replicator.snapshot.mode import Checkpointed, Start, copies, decide, drops_target, stopped_at
 from replicator.source import catalog
-from replicator.source.changestream import current_time, refuse_later_start
+from replicator.source.changestream import refuse_later_start
 from replicator.source.connection import Client, ServerInfo, make_client, probe
 from replicator.source.lookup import source_lookup
 from replicator.source.partitions import plan_specs
 from replicator.source.reads import ReadPolicy, check_members
 from replicator.source.retry import Retrier, is_retryable
 from replicator.source.shards import MergedReader
-from replicator.source.topology import Reader, StreamTopology, capture, open_at
+from replicator.source.topology import Reader, StreamTopology, adopt_filter, capture, latest_time, open_at
 
 T = TypeVar("T")
 
@@ -236,6 +237,12 @@ class SyncJob:
         self._topology = StreamTopology(s, self.reporter, client, database=self._scope.database)
         self._replay.bind(client, self._topology)
         reader = await self._topology.reader(info, max_await_ms=await_ms, cp=cp)
+        self._reader = reader
+        if cp is not None and not s.snapshot_only:
+            before = cp.stream_filter
+            adopt_filter(self._topology, reader, cp)
+            if cp.stream_filter != before:
+                self.store.save(cp)  # before any event is read with it
         try:
             while True:
                 try:
@@ -247,7 +254,7 @@ class SyncJob:
                         self.metrics.snapshot_done()
                     if not s.snapshot_only:
                         handover.carry(sink, cp)
-                        await self._replay.follow_selection(client, sink, cp)
+                        await self._replay.follow_selection(client, sink, cp, reader)
                         await self._replay.run(reader, sink, cp, snapshot_window=False, follow=self.command == "tail")
                     break
                 except HistoryLost as exc:
@@ -343,8 +350,7 @@ class SyncJob:
             assert s.start_at is not None
             at = parse_start_at(s.start_at)
             # of several shards (which share no clock), the latest: later than every one is in the future
-            sides = [r.client for r in reader.readers.values()] if isinstance(reader, MergedReader) else [client]
-            now = max([await current_time(side) for side in sides])
+            now = await latest_time(reader, client)
             refuse_later_start(s.start_at, at, now, option="--start-at", otherwise="--snapshot never replays from now")
             await self._shard_without_snapshot(client, sink)
             cp = self._new_checkpoint(identity, position=Position(cluster_time=at))
@@ -439,6 +445,10 @@ class SyncJob:
         """A checkpoint that starts here, recording the selection and rules its copies follow."""
         hosts = dict(self._topology.hosts)
         recorded = Recorded.of(self.s).to_json()
-        return Checkpoint(
+        cp = Checkpoint(
             identity, recorded=recorded, shard_hosts=hosts, migration_id=uuid.uuid4().hex, stream=self._scope, **fields
         )
+        if not self.s.snapshot_only:  # its positions are read with this run's match alone
+            cp.stream_filter = StreamFilter(self._topology.stream_filter.match)
+            self._topology.use(self._reader, cp.stream_filter)
+        return cp

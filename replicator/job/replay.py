@@ -18,7 +18,7 @@ from replicator.job.migrations import guard_writes, own
 from replicator.observe.metrics import Metrics
 from replicator.observe.progress import Reporter
 from replicator.observe.summary import Summary
-from replicator.observe.tally import listing
+from replicator.observe.tally import format_ts, listing
 from replicator.replay.ddl_window import DdlWindow, Resync
 from replicator.replay.recorded import Recorded, narrowed, widened
 from replicator.replay.resync import Copied, Resyncer
@@ -26,10 +26,11 @@ from replicator.replay.stage import ReplayStage, Transform
 from replicator.settings.config import Settings
 from replicator.settings.fields import FieldRules
 from replicator.settings.selection import Scope, make_transform, renamed_into_selection
+from replicator.settings.stream_match import change_match
 from replicator.sinks.base import Sink
 from replicator.source import catalog
 from replicator.source.connection import Client, make_client
-from replicator.source.topology import Reader, StreamTopology
+from replicator.source.topology import Reader, StreamTopology, latest_time
 
 
 class Replay:
@@ -62,15 +63,21 @@ class Replay:
         self._client = client
         self._topology = topology
 
-    async def follow_selection(self, client: Client, sink: Sink, cp: Checkpoint) -> None:
+    async def follow_selection(self, client: Client, sink: Sink, cp: Checkpoint, reader: Reader) -> None:
         """A run whose selection differs from the one the checkpoint recorded: namespaces it adds are copied
         from the source before the replay (their earlier changes were never replicated), namespaces it
-        leaves are no longer followed; both are said. Then the checkpoint records this run's.
+        leaves are no longer followed; both are said. Then the checkpoint records this run's, and its
+        change stream's match with it: read with the recorded one up to the source's time before any copy,
+        with this run's after it (settings/stream_match.py), so that what the old match left out of the
+        stream is what the copies bring.
 
         A namespace added whose target holds data this migration did not write is refused, as a first
         snapshot refuses it (``--drop-target`` replaces it)."""
         now = Recorded.of(self.s)
         saved = Recorded.from_json(cp.recorded) if cp.recorded is not None else now
+        wanted = change_match(self.s.selection)
+        moves = cp.stream_filter is not None and cp.stream_filter.match != wanted
+        switch_at = await latest_time(reader, client) if moves else None  # before any copy begins
         if saved != now:
             namespaces = await catalog.list_namespaces(client)
             left = narrowed(saved, self.s.selection, namespaces)
@@ -93,7 +100,14 @@ class Replay:
                 copied, at = await self._resyncer(sink)(Resync(data=set(added)))
                 if self._window is not None:
                     self._window.copied(copied, at)
-        if cp.recorded != now.to_json():
+        if cp.stream_filter is not None and switch_at is not None:
+            cp.stream_filter = cp.stream_filter.toward(wanted, switch_at)
+            self._topology.use(reader, cp.stream_filter)
+            self._reporter.info(
+                f"the change stream's filter follows the selection from {format_ts(switch_at)} on (the stream "
+                "before it is read with the checkpoint's)"
+            )
+        if cp.recorded != now.to_json() or switch_at is not None:
             cp.recorded = now.to_json()
             scope = Scope(self.s.selection, self.s.renamer)
             cp.owned = {ns for ns in cp.owned if not scope(Namespace.parse(ns))}  # followed again: no longer outside

@@ -51,8 +51,12 @@ async def check_selection(
     last run (a selection that matches nothing is not said by catch-up, a cron job). Two selected
     namespaces that --rename maps onto one target namespace, a field rule that names an _id, and one that
     drops or renames a field a unique index is on (the index could not be built on the target), are
-    refused on every run. Returns the source's namespaces."""
-    namespaces = await catalog.list_namespaces(client, settings.selection)
+    refused on every run. A selection holding a time-series collection is refused where the run would follow
+    the stream (see :func:`~replicator.source.catalog.refuse_unfollowed`). Returns the source's namespaces."""
+    kinds = await catalog.list_kinds(client, settings.selection)
+    if not settings.snapshot_only:
+        catalog.refuse_unfollowed(kinds, settings.selection, command)
+    namespaces = list(kinds)
     check_collisions([ns for ns in namespaces if settings.selection(ns)], settings.renamer)
     fields.check([ns for ns in namespaces if settings.selection(ns)])
     if fields:  # a unique index on a field the rules edit could not be built on the target

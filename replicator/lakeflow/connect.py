@@ -47,6 +47,7 @@ from replicator.lakeflow.records import (
     shard_fields,
 )
 from replicator.settings.config import Settings
+from replicator.settings.stream_match import change_match
 from replicator.settings.unmatched import near
 from replicator.source import catalog
 from replicator.source.changestream import oplog_window
@@ -187,9 +188,9 @@ class MongoLakeflowConnect:
             options.setdefault("snapshot", "initial")
         else:
             options["snapshot"] = "never"
-        _checked(settings_for(options, "source"))
+        settings = _checked(settings_for(options, "source"))
         reader = ChangeStreamReader(options)
-        reader.match = {"ns.db": ns.db, "ns.coll": ns.coll}
+        reader.match = change_match(settings.selection)  # the command line's own, for this one collection
         reader.checked = True  # the connector's rules were checked against its whole selection (_known)
         return reader
 

@@ -101,9 +101,9 @@ class StreamApplier:
                 self._check_window_beside()
                 await stage.opened()
                 if isinstance(self.reader, MergedReader):
-                    await self.reader.open(self.cp.shards, self.cp.position)
+                    await self.reader.open(self.cp.shards, self.cp.position, until=until)
                 else:
-                    await self.reader.open(self.cp.position)
+                    await self.reader.open(self.cp.position, until=until)
                 await replay(
                     self.reader, stage, until=until, on_ack=self._ack, reporter=self.reporter,
                     queue_events=self.queue_events, stop=self.stop, result=result, join_up_to=self.join_up_to,

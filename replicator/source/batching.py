@@ -103,12 +103,15 @@ class BatchAssembler:
         fragments: Fragments | None = None,
         numbering: Numbering | None = None,
         shard: str | None = None,
+        cap: Timestamp | None = None,
     ) -> None:
         """``rs``: the replica set's name, stamped on every event. ``fragments``: the stream's split-event
         buffer, and ``numbering`` its count of events within a cluster time, when they outlive this run
         (new ones otherwise). ``shard``: the stream's name in a merge of shards (None for a replica set),
-        stamped on every event's position."""
+        stamped on every event's position. ``cap``: the latest time an idle batch's position may claim (the
+        end of the stream's stretch under one $match: see changestream.ChangeStreamReader)."""
         self._batch_size = batch_size
+        self._cap = cap
         self._until = until
         self._until_parts = ts_parts(until) if until is not None else (0, 0)
         self._rs = rs
@@ -118,6 +121,7 @@ class BatchAssembler:
         self._events: list[ChangeEvent] = []
         self._held: ChangeEvent | None = None
         self._caught_up = False
+        self._idle = False  # the last poll found nothing, and the server had nothing more (see nothing_more)
         self._passed = False
         self._token: Any = None
         self.finished = False
@@ -175,12 +179,21 @@ class BatchAssembler:
             return None
         return normalize_change(raw, self._rs, index, self._shard)
 
-    def nothing_more(self, resume_token: Any) -> bool:
+    def nothing_more(self, resume_token: Any, *, settled: bool = True) -> bool:
         """The server had no event; ``resume_token`` is the stream's post-batch token. True when the batch
-        is ready: it holds events, or the stream has reached ``until``."""
+        is ready: it holds events, or the stream has reached ``until``.
+
+        ``settled``: the server has scanned all it holds (for a stream filtered on the server, a poll that
+        found nothing may have stopped in the middle of a stretch it filters out: settled once a poll
+        leaves the token where the previous one did). Unsettled, a poll is never idle, and a token whose
+        time cannot be read has not reached ``until``."""
         token_time = token_timestamp(resume_token)
-        # a token we can read must have reached `until`; one we cannot read means "now"
-        self._caught_up = self._until is None or token_time is None or token_time >= self._until
+        # a token we can read must have reached `until`; one we cannot read means "now", once settled
+        if token_time is None:
+            self._caught_up = settled
+        else:
+            self._caught_up = self._until is None or token_time >= self._until
+        self._idle = self._caught_up and settled
         self._token = resume_token
         return self._caught_up or bool(self._events)
 
@@ -192,19 +205,22 @@ class BatchAssembler:
             position = events[-1].position or Position()
         elif self._held is None and not self._fragments:
             # idle: the post-batch token, and its time where the token says it (MongoDB's KeyString)
-            position = Position(resume_token=plain_token(self._token), cluster_time=token_timestamp(self._token))
+            at = token_timestamp(self._token)
+            if at is not None and self._cap is not None and at > self._cap:
+                at = self._cap
+            position = Position(resume_token=plain_token(self._token), cluster_time=at)
         else:
             # the stream's token is already past an event read but not yielded (held for the next
             # batch or run, or a fragment of a split event): acknowledging it would skip that event
             position = Position()
-        idle_since = poll_started if self._caught_up and not events else None
+        idle_since = poll_started if self._idle and not events else None
         batch = Batch(
             events=events, position=position, caught_up=self._caught_up, read_at=read_at, idle_since=idle_since
         )
         self.finished = self._until is not None and (self._passed or self._caught_up)
         self._events = [self._held] if self._held is not None else []
         self._held = None
-        self._caught_up = False
+        self._caught_up = self._idle = False
         return batch
 
 

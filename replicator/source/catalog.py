@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
-from replicator.errors import quoted
+from replicator.errors import ConfigError, quoted
 from replicator.events import CollectionSpec, Namespace
+from replicator.observe.tally import listing
 from replicator.settings.selection import Selection
 from replicator.settings.unmatched import near
 from replicator.source.connection import DICT_CODEC
@@ -47,12 +49,39 @@ async def list_databases(client: AsyncMongoClient[Any], selection: Selection) ->
 async def list_namespaces(client: AsyncMongoClient[Any], within: Selection | None = None) -> list[Namespace]:
     """Every collection and view of every user database, selected or not (``system.*`` left out); only
     of the databases ``within`` names literally, when it does (see :func:`list_databases`)."""
-    out: list[Namespace] = []
+    return list(await list_kinds(client, within))
+
+
+async def list_kinds(client: AsyncMongoClient[Any], within: Selection | None = None) -> dict[Namespace, str]:
+    """:func:`list_namespaces` with each one's kind ("collection", "view", "timeseries"), from the same
+    name-only listing."""
+    out: dict[Namespace, str] = {}
     for db_name in await list_databases(client, within or Selection()):
-        for name in await client[db_name].list_collection_names():
+        cursor = await client[db_name].list_collections(nameOnly=True)
+        for info in await cursor.to_list():
+            name = str(info["name"])
             if not name.startswith("system."):
-                out.append(Namespace(db_name, name))
+                out[Namespace(db_name, name)] = str(info.get("type") or "collection")
     return out
+
+
+def refuse_unfollowed(kinds: Mapping[Namespace, str], selection: Selection, command: str) -> None:
+    """Refuse to follow a selection that holds a time-series collection: MongoDB's change streams report
+    no write to one (its writes change its system.buckets collection, which they leave out), so ``command``
+    would copy it and then silently fall behind. It can be copied once its writes have stopped."""
+    unfollowed = sorted((ns for ns, kind in kinds.items() if kind == "timeseries" and selection(ns)), key=str)
+    if not unfollowed:
+        return
+    one = len(unfollowed) == 1
+    patterns = " ".join(f"--exclude {quoted(re.escape(str(ns)))}" for ns in unfollowed[:5])
+    includes = " ".join(f"--include {quoted(re.escape(str(ns)))}" for ns in unfollowed[:5])
+    what = "is a time-series collection" if one else "are time-series collections"
+    raise ConfigError(
+        f"source: {listing(unfollowed, 5)} {what}, whose writes MongoDB's change streams do not report: mcdc "
+        f"{command} cannot follow {'it' if one else 'them'}, refused. Leave {'it' if one else 'them'} out "
+        f"({patterns}) and copy {'it' if one else 'them'} once the writes have stopped (mcdc sync "
+        f"--snapshot-only {includes}, with a checkpoint of its own)"
+    )
 
 
 def unmatched(selection: Selection, namespaces: Sequence[Namespace]) -> str | None:

@@ -18,10 +18,11 @@ from bson.timestamp import Timestamp
 from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.errors import OperationFailure, PyMongoError
 
-from replicator.errors import ConfigError, HistoryLost, OversizeEvent
+from replicator.errors import ConfigError
 from replicator.events import Position
 from replicator.events.positions import Numbering
 from replicator.observe.tally import format_ts
+from replicator.settings.stream_match import Match, StreamFilter, next_tick
 from replicator.source.batching import OVERSIZE_FLAG, BatchAssembler, Fragments, merge_fragments, plain_token
 from replicator.source.batching import (
     Batch as Batch,  # re-exported, with token_timestamp: the reader's callers import them here
@@ -29,35 +30,18 @@ from replicator.source.batching import (
 from replicator.source.batching import token_timestamp as token_timestamp
 from replicator.source.connection import DICT_CODEC, Client
 from replicator.source.pump import Pump, stop_pumps
+from replicator.source.stream_errors import (
+    _TOO_LARGE_CODES,
+    OversizePlan,
+    after_refusal,
+    check_in_oplog,
+    reopen_options,
+)
+from replicator.source.stream_errors import _history_error as _history_error  # re-exported
 
-#: Server codes meaning "that resume point is gone from the oplog".
-HISTORY_LOST_CODES = frozenset({136, 280, 286})
-#: "unrecognized pipeline stage": $changeStreamSplitLargeEvent on a server before 7.0 / 6.0.9.
-_UNKNOWN_STAGE_CODES = frozenset({40324})
-#: BSONObjectTooLarge and friends: an event over 16 MB.
-_TOO_LARGE_CODES = frozenset({10334, 17419, 16819})
-_MAX_EVENT = 16 * 1024 * 1024 - 16 * 1024
-# the names the Spark data source's synchronous reader (spark/changes.py) imports from here
+# the names the Spark data source's synchronous reader (spark_datasource/changes.py) imports from here
 _OVERSIZE_FLAG = OVERSIZE_FLAG
 _assemble = merge_fragments
-#: --oversize skip without split support: mark events over the limit and drop their big parts on the
-#: server, so the stream goes on and mcdc can log which document it skipped.
-_TRIM_OVERSIZE: list[dict[str, Any]] = [
-    {"$set": {OVERSIZE_FLAG: {"$gt": [{"$bsonSize": "$$ROOT"}, _MAX_EVENT]}}},
-    {
-        "$set": {
-            field: {"$cond": [f"${OVERSIZE_FLAG}", "$$REMOVE", f"${field}"]}
-            for field in ("fullDocument", "fullDocumentBeforeChange", "updateDescription")
-        }
-    },
-]
-_CANNOT_SPLIT = (
-    "a change event over 16 MB stopped the stream and this server cannot split it "
-    "($changeStreamSplitLargeEvent needs MongoDB 7.0 or 6.0.9): upgrade, or pass "
-    "--oversize skip to skip such events (each is logged)"
-)
-#: "unknown field" / "unrecognized option" answers to an option the server predates.
-_UNKNOWN_OPTION_CODES = frozenset({9, 40415})
 log = logging.getLogger("mcdc.source")
 
 
@@ -102,76 +86,18 @@ async def oplog_window(client: Client) -> tuple[Timestamp, Timestamp] | None:
     return first["ts"], last["ts"]
 
 
-class OversizePlan:
-    """The stages a change stream carries for events over 16 MB, and what to do when one stops it.
-
-    ``mode`` starts "plain" (no stage: MongoDB advises $changeStreamSplitLargeEvent only when strictly
-    needed, it costs the server work on every event), becomes "split" once such an event stopped the
-    stream, or "trim" (``--oversize skip``: marked and emptied on the server) where the server cannot
-    split. Both the asyncio reader and the Spark data source's reader follow it."""
-
-    def __init__(self, oversize: str) -> None:
-        self.oversize = oversize
-        self.mode = "plain"
-
-    def stages(self) -> list[dict[str, Any]]:
-        if self.mode == "split":
-            return [{"$changeStreamSplitLargeEvent": {}}]
-        if self.mode == "trim":
-            return _TRIM_OVERSIZE
-        return []
-
-    def too_large(self) -> None:
-        """An event over 16 MB stopped the stream: split from now on, or fail where that was tried."""
-        if self.mode != "plain":
-            raise OversizeEvent(_CANNOT_SPLIT)
-        log.info("a change event over 16 MB: reading the stream on with $changeStreamSplitLargeEvent")
-        self.mode = "split"
-
-    def refused(self, code: int | None) -> bool:
-        """The server refused the stream with ``code``: True when the plan changed and opening again may
-        work (the server has no split stage: --oversize decides between failing and trimming)."""
-        if code in _TOO_LARGE_CODES:  # the first reply already held such an event
-            self.too_large()
-            return True
-        if code not in _UNKNOWN_STAGE_CODES or self.mode != "split":
-            return False
-        log.warning("the source has no $changeStreamSplitLargeEvent: --oversize %s applies", self.oversize)
-        if self.oversize != "skip":
-            raise OversizeEvent(_CANNOT_SPLIT)
-        self.mode = "trim"
-        return True
-
-
-def after_refusal(plan: OversizePlan, exc: OperationFailure, kwargs: dict[str, Any], start: Position | None) -> None:
-    """The server refused to open a stream: change what may let a next attempt work (the oversize plan,
-    or no showExpandedEvents before MongoDB 6.0, dropped from ``kwargs``), or raise the error."""
-    if plan.refused(exc.code):
-        return
-    if not (exc.code in _UNKNOWN_OPTION_CODES and kwargs.pop("show_expanded_events", False)):
-        raise _history_error(exc, start) or exc from None
-    # before MongoDB 6.0 there are no create/createIndexes/modify events: indexes and options are still
-    # reconciled from the catalog at the end of a snapshot
-    log.warning("the source has no showExpandedEvents (MongoDB < 6.0): index DDL is not streamed")
-
-
-def reopen_options(opened: dict[str, Any], token: Any, *, key: str = "resume_after") -> dict[str, Any]:
-    """watch()'s options to open a stream again right after the last event it handed out (its resume
-    token, passed as ``key``; where it has none yet, where it was opened)."""
-    if token is None:
-        return dict(opened)
-    kwargs = {k: v for k, v in opened.items() if k not in ("resume_after", "start_after", "start_at_operation_time")}
-    kwargs[key] = token
-    return kwargs
-
-
 class ChangeStreamReader:
     """Reads the whole deployment's change stream (all databases but admin, local and config), or with
-    ``database`` that one database's.
+    ``database`` that one database's, filtered on the server by the selection's ``$match``
+    (settings/stream_match.py): what the selection cannot use is never read.
 
-    MongoDB leaves those three databases out of a deployment's change stream, so no server-side filter is
-    added for them (a $match costs the server work on every event); should a server send one anyway, the
-    selection (filters.py) drops it.
+    ``stream_filter`` says which match reads which stretch of the stream: a stream opened in an earlier
+    stretch reads it with that stretch's match up to its last cluster time, then goes on with the next one
+    from just after that time (opened there by time). A position read in an earlier stretch never claims a
+    time past its end, so a position is always in the stretch it was read in.
+
+    MongoDB leaves admin, local and config out of a deployment's change stream, so the match does not name
+    them; should a server send such an event anyway, the selection (filters.py) drops it.
 
     A database's stream (for a source user who may read only that database) ends with an ``invalidate``
     event when the database is dropped. The reader opens it again right after (``startAfter`` that event's
@@ -193,6 +119,7 @@ class ChangeStreamReader:
         rs: str | None = None,
         shard: str | None = None,
         database: str | None = None,
+        stream_filter: StreamFilter | None = None,
     ) -> None:
         """``track_time``: stamp batches with local read and poll times (``Batch.read_at`` and
         ``Batch.idle_since``), which merging several streams needs. ``oversize``: what to do with a
@@ -200,8 +127,13 @@ class ChangeStreamReader:
         fullDocumentBeforeChange ("off", "whenAvailable" or "required"). ``rs``: the replica set's name,
         stamped on every event. ``shard``: the stream's name among a cluster's shards (None for a replica
         set), stamped on every event's position. ``database``: read that database's stream, not the
-        deployment's."""
+        deployment's. ``stream_filter``: the stream's matches (see the class's docs; None: unfiltered)."""
         self.client = client
+        self.stream_filter = stream_filter or StreamFilter()
+        self._match: Match | None = None  # the open stream's $match
+        self._switch_at: Timestamp | None = None  # the last cluster time it reads (None: to the end)
+        self._until: Timestamp | None = None  # where the open stream's bounded read stops (see open)
+        self._idle_token: Any = None  # the post-batch token of the last poll that found nothing
         self._database = database
         #: the option a resume token is passed with (see the class's docs)
         self._token_key = "resume_after" if database is None else "start_after"
@@ -222,7 +154,10 @@ class ChangeStreamReader:
         self._pending: deque[Any] = deque()
         self._drained_after = False
 
-    async def open(self, start: Position) -> None:
+    async def open(self, start: Position, *, until: Timestamp | None = None) -> None:
+        """Open the stream at ``start``; ``until``: the time a bounded read (batches(until=...)) stops at,
+        which the server's filter lets through the first event after, so that such a read ends even while
+        the server scans what the filter leaves out (an event later than ``until`` is never handed out)."""
         kwargs: dict[str, Any] = {
             "batch_size": self._batch_size,
             "max_await_time_ms": self._max_await_ms,
@@ -244,16 +179,35 @@ class ChangeStreamReader:
         self._fragments = Fragments()
         self._numbering = Numbering(start)
         self._kwargs = kwargs
+        now = start.resume_token is None and start.cluster_time is None
+        self._match, self._switch_at = self.stream_filter.segment(start.cluster_time, now=now)
+        self._until = until
+        self._idle_token = None
         await self._watch(kwargs, start)
 
     async def _watch(self, kwargs: dict[str, Any], start: Position | None) -> AsyncChangeStream[Any]:
         while True:
             try:
                 watched = self.client if self._database is None else self.client[self._database]
-                self._stream = await watched.watch(self._plan.stages(), **kwargs)
+                match = self._server_match()
+                stages = [{"$match": match}] if match is not None else []  # before any split
+                self._stream = await watched.watch([*stages, *self._plan.stages()], **kwargs)
                 return self._stream
             except OperationFailure as exc:
                 after_refusal(self._plan, exc, kwargs, start)
+
+    def _server_match(self) -> Match | None:
+        """The open stream's $match on the server: its stretch's, and every event after the end of a bounded
+        read (its stretch's end, or ``until``): the first one tells the read it has passed it."""
+        if self._match is None:
+            return None
+        ends = [t for t in (self._switch_at, self._until) if t is not None]
+        if not ends:
+            return self._match
+        after = {"clusterTime": {"$gt": min(ends)}}
+        if list(self._match) == ["$or"]:
+            return {"$or": [*self._match["$or"], after]}
+        return {"$or": [self._match, after]}
 
     async def _reopen_after_oversize(self, stream: AsyncChangeStream[Any]) -> AsyncChangeStream[Any]:
         """The stream opened again where ``stream`` stopped on an event over 16 MB, able to pass it."""
@@ -294,12 +248,27 @@ class ChangeStreamReader:
         the server works while mcdc does. What is read past ``until`` waits for the next run.
         """
         assert self._stream is not None, "open() first"
+        while True:
+            switch_at = self._switch_at
+            switching = switch_at is not None and (until is None or switch_at < until)
+            async with contextlib.aclosing(self._read(switch_at if switching else until, switch_at)) as batches:
+                async for batch in batches:
+                    yield batch
+            if not switching:
+                return
+            assert switch_at is not None
+            log.info("the stream's match changes after %s: reading on with the new one", format_ts(switch_at))
+            await self.open(Position(cluster_time=next_tick(switch_at)), until=self._until)
+
+    async def _read(self, until: Timestamp | None, cap: Timestamp | None) -> AsyncGenerator[Batch, None]:
+        """:meth:`batches` with the open stream's match, up to ``until``; an idle batch's position claims no
+        time past ``cap`` (the end of the match's stretch)."""
         if self._reader is None:
             self._reader = Pump(self._read_replies(), READ_AHEAD)
         reader = self._reader
         assembler = BatchAssembler(
             batch_size=self._batch_size, until=until, rs=self._rs, fragments=self._fragments,
-            numbering=self._numbering, shard=self._shard,
+            numbering=self._numbering, shard=self._shard, cap=cap,
         )  # fmt: skip
         pending = self._pending
         while True:
@@ -310,10 +279,16 @@ class ChangeStreamReader:
                     reply = await reader.get()
                     assert isinstance(reply, Reply), "the stream's reader ended"
                     if not reply.docs:
-                        if self._track_time and assembler.empty:
+                        # an empty poll of an earlier stretch's match says nothing of the next one's events
+                        if self._track_time and assembler.empty and cap is None:
                             poll_started = reply.poll_started
-                        ready = assembler.nothing_more(reply.token)
+                        # filtered, the server may answer before it scanned all it holds: not idle unless
+                        # the token stayed where the previous empty poll left it
+                        settled = self._match is None or (reply.token is not None and reply.token == self._idle_token)
+                        self._idle_token = reply.token
+                        ready = assembler.nothing_more(reply.token, settled=settled)
                         continue
+                    self._idle_token = None
                     pending.extend(reply.docs)
                     self._drained_after = reply.drained
                 raw = pending.popleft()
@@ -455,30 +430,3 @@ def _drained(stream: AsyncChangeStream[Any]) -> bool:
     reply, as before."""
     data = getattr(getattr(stream, "_cursor", None), "_data", None)
     return data is not None and len(data) == 0
-
-
-def check_in_oplog(start: Position, oldest: Timestamp | None) -> None:
-    """Refuse a start from a time (no token) older than the oplog's ``oldest`` entry (None: not known): a
-    server may start such a stream silently from that entry, a gap mongod would refuse."""
-    time = start.cluster_time
-    if start.resume_token is None and time is not None and oldest is not None and time < oldest:
-        raise history_lost(start)
-
-
-def _history_error(exc: OperationFailure, start: Position | None) -> HistoryLost | None:
-    if exc.code not in HISTORY_LOST_CODES and "resume point may no longer be in the oplog" not in str(exc):
-        return None
-    return history_lost(start)
-
-
-def history_lost(start: Position | None) -> HistoryLost:
-    """The checkpoint's position left the source's oplog: what to do about it."""
-    where = ""
-    if start is not None and start.cluster_time is not None:
-        where = f" (saved position {start.cluster_time.as_datetime():%Y-%m-%d %H:%M:%S} UTC)"
-    return HistoryLost(
-        f"the checkpoint's position{where} is no longer in the source's oplog: the events since then are "
-        "gone. Copy the data again with `mcdc sync --snapshot always` (or, to follow the source, "
-        "`mcdc tail --on-history-lost resnapshot`), and enlarge the oplog (replSetResizeOplog) so the next "
-        "gap fits"
-    )

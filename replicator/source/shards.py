@@ -83,12 +83,15 @@ class MergedReader:
     def client(self) -> Client:
         return next(iter(self.readers.values())).client
 
-    async def open(self, positions: Mapping[str, Position], default: Position) -> None:
+    async def open(
+        self, positions: Mapping[str, Position], default: Position, *, until: Timestamp | None = None
+    ) -> None:
         """Open every shard's stream at its own position; a shard without one (new, or a checkpoint
-        started with --start-at) opens at ``default``'s time (a resume token belongs to one stream)."""
+        started with --start-at) opens at ``default``'s time (a resume token belongs to one stream).
+        ``until``: where a bounded read will stop (see ChangeStreamReader.open)."""
         fallback = Position(cluster_time=default.cluster_time)
         for name, reader in self.readers.items():
-            await reader.open(positions.get(name) or fallback)
+            await reader.open(positions.get(name) or fallback, until=self._until(name, until))
 
     async def positions_now(self) -> dict[str, Position]:
         """Every shard's position now (captured before a snapshot reads anything)."""
@@ -204,9 +207,12 @@ class _ShardState:
         if item.events:
             self.seen_to = _time(item.events[-1])
             self.idle_since = None
-        elif item.idle_since is not None:
-            self.idle_since = item.idle_since
-            self.idle_position = item.position
+        else:  # a post-batch token: past every event of this shard read so far (a filtered stream's too, in
+            # the middle of a stretch the filter leaves out, when the poll is not idle)
+            if item.idle_since is not None:
+                self.idle_since = item.idle_since
+            if item.position:
+                self.idle_position = item.position
 
     def allows(self, when: Timestamp, read_at: float) -> bool:
         """Can an event of another shard at cluster time ``when``, read at ``read_at``, go first?

@@ -22,6 +22,7 @@ from replicator.errors import McdcError
 from replicator.events import Position
 from replicator.observe.progress import Reporter
 from replicator.settings.config import Settings
+from replicator.settings.stream_match import StreamFilter, change_match
 from replicator.source.changestream import ChangeStreamReader, current_time
 from replicator.source.connection import Client, ServerInfo, make_client, probe, server_message
 from replicator.source.retry import sleep_or_stop
@@ -52,6 +53,9 @@ class StreamTopology:
         self.discovered = False  # shards found through listShards (so they can change), not --shard
         self.listed_at: Timestamp | None = None  # the source's time just before the last shard listing
         self.hosts: dict[str, str] = {}  # the discovered shards' listShards hosts
+        #: the $match of each stretch of the streams (settings/stream_match.py): the selection's, until a
+        #: checkpoint says which read its positions (:meth:`use`)
+        self.stream_filter = StreamFilter(change_match(settings.selection))
 
     async def reader(self, info: ServerInfo, *, max_await_ms: int, cp: Checkpoint | None = None) -> Reader:
         """One stream per shard when there are shards, else the deployment's own stream. A shard the
@@ -66,13 +70,19 @@ class StreamTopology:
             return ChangeStreamReader(
                 self.client, full_document=s.full_document, batch_size=s.replay_batch, max_await_ms=max_await_ms,
                 track_time=True, oversize=s.oversize, pre_images=s.pre_images, rs=info.set_name,
-                database=self.database,
+                database=self.database, stream_filter=self.stream_filter,
             )  # fmt: skip
         self.reporter.info("one change stream per shard: " + ", ".join(str(sh) for sh in shards))
         merged = MergedReader({sh.name: await self._shard_reader(sh) for sh in shards}, batch_size=s.replay_batch)
         if self.discovered and cp is not None:
             await self._retire_gone(merged, cp)
         return merged
+
+    def use(self, reader: Reader, stream_filter: StreamFilter) -> None:
+        """Read ``reader``'s streams (and those of shards added later) with these matches."""
+        self.stream_filter = stream_filter
+        for one in reader.readers.values() if isinstance(reader, MergedReader) else [reader]:
+            one.stream_filter = stream_filter
 
     async def _retire_gone(self, merged: MergedReader, cp: Checkpoint) -> None:
         """Shards the checkpoint follows and the cluster no longer lists: read what they took up to now."""
@@ -111,7 +121,7 @@ class StreamTopology:
         return ChangeStreamReader(
             client, full_document=self.s.full_document, batch_size=self.s.replay_batch, max_await_ms=100,
             track_time=True, oversize=self.s.oversize, pre_images=self.s.pre_images, rs=info.set_name,
-            shard=shard.name, database=self.database,
+            shard=shard.name, database=self.database, stream_filter=self.stream_filter,
         )  # fmt: skip
 
     async def watch(self, reader: MergedReader, stop: asyncio.Event, user_stop: asyncio.Event | None) -> ShardChange:
@@ -161,6 +171,32 @@ async def capture(reader: Reader) -> tuple[Position, dict[str, Position]]:
     position = await reader.position_now()
     await reader.close()
     return position, {}
+
+
+async def latest_time(reader: Reader, client: Client) -> Timestamp:
+    """The source's time now; of several shards (which share no clock), the latest: no stream holds an event
+    later than it yet."""
+    sides = [r.client for r in reader.readers.values()] if isinstance(reader, MergedReader) else [client]
+    return max([await current_time(side) for side in sides])
+
+
+def adopt_filter(topology: StreamTopology, reader: Reader, cp: Checkpoint | None) -> StreamFilter:
+    """The selection's match (settings/stream_match.py) this run wants, after reading ``reader``'s streams
+    with the matches ``cp`` records (set on ``cp.stream_filter``, without the stretches every position
+    has passed): a checkpoint's match changes only with the selection it records (see
+    job.replay.Replay.follow_selection), which is what its target holds. A checkpoint that records none, or
+    holds no position yet, takes this run's as it is."""
+    wanted = StreamFilter(topology.stream_filter.match)
+    if cp is None:
+        topology.use(reader, wanted)
+        return wanted
+    recorded = cp.stream_filter
+    if recorded is None or not (cp.position or cp.shards):
+        recorded = wanted
+    times = [p.cluster_time for p in cp.shards.values()] if cp.shards else [cp.position.cluster_time]
+    cp.stream_filter = recorded.passed(times)
+    topology.use(reader, cp.stream_filter)
+    return wanted
 
 
 async def open_at(reader: Reader, cp: Checkpoint) -> None:

@@ -22,17 +22,16 @@ from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 
 from replicator.events import Position
 from replicator.settings.config import Settings
-from replicator.source.changestream import (
-    _OVERSIZE_FLAG,
+from replicator.source.changestream import _OVERSIZE_FLAG, _assemble
+from replicator.source.connection import DICT_CODEC, client_options, failure, read_timeout, refusals
+from replicator.source.stream_errors import (
     _TOO_LARGE_CODES,
     OversizePlan,
-    _assemble,
     _history_error,
     after_refusal,
     check_in_oplog,
     reopen_options,
 )
-from replicator.source.connection import DICT_CODEC, client_options, failure, read_timeout, refusals
 
 log = logging.getLogger("mcdc.spark")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
@@ -49,6 +50,7 @@ from replicator.sinks.mongo.plan import (
 from replicator.sinks.mongo.schema import MongoSchema
 from replicator.sinks.mongo.sharding import TargetSharding, lacking
 from replicator.sinks.mongo.ttl import Held, hold_existing
+from replicator.sinks.mongo.txn_limits import NO_SUCH_TRANSACTION, refusal, transaction_key
 from replicator.sinks.mongo.unique import settle
 from replicator.source.connection import ServerInfo, grants, make_client, probe, server_message
 from replicator.source.privileges import Grants
@@ -116,6 +118,7 @@ class MongoSink(Sink):
         self._guarded = Guarded(self._client, guard or TargetGuard())
         self._schema = MongoSchema(self._client, scope=scope)
         self._transactions = True
+        self._aborted: set[Any] = set()  # source transactions the target aborted once (see txn_limits)
         self._lookup: SourceLookup | None = None
         self.server: ServerInfo | None = None
         self._sharding = TargetSharding(self._client, 0)
@@ -353,13 +356,20 @@ class MongoSink(Sink):
         are applied as plain events: the end state is the same."""
         literal = False
         while True:
+            started = time.monotonic()
             try:
                 await self._transaction(events, literal=literal)
+                self._aborted.discard(transaction_key(events))
                 return
             except WriteConcernError as exc:  # the commit's: not written, as any batch's (concern_failed)
                 raise concern_failed(events[0].ns, exc.details or {}) from None
             except OperationFailure as exc:
                 code = _write_error_code(exc)
+                stop = refusal(exc, events, time.monotonic() - started, transaction_key(events) in self._aborted)
+                if stop is not None:
+                    raise stop from None
+                if exc.code == NO_SUCH_TRANSACTION:  # aborted by the target: once may be an election
+                    self._aborted.add(transaction_key(events))
                 if code == DOLLAR_PREFIXED and not literal:
                     literal = True  # again, with every write in the form that carries $-prefixed fields
                     continue
