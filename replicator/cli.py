@@ -118,15 +118,15 @@ def _error(message: str) -> None:
 
 
 def _run(make: Callable[[], Awaitable[T]]) -> T:
-    """Run a library call; user errors become one line on stderr and the error's exit code. Spark's log
-    is removed after a run that succeeded, and kept after one that did not."""
+    """Run a library call; user errors become one line on stderr and the error's exit code
+    (run_control.ended_by). Spark's log is removed after a run that succeeded, and kept after one that did
+    not."""
     import asyncio
 
-    from pymongo.errors import ConnectionFailure, PyMongoError
+    from pymongo.errors import PyMongoError
 
     from replicator.engines.spark.session import drop_console_log
-    from replicator.source.connection import explain_failure, explain_refusal, server_message
-    from replicator.source.retry import is_retryable
+    from replicator.job.run_control import ended_by
 
     gc.freeze()  # what the imports made lives as long as the process: no collection need walk it again
     try:
@@ -134,25 +134,11 @@ def _run(make: Callable[[], Awaitable[T]]) -> T:
     except OutputClosed:
         drop_console_log()
         raise typer.Exit(0) from None  # `mcdc tail --target - | head`: the reader has what it wanted
-    except McdcError as exc:
-        refused = explain_refusal(exc)  # a sink's error over a write the target's user may not make
-        if refused is not None:
-            log.debug("server refusal", exc_info=True)
-            _error(refused)
-            raise typer.Exit(2) from None
-        _fail(exc)
-    except PyMongoError as exc:
-        # a server refusal (permissions, ...: exit 2) or a connection lost for good (an outage: exit 75):
-        # one line; --verbose logs the traceback for a bug report
-        log.debug("server error", exc_info=True)
-        refused = explain_refusal(exc)
-        if refused is None and not is_retryable(exc):
-            refused = explain_failure(exc)  # which side refused what, at least
-        if refused is not None:
-            _error(refused)
-            raise typer.Exit(2) from None
-        _error(f"MongoDB: {server_message(exc)} (--verbose shows where)")
-        raise typer.Exit(EXIT_UNAVAILABLE if isinstance(exc, ConnectionFailure) else 2) from None
+    except (McdcError, PyMongoError) as exc:
+        log.debug("run ended by %s", type(exc).__name__, exc_info=True)  # --verbose: where, for a bug report
+        code, line = ended_by(exc)
+        _error(line)
+        raise typer.Exit(code) from None
     except KeyboardInterrupt:
         typer.echo(
             "mcdc: interrupted; the checkpoint holds the last acknowledged position: run the same command again "

@@ -1,5 +1,5 @@
 """What a running job listens to besides its work: SIGINT/SIGTERM (stop and save), SIGUSR1 (dump its tasks),
-and the metrics endpoint with tail --control's POST /commit."""
+and the metrics endpoint with tail --control's POST /commit; and how an error ends a run (:func:`ended_by`)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from replicator import __version__
-from replicator.errors import ConfigError
+from replicator.errors import EXIT_UNAVAILABLE, ConfigError, McdcError
 from replicator.settings.config import Settings
 from replicator.settings.uri import redact
 
 if TYPE_CHECKING:
+    from pymongo.errors import PyMongoError
+
     from replicator.observe.metrics import Metrics
 
 
@@ -126,3 +128,27 @@ async def served_metrics(settings: Settings) -> AsyncIterator[Metrics | None]:
     finally:
         server.close()
         await server.wait_closed()
+
+
+def ended_by(exc: McdcError | PyMongoError) -> tuple[int, str]:
+    """The exit code and the one line of an error a run ended with (a McdcError or a server's error):
+
+    * a sink's error over a write the target's user may not make: the refusal, exit 2;
+    * any other McdcError: its message (credentials removed) and its exit code;
+    * a server refusal (permissions, ...): which side refused what, exit 2; a connection lost for good (an
+      outage): exit 75."""
+    from pymongo.errors import ConnectionFailure
+
+    from replicator.source.connection import explain_failure, explain_refusal, server_message
+    from replicator.source.retry import is_retryable
+
+    refused = explain_refusal(exc)
+    if isinstance(exc, McdcError):
+        return (2, refused) if refused is not None else (exc.exit_code, redact(str(exc)))
+    if refused is None and not is_retryable(exc):
+        refused = explain_failure(exc)  # which side refused what, at least
+    if refused is not None:
+        return 2, refused
+    return (
+        EXIT_UNAVAILABLE if isinstance(exc, ConnectionFailure) else 2
+    ), f"MongoDB: {server_message(exc)} (--verbose shows where)"
