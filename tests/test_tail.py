@@ -403,6 +403,7 @@ async def test_warns_when_the_checkpoint_nears_the_end_of_the_oplog(
             return Timestamp(now - 7200, 1), Timestamp(now, 1)
 
         monkeypatch.setattr(streaming, "oplog_window", two_hour_oplog)
+
         # the stream's own check of a start from a time (history lost before the oplog's oldest entry) sees the
         # same two hours: this server's oplog began when the test did
         async def the_same_two_hours(client: object) -> tuple[Timestamp, Timestamp]:
