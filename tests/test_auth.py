@@ -266,7 +266,8 @@ def test_a_uri_without_a_user_is_told_to_put_one_in_not_to_grant_a_role(
         errors = [line for line in result.stderr.splitlines() if line.startswith("mcdc: error:")]
         assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
         assert errors[0] == (
-            f"mcdc: error: the {side} requires authentication: put a user in the URI (mongodb://USER:PASSWORD@HOST/...)"
+            f"mcdc: error: {side}: the server requires authentication: put a user in the URI "
+            "(mongodb://USER:PASSWORD@HOST/...)"
         ), errors[0]
         assert _user_databases(target) == []
     out.assert_no_credentials(src, tgt)

@@ -176,7 +176,9 @@ def test_explain_refusal_follows_the_cause_and_names_the_side_that_sent_the_comm
     anonymous = "command listDatabases requires authentication"
     connection._REFUSED.append(("source", "listDatabases", "admin", anonymous, True))
     told = explain_refusal(OperationFailure(anonymous, 13, {"errmsg": anonymous, "code": 13}))
-    assert told == "the source requires authentication: put a user in the URI (mongodb://USER:PASSWORD@HOST/...)"
+    assert (
+        told == "source: the server requires authentication: put a user in the URI (mongodb://USER:PASSWORD@HOST/...)"
+    )
 
 
 @pytest.mark.parametrize(

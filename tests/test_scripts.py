@@ -74,7 +74,7 @@ def test_bench_kafka_small_run_measures_all_three_parts() -> None:
     assert re.search(r"^   of which C steps any Python path runs \(µs/event\): top level \d+\.\d\d", out, re.MULTILINE)
     large = data["cpu"]["large"]
     assert large["events"] == 300 and large["documents"]["avg_doc_bytes"] > 15_000
-    assert set(large["envelopes"]) == {"debezium", "plain"}
+    assert set(large["envelopes"]) == {"debezium", "debezium, Debezium's JSON", "plain"}
     mix = data["events"]["mix"]
     runs = data["drain"]["runs"]
     assert [run["kind"] for run in runs] == ["mcdc catch-up", "bare pymongo (dict)", "bare pymongo (raw)"]

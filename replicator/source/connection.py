@@ -281,7 +281,7 @@ def has_credentials(uri: str) -> bool:
 
 def unauthenticated(side: str) -> str:
     """What to do when ``side``'s server refused a client that gave no credentials: no role can help."""
-    return f"the {side} requires authentication: put a user in the URI (mongodb://USER:PASSWORD@HOST/...)"
+    return f"{side}: the server requires authentication: put a user in the URI (mongodb://USER:PASSWORD@HOST/...)"
 
 
 class _Refusals(monitoring.CommandListener):
@@ -333,7 +333,10 @@ def explain_refusal(exc: BaseException) -> str | None:
         if message is not None:
             for side, command, db, said, anonymous in reversed(_REFUSED):
                 if said == message:
-                    return unauthenticated(side) if anonymous else command_refusal(side, command, db)
+                    # the server says so to a client that did not authenticate ("command X requires
+                    # authentication"); an Unauthorized said otherwise is about the command, whoever asks
+                    needs_user = anonymous and "requires authentication" in said
+                    return unauthenticated(side) if needs_user else command_refusal(side, command, db)
             return None
         seen = seen.__cause__ or seen.__context__
     return None
