@@ -183,3 +183,14 @@ def test_bench_read_rate_windows_hold_the_replies_of_each_5_seconds(monkeypatch:
     assert bench_read_rate.windows(replies[:3]) == []  # shorter than 5 s: no window
     run = bench_read_rate.measure("capped", [*replies, (22.0, 0)], 30.0)  # an empty last reply is not counted
     assert (run.docs, run.read_s, run.overall) == (6600, 11.0, 600.0)
+
+
+def test_suite_cost_adds_up_the_cpu_of_a_commands_processes_by_kind(tmp_path: Path) -> None:
+    """scripts/suite_cost.py on a command that starts an mcdc process and a busy Python one."""
+    busy = "import subprocess, sys; subprocess.run([sys.executable, '-m', 'replicator' + '.cli', '--version']); "
+    busy += "sum(i * i for i in range(3_000_000))"  # its own command line does not read as mcdc's
+    result = run_script("suite_cost.py", "--interval", "0.1", "--json", "--", sys.executable, "-c", busy)
+    assert result.returncode == 0, result.stderr[-2000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["exit"] == 0 and figures["waited_cpu_s"] > 0.1
+    assert figures["polled_cpu_s"] > 0.05 and "other (shells, scripts, tools)" in figures["by_kind"]
